@@ -1,0 +1,90 @@
+"""The `Draft` type: what every proposer returns and what verification consumes.
+
+A draft is a tree of target-vocabulary tokens. Node ``i`` holds ``tokens[i]``; its parent is
+``parents[i]`` (``-1`` means "child of the last accepted token", i.e. the tree root). Parents always
+come before their children, so a chain ``a b c`` is ``tokens=[a, b, c], parents=[-1, 0, 1]``.
+
+Worked example (two branches after the root)::
+
+    tokens  = [17, 42, 99, 5]
+    parents = [-1,  0,  0, 2]   # 17 -> {42, 99}, 99 -> 5
+    depths  = [ 1,  2,  2, 3]
+
+``q`` (optional) holds, per node, the draft distribution over the *target* vocabulary that the
+node's token was sampled from (siblings share the same row). Nodes without a known ``q``
+(suffix-index, references, text-bridged tokens) are verified with the one-hot rule, which is
+lossless for any set of children.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch stays out of import time for callers that only build drafts
+    import torch
+
+# Where a node came from. Streaming chunks and statistics use these names.
+SOURCE_PROMPT = "prompt"
+SOURCE_HISTORY = "history"
+SOURCE_DOCUMENTS = "documents"
+SOURCE_REFERENCES = "references"
+SOURCE_DRAFT_MODEL = "draft_model"
+SOURCE_TARGET = "target"  # a token sampled by the target itself (bonus or correction), never drafted
+DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_DRAFT_MODEL)
+
+
+@dataclass
+class Draft:
+    """A tree of proposed target tokens. An empty draft means "no proposal" (never ``None``)."""
+
+    tokens: list[int] = field(default_factory=list)  # target-vocabulary id per node
+    parents: list[int] = field(default_factory=list)  # parent node index per node; -1 = child of the root
+    sources: list[str] = field(default_factory=list)  # one of DRAFT_SOURCES per node
+    q: torch.Tensor | None = None  # [num_nodes, vocab] float: distribution each node was drawn from, or None
+    q_known: list[bool] | None = None  # per node: is q[i] meaningful? None means "all" when q is set
+    score: float = 0.0  # expected accepted tokens, as estimated by the proposer (used to pick/merge)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.parents) != n or len(self.sources) != n:
+            raise ValueError(
+                f"Draft needs one parent and one source per token: got {n} tokens, "
+                f"{len(self.parents)} parents, {len(self.sources)} sources"
+            )
+        for i, par in enumerate(self.parents):
+            if not -1 <= par < i:
+                raise ValueError(f"Draft node {i} has parent {par}; parents must come before children (or be -1)")
+        if self.q is not None and self.q.shape[0] != n:
+            raise ValueError(f"Draft.q has {self.q.shape[0]} rows for {n} nodes; give one row per node")
+        if self.q_known is not None and len(self.q_known) != n:
+            raise ValueError("Draft.q_known needs one flag per node")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def has_q(self, i: int) -> bool:
+        """Whether node ``i`` carries a real draft probability row."""
+        if self.q is None:
+            return False
+        return True if self.q_known is None else self.q_known[i]
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        out: list[int] = []
+        for par in self.parents:
+            out.append(1 if par < 0 else out[par] + 1)
+        return out
+
+    def truncated(self, budget: int) -> Draft:
+        """The first ``budget`` nodes (parents precede children, so the result is still a tree)."""
+        if budget >= len(self.tokens):
+            return self
+        q = self.q[:budget] if self.q is not None else None
+        known = self.q_known[:budget] if self.q_known is not None else None
+        return Draft(self.tokens[:budget], self.parents[:budget], self.sources[:budget], q, known, self.score)
+
+    @staticmethod
+    def chain(tokens: list[int], source: str, q: torch.Tensor | None = None, score: float = 0.0) -> Draft:
+        """A linear draft ``tokens[0] -> tokens[1] -> ...``."""
+        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), [source] * len(tokens), q, None, score)

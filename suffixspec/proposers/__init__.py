@@ -1,0 +1,53 @@
+"""Proposers: cheap guessers of the target's next tokens.
+
+Every proposer implements the small interface below; one file per proposer. The engine is batch 1,
+so a proposer is a long-lived object that is told when a request begins and ends.
+
+Lifecycle for one request::
+
+    p.begin(request)                  # prompt ids, per-request references, sampling settings
+    loop:
+        draft = p.propose(context, budget)   # context = prompt + output so far (target ids)
+        ...verify...
+        p.update(new_tokens)          # tokens appended to the context this step
+    p.end(output_ids)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..config import SamplingParams
+from ..draft import Draft
+
+
+@dataclass
+class RequestContext:
+    """What a proposer may know about the request it serves."""
+
+    prompt_ids: list[int]  # target-tokenizer ids of the prompt
+    reference_ids: list[list[int]] = field(default_factory=list)  # per-request references (RAG chunks), tokenized
+    prediction_ids: list[int] | None = None  # code-edit prediction (OpenAI `prediction`), tokenized
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # the request's sampling settings
+    drafters: tuple[str, ...] | None = None  # sources this request allows; None = all
+
+
+class Proposer(ABC):
+    """One drafter. ``name`` is used in configuration; node sources come from ``Draft.sources``."""
+
+    name: str = "proposer"
+
+    def begin(self, request: RequestContext) -> None:  # noqa: B027 - optional hook
+        """A request starts; reset per-request state."""
+
+    @abstractmethod
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        """Return a draft of at most ``budget`` nodes continuing ``context`` (empty draft if none)."""
+
+    def update(self, new_tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """``new_tokens`` (accepted draft tokens plus the target's own token) were appended to the context."""
+
+    def end(self, output_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """The request finished with these output ids."""

@@ -1,0 +1,98 @@
+"""Builders for tiny real tokenizers and tiny random `transformers` models (no network).
+
+Shared by the test fixtures in conftest.py and usable from benchmarks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# A small corpus of Python-ish text and prose to train tiny tokenizers on.
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n\tprint(i, i * i)\n",
+    "import os\nimport sys\n\nprint(os.path.join('a', 'b'))\n",
+    "The quick brown fox jumps over the lazy dog. Héllo wörld! 你好，世界。 🙂🚀\n",
+    "Speculative decoding drafts tokens and verifies them in one forward pass.\n",
+    "if x is None:\n    raise ValueError('x must be set')\nelse:\n    y = [v for v in x if v]\n",
+] * 20
+
+
+def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 400) -> Path:
+    """A byte-level BPE tokenizer (GPT-2 style, with EOS and a chat template) saved for AutoTokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return out_dir
+
+
+def train_unigram_tokenizer(out_dir: Path, vocab_size: int = 300) -> Path:
+    """A SentencePiece-style Metaspace/Unigram tokenizer with byte fallback, saved for AutoTokenizer."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>",
+        initial_alphabet=list("abcdefghijklmnopqrstuvwxyz"),
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_tiny_model(arch: str, tokenizer_dir: Path, out_dir: Path, seed: int = 0, layers: int = 2,
+                     hidden: int = 64) -> Path:
+    """A tiny random causal LM of architecture ``arch`` (llama, qwen2, gpt2) saved with the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab = len(tok)
+    common = dict(vocab_size=vocab, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+                  pad_token_id=tok.pad_token_id)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **common)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **common)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=1024, **common)
+    else:
+        raise ValueError(f"unknown tiny architecture {arch!r}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    # Random init gives near-uniform logits; scale the output layer up so that the distribution is
+    # peaked enough for drafts to be accepted sometimes and for sampling tests to be sharp.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir

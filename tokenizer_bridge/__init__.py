@@ -1,0 +1,1 @@
+"""Vocabulary translation between tokenizers (universal assisted generation). No model code, no flask."""
