@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .draft import DRAFT_SOURCES
+from .draft import DRAFTERS
 
 
 @dataclass
@@ -54,15 +54,15 @@ class SpeculationConfig:
     """Which drafters run for a request and how large a draft tree may be."""
 
     enabled: bool = True  # False: plain decoding, one target token per step
-    drafters: tuple[str, ...] | None = None  # subset of DRAFT_SOURCES to use; None = every drafter loaded
+    drafters: tuple[str, ...] | None = None  # subset of DRAFTERS to use; None = every drafter loaded
     max_draft_tokens: int = 32  # node budget for the merged draft tree
     adaptive: bool = True  # shrink/grow the budget from measured acceptance
 
     def __post_init__(self) -> None:
         if self.drafters is not None:
             self.drafters = tuple(self.drafters)
-            unknown = [d for d in self.drafters if d not in DRAFT_SOURCES]
+            unknown = [d for d in self.drafters if d not in DRAFTERS]
             if unknown:
-                raise ValueError(f"unknown drafter(s) {unknown}; choose from {list(DRAFT_SOURCES)}")
+                raise ValueError(f"unknown drafter(s) {unknown}; choose from {list(DRAFTERS)}")
         if not 0 <= self.max_draft_tokens <= 256:
             raise ValueError(f"max_draft_tokens must be between 0 and 256, got {self.max_draft_tokens}")

@@ -30,8 +30,13 @@ SOURCE_HISTORY = "history"
 SOURCE_DOCUMENTS = "documents"
 SOURCE_REFERENCES = "references"
 SOURCE_DRAFT_MODEL = "draft_model"
+SOURCE_PREDICTION = "prediction"  # the request's code-edit `prediction` (a reference, counted apart for usage)
 SOURCE_TARGET = "target"  # a token sampled by the target itself (bonus or correction), never drafted
-DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_DRAFT_MODEL)
+# Node provenance values a proposer may put in Draft.sources.
+DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_PREDICTION,
+                 SOURCE_DRAFT_MODEL)
+# Drafter names a request may switch on or off (`speculation.drafters`); "references" covers the prediction.
+DRAFTERS = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_DRAFT_MODEL)
 
 
 @dataclass
