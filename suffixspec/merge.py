@@ -1,0 +1,67 @@
+"""Merge several proposers' drafts into one tree under a node budget.
+
+Drafts are inserted best score first; a node is keyed by (merged parent, token), so shared prefixes
+merge. A merged node keeps the source of the first draft that proposed it. The known-q rule stays
+valid only where a node's children all come from one draft (they are then that draft's own
+samples); elsewhere ``q_known`` is cleared and the always-lossless one-hot rule applies.
+
+Worked example: A = chain [5, 6, 7] (score 2), B = chain [5, 9] (score 1), budget 4
+-> tokens [5, 6, 7, 9], parents [-1, 0, 1, 0] (9 becomes a sibling of 6 under 5).
+"""
+
+from __future__ import annotations
+
+from .draft import Draft
+
+
+def merge_drafts(drafts: list[Draft], budget: int) -> Draft:
+    drafts = [d for d in drafts if len(d)]
+    if not drafts or budget <= 0:
+        return Draft()
+    if len(drafts) == 1:
+        return drafts[0].truncated(budget)
+    drafts.sort(key=lambda d: d.score, reverse=True)
+    tokens: list[int] = []
+    parents: list[int] = []
+    sources: list[str] = []
+    origin: list[tuple[int, int]] = []  # (draft index, node index) that created each merged node
+    shared: list[bool] = []  # proposed by more than one draft
+    key_to_node: dict[tuple[int, int], int] = {}
+    for di, d in enumerate(drafts):
+        local: list[int] = []  # draft node -> merged node
+        for i, (tok, par) in enumerate(zip(d.tokens, d.parents, strict=True)):
+            mpar = -1 if par < 0 else local[par]
+            if mpar == -2:  # parent was cut by the budget
+                local.append(-2)
+                continue
+            node = key_to_node.get((mpar, tok))
+            if node is None:
+                if len(tokens) >= budget:
+                    local.append(-2)
+                    continue
+                node = len(tokens)
+                key_to_node[(mpar, tok)] = node
+                tokens.append(tok)
+                parents.append(mpar)
+                sources.append(d.sources[i])
+                origin.append((di, i))
+                shared.append(False)
+            else:
+                shared[node] = True
+            local.append(node)
+    q_rows = [drafts[di].q[i] if drafts[di].has_q(i) else None for di, i in origin]
+    known = [row is not None and not shared[n] for n, row in enumerate(q_rows)]
+    by_parent: dict[int, set[int]] = {}
+    for n, par in enumerate(parents):
+        by_parent.setdefault(par, set()).add(origin[n][0])
+    for n, par in enumerate(parents):
+        if len(by_parent[par]) > 1:
+            known[n] = False
+    q = None
+    if any(known):
+        import torch
+
+        first = next(row for row in q_rows if row is not None)
+        q = torch.stack([row if row is not None else torch.zeros_like(first) for row in q_rows])
+    return Draft(tokens, parents, sources, q, known if q is not None else None,
+                 score=sum(d.score for d in drafts))

@@ -1,0 +1,115 @@
+"""The target's next-token distribution, computed identically on the plain and speculative paths.
+
+Processing order (as vLLM and OpenAI document it): logit bias, presence/frequency penalties on the
+tokens generated *along this row's own path*, then temperature, top-k, top-p, softmax.
+
+Randomness is keyed by output position: a request with seed ``s`` draws the uniform ``u[t]`` for
+output position ``t`` from ``s`` alone, and samples by inverse CDF. So a token drawn at position 7
+uses the same uniform whether it came from a plain step or from a tree walk. Accept tests of drafts
+with a known ``q`` draw from a separate stream keyed by ``(seed, position, attempt)``.
+
+Worked example (inverse CDF): ``p = [0.1, 0.6, 0.3]``, ``u = 0.65`` -> cumulative ``[0.1, 0.7, 1.0]``
+-> first index whose cumulative mass exceeds 0.65 is 1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .config import SamplingParams
+
+
+class PositionRNG:
+    """Uniform random numbers keyed by (seed, output position[, stream, attempt])."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**63)
+        self._block = 256
+        self._main: dict[int, np.ndarray] = {}  # block index -> uniforms of that block of positions
+
+    def main(self, position: int) -> float:
+        """The one uniform of output position ``position`` (used by plain and one-hot sampling)."""
+        block, offset = divmod(position, self._block)
+        arr = self._main.get(block)
+        if arr is None:
+            arr = np.random.default_rng([self.seed, 0, block]).random(self._block)
+            self._main[block] = arr
+        return float(arr[offset])
+
+    def aux(self, position: int, attempt: int) -> float:
+        """A uniform for known-q accept tests and residual samples, independent of ``main``."""
+        return float(np.random.default_rng([self.seed, 1, position, attempt]).random())
+
+
+class LogitsProcessor:
+    """Turns raw logits rows into processed logits for one request's SamplingParams."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int, device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.vocab_size = vocab_size
+        self.bias: torch.Tensor | None = None  # [vocab] additive logit bias
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+            self.bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+            ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
+            self.bias[ids] = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device)
+        self.uses_penalties = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # generated-token counts
+
+    def observe(self, token: int) -> None:
+        """A token was appended to the output (feeds the penalties)."""
+        if self.uses_penalties and 0 <= token < self.vocab_size:
+            self.counts[token] += 1
+
+    def process(self, logits: torch.Tensor, paths: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        """Processed logits, before temperature: bias and penalties.
+
+        logits: [rows, vocab] float32; ``paths[r]`` = tokens generated along row r's path beyond the
+        committed output (the draft tokens between the root and that row), for the penalties.
+        """
+        out = logits[:, : self.vocab_size].float()  # [rows, vocab]
+        if self.bias is not None:
+            out = out + self.bias
+        if self.uses_penalties:
+            counts = self.counts.expand(out.shape[0], -1).clone()  # [rows, vocab]
+            if paths is not None:
+                for r, path in enumerate(paths):
+                    for tok in path:
+                        counts[r, tok] += 1
+            p = self.params
+            out = out - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+        return out
+
+    def probs(self, processed: torch.Tensor) -> torch.Tensor:
+        """Sampling distribution from processed logits: temperature, top-k, top-p, softmax. [rows, vocab]"""
+        p = self.params
+        x = processed / p.temperature
+        if p.top_k and p.top_k < x.shape[-1]:
+            kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]  # [rows, 1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)
+            sorted_p = torch.softmax(sorted_x, dim=-1)
+            mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+            drop_sorted = mass_before >= p.top_p  # keep the smallest prefix whose mass reaches top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            x = x.masked_fill(drop, float("-inf"))
+        return torch.softmax(x.double(), dim=-1)
+
+
+def sample_inverse_cdf(p: torch.Tensor, u: float) -> int:
+    """The first token whose cumulative probability exceeds ``u`` times the total mass. p: [vocab]."""
+    cdf = torch.cumsum(p.double(), dim=-1)
+    idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True)[0])
+    return min(idx, p.shape[-1] - 1)
+
+
+def greedy_token(processed: torch.Tensor) -> int:
+    """Argmax of a processed logits row; ties go to the lowest id (torch.argmax's documented rule)."""
+    return int(torch.argmax(processed, dim=-1))

@@ -1,0 +1,74 @@
+"""Per-request speculative-decoding statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    """What happened while serving one request. Times are wall-clock seconds."""
+
+    steps: int = 0  # target forward passes after the prefill (one per decode step)
+    drafted_tokens: int = 0  # draft nodes sent to verification
+    accepted_tokens: int = 0  # draft tokens that ended up in the output
+    output_tokens: int = 0  # tokens generated (accepted drafts + target tokens)
+    per_source: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> {"drafted", "accepted"}
+    drafted_per_position: list[int] = field(default_factory=list)  # [d]: steps whose draft reached depth d+1
+    accepted_per_position: list[int] = field(default_factory=list)  # [d]: steps that accepted depth d+1
+    accepted_per_step: list[int] = field(default_factory=list)  # accepted draft tokens of each step
+    time_prefill_s: float = 0.0  # prompt forward pass
+    time_propose_s: float = 0.0  # all proposers, merge included
+    time_verify_s: float = 0.0  # target forward passes and the tree walk
+    time_update_s: float = 0.0  # KV compaction, proposer updates, detokenization
+    time_total_s: float = 0.0  # whole request
+
+    def record_step(self, draft_sources: list[str], draft_depths: list[int], accepted_sources: list[str]) -> None:
+        self.steps += 1
+        self.drafted_tokens += len(draft_sources)
+        self.accepted_tokens += len(accepted_sources)
+        self.accepted_per_step.append(len(accepted_sources))
+        for src in draft_sources:
+            self.per_source.setdefault(src, {"drafted": 0, "accepted": 0})["drafted"] += 1
+        for src in accepted_sources:
+            self.per_source.setdefault(src, {"drafted": 0, "accepted": 0})["accepted"] += 1
+        max_depth = max(draft_depths, default=0)
+        _grow(self.drafted_per_position, max_depth)
+        _grow(self.accepted_per_position, len(accepted_sources))
+        for d in range(max_depth):
+            self.drafted_per_position[d] += 1
+        for d in range(len(accepted_sources)):
+            self.accepted_per_position[d] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens produced per target forward pass (accepted drafts + the target's own token)."""
+        return self.output_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "output_tokens": self.output_tokens,
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "per_source": {k: dict(v) for k, v in self.per_source.items()},
+            "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
+            "accepted_per_step": list(self.accepted_per_step),
+            "time_prefill_s": round(self.time_prefill_s, 6),
+            "time_propose_s": round(self.time_propose_s, 6),
+            "time_verify_s": round(self.time_verify_s, 6),
+            "time_update_s": round(self.time_update_s, 6),
+            "time_total_s": round(self.time_total_s, 6),
+        }
+
+
+def _grow(values: list[int], size: int) -> None:
+    if len(values) < size:
+        values.extend([0] * (size - len(values)))
