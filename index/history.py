@@ -1,0 +1,93 @@
+"""The output history: finished outputs, bounded by a token budget (oldest evicted), persisted.
+
+Held in an :class:`~index.incremental.IncrementalIndex` (appends are O(1), so adding a finished output
+costs about a microsecond per token). When the budget is exceeded, the oldest outputs are dropped until
+the history is at most ``evict_to`` of the budget, and the index is rebuilt from the rest in one
+vectorised pass, so eviction costs O(budget) once per ``(1 - evict_to) * budget`` tokens added.
+
+With a store, every output is also written to SQLite (trimmed to the same budget) and a restart
+reloads the newest outputs that fit the budget.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from .incremental import IncrementalIndex
+from .speculate import SpecParams, SpecResult
+from .store import IndexStore
+
+
+class OutputHistory:
+    """Suffix index over earlier requests' outputs (one per tokenizer fingerprint)."""
+
+    def __init__(self, budget_tokens: int = 1_000_000, store: IndexStore | None = None,
+                 fingerprint: str | None = None, evict_to: float = 0.9, max_candidates: int = 128) -> None:
+        if budget_tokens < 1:
+            raise ValueError(f"budget_tokens must be >= 1, got {budget_tokens}")
+        if store is not None and not fingerprint:
+            raise ValueError("a persisted history needs the tokenizer fingerprint")
+        self.budget_tokens = budget_tokens  # at most this many tokens are kept
+        self.evict_to = evict_to  # after an eviction, keep at most this fraction of the budget
+        self.store = store
+        self.fingerprint = fingerprint
+        self.max_candidates = max_candidates
+        self._outputs: deque[np.ndarray] = deque()  # oldest first
+        self._tokens = 0
+        self.index = IncrementalIndex(max_candidates)
+        if store is not None:
+            for seq in store.history_load(fingerprint, budget_tokens):
+                self._outputs.append(seq)
+                self._tokens += len(seq)
+            self._rebuild()
+
+    @property
+    def num_tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self._outputs)
+
+    def add(self, output_ids: Sequence[int]) -> None:
+        """Remember one finished output (persisted when a store is attached)."""
+        if len(output_ids) == 0:
+            return
+        seq = np.asarray(output_ids, dtype=np.uint32)
+        if len(seq) > self.budget_tokens:
+            seq = seq[-self.budget_tokens:]
+        self._outputs.append(seq)
+        self._tokens += len(seq)
+        if self._tokens > self.budget_tokens:
+            self._evict()
+        else:
+            self.index.add_sequence(seq)
+        if self.store is not None:
+            self.store.history_append(self.fingerprint, seq.tolist(), self.budget_tokens)
+
+    def _evict(self) -> None:
+        keep = int(self.budget_tokens * self.evict_to)
+        while self._outputs and self._tokens > keep and len(self._outputs) > 1:
+            self._tokens -= len(self._outputs.popleft())
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.index = IncrementalIndex(self.max_candidates)
+        for seq in self._outputs:
+            self.index.add_sequence(seq)
+
+    def clear(self) -> None:
+        self._outputs.clear()
+        self._tokens = 0
+        self._rebuild()
+        if self.store is not None:
+            self.store.history_clear(self.fingerprint)
+
+    def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64) -> SpecResult:
+        return self.index.speculate(context, params, max_depth)
+
+    def nbytes(self) -> int:
+        return self.index.nbytes()
