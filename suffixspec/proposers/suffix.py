@@ -1,0 +1,240 @@
+"""The model-free suffix proposer: drafts from the request itself, earlier outputs and the document corpus.
+
+Sources (DESIGN.md, "Suffix index"), each a suffix index with its own lifetime:
+
+=============  =======================================  ==========================================
+node source    what it indexes                          lifetime
+=============  =======================================  ==========================================
+prompt         this request's prompt + output so far    built in ``begin``, grows in ``update``
+references     this request's references (RAG chunks)   the request
+prediction     this request's code-edit prediction      the request
+history        earlier requests' outputs                token budget, oldest evicted, persisted
+documents      the corpus added with ``index add``      persistent (SQLite + memory-mapped arrays)
+=============  =======================================  ==========================================
+
+Every allowed source speculates from the longest suffix of the context it contains (path or tree,
+SuffixDecoding's rules, see :mod:`index.speculate`). The drafts are then either *merged* (default):
+one tree keyed by token paths, each node keeping its best probability and the source that gave it,
+cut to the budget best-first; or *picked*: the single draft with the highest score (expected
+accepted tokens).
+
+Worked example: context ``... 7 8``; the prompt holds ``7 8 9 10`` once (node probs 1, 1) and the
+documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9, 2/3 for 11, 1/3 for 5).
+Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
+parents ``[-1, 0, 0]`` and score 2.67.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from index.fingerprint import tokenizer_fingerprint
+from index.history import OutputHistory
+from index.incremental import IncrementalIndex
+from index.speculate import SpecParams, SpecResult
+from index.store import IndexStore
+from index.suffix_array import SuffixArray
+
+from ..draft import (
+    SOURCE_DOCUMENTS,
+    SOURCE_HISTORY,
+    SOURCE_PREDICTION,
+    SOURCE_PROMPT,
+    SOURCE_REFERENCES,
+    Draft,
+)
+from . import Proposer, RequestContext
+
+PROPOSER_NAME = "suffix"
+# which drafter switch (RequestContext.drafters) enables each node source
+_DRAFTER_OF = {SOURCE_PROMPT: SOURCE_PROMPT, SOURCE_REFERENCES: SOURCE_REFERENCES,
+               SOURCE_PREDICTION: SOURCE_REFERENCES, SOURCE_HISTORY: SOURCE_HISTORY,
+               SOURCE_DOCUMENTS: SOURCE_DOCUMENTS}
+
+
+@dataclass
+class SuffixConfig:
+    """Settings of the suffix proposer."""
+
+    max_depth: int = 64  # longest context suffix matched
+    max_spec_factor: float = 1.0  # draft length <= match_len * factor + offset (SuffixDecoding)
+    max_spec_offset: float = 0.0  # see max_spec_factor
+    min_token_prob: float = 0.1  # drop draft nodes whose path probability is below this
+    tree: bool = True  # tree speculation (best-first); False = the single most likely path
+    merge: bool = True  # merge all sources' drafts into one tree; False = pick the best-scoring draft
+    history_tokens: int = 1_000_000  # output-history budget in tokens (oldest outputs evicted)
+    max_candidates: int = 128  # occurrences examined per lookup in the incremental indexes
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_depth <= 256:
+            raise ValueError(f"max_depth must be between 1 and 256, got {self.max_depth}")
+        if self.history_tokens < 1:
+            raise ValueError(f"history_tokens must be >= 1, got {self.history_tokens}")
+        SpecParams(0, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)  # validates
+
+
+class SuffixProposer(Proposer):
+    """Suffix-index drafter over the request, the output history and the document corpus.
+
+    ``db``: an :class:`~index.store.IndexStore`, a database path, or None (no documents, history kept in
+    memory only). The tokenizer fingerprint selects the token ids of the corpus and history: pass the
+    target ``tokenizer`` (also lets documents added under another tokenizer be tokenized) or its
+    ``fingerprint``.
+    """
+
+    name = PROPOSER_NAME
+
+    def __init__(self, db: IndexStore | str | os.PathLike | None = None, fingerprint: str | None = None,
+                 tokenizer: Any = None, config: SuffixConfig | None = None,
+                 documents: SuffixArray | None = None, history: bool = True) -> None:
+        self.config = config or SuffixConfig()
+        self.tokenizer = tokenizer
+        self.fingerprint = fingerprint or (tokenizer_fingerprint(tokenizer) if tokenizer is not None else None)
+        if isinstance(db, IndexStore) or db is None:
+            self.store = db
+        else:
+            self.store = IndexStore(db)
+        if self.store is not None and not self.fingerprint:
+            raise ValueError("SuffixProposer with a database needs the target tokenizer (tokenizer=...) "
+                             "or its fingerprint (fingerprint=index.fingerprint.tokenizer_fingerprint(tok))")
+        self.documents = documents
+        self._docs_version = -1
+        if self.store is not None and documents is None:
+            self.reload_documents()
+        self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
+                                      max_candidates=self.config.max_candidates) if history else None)
+        self._request: IncrementalIndex | None = None
+        self._references: IncrementalIndex | None = None
+        self._prediction: IncrementalIndex | None = None
+        self._ctx_len = 0
+        self._allowed: tuple[str, ...] | None = None
+        self._doc_hint: int | None = None
+
+    # ----- corpus ------------------------------------------------------------------------------------
+    def reload_documents(self) -> None:
+        """Pick up documents added or removed since the last load (cheap when nothing changed)."""
+        if self.store is None:
+            return
+        version = self.store.docs_version()
+        if version != self._docs_version:
+            self.documents = self.store.document_index(self.tokenizer if self.tokenizer is not None
+                                                       else self.fingerprint)
+            self._docs_version = version
+
+    # ----- lifecycle ---------------------------------------------------------------------------------
+    def begin(self, request: RequestContext) -> None:
+        self.reload_documents()
+        self._allowed = request.drafters
+        self._request = IncrementalIndex(self.config.max_candidates)
+        self._request.extend(request.prompt_ids)
+        self._ctx_len = len(request.prompt_ids)
+        self._references = None
+        if request.reference_ids:
+            self._references = IncrementalIndex.from_sequences(request.reference_ids, self.config.max_candidates)
+        self._prediction = None
+        if request.prediction_ids:
+            self._prediction = IncrementalIndex.from_sequences([request.prediction_ids], self.config.max_candidates)
+        self._doc_hint = None
+
+    def update(self, new_tokens: Sequence[int]) -> None:
+        if self._request is None:
+            return
+        self._request.extend(list(new_tokens))
+        self._ctx_len += len(new_tokens)
+        if self._doc_hint is not None:
+            self._doc_hint += len(new_tokens)
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        if self.history is not None and len(output_ids):
+            self.history.add(list(output_ids))
+        self._request = self._references = self._prediction = None
+
+    def _allows(self, source: str) -> bool:
+        return self._allowed is None or _DRAFTER_OF[source] in self._allowed
+
+    # ----- drafting ----------------------------------------------------------------------------------
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        if budget <= 0 or not context:
+            return Draft()
+        cfg = self.config
+        if self._request is None or self._ctx_len != len(context):  # not begun, or out of step: resync
+            self._request = IncrementalIndex(cfg.max_candidates)
+            self._request.extend(list(context))
+            self._ctx_len = len(context)
+        params = SpecParams(budget, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.tree)
+        results = self.speculate_all(context, params)
+        if not results:
+            return Draft()
+        if cfg.merge and len(results) > 1:
+            return merge_by_probability(results, budget)
+        source, best = max(results, key=lambda r: r[1].score)
+        return Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
+
+    def speculate_all(self, context: Sequence[int], params: SpecParams) -> list[tuple[str, SpecResult]]:
+        """Non-empty drafts of every allowed source, as ``(source, SpecResult)``."""
+        depth = self.config.max_depth
+        out: list[tuple[str, SpecResult]] = []
+        candidates: list[tuple[str, Any]] = [(SOURCE_PROMPT, self._request), (SOURCE_REFERENCES, self._references),
+                                             (SOURCE_PREDICTION, self._prediction)]
+        if self.history is not None and self.history.num_tokens:
+            candidates.append((SOURCE_HISTORY, self.history.index))
+        for source, idx in candidates:
+            if idx is not None and self._allows(source):
+                res = idx.speculate(context, params, depth)
+                if len(res):
+                    out.append((source, res))
+        if self.documents is not None and self._allows(SOURCE_DOCUMENTS):
+            res = self.documents.speculate(context, params, depth, hint=self._doc_hint)
+            self._doc_hint = res.match_len or None
+            if len(res):
+                out.append((SOURCE_DOCUMENTS, res))
+        return out
+
+
+def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int) -> Draft:
+    """One tree from several sources' drafts: shared token paths merge, a node keeps its highest
+    probability (and that source); the ``budget`` most probable nodes are kept.
+
+    A child's probability never exceeds its parent's within one draft, hence also after taking maxima,
+    so sorting by (probability desc, depth asc) lists parents before their children.
+    """
+    key_to_node: dict[tuple[int, int], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    sources: list[str] = []
+    depths: list[int] = []
+    for source, res in results:
+        local: list[int] = []
+        for tok, par, p in zip(res.token_ids, res.parents, res.probs, strict=True):
+            mpar = -1 if par < 0 else local[par]
+            node = key_to_node.get((mpar, tok))
+            if node is None:
+                node = len(tokens)
+                key_to_node[(mpar, tok)] = node
+                tokens.append(tok)
+                parents.append(mpar)
+                probs.append(p)
+                sources.append(source)
+                depths.append(1 if mpar < 0 else depths[mpar] + 1)
+            elif p > probs[node]:
+                probs[node] = p
+                sources[node] = source
+            local.append(node)
+    order = sorted(range(len(tokens)), key=lambda i: (-probs[i], depths[i], i))[:budget]
+    new_index = {old: new for new, old in enumerate(order)}
+    return Draft([tokens[i] for i in order],
+                 [-1 if parents[i] < 0 else new_index[parents[i]] for i in order],
+                 [sources[i] for i in order],
+                 score=sum(probs[i] for i in order))
+
+
+def make_suffix_proposer(db: IndexStore | str | os.PathLike | None = None, tokenizer: Any = None,
+                         fingerprint: str | None = None, **config: Any) -> SuffixProposer:
+    """Factory hook (``make_proposer("suffix", ...)``): keyword settings go to :class:`SuffixConfig`."""
+    history = config.pop("history", True)
+    return SuffixProposer(db=db, fingerprint=fingerprint, tokenizer=tokenizer, config=SuffixConfig(**config),
+                          history=history)
