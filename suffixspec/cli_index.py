@@ -1,0 +1,194 @@
+"""`suffixspec index ...`: manage the document corpus the suffix drafter reads from.
+
+Start-up stays light: ``index list`` / ``stats`` / ``remove`` import only click, numpy and
+sqlite-utils; the tokenizer (transformers) is loaded by ``index add`` alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+DEFAULT_TOKENIZER = "suffixspec/demo-target"
+_DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffixspec/index.db, "
+            "i.e. ~/.local/share/suffixspec/index.db)")
+
+
+def _open_store(db: str | None):
+    from index.store import IndexStore
+
+    return IndexStore(db)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+@click.group("index", context_settings={"help_option_names": ["-h", "--help"]})
+def index_group() -> None:
+    """Manage the persistent document corpus used by the suffix drafter.
+
+    \b
+    Examples:
+      suffixspec index add docs/ src/ --glob '*.py' --glob '*.md'
+      suffixspec index add notes.txt --tokenizer Qwen/Qwen2.5-0.5B
+      suffixspec index list
+      suffixspec index remove 3 docs/old.md
+      suffixspec index stats
+      SUFFIXSPEC_DB=/tmp/test.db suffixspec index stats
+    """
+
+
+@index_group.command("add")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--glob", "globs", multiple=True, metavar="PATTERN",
+              help="Only index file names matching PATTERN (repeatable), e.g. '*.py'.")
+@click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
+@click.option("--tokenizer", default=DEFAULT_TOKENIZER, show_default=True, metavar="NAME_OR_PATH",
+              help="Target tokenizer (hub id, local directory or embedded name) the ids are made for.")
+@click.option("--max-bytes", default=None, type=int, metavar="N",
+              help="Skip files larger than N bytes (default 2 MiB).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no per-file warnings.")
+def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, tokenizer: str,
+            max_bytes: int | None, quiet: bool) -> None:
+    """Index text files under PATHS (directories are walked recursively).
+
+    Binary and oversized files are skipped with a warning. Re-adding an unchanged file changes
+    nothing; a changed file replaces its old version. The add is atomic: if it is interrupted, the
+    previous corpus stays intact.
+
+    \b
+    Examples:
+      suffixspec index add docs/
+      suffixspec index add . --glob '*.py' --db ./project.db
+    """
+    from tqdm import tqdm
+
+    from index.files import DEFAULT_MAX_BYTES, read_text, walk
+    from index.store import DocInput
+
+    limit = max_bytes or DEFAULT_MAX_BYTES
+    try:
+        candidates = list(walk(paths, globs))
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from e
+    docs: list[DocInput] = []
+    skipped = 0
+    for cand in tqdm(candidates, desc="reading", unit="file", disable=quiet or not candidates, leave=False):
+        ft = read_text(cand, limit)
+        if ft.text is None:
+            skipped += 1
+            if not quiet:
+                tqdm.write(f"warning: skipped {ft.path}: {ft.skip_reason}", file=sys.stderr)
+            continue
+        docs.append(DocInput(ft.text, str(ft.path), {"size": cand.size}))
+    tok = _load_tokenizer(tokenizer)
+    store = _open_store(db)
+    try:
+        with tqdm(total=len(docs), desc="indexing", unit="file", disable=quiet or not docs) as bar:
+            summary = store.add_documents(docs, tok, progress=bar.update)
+    except KeyboardInterrupt:
+        click.echo("interrupted: nothing was changed", err=True)
+        raise SystemExit(130) from None
+    finally:
+        store.close()
+    summary.skipped = skipped
+    click.echo(f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
+               f"skipped {summary.skipped}, tokens {summary.tokens}  ({store.path})")
+
+
+def _load_tokenizer(name: str):
+    from ..loading import load_tokenizer  # transformers: only on the add path
+
+    try:
+        return load_tokenizer(name)
+    except (OSError, FileNotFoundError, ValueError) as e:
+        raise click.ClickException(f"cannot load tokenizer {name!r}: {e}\n"
+                                   "pass --tokenizer with a hub id or a local model directory") from e
+
+
+@index_group.command("list")
+@click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+def list_cmd(db: str | None, as_json: bool) -> None:
+    """List indexed documents: id, tokens, bytes, path.
+
+    \b
+    Example:
+      suffixspec index list --db ./project.db
+    """
+    import json
+
+    store = _open_store(db)
+    try:
+        rows = store.list_documents()
+    finally:
+        store.close()
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r, ensure_ascii=False))
+        return
+    if not rows:
+        click.echo(f"no documents in {store.path}")
+        return
+    click.echo(f"{'id':>6}  {'tokens':>9}  {'bytes':>9}  path")
+    for r in rows:
+        toks = max(r["tokens"].values()) if r["tokens"] else 0
+        click.echo(f"{r['id']:>6}  {toks:>9}  {r['n_bytes']:>9}  {r['path']}")
+
+
+@index_group.command("remove")
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
+def remove_cmd(keys: tuple[str, ...], db: str | None) -> None:
+    """Remove documents by id (as shown by `index list`) or by path.
+
+    \b
+    Example:
+      suffixspec index remove 3 /home/me/docs/old.md
+    """
+    store = _open_store(db)
+    try:
+        n = store.remove(list(keys))
+    finally:
+        store.close()
+    click.echo(f"removed {n} document(s)")
+    if n < len(keys):
+        click.echo(f"warning: {len(keys) - n} key(s) matched no document", err=True)
+
+
+@index_group.command("stats")
+@click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+def stats_cmd(db: str | None, as_json: bool) -> None:
+    """Documents, tokens per tokenizer, bytes on disk and an estimate of the memory to serve them.
+
+    \b
+    Example:
+      suffixspec index stats
+    """
+    import json
+
+    store = _open_store(db)
+    try:
+        st = store.stats()
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    click.echo(f"database:        {st['db']}")
+    click.echo(f"documents:       {st['documents']} ({_human(st['document_bytes'])} of text)")
+    for fp, info in st["tokenizers"].items():
+        click.echo(f"tokenizer {fp[:12]} ({info['tokenizer']}): {info['document_tokens']} document tokens, "
+                   f"{info['history_tokens']} history tokens in {info['history_outputs']} outputs"
+                   + ("" if info["arrays_current"] else "  [arrays stale: rebuilt on next load]"))
+    click.echo(f"bytes on disk:   {_human(st['bytes_on_disk'])} (database {_human(st['db_bytes'])}, "
+               f"arrays {_human(st['arrays_bytes'])})")
+    click.echo(f"memory estimate: {_human(st['memory_estimate_bytes'])}")
+
