@@ -20,3 +20,13 @@ def main() -> None:
       suffixspec serve --port 8000
       suffixspec bench --quick
     """
+
+
+from .cli_serve import generate_cmd, serve_cmd  # noqa: E402  (commands register below the group)
+
+main.add_command(serve_cmd)
+main.add_command(generate_cmd)
+
+from .cli_index import index_group  # noqa: E402
+
+main.add_command(index_group)

@@ -1,0 +1,174 @@
+"""The Flask application factory.
+
+``create_app(config)`` builds the engine, index and tokenizers once (a ``SuffixSpec``), starts the
+one engine worker thread, and keeps both in ``app.extensions["suffixspec"]``. Every route is thin.
+``app.extensions["suffixspec"].shutdown()`` finishes or cancels the work in flight and flushes
+the output history and the store (``suffixspec serve`` calls it on exit).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, jsonify, request, send_from_directory
+from werkzeug.exceptions import HTTPException, NotFound
+
+from .config import ServerConfig
+from .errors import APIError
+from .metrics import Metrics
+from .worker import EngineWorker, Job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    """What the routes share; lives in ``app.extensions["suffixspec"]``."""
+
+    config: ServerConfig
+    spec: Any  # suffixspec.api.SuffixSpec: engine, tokenizer, document store
+    worker: EngineWorker
+    metrics: Metrics
+    model_id: str  # the id /v1/models reports and responses carry
+    started: int = field(default_factory=lambda: int(time.time()))
+    _closed: bool = False
+    _close_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def shutdown(self) -> None:
+        """Stop taking requests, finish (or after the timeout cancel) the running one, flush the store."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.worker.shutdown(self.config.shutdown_timeout_s)
+        self.spec.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _web_dir() -> Path | None:
+    try:
+        import web
+    except ImportError:
+        return None
+    return Path(web.__file__).parent
+
+
+def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -> Flask:
+    """The suffixspec Flask app. ``spec`` (a built SuffixSpec) skips model loading (tests, embedding)."""
+    cfg = ServerConfig.from_any(config)
+    if spec is None:
+        from ..api import SuffixSpec
+
+        spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
+                          dtype=cfg.dtype)
+    holder: dict[str, EngineWorker] = {}
+    metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)
+
+    def on_result(job: Job) -> None:
+        wait = (job.started_at - job.submitted_at) if job.started_at else None
+        metrics.record_generation(getattr(job, "endpoint", "python"), job.result, wait)
+
+    worker = holder["w"] = EngineWorker(spec.engine, cfg.max_queue, on_result)
+    app = Flask("suffixspec.server", static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
+    app.json.sort_keys = False  # keep OpenAI's field order
+    app.extensions["suffixspec"] = ServerState(cfg, spec, worker, metrics, cfg.served_model_name or spec.model_name)
+
+    from .routes_index import bp as index_bp
+    from .routes_openai import bp as openai_bp
+
+    app.register_blueprint(openai_bp)
+    app.register_blueprint(index_bp)
+    _install_auth(app, cfg)
+    _install_errors(app)
+    _install_misc(app)
+    return app
+
+
+def _install_auth(app: Flask, cfg: ServerConfig) -> None:
+    @app.before_request
+    def check_key() -> Response | None:
+        if not cfg.api_key or not request.path.startswith("/v1"):
+            return None
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        # compare_digest: the time taken does not reveal how much of the key matched
+        if not hmac.compare_digest(given, cfg.api_key.encode()):
+            msg = ("missing API key: send 'Authorization: Bearer <key>'" if not header
+                   else "incorrect API key provided")
+            return APIError(msg, 401, code="invalid_api_key",
+                            headers={"WWW-Authenticate": 'Bearer realm="suffixspec"'}).response()
+        return None
+
+
+def _install_errors(app: Flask) -> None:
+    @app.errorhandler(APIError)
+    def api_error(e: APIError) -> Response:
+        return e.response()
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> Response:
+        status = e.code or 500
+        msg = {404: f"no route {request.method} {request.path}",
+               405: f"method {request.method} is not allowed on {request.path}",
+               413: f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes"
+               }.get(status, e.description or e.name)
+        headers = {"Allow": e.response.headers["Allow"]} if status == 405 and e.response is not None else None
+        return APIError(msg, status, code=e.name.lower().replace(" ", "_"), headers=headers).response()
+
+    @app.errorhandler(Exception)
+    def unexpected(e: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)  # the trace stays in the log
+        return APIError("internal server error; see the server log", 500, code="internal_error").response()
+
+    @app.after_request
+    def count(resp: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        app.extensions["suffixspec"].metrics.http_requests.labels(rule, str(resp.status_code)).inc()
+        return resp
+
+
+def _install_misc(app: Flask) -> None:
+    st: ServerState = app.extensions["suffixspec"]
+    web_dir = _web_dir()
+
+    @app.get("/health")
+    def health() -> Response:
+        ok = st.worker.alive and not st.closed
+        resp = jsonify({"status": "ok" if ok else "unavailable", "model": st.model_id,
+                        "queue_length": st.worker.queue_length(), "busy": st.worker.busy(),
+                        "max_context": st.spec.max_context, "auth": bool(st.config.api_key),
+                        "uptime_s": int(time.time()) - st.started})
+        resp.status_code = 200 if ok else 503
+        return resp
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(st.metrics.render(), mimetype=None, content_type=st.metrics.content_type)
+
+    def web_file(filename: str) -> Response:
+        if web_dir is None or filename.endswith((".py", ".pyc")) or filename.startswith(("_", ".", "v1/")):
+            raise NotFound()
+        return send_from_directory(web_dir, filename)
+
+    @app.get("/")
+    def index() -> Response:
+        return web_file("index.html")
+
+    @app.get("/static/<path:filename>")
+    def static_file(filename: str) -> Response:
+        return web_file(filename)
+
+    @app.get("/<path:filename>")
+    def any_web_file(filename: str) -> Response:
+        return web_file(filename)

@@ -1,0 +1,56 @@
+"""Server settings: which models to load and the limits that protect the one engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..loading import DEFAULT_TARGET
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``create_app`` needs. Unknown keys in a dict config raise ``ValueError``."""
+
+    model: str = DEFAULT_TARGET  # target model: local directory, hub id or embedded name
+    draft_model: str | None = "auto"  # draft model; "auto" = embedded draft with the embedded target; None = off
+    db: str | None = None  # SQLite document store; None keeps documents in memory
+    device: str | None = None  # torch device; None picks cuda when present, else cpu
+    dtype: str | None = None  # weights dtype name; None = float32 on cpu, bf16/fp16 on gpu
+    served_model_name: str | None = None  # the `model` id reported by /v1/models; None = the model argument
+    api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <api_key>`
+    max_queue: int = 32  # requests waiting for the engine beyond the running one; more get 503
+    retry_after_s: int = 2  # Retry-After header on a 503 when the queue is full
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
+    max_prompt_tokens: int | None = None  # longest prompt accepted; None = the model's context length
+    max_tokens_limit: int = 8192  # largest max_tokens a request may ask for
+    default_max_tokens: int = 512  # chat default when the request gives no max_tokens (clamped to context)
+    default_completion_max_tokens: int = 16  # /v1/completions default, as OpenAI's legacy endpoint
+    max_references: int = 64  # most `references` chunks per request
+    max_reference_chars: int = 1_000_000  # total characters of references + prediction per request
+    max_stop: int = 16  # most stop strings per request
+    max_documents_per_request: int = 1000  # most documents in one POST /v1/index/documents
+    shutdown_timeout_s: float = 10.0  # on shutdown, wait this long for the running request, then cancel it
+    disconnect_poll_s: float = 0.2  # how often a waiting request checks whether its client went away
+
+    def __post_init__(self) -> None:
+        for name in ("max_queue", "max_body_bytes", "max_tokens_limit", "default_max_tokens",
+                     "default_completion_max_tokens", "max_references", "max_stop"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError("max_prompt_tokens must be >= 1 (or None for the model's context length)")
+        if self.api_key == "":
+            self.api_key = None
+
+    @classmethod
+    def from_any(cls, config: ServerConfig | dict[str, Any] | None) -> ServerConfig:
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown server setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**config)

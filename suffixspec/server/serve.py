@@ -1,0 +1,97 @@
+"""Run the app under waitress, a production WSGI server (streaming works: it sends each chunk as written).
+
+``channel_request_lookahead`` lets waitress notice a client that hangs up while its request is
+still being generated (``environ["waitress.client_disconnected"]``), so the engine is freed at once.
+
+Shutdown (SIGINT or SIGTERM): the engine stops taking requests (new ones get 503), the running
+one finishes (or is cancelled after ``shutdown_timeout_s``) while waitress still sends its last
+chunks, the store is flushed, and only then does the server loop stop. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import signal
+import threading
+from typing import Any
+
+from flask import Flask
+
+log = logging.getLogger(__name__)
+
+
+def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: int = 16, **kw: Any) -> Any:
+    """A waitress server for ``app`` (not started). ``port=0`` picks a free port (``server.effective_port``)."""
+    from waitress.server import create_server
+
+    st = app.extensions["suffixspec"]
+    opts = dict(host=host, port=port, threads=threads, channel_request_lookahead=4,
+                max_request_body_size=2 * st.config.max_body_bytes + (1 << 20),  # Flask answers 413 in JSON first
+                ident="suffixspec",
+                clear_untrusted_proxy_headers=True)
+    opts.update(kw)
+    return create_server(app, **opts)
+
+
+def serve(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: int = 16,
+          on_ready: Any = None) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down cleanly. ``on_ready(server)`` is called once listening."""
+    state = app.extensions["suffixspec"]
+    server = make_server(app, host, port, threads)
+    stopping = threading.Event()
+
+    def drain_then_stop() -> None:
+        try:
+            state.shutdown()
+        finally:
+            _thread.interrupt_main()  # KeyboardInterrupt in the main thread ends server.run()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        stopping.set()
+        log.info("shutting down: finishing in-flight requests and flushing the index")
+        threading.Thread(target=drain_then_stop, name="suffixspec-shutdown", daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    log.info("suffixspec serving on http://%s:%s", host, server.effective_port)
+    if on_ready is not None:
+        on_ready(server)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        state.shutdown()  # no-op when the signal path already did it
+
+
+class BackgroundServer:
+    """A waitress server on a background thread (tests, notebooks, embedding in another program).
+
+        with BackgroundServer(create_app(cfg)) as srv:
+            OpenAI(base_url=srv.url + "/v1", api_key="-").completions.create(...)
+    """
+
+    def __init__(self, app: Flask, host: str = "127.0.0.1", port: int = 0, threads: int = 8) -> None:
+        self.app = app
+        self.server = make_server(app, host, port, threads)
+        self.url = f"http://{host}:{self.server.effective_port}"
+        self._thread = threading.Thread(target=self.server.run, name="suffixspec-waitress", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Shut the engine down (finish or cancel, flush), then stop waitress."""
+        try:
+            self.app.extensions["suffixspec"].shutdown()
+        finally:
+            self.server.close()
+            self._thread.join(5)
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

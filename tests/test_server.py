@@ -1,0 +1,347 @@
+"""The HTTP service on a real waitress server on 127.0.0.1, driven by the official `openai` client and raw HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from suffixspec.server import create_app
+from suffixspec.server.serve import BackgroundServer
+
+KEY = "test-key-123"
+PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick brown", "if x is None:"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dirs):
+    app = create_app({"model": str(tiny_model_dirs["llama"]), "draft_model": None, "api_key": KEY,
+                      "max_tokens_limit": 512, "max_references": 3, "max_body_bytes": 64 * 1024,
+                      "max_prompt_tokens": 600})
+    with BackgroundServer(app, threads=12) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def raw(server, method: str, path: str, body=None, headers: dict | None = None, key: str | None = KEY):
+    """(status, headers, parsed JSON or text) for one raw HTTP request."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    h = dict(headers or {})
+    if key is not None:
+        h["Authorization"] = f"Bearer {key}"
+    if body is not None and not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+        h.setdefault("Content-Type", "application/json")
+    conn.request(method, path, body=body, headers=h)
+    resp = conn.getresponse()
+    data = resp.read().decode()
+    conn.close()
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        parsed = data
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, parsed
+
+
+def sse_events(text: str) -> list:
+    events = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def greedy(server, prompt: str, max_tokens: int = 16) -> str:
+    spec = server.app.extensions["suffixspec"].spec
+    return spec.generate(prompt, max_tokens=max_tokens, temperature=0.0).text
+
+
+# -- the openai client, unchanged --------------------------------------------------------------------
+
+def test_models_lists_the_served_model(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [server.app.extensions["suffixspec"].model_id]
+
+
+def test_completion_matches_the_engine(client, server):
+    r = client.completions.create(model="any", prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert r.choices[0].text == greedy(server, PROMPTS[0])
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    extra = r.model_extra
+    assert extra["speculative_decoding"]["steps"] >= 1
+    assert "".join(p["text"] for p in r.choices[0].model_extra["provenance"]) == r.choices[0].text
+
+
+def test_completion_stream_equals_non_stream(client):
+    full = client.completions.create(model="m", prompt=PROMPTS[1], max_tokens=20, temperature=0)
+    chunks = list(client.completions.create(model="m", prompt=PROMPTS[1], max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == full.choices[0].finish_reason
+    assert "speculative_decoding" in finals[0].model_extra
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    for c in chunks:
+        if c.choices:  # provenance texts concatenate to the chunk's text
+            assert "".join(p["text"] for p in c.model_extra["provenance"]) == c.choices[0].text
+
+
+def test_chat_non_stream_and_stream(client, server):
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    spec = server.app.extensions["suffixspec"].spec
+    assert r.usage.prompt_tokens == len(spec.encode_chat(msgs))  # the tokenizer's chat template was applied
+    assert r.choices[0].message.content == spec.generate(messages=msgs, max_tokens=12, temperature=0).text
+    chunks = list(client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    assert all(c.usage is None for c in chunks)  # no include_usage -> no usage chunk
+
+
+def test_logprobs(client):
+    r = client.completions.create(model="m", prompt=PROMPTS[2], max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == r.usage.completion_tokens == len(lp.token_logprobs) == len(lp.top_logprobs)
+    for lp_tok, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) <= 3 and lp_tok <= 0 and max(top.values()) == pytest.approx(lp_tok)  # greedy = top-1
+    c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+    chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5, temperature=0, logprobs=True, stream=True))
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+
+
+def test_stop_string_and_seeded_sampling(client, server):
+    base = client.completions.create(model="m", prompt=PROMPTS[3], max_tokens=24, temperature=0).choices[0].text
+    if len(base) > 4:
+        stop = base[2:4]
+        r = client.completions.create(model="m", prompt=PROMPTS[3], max_tokens=24, temperature=0, stop=[stop])
+        assert r.choices[0].text == base[: base.index(stop)] and r.choices[0].finish_reason == "stop"
+    kw = dict(model="m", prompt=PROMPTS[3], max_tokens=12, temperature=0.9, top_p=0.9, seed=7)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def test_openai_client_errors(client, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="x", n=2)
+    assert "n=1" in e.value.body["message"] and e.value.body["param"] == "n"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], temperature=3)
+    assert e.value.body["param"] == "temperature"
+
+
+def test_several_clients_at_once_get_their_own_greedy_answers(client, server):
+    alone = {p: greedy(server, p, 10) for p in PROMPTS}
+
+    def ask(p: str) -> tuple[str, str]:
+        if PROMPTS.index(p) % 2:  # half of them stream
+            s = client.completions.create(model="m", prompt=p, max_tokens=10, temperature=0, stream=True)
+            return p, "".join(c.choices[0].text for c in s if c.choices)
+        return p, client.completions.create(model="m", prompt=p, max_tokens=10, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(len(PROMPTS) * 2) as pool:
+        answers = list(pool.map(ask, PROMPTS * 2))
+    assert len(answers) == 2 * len(PROMPTS)
+    for p, text in answers:
+        assert text == alone[p], p
+
+
+# -- extensions (raw HTTP) ---------------------------------------------------------------------------
+
+def test_speculation_field_and_references(server):
+    body = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0}
+    st, _, plain = raw(server, "POST", "/v1/completions", {**body, "speculation": False})
+    assert st == 200 and plain["speculative_decoding"]["drafted_tokens"] == 0
+    st, _, spec = raw(server, "POST", "/v1/completions",
+                      {**body, "speculation": {"drafters": ["references"], "max_draft_tokens": 8},
+                       "references": [plain["choices"][0]["text"]]})
+    assert st == 200 and spec["choices"][0]["text"] == plain["choices"][0]["text"]  # lossless
+    assert set(spec["speculative_decoding"]["per_source"]) <= {"references"}
+    st, _, pred = raw(server, "POST", "/v1/completions",
+                      {**body, "prediction": {"type": "content", "content": plain["choices"][0]["text"]}})
+    details = pred["usage"]["completion_tokens_details"]
+    assert set(details) >= {"accepted_prediction_tokens", "rejected_prediction_tokens"}
+
+
+def test_stream_is_sse_with_done(server):
+    st, headers, text = raw(server, "POST", "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+                             "stream_options": {"include_usage": True}, "temperature": 0})
+    assert st == 200 and headers["content-type"].startswith("text/event-stream")
+    events = sse_events(text)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] >= 1
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+# -- validation: every wrong field is a 400 that names it ---------------------------------------------
+
+BAD = [
+    ("/v1/completions", {"prompt": "x", "max_tokens": "10"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "temperature": True}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "top_k": 1.5}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 5}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "x", "seed": "s"}, "seed"),
+    ("/v1/completions", {"prompt": "x", "stop": 3}, "stop"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 50}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 500}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "n": 3}, "n"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 10**9]}, "prompt"),
+    ("/v1/completions", {}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "references": "abc"}, "references"),
+    ("/v1/completions", {"prompt": "x", "references": ["a", "b", "c", "d"]}, "references"),
+    ("/v1/completions", {"prompt": "x", "prediction": "abc"}, "prediction"),
+    ("/v1/completions", {"prompt": "x", "speculation": "fast"}, "speculation"),
+    ("/v1/completions", {"prompt": "x", "speculation": {"drafters": ["magic"]}}, "speculation.drafters"),
+    ("/v1/completions", {"prompt": "x", "speculation": {"max_draft_tokens": 1000}}, "max_draft_tokens"),
+    ("/v1/completions", {"prompt": "x " * 700}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 5, "max_completion_tokens": "a"}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "tools": [{"type": "function"}]}, "tools"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD, ids=[f"{p.split('/')[-1]}-{m}" for p, _, m in BAD])
+def test_bad_fields_are_clear_400s(server, path, body, param):
+    status, _, resp = raw(server, "POST", path, body)
+    assert status == 400, resp
+    err = resp["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+    assert "Traceback" not in err["message"]
+
+
+def test_unknown_fields_are_ignored(server):
+    status, _, resp = raw(server, "POST", "/v1/completions",
+                          {"prompt": "x", "max_tokens": 2, "user": "u1", "frobnicate": {"a": 1}, "metadata": {}})
+    assert status == 200 and resp["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_context_overflow_names_the_numbers(server):
+    status, _, resp = raw(server, "POST", "/v1/completions", {"prompt": [17] * 590, "max_tokens": 512})
+    assert status == 400 and resp["error"]["code"] == "context_length_exceeded"
+    assert "1024" in resp["error"]["message"] and "1102" in resp["error"]["message"]
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "code"), [
+    (b"{not json", {"Content-Type": "application/json"}, 400, "invalid_json"),
+    (b"[1, 2]", {"Content-Type": "application/json"}, 400, "invalid_json"),
+    (b"", {}, 400, "invalid_json"),
+    (b"\xff\xfe", {}, 400, "invalid_json"),
+    (b'{"prompt": "' + b"a" * 70000 + b'"}', {}, 413, None),
+])
+def test_malformed_bodies(server, body, headers, status, code):
+    st, _, resp = raw(server, "POST", "/v1/completions", body, headers)
+    assert st == status and "error" in resp
+    if code:
+        assert resp["error"]["code"] == code
+
+
+# -- auth on every route -----------------------------------------------------------------------------
+
+V1_ROUTES = [("GET", "/v1/models"), ("GET", "/v1/models/x"), ("POST", "/v1/completions"),
+             ("POST", "/v1/chat/completions"), ("GET", "/v1/index/documents"), ("POST", "/v1/index/documents"),
+             ("DELETE", "/v1/index/documents"), ("GET", "/v1/index/stats"), ("GET", "/v1/nope")]
+
+
+@pytest.mark.parametrize(("method", "path"), V1_ROUTES)
+@pytest.mark.parametrize("key", [None, "wrong", "", KEY + "x"])
+def test_every_v1_route_needs_the_key(server, method, path, key):
+    status, headers, resp = raw(server, method, path, {"prompt": "x"} if method != "GET" else None, key=key)
+    assert status == 401 and resp["error"]["code"] == "invalid_api_key"
+    assert resp["error"]["type"] == "authentication_error" and "Bearer" in headers["www-authenticate"]
+
+
+def test_open_routes_and_web_page(server):
+    assert raw(server, "GET", "/health", key=None)[0] == 200
+    status, headers, text = raw(server, "GET", "/", key=None)
+    assert status == 200 and "<html" in text.lower()
+    assert raw(server, "GET", "/app.js", key=None)[0] == 200
+    assert raw(server, "GET", "/static/style.css", key=None)[0] == 200
+    for path in ("/__init__.py", "/../pyproject.toml", "/static/../../pyproject.toml", "/nothing.js"):
+        assert raw(server, "GET", path, key=None)[0] == 404, path
+
+
+def test_wrong_method_and_unknown_route_are_json_errors(server):
+    status, headers, resp = raw(server, "GET", "/v1/completions")
+    assert status in (404, 405) and "error" in resp
+    status, _, resp = raw(server, "PUT", "/v1/completions", {"prompt": "x"})
+    assert status == 405 and resp["error"]["message"]
+
+
+def test_metrics_count_requests_tokens_and_queue(server, client):
+    client.completions.create(model="m", prompt=PROMPTS[4], max_tokens=3, temperature=0)
+    status, headers, text = raw(server, "GET", "/metrics", key=None)
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    for name in ("suffixspec_http_requests_total", "suffixspec_prompt_tokens_total",
+                 "suffixspec_completion_tokens_total", "suffixspec_steps_total", "suffixspec_step_seconds_total",
+                 "suffixspec_queue_length", "suffixspec_mean_accepted_length", "suffixspec_generations_total"):
+        assert name in text, name
+    done = [line for line in text.splitlines() if line.startswith("suffixspec_completion_tokens_total")]
+    assert float(done[0].split()[-1]) >= 3
+
+
+def test_health_reports_the_engine(server):
+    status, _, body = raw(server, "GET", "/health", key=None)
+    assert status == 200 and body["status"] == "ok" and body["auth"] is True and body["max_context"] == 1024
+
+
+def test_no_stack_trace_leaks_on_engine_failure(server, monkeypatch):
+    st = server.app.extensions["suffixspec"]
+
+    def boom(*a, **kw):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(st.worker.engine, "stream", boom)
+    status, _, resp = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 500 and "secret" not in json.dumps(resp) and resp["error"]["type"] == "server_error"
+    status, _, text = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True})
+    events = sse_events(text)
+    assert "error" in events[0] and "secret" not in text and events[-1] == "[DONE]"
+    monkeypatch.undo()
+    assert raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_worker_thread_is_single(server):
+    names = [t.name for t in threading.enumerate() if t.name == "suffixspec-engine"]
+    assert len(names) == 1
