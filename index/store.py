@@ -217,7 +217,7 @@ class IndexStore:
                              [doc_id, fp, len(ids), ids.astype("<u4").tobytes()])
                 summary.tokens += len(ids)
                 summary.ids.append(doc_id)
-            written.extend(self._rebuild_arrays_locked(complete_with={fp: tokenizer}))
+            self._rebuild_arrays_locked(written, complete_with={fp: tokenizer})
         self._collect_garbage()
         return summary
 
@@ -240,7 +240,7 @@ class IndexStore:
                 conn.execute("DELETE FROM documents WHERE id = ?", [row[0]])
                 removed += 1
             if removed:
-                written.extend(self._rebuild_arrays_locked())
+                self._rebuild_arrays_locked(written)
         self._collect_garbage()
         return removed
 
@@ -265,14 +265,14 @@ class IndexStore:
                 "metadata": json.loads(row[4] or "{}"), "n_bytes": row[5], "added_at": row[6]}
 
     # ----- arrays ----------------------------------------------------------------------------------
-    def _rebuild_arrays_locked(self, complete_with: dict[str, Any] | None = None) -> list[Path]:
+    def _rebuild_arrays_locked(self, written: list[Path], complete_with: dict[str, Any] | None = None) -> None:
         """Inside a write transaction: rebuild and write the suffix arrays of every fingerprint whose
-        token ids are complete (tokenizing missing documents with the tokenizers in ``complete_with``)."""
+        token ids are complete (tokenizing missing documents with the tokenizers in ``complete_with``).
+        Files are added to ``written`` before they are created, so a rollback can delete them."""
         conn = self.db.conn
         version = self.docs_version() + 1
         self._set_meta("docs_version", str(version))
         doc_ids = [r[0] for r in conn.execute("SELECT id FROM documents ORDER BY id")]
-        written: list[Path] = []
         self.arrays_dir.mkdir(parents=True, exist_ok=True)
         for fp in self.fingerprints():
             have = dict(conn.execute("SELECT doc_id, ids FROM doc_tokens WHERE fingerprint = ?", [fp]).fetchall())
@@ -291,17 +291,15 @@ class IndexStore:
             sa = SuffixArray.build(seqs, self.sort_depth)
             name = f"{fp[:16]}-{version}-{os.getpid()}"
             prefix = self.arrays_dir / name
-            paths = sa.save(prefix)
-            ids_path = Path(str(prefix) + ".docids.npy")
-            np.save(ids_path, np.asarray(doc_ids, dtype=np.int64))
-            paths.append(ids_path)
+            paths = [Path(str(prefix) + ext) for ext in (".tokens.npy", ".sa.npy", ".starts.npy", ".docids.npy")]
             written.extend(paths)
+            sa.save(prefix)
+            np.save(paths[-1], np.asarray(doc_ids, dtype=np.int64))
             for p in paths:
                 with open(p, "rb+") as f:
                     os.fsync(f.fileno())
             self._set_meta(f"arrays:{fp}", json.dumps({"name": name, "docs_version": version,
                                                        "n_tokens": sa.num_tokens, "n_docs": len(doc_ids)}))
-        return written
 
     def _referenced_names(self) -> set[str]:
         names = set()
@@ -337,7 +335,7 @@ class IndexStore:
         if stale and tokenizer is not None:
             self.register_tokenizer(tokenizer)
             with self._write_txn() as written:
-                written.extend(self._rebuild_arrays_locked(complete_with={fp: tokenizer}))
+                self._rebuild_arrays_locked(written, complete_with={fp: tokenizer})
             self._collect_garbage()
             info = self._meta(f"arrays:{fp}")
         if info is None:
