@@ -103,7 +103,7 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
 
 
 def _load_tokenizer(name: str):
-    from ..loading import load_tokenizer  # transformers: only on the add path
+    from .loading import load_tokenizer  # transformers: only on the add path
 
     try:
         return load_tokenizer(name)
