@@ -1,0 +1,177 @@
+"""SuffixProposer: sources, drafter switches, merge vs pick, learning, persistence, and engine equality."""
+
+from __future__ import annotations
+
+import pytest
+
+from index.store import DocInput, IndexStore
+from index.suffix_array import SuffixArray
+from suffixspec.draft import (
+    SOURCE_DOCUMENTS,
+    SOURCE_HISTORY,
+    SOURCE_PREDICTION,
+    SOURCE_PROMPT,
+    SOURCE_REFERENCES,
+)
+from suffixspec.proposers import RequestContext
+from suffixspec.proposers.suffix import (
+    SuffixConfig,
+    SuffixProposer,
+    make_suffix_proposer,
+    merge_by_probability,
+)
+
+
+def docs_example() -> SuffixArray:
+    return SuffixArray.build([[7, 8, 9, 11], [7, 8, 9, 11], [7, 8, 5]])
+
+
+def test_worked_example_merges_prompt_and_documents():
+    p = SuffixProposer(documents=docs_example())
+    p.begin(RequestContext(prompt_ids=[7, 8, 9, 10, 3, 7, 8]))
+    d = p.propose([7, 8, 9, 10, 3, 7, 8], 3)
+    assert (d.tokens, d.parents, d.sources) == ([9, 10, 11], [-1, 0, 0], [SOURCE_PROMPT, SOURCE_PROMPT,
+                                                                           SOURCE_DOCUMENTS])
+    assert d.score == pytest.approx(1 + 1 + 2 / 3)
+
+
+def test_pick_mode_takes_the_best_scoring_source():
+    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(merge=False))
+    p.begin(RequestContext(prompt_ids=[7, 8, 9, 10, 3, 7, 8]))
+    d = p.propose([7, 8, 9, 10, 3, 7, 8], 8)
+    # prompt: [9, 10], score 2 beats documents: [9, 11], score 4/3 (match "7 8" caps drafts at 2 nodes)
+    assert set(d.sources) == {SOURCE_PROMPT} and d.tokens == [9, 10] and d.score == 2
+
+
+@pytest.mark.parametrize("drafters, expected", [
+    (None, {SOURCE_PROMPT, SOURCE_REFERENCES, SOURCE_PREDICTION, SOURCE_DOCUMENTS}),
+    ((SOURCE_PROMPT,), {SOURCE_PROMPT}),
+    ((SOURCE_REFERENCES,), {SOURCE_REFERENCES, SOURCE_PREDICTION}),  # "references" covers the prediction
+    ((SOURCE_DOCUMENTS, SOURCE_HISTORY), {SOURCE_DOCUMENTS}),
+    (("draft_model",), set()),
+])
+def test_request_drafters_switch_sources(drafters, expected):
+    docs = SuffixArray.build([[1, 2, 3, 40, 41]])
+    p = SuffixProposer(documents=docs, config=SuffixConfig(max_spec_factor=4, min_token_prob=0.0))
+    req = RequestContext(prompt_ids=[1, 2, 3, 30, 31, 1, 2, 3], reference_ids=[[1, 2, 3, 50, 51]],
+                         prediction_ids=[2, 3, 60, 61], drafters=drafters)
+    p.begin(req)
+    got = {s for s, _ in p.speculate_all(req.prompt_ids, p_params(16))}
+    assert got == expected
+    d = p.propose(req.prompt_ids, 16)
+    assert set(d.sources) == expected
+    first_tokens = {d.tokens[i] for i, par in enumerate(d.parents) if par < 0}
+    want = {SOURCE_PROMPT: 30, SOURCE_REFERENCES: 50, SOURCE_PREDICTION: 60, SOURCE_DOCUMENTS: 40}
+    assert first_tokens == {want[s] for s in expected}
+
+
+def p_params(budget):
+    from index.speculate import SpecParams
+
+    return SpecParams(budget, 4.0, 0.0, 0.0, True)
+
+
+def test_learns_output_into_history_and_follows_updates():
+    p = SuffixProposer(config=SuffixConfig(max_spec_factor=4))
+    template = [100, 101, 102, 103, 104, 105]
+    p.begin(RequestContext(prompt_ids=[1, 2]))
+    assert len(p.propose([1, 2], 8)) == 0
+    p.update([100, 101])
+    p.update(template[2:])
+    p.end(template)
+    assert p.history.num_tokens == len(template)
+    p.begin(RequestContext(prompt_ids=[5, 100, 101]))
+    d = p.propose([5, 100, 101], 8)
+    assert d.tokens[:4] == [102, 103, 104, 105] and set(d.sources) == {SOURCE_HISTORY}
+    # the request's own output is drafted from as soon as it is appended
+    p.update([7, 8, 9, 5])
+    d = p.propose([5, 100, 101, 7, 8, 9, 5], 8)
+    assert d.tokens[0] == 100 and SOURCE_PROMPT in d.sources
+
+
+def test_out_of_step_context_is_resynchronised():
+    p = SuffixProposer()
+    p.begin(RequestContext(prompt_ids=[1, 2, 3]))
+    d = p.propose([1, 2, 3, 9, 1, 2], 4)  # update() was never called for 9, 1, 2
+    assert d.tokens[:1] == [3]
+
+
+def test_merge_keeps_best_probability_and_budget():
+    from index.speculate import SpecResult
+
+    a = SpecResult([5, 6, 7], [-1, 0, 1], [0.9, 0.5, 0.4], 1.8, 3)
+    b = SpecResult([5, 9], [-1, 0], [1.0, 0.6], 1.6, 2)
+    d = merge_by_probability([(SOURCE_PROMPT, a), (SOURCE_DOCUMENTS, b)], budget=3)
+    assert (d.tokens, d.parents) == ([5, 9, 6], [-1, 0, 0])
+    assert d.sources == [SOURCE_DOCUMENTS, SOURCE_DOCUMENTS, SOURCE_PROMPT]
+    assert d.score == pytest.approx(1.0 + 0.6 + 0.5)
+
+
+def test_store_backed_documents_and_persistent_history(tmp_path):
+    class Tok:
+        fingerprint = "ids-v1"
+
+        def encode(self, text):
+            return [int(w) for w in text.split()]
+
+    db = tmp_path / "index.db"
+    with IndexStore(db) as store:
+        store.add_documents([DocInput("1 2 3 4 5 6", "doc.txt")], Tok())
+    p = make_suffix_proposer(db=db, tokenizer=Tok(), max_spec_factor=4)
+    assert p.documents is not None and p.documents.num_tokens == 6
+    p.begin(RequestContext(prompt_ids=[9, 2, 3]))
+    assert p.propose([9, 2, 3], 3).tokens == [4, 5, 6]
+    p.end([70, 71, 72, 73])
+    # new documents appear at the next request; history survives a restart
+    with IndexStore(db) as store:
+        store.add_documents([DocInput("20 21 22 23", "more.txt")], Tok())
+    p.begin(RequestContext(prompt_ids=[20, 21]))
+    assert p.propose([20, 21], 2).tokens == [22, 23]
+    q = SuffixProposer(db=str(db), fingerprint="ids-v1", config=SuffixConfig(max_spec_factor=4))
+    q.begin(RequestContext(prompt_ids=[70, 71]))
+    d = q.propose([70, 71], 2)
+    assert d.tokens == [72, 73] and d.sources == [SOURCE_HISTORY] * 2
+    with pytest.raises(ValueError, match="tokenizer"):
+        SuffixProposer(db=str(db))
+
+
+# ----- engine: speculation with the suffix proposer never changes greedy output ---------------------
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "for i in range(10):\n\tprint(i, i * i)\nfor i in range(10):\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+]
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dirs):
+    engine_mod = pytest.importorskip("suffixspec.engine")
+    from suffixspec.loading import load_model
+
+    return engine_mod, load_model(str(tiny_model_dirs["llama"]), device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_engine_greedy_equality(llama, tmp_path, tree):
+    engine_mod, target = llama
+    from suffixspec.config import SamplingParams, SpeculationConfig
+
+    with IndexStore(tmp_path / "index.db") as store:
+        store.add_documents([DocInput(text * 3, f"doc{i}.txt") for i, text in enumerate(PROMPTS)], target.tokenizer)
+    proposer = SuffixProposer(db=tmp_path / "index.db", tokenizer=target.tokenizer,
+                              config=SuffixConfig(tree=tree, max_spec_factor=2.0, min_token_prob=0.05))
+    spec_engine = engine_mod.Engine(target, [proposer])
+    plain_engine = engine_mod.Engine(target)
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    drafted = accepted = 0
+    for round_ in range(2):  # the second round also drafts from the first round's outputs (history)
+        for prompt in PROMPTS:
+            plain = plain_engine.generate(prompt, sampling, speculation=False)
+            fast = spec_engine.generate(prompt, sampling, references=[PROMPTS[0]], prediction=prompt,
+                                        speculation=SpeculationConfig(max_draft_tokens=16))
+            assert fast.token_ids == plain.token_ids, (round_, prompt)
+            stats = fast.stats.to_dict()
+            drafted += stats["drafted_tokens"]
+            accepted += stats["accepted_tokens"]
+    assert drafted > 0 and accepted > 0  # the proposer was exercised, not idle
+    assert proposer.history.num_outputs == 2 * len(PROMPTS)
