@@ -1,0 +1,304 @@
+"""End-to-end tests of the web page (web/) in headless Chromium against a real server on 127.0.0.1.
+
+The server is the real Flask app (``create_app``) with the embedded default models when they are in
+the package, else the tiny llama fixture. Chromium and chromedriver come from Debian's ``chromium``
+and ``chromium-driver`` packages (``.ci/run`` installs them); when they are missing the tests fail
+and say so, rather than skip. Screenshots go to ``artifacts/web/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts" / "web"
+EMBEDDED_TARGET = ROOT / "suffixspec" / "default_models" / "demo-target" / "config.json"
+API_KEY = "web-test-key"
+WAIT_S = 120  # generous upper bound for a CPU shared with other jobs; waits end as soon as the condition holds
+CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync",
+                "--disable-dev-shm-usage")
+
+
+def _browser_paths() -> tuple[str, str]:
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    driver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    missing = [p for p in (chromium, driver) if not Path(p).exists()]
+    if missing:
+        pytest.fail(f"headless browser tests need Chromium and chromedriver, missing: {missing}. "
+                    "Install them with `apt-get install chromium chromium-driver` (.ci/run does).")
+    return chromium, driver
+
+
+# ------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dirs, tmp_path_factory):
+    """The real app on an ephemeral 127.0.0.1 port, with an API key; yields its base URL."""
+    from werkzeug.serving import make_server
+
+    from suffixspec.server.app import create_app
+
+    if EMBEDDED_TARGET.exists():
+        cfg = {}  # embedded demo target + its different-tokenizer draft model
+    else:
+        cfg = {"model": str(tiny_model_dirs["llama"]), "draft_model": None}
+    cfg.update(api_key=API_KEY, db=str(tmp_path_factory.mktemp("webdb") / "docs.db"))
+    app = create_app(cfg)
+    httpd = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}/"
+    httpd.shutdown()
+    app.extensions["suffixspec"].shutdown()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    chromium, driver_path = _browser_paths()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in CHROME_FLAGS:
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    opts.add_argument("--window-size=1280,900")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def page(server, browser):
+    """The page freshly loaded with the right API key in sessionStorage; checks for JS errors after."""
+    browser.set_window_size(1280, 900)
+    browser.get(server + "favicon.svg")  # same origin, so the page's sessionStorage; the page itself not yet
+    browser.execute_script("sessionStorage.setItem('suffixspec.apiKey', arguments[0])", API_KEY)
+    browser.get(server)
+    wait(browser).until(lambda d: "connecting" not in d.find_element("id", "server-status").text)
+    yield browser
+    errors = [e["message"] for e in browser.get_log("browser")
+              if e["level"] == "SEVERE" and "401" not in e["message"] and "favicon.ico" not in e["message"]]
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def wait(driver, timeout: float = WAIT_S):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout)
+
+
+def screenshot(driver, name: str) -> Path:
+    """A full-page PNG in artifacts/web/ (the whole document, not only the viewport)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    m = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
+    size = m.get("cssContentSize") or m["contentSize"]
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}})
+    path = ARTIFACTS / f"{name}.png"
+    path.write_bytes(base64.b64decode(shot["data"]))
+    return path
+
+
+def by_id(driver, id_: str):
+    return driver.find_element("id", id_)
+
+
+def fill(driver, id_: str, text: str) -> None:
+    el = by_id(driver, id_)
+    el.clear()
+    el.send_keys(text)
+
+
+# A prompt whose continuation repeats it: the prompt drafter's suffix matches are accepted.
+PROMPT = ("def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\n"
+          "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n")
+
+
+def set_request(driver, max_tokens: int = 48) -> None:
+    driver.execute_script("arguments[0].value = arguments[1]", by_id(driver, "prompt"), PROMPT)
+    fill(driver, "max-tokens", str(max_tokens))
+    fill(driver, "temperature", "0")
+
+
+# ---------------------------------------------------------------------------------------- tests
+
+def test_page_assets_are_served_without_external_urls(server):
+    """Every asset the page names is served by the app; nothing is fetched from another host."""
+    import urllib.request
+
+    html = urllib.request.urlopen(server, timeout=30).read().decode()
+    assets = re.findall(r'(?:src|href)="([^"#]+)"', html)
+    assert "app.js" in assets and "style.css" in assets
+    for a in assets:
+        assert "://" not in a and not a.startswith("//"), f"external asset {a}"
+    web = ROOT / "web"
+    for f in [*web.glob("*.js"), *web.glob("*.css"), web / "index.html"]:
+        text = f.read_text()
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", text), f"{f.name} refers to an external URL"
+        with urllib.request.urlopen(server + f.name, timeout=30) as resp:
+            assert resp.status == 200
+            if f.suffix == ".js":  # ES modules need a JavaScript MIME type
+                assert "javascript" in resp.headers["Content-Type"]
+
+
+def test_generate_streams_tokens_coloured_by_source(page):
+    set_request(page)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    spans = page.find_elements("css selector", "#output .tok")
+    assert spans, "no output tokens were rendered"
+    sources = {s.get_attribute("data-source") for s in spans}
+    assert sources <= {"target", "prompt", "history", "documents", "references", "prediction", "draft_model"}
+    # Every piece carries its source's class, and drafted pieces have a coloured background.
+    for s in spans:
+        assert f"src-{s.get_attribute('data-source')}" in s.get_attribute("class")
+    accepted = int(by_id(page, "stat-drafted").text.split("/")[1])
+    drafted_spans = [s for s in spans if s.get_attribute("data-source") != "target"]
+    if accepted:
+        assert drafted_spans, "the stats say drafts were accepted but no token is shown as drafted"
+        bg = drafted_spans[0].value_of_css_property("background-color")
+        assert bg not in ("rgba(0, 0, 0, 0)", "transparent"), bg
+    assert by_id(page, "stat-tps").text not in ("", "–")
+    legend = by_id(page, "legend").text
+    assert "target (bonus / correction)" in legend and "prompt suffix" in legend
+    # The per-step chart is drawn.
+    assert page.find_elements("css selector", "#step-chart svg rect")
+    # Tooltip: hovering a token names its source.
+    from selenium.webdriver import ActionChains
+
+    ActionChains(page).move_to_element(spans[0]).perform()
+    wait(page, 10).until(lambda d: by_id(d, "tooltip").is_displayed())
+    assert "step 1" in by_id(page, "tooltip").text
+    screenshot(page, "generate")
+
+
+def test_compare_shows_speedup_and_identical_outputs(page):
+    set_request(page)
+    by_id(page, "compare").click()
+    wait(page).until(lambda d: d.find_elements("id", "speedup"))
+    speedup = by_id(page, "speedup").text
+    assert re.fullmatch(r"\d+\.\d\d×", speedup), speedup
+    # Greedy decoding is lossless: speculation on and off give the same text.
+    assert by_id(page, "identical").text == "identical"
+    screenshot(page, "compare")
+
+
+def test_add_list_and_remove_document(page):
+    by_id(page, "tab-index").click()
+    wait(page).until(lambda d: by_id(d, "view-index").is_displayed())
+    name = "web-test-notes.md"
+    fill(page, "doc-name", name)
+    fill(page, "doc-text", "def area(r):\n    return 3.14159 * r * r\n")
+    by_id(page, "doc-add").click()
+    wait(page).until(lambda d: name in by_id(d, "doc-table").text)
+    assert "Added" in by_id(page, "add-status").text
+    wait(page).until(lambda d: by_id(d, "index-stats").text.strip())
+    screenshot(page, "index-added")
+    # Search finds it; removing it takes it off the list.
+    fill(page, "doc-search", "3.14159")
+    by_id(page, "doc-search").submit()
+    wait(page).until(lambda d: name in by_id(d, "doc-table").text)
+    row = next(r for r in page.find_elements("css selector", "#doc-table tbody tr") if name in r.text)
+    row.find_element("css selector", "button.remove").click()
+    wait(page).until(lambda d: name not in by_id(d, "doc-table").text)
+    assert "Removed" in by_id(page, "doc-status").text
+    screenshot(page, "index-removed")
+
+
+def test_wrong_api_key_shows_clear_message(page):
+    fill(page, "api-key", "not-the-key")
+    by_id(page, "key-save").click()
+    wait(page).until(lambda d: by_id(d, "auth-banner").is_displayed())
+    banner = by_id(page, "auth-banner").text
+    assert "Wrong API key" in banner and "401" in banner
+    assert by_id(page, "key-state").text == "key rejected"
+    # A request with the wrong key says the same in the playground.
+    set_request(page, max_tokens=4)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "gen-error").is_displayed())
+    assert "Wrong API key" in by_id(page, "gen-error").text
+    screenshot(page, "wrong-key")
+    # The right key clears the message.
+    fill(page, "api-key", API_KEY)
+    by_id(page, "key-save").click()
+    wait(page).until(lambda d: not by_id(d, "auth-banner").is_displayed())
+    assert by_id(page, "key-state").text == "key accepted"
+
+
+def test_metrics_view_polls_prometheus_text(page):
+    set_request(page, max_tokens=8)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    by_id(page, "tab-metrics").click()
+    by_id(page, "metrics-now").click()
+    wait(page).until(lambda d: "Last poll" in by_id(d, "metrics-status").text)
+    totals = by_id(page, "metric-totals").text
+    m = re.search(r"Requests\s+(\d+)", totals)
+    assert m and int(m.group(1)) >= 1, totals
+    assert re.search(r"Completion tokens\s+\d+", totals), totals
+    screenshot(page, "metrics")
+
+
+def test_prometheus_parser_in_the_browser(page):
+    samples = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('./metrics.js').then((m) => done(m.parsePrometheus([
+          '# HELP x_total a counter',
+          'x_total{source="prompt",path="a\\\\"b"} 3',
+          'y 1.5e+2',
+          'bad line',
+          'z{le="+Inf"} +Inf',
+        ].join('\\n')).map((s) => [s.name, s.labels, s.value === Infinity ? 'inf' : s.value])));
+    """)
+    assert samples == [["x_total", {"source": "prompt", "path": 'a"b'}, 3], ["y", {}, 150], ["z", {"le": "+Inf"}, "inf"]]
+
+
+def test_keyboard_tabs_and_shortcut(page):
+    from selenium.webdriver.common.keys import Keys
+
+    by_id(page, "tab-playground").send_keys(Keys.ARROW_RIGHT)
+    wait(page, 10).until(lambda d: by_id(d, "tab-index").get_attribute("aria-selected") == "true")
+    assert page.switch_to.active_element.get_attribute("id") == "tab-index"
+    page.switch_to.active_element.send_keys(Keys.ARROW_LEFT)
+    wait(page, 10).until(lambda d: by_id(d, "view-playground").is_displayed())
+    # Ctrl+Enter in the prompt generates.
+    set_request(page, max_tokens=4)
+    by_id(page, "prompt").send_keys(Keys.CONTROL, Keys.ENTER)
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    # Every form control has an accessible name.
+    unnamed = page.execute_script("""
+        return [...document.querySelectorAll('input, textarea, select, button')].filter((el) => {
+          if (el.closest('[hidden]')) return false;
+          const id = el.id && document.querySelector(`label[for="${el.id}"]`);
+          return !(id || el.closest('label') || el.getAttribute('aria-label') || (el.textContent || '').trim());
+        }).map((el) => el.outerHTML);
+    """)
+    assert not unnamed, unnamed
+
+
+def test_narrow_window_layout(page):
+    page.set_window_size(390, 900)
+    wait(page, 10).until(lambda d: d.execute_script("return window.innerWidth") <= 400)
+    set_request(page, max_tokens=16)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    overflow = page.execute_script("return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px on a narrow window"
+    # Controls stack above the output in one column.
+    form = by_id(page, "gen-form").rect
+    out = by_id(page, "output").rect
+    assert out["y"] > form["y"] + form["height"] - 1
+    screenshot(page, "narrow")

@@ -1,0 +1,172 @@
+// Metrics view: poll GET /metrics (Prometheus text format), keep a short history in the page, and
+// chart acceptance by source and tokens/requests per second over time.
+
+import { ApiError, request } from "./api.js";
+import { fmtNum, lines } from "./charts.js";
+import { addStat } from "./dom.js";
+import { normSource, renderLegend, sourceColor, sourceLabel } from "./sources.js";
+
+const $ = (id) => document.getElementById(id);
+const KEEP = 180; // samples kept (15 minutes at 5 s)
+
+/**
+ * Parse Prometheus text exposition into [{name, labels, value}]. Comments and malformed lines are
+ * skipped. Example: `suffixspec_accepted_tokens_total{source="prompt"} 42` ->
+ * {name: "suffixspec_accepted_tokens_total", labels: {source: "prompt"}, value: 42}.
+ */
+export function parsePrometheus(text) {
+  const out = [];
+  for (const raw of text.split("\n")) {
+    const line = raw.trim();
+    if (!line || line.startsWith("#")) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!m) continue;
+    const labels = {};
+    if (m[3]) {
+      const re = /([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"/g;
+      let lm;
+      while ((lm = re.exec(m[3]))) labels[lm[1]] = lm[2].replace(/\\n/g, "\n").replace(/\\(["\\])/g, "$1");
+    }
+    const v = m[4] === "+Inf" ? Infinity : m[4] === "-Inf" ? -Infinity : Number(m[4]);
+    if (!Number.isNaN(v)) out.push({ name: m[1], labels, value: v });
+  }
+  return out;
+}
+
+/** Sum of samples whose name matches `re` (histogram/summary parts excluded), optionally per label. */
+function sum(samples, re, byLabel = null) {
+  const acc = byLabel ? {} : { all: 0 };
+  let found = false;
+  for (const s of samples) {
+    if (!re.test(s.name) || /_(bucket|created)$/.test(s.name)) continue;
+    found = true;
+    const key = byLabel ? s.labels[byLabel] ?? "all" : "all";
+    acc[key] = (acc[key] || 0) + s.value;
+  }
+  if (!found) return null;
+  return byLabel ? acc : acc.all;
+}
+
+/** The few figures the page shows, from one scrape. Names are matched loosely on purpose. */
+export function summarize(samples) {
+  return {
+    // Finished generations; plain HTTP request counters would also count these polls.
+    requests: sum(samples, /generations_total$/) ?? sum(samples, /(completion|generation)_requests_total$/),
+    promptTokens: sum(samples, /prompt_tokens_total$/),
+    completionTokens: sum(samples, /(completion|generated|output)_tokens_total$/),
+    drafted: sum(samples, /draft(ed)?_tokens_total$/, "source"),
+    accepted: sum(samples, /accepted_tokens_total$/, "source"),
+    steps: sum(samples, /steps_total$/),
+  };
+}
+
+const history = []; // [{t, ...summarize()}]
+let timer = null;
+let visible = false;
+
+const dd = addStat;
+
+function ratio(a, b) {
+  return b ? a / b : NaN;
+}
+
+function render() {
+  const last = history[history.length - 1];
+  const dl = $("metric-totals");
+  dl.replaceChildren();
+  if (!last) return;
+  const accAll = last.accepted ? Object.values(last.accepted).reduce((a, b) => a + b, 0) : null;
+  const draftAll = last.drafted ? Object.values(last.drafted).reduce((a, b) => a + b, 0) : null;
+  dd(dl, "Requests", last.requests === null ? "–" : fmtNum(last.requests));
+  dd(dl, "Completion tokens", last.completionTokens === null ? "–" : fmtNum(last.completionTokens));
+  dd(dl, "Prompt tokens", last.promptTokens === null ? "–" : fmtNum(last.promptTokens));
+  dd(dl, "Drafted / accepted", `${draftAll === null ? "–" : fmtNum(draftAll)} / ${accAll === null ? "–" : fmtNum(accAll)}`);
+  const rate = ratio(accAll, draftAll);
+  dd(dl, "Acceptance rate (all time)", Number.isFinite(rate) ? `${(rate * 100).toFixed(1)}%` : "–");
+  if (last.steps !== null && last.completionTokens !== null) {
+    dd(dl, "Mean tokens per step", fmtNum(ratio(last.completionTokens, last.steps)));
+  }
+
+  // Acceptance rate per source over each polling interval (cumulative when nothing new was drafted).
+  const sources = new Set();
+  for (const h of history) for (const k of Object.keys(h.drafted || {})) sources.add(k);
+  const acc = [...sources].map((src) => {
+    const points = [];
+    for (let i = 0; i < history.length; i++) {
+      const h = history[i];
+      const d = (h.drafted || {})[src] || 0;
+      const a = (h.accepted || {})[src] || 0;
+      const prev = history[i - 1];
+      const dd0 = prev ? d - ((prev.drafted || {})[src] || 0) : 0;
+      const da0 = prev ? a - ((prev.accepted || {})[src] || 0) : 0;
+      const r = dd0 > 0 ? da0 / dd0 : ratio(a, d);
+      if (Number.isFinite(r)) points.push([h.t, r]);
+    }
+    const id = normSource(src);
+    return { name: sourceLabel(id), color: sourceColor(id), points, id };
+  });
+  lines($("acc-chart"), acc, { label: "Acceptance rate by source over time", yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%` });
+  renderLegend($("acc-legend"), null, acc.map((s) => s.id));
+
+  const perSec = (key) => {
+    const pts = [];
+    for (let i = 1; i < history.length; i++) {
+      const a = history[i - 1];
+      const b = history[i];
+      if (a[key] === null || b[key] === null) continue;
+      const dt = (b.t - a.t) / 1000;
+      if (dt > 0) pts.push([b.t, Math.max(0, (b[key] - a[key]) / dt)]);
+    }
+    return pts;
+  };
+  const tok = [
+    { name: "completion tokens/s", color: sourceColor("documents"), points: perSec("completionTokens") },
+    { name: "requests/s", color: sourceColor("prediction"), points: perSec("requests") },
+  ];
+  lines($("tok-chart"), tok, { label: "Completion tokens and requests per second" });
+  const leg = $("tok-legend");
+  leg.replaceChildren();
+  for (const s of tok) {
+    const li = document.createElement("li");
+    li.className = "legend-item";
+    const sw = document.createElement("span");
+    sw.className = "swatch";
+    sw.style.background = s.color;
+    li.append(sw, document.createTextNode(s.name));
+    leg.appendChild(li);
+  }
+}
+
+export async function poll() {
+  try {
+    const res = await request("GET", "/metrics", { accept: "text/plain" });
+    const samples = parsePrometheus(await res.text());
+    history.push({ t: Date.now(), ...summarize(samples) });
+    if (history.length > KEEP) history.shift();
+    $("metrics-status").textContent = `Last poll ${new Date().toLocaleTimeString()} (${samples.length} samples).`;
+    $("metrics-status").classList.remove("bad");
+    render();
+  } catch (err) {
+    $("metrics-status").textContent = err instanceof ApiError ? err.message : `Error: ${err.message || err}`;
+    $("metrics-status").classList.add("bad");
+  }
+}
+
+function schedule() {
+  clearInterval(timer);
+  timer = null;
+  const every = Number($("poll-every").value);
+  if (visible && every > 0) timer = setInterval(poll, every);
+}
+
+/** The metrics view polls only while it is shown. */
+export function setMetricsVisible(v) {
+  visible = v;
+  if (v) poll();
+  schedule();
+}
+
+export function initMetrics() {
+  $("poll-every").addEventListener("change", schedule);
+  $("metrics-now").addEventListener("click", poll);
+}

@@ -1,0 +1,483 @@
+// Playground: build an OpenAI-style request from the form, stream it, colour each token by the source
+// that drafted it, show the request's speculation statistics and compare with speculation off.
+
+import { ApiError, stream } from "./api.js";
+import { fmtNum, stackedBars } from "./charts.js";
+import { addStat } from "./dom.js";
+import { SOURCES, normSource, renderLegend, sourceColor, sourceLabel } from "./sources.js";
+
+const $ = (id) => document.getElementById(id);
+
+let model = null; // model id from /v1/models, sent when known
+let controller = null; // AbortController of the running request
+const chat = []; // [{role, content}] of the conversation so far
+
+export function setModel(id) {
+  model = id;
+}
+
+function mode() {
+  return document.querySelector('input[name="mode"]:checked').value;
+}
+
+function numberOr(id, fallback) {
+  const v = $(id).value.trim();
+  if (v === "") return fallback;
+  const n = Number(v);
+  return Number.isFinite(n) ? n : fallback;
+}
+
+/** The request body from the form; `overrides` replaces fields (speculation: false for compare). */
+export function buildPayload(overrides = {}) {
+  const body = {
+    max_tokens: Math.max(1, Math.round(numberOr("max-tokens", 128))),
+    temperature: numberOr("temperature", 0),
+    top_p: numberOr("top-p", 1),
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  if (model) body.model = model;
+  const seed = numberOr("seed", null);
+  if (seed !== null) body.seed = Math.round(seed);
+  if (mode() === "chat") {
+    const messages = [];
+    const system = $("system").value;
+    if (system.trim()) messages.push({ role: "system", content: system });
+    messages.push(...chat);
+    const user = $("user-msg").value;
+    if (user.trim()) messages.push({ role: "user", content: user });
+    body.messages = messages;
+  } else {
+    body.prompt = $("prompt").value;
+  }
+  const drafters = [...document.querySelectorAll('input[name="drafter"]:checked')].map((c) => c.value);
+  body.speculation = drafters.length
+    ? { drafters, max_draft_tokens: Math.max(0, Math.round(numberOr("max-draft", 32))) }
+    : false;
+  const prediction = $("prediction").value;
+  if (prediction.trim()) body.prediction = { type: "content", content: prediction };
+  const refs = $("references")
+    .value.split(/^\s*---\s*$/m)
+    .map((r) => r.replace(/^\n+|\n+$/g, ""))
+    .filter((r) => r.trim());
+  if (refs.length) body.references = refs;
+  return { ...body, ...overrides };
+}
+
+function endpoint(body) {
+  return body.messages ? "/v1/chat/completions" : "/v1/completions";
+}
+
+/** Text of one streamed chunk (completions or chat). */
+function chunkText(chunk) {
+  const choice = chunk.choices && chunk.choices[0];
+  if (!choice) return "";
+  if (choice.delta) return choice.delta.content || "";
+  return choice.text || "";
+}
+
+/**
+ * Run one streamed request. `onPiece(text, source, step)` is called per provenance piece as it arrives.
+ * Returns {text, pieces, steps, stats, usage, finishReason, elapsedMs, tokens}.
+ */
+export async function runStream(body, { onPiece = () => {}, signal } = {}) {
+  const run = { text: "", pieces: [], steps: [], stats: null, usage: null, finishReason: null };
+  const t0 = performance.now();
+  await stream(
+    endpoint(body),
+    body,
+    (chunk) => {
+      if (chunk.speculative_decoding) run.stats = chunk.speculative_decoding;
+      if (chunk.usage) run.usage = chunk.usage;
+      const choice = chunk.choices && chunk.choices[0];
+      if (choice && choice.finish_reason) run.finishReason = choice.finish_reason;
+      const text = chunkText(chunk);
+      let prov = Array.isArray(chunk.provenance) ? chunk.provenance : null;
+      if (!prov || !prov.length) prov = text ? [{ text, source: "target" }] : [];
+      if (!prov.length) return;
+      // One chunk per decode step: its runs, in characters per source (token counts come with the stats).
+      const step = {};
+      const stepIndex = run.steps.length;
+      for (const p of prov) {
+        const src = normSource(p.source);
+        const piece = p.text || "";
+        step[src] = (step[src] || 0) + piece.length;
+        run.pieces.push({ text: piece, source: src, step: stepIndex });
+        onPiece(piece, src, stepIndex);
+      }
+      run.steps.push(step);
+      run.text += text || prov.map((p) => p.text || "").join("");
+    },
+    signal,
+  );
+  run.elapsedMs = performance.now() - t0;
+  const s = run.stats || {};
+  run.tokens = (run.usage && run.usage.completion_tokens) ?? s.output_tokens ?? run.pieces.length;
+  return run;
+}
+
+// ---------------------------------------------------------------- rendering
+
+function clearOutput() {
+  $("output").replaceChildren();
+  $("out-summary").textContent = "";
+  $("gen-error").hidden = true;
+  $("stats").replaceChildren();
+  $("per-source").hidden = true;
+  stackedBars($("step-chart"), []);
+  stackedBars($("pos-chart"), []);
+  renderLegend($("legend"));
+}
+
+function appendPiece(text, source, step) {
+  const out = $("output");
+  const span = document.createElement("span");
+  span.className = `tok src-${source}`;
+  span.dataset.source = source;
+  span.dataset.step = String(step);
+  span.dataset.index = String(out.childElementCount);
+  span.textContent = text;
+  out.appendChild(span);
+  out.scrollTop = out.scrollHeight;
+}
+
+/** Tokens per source: exact from the request's stats, else characters per source from the stream. */
+function countSources(run) {
+  const counts = {};
+  const s = run.stats;
+  if (s && s.per_source) {
+    let drafted = 0;
+    for (const [src, v] of Object.entries(s.per_source)) {
+      const id = normSource(src);
+      counts[id] = (counts[id] || 0) + (v.accepted || 0);
+      drafted += v.accepted || 0;
+    }
+    counts.target = Math.max(0, run.tokens - drafted);
+    return { counts, unit: "tokens" };
+  }
+  for (const st of run.steps) for (const [src, n] of Object.entries(st)) counts[src] = (counts[src] || 0) + n;
+  return { counts, unit: "characters" };
+}
+
+const stat = addStat;
+
+function pct(v) {
+  return Number.isFinite(v) ? `${(v * 100).toFixed(1)}%` : "–";
+}
+
+export function tokensPerSecond(run) {
+  return run.elapsedMs > 0 ? run.tokens / (run.elapsedMs / 1000) : NaN;
+}
+
+function renderStats(run) {
+  const dl = $("stats");
+  dl.replaceChildren();
+  const s = run.stats || {};
+  const steps = s.steps ?? run.steps.length;
+  const mean = s.mean_accepted_length ?? (steps ? run.tokens / steps : NaN);
+  stat(dl, "Mean accepted length", fmtNum(Number(mean)), "stat-mal");
+  stat(dl, "Acceptance rate", pct(Number(s.acceptance_rate)), "stat-rate");
+  stat(dl, "Tokens/s", fmtNum(tokensPerSecond(run)), "stat-tps");
+  stat(dl, "Tokens", String(run.tokens));
+  stat(dl, "Steps", String(steps));
+  stat(dl, "Drafted / accepted", `${s.drafted_tokens ?? "–"} / ${s.accepted_tokens ?? "–"}`, "stat-drafted");
+  stat(dl, "Time (browser)", `${(run.elapsedMs / 1000).toFixed(2)} s`);
+  if (s.time_total_s !== undefined) {
+    const parts = ["propose", "verify", "update"]
+      .filter((k) => s[`time_${k}_s`] !== undefined)
+      .map((k) => `${k} ${(s[`time_${k}_s`] * 1000).toFixed(0)} ms`);
+    stat(dl, "Time (server)", `${Number(s.time_total_s).toFixed(2)} s` + (parts.length ? ` (${parts.join(", ")})` : ""));
+  }
+  if (run.finishReason) stat(dl, "Finish", run.finishReason);
+  const det = run.usage && run.usage.completion_tokens_details;
+  if (det && (det.accepted_prediction_tokens !== undefined || det.rejected_prediction_tokens !== undefined)) {
+    stat(dl, "Prediction tokens accepted / rejected", `${det.accepted_prediction_tokens ?? 0} / ${det.rejected_prediction_tokens ?? 0}`);
+  }
+
+  const tbody = $("per-source").querySelector("tbody");
+  tbody.replaceChildren();
+  const per = s.per_source || {};
+  for (const [src, v] of Object.entries(per)) {
+    const tr = document.createElement("tr");
+    const id = normSource(src);
+    const rate = v.drafted ? v.accepted / v.drafted : NaN;
+    for (const [i, txt] of [sourceLabel(id), String(v.drafted ?? 0), String(v.accepted ?? 0), pct(rate)].entries()) {
+      const td = document.createElement(i ? "td" : "th");
+      if (!i) {
+        td.scope = "row";
+        td.className = `src-cell src-${id}`;
+      }
+      td.textContent = txt;
+      tr.appendChild(td);
+    }
+    tbody.appendChild(tr);
+  }
+  $("per-source").hidden = !Object.keys(per).length;
+
+  // Per draft depth: steps that accepted it, and steps that drafted that deep but had it rejected.
+  const acc = s.accepted_per_position || [];
+  const dra = s.drafted_per_position || [];
+  stackedBars(
+    $("pos-chart"),
+    Array.from({ length: Math.max(acc.length, dra.length) }, (_, i) => ({
+      label: `position ${i + 1}`,
+      parts: [
+        { value: Number(acc[i]) || 0, color: sourceColor("documents"), name: "accepted" },
+        { value: Math.max(0, (Number(dra[i]) || 0) - (Number(acc[i]) || 0)), color: sourceColor("target"), name: "rejected" },
+      ],
+    })),
+    { label: "Accepted and rejected draft tokens by draft position" },
+  );
+}
+
+/**
+ * Split a step's accepted draft tokens over the sources its chunk showed, in proportion to their
+ * characters (the stream carries text runs, not token counts). {prompt: 3} for "accepted 3, all prompt".
+ */
+function splitAccepted(n, chars) {
+  const srcs = Object.entries(chars).filter(([src, c]) => src !== "target" && c > 0);
+  const out = {};
+  if (!n) return out;
+  if (!srcs.length) return { drafted: n };
+  const total = srcs.reduce((a, [, c]) => a + c, 0);
+  let left = n;
+  srcs.sort((a, b) => b[1] - a[1]);
+  for (const [src, c] of srcs) {
+    const k = Math.min(left, Math.round((n * c) / total));
+    out[src] = k;
+    left -= k;
+  }
+  if (left > 0) out[srcs[0][0]] += left;
+  return out;
+}
+
+function renderSteps(run) {
+  const ids = SOURCES.map((x) => x.id).filter((id) => id !== "target");
+  const perStep = (run.stats && run.stats.accepted_per_step) || null;
+  let bars;
+  if (perStep) {
+    // Exact accepted lengths from the stats; sources from the matching chunk when chunks and steps line up.
+    const aligned = run.steps.length === perStep.length;
+    bars = perStep.map((n, i) => {
+      const split = aligned ? splitAccepted(n, run.steps[i]) : { drafted: n };
+      return {
+        label: `step ${i + 1}`,
+        parts: [
+          ...ids.map((id) => ({ value: split[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
+          { value: split.drafted || 0, color: sourceColor("prompt"), name: "drafted" },
+          { value: 1, color: sourceColor("target"), name: sourceLabel("target") },
+        ],
+      };
+    });
+  } else {
+    // No stats (e.g. an older server): characters per step instead of tokens.
+    bars = run.steps.map((st, i) => ({
+      label: `step ${i + 1}`,
+      parts: [...ids, "target"].map((id) => ({ value: st[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
+    }));
+  }
+  stackedBars($("step-chart"), bars, { label: "Tokens per decoding step, by source" });
+}
+
+function renderSummary(run) {
+  const { counts, unit } = countSources(run);
+  renderLegend($("legend"), counts);
+  const steps = (run.stats && run.stats.steps) ?? run.steps.length;
+  const drafted = Object.entries(counts).reduce((a, [src, n]) => a + (src === "target" ? 0 : n), 0);
+  $("out-summary").textContent =
+    `${run.tokens} tokens in ${steps} steps; ${drafted} ${unit} came from drafts ` +
+    `(${fmtNum(tokensPerSecond(run))} tokens/s).`;
+}
+
+function showError(err) {
+  const box = $("gen-error");
+  if (err && err.name === "AbortError") {
+    box.textContent = "Stopped.";
+  } else {
+    box.textContent = err instanceof ApiError ? err.message : `Error: ${err && err.message ? err.message : err}`;
+  }
+  box.hidden = false;
+}
+
+function setBusy(busy) {
+  for (const id of ["generate", "compare"]) $(id).disabled = busy;
+  $("stop").disabled = !busy;
+  $("output").setAttribute("aria-busy", String(busy));
+}
+
+// ---------------------------------------------------------------- actions
+
+async function generate({ compare = false } = {}) {
+  if (controller) return;
+  const body = buildPayload();
+  if (body.messages && !body.messages.some((m) => m.role === "user")) {
+    showError(new Error("Write a message first."));
+    return;
+  }
+  if (compare && body.seed === undefined && body.temperature > 0) {
+    // Seeded sampling makes both runs comparable token for token.
+    body.seed = Math.floor(Math.random() * 2 ** 31);
+  }
+  clearOutput();
+  $("compare-panel").hidden = !compare;
+  $("compare-result").textContent = compare ? "Running with speculation…" : "";
+  controller = new AbortController();
+  setBusy(true);
+  let run = null;
+  try {
+    run = await runStream(body, { onPiece: appendPiece, signal: controller.signal });
+    renderSummary(run);
+    renderSteps(run);
+    renderStats(run);
+    if (body.messages) {
+      const user = $("user-msg").value;
+      if (user.trim()) chat.push({ role: "user", content: user });
+      chat.push({ role: "assistant", content: run.text });
+      $("user-msg").value = "";
+      renderChat();
+    }
+    if (compare) {
+      $("compare-result").textContent = "Running the same request with speculation off…";
+      const plainBody = { ...body, speculation: false };
+      const plain = await runStream(plainBody, { signal: controller.signal });
+      renderCompare(run, plain, body.seed);
+    }
+  } catch (err) {
+    if (run) renderSummary(run);
+    showError(err);
+    if (compare) $("compare-result").textContent = "Compare did not finish.";
+  } finally {
+    controller = null;
+    setBusy(false);
+  }
+}
+
+function renderCompare(spec, plain, seed) {
+  const box = $("compare-result");
+  box.replaceChildren();
+  const sTps = tokensPerSecond(spec);
+  const pTps = tokensPerSecond(plain);
+  // Speedup in tokens/s, so a different output length does not skew it.
+  const speedup = sTps / pTps;
+  const identical = spec.text === plain.text;
+  const dl = document.createElement("dl");
+  dl.className = "stats";
+  stat(dl, "Speedup", Number.isFinite(speedup) ? `${speedup.toFixed(2)}×` : "–", "speedup");
+  stat(dl, "Speculative", `${fmtNum(sTps)} tokens/s (${spec.tokens} tokens, ${(spec.elapsedMs / 1000).toFixed(2)} s)`);
+  stat(dl, "Plain", `${fmtNum(pTps)} tokens/s (${plain.tokens} tokens, ${(plain.elapsedMs / 1000).toFixed(2)} s)`);
+  stat(dl, "Outputs", identical ? "identical" : "different", "identical");
+  if (seed !== undefined) stat(dl, "Seed", String(seed));
+  box.appendChild(dl);
+  $("identical").className = identical ? "good" : "bad";
+  if (!identical) {
+    let i = 0;
+    while (i < spec.text.length && spec.text[i] === plain.text[i]) i++;
+    const p = document.createElement("p");
+    p.textContent = `First difference at character ${i}: speculative ${JSON.stringify(spec.text.slice(i, i + 30))} vs plain ${JSON.stringify(plain.text.slice(i, i + 30))}.`;
+    box.appendChild(p);
+  }
+}
+
+function renderChat() {
+  const log = $("chat-log");
+  log.replaceChildren();
+  for (const m of chat) {
+    const div = document.createElement("div");
+    div.className = `msg ${m.role}`;
+    const who = document.createElement("strong");
+    who.textContent = `${m.role}: `;
+    div.append(who, document.createTextNode(m.content));
+    log.appendChild(div);
+  }
+  log.hidden = !chat.length;
+}
+
+// ---------------------------------------------------------------- tooltip
+
+function describe(span) {
+  const out = $("output");
+  const idx = Number(span.dataset.index);
+  return `${sourceLabel(span.dataset.source)} · step ${Number(span.dataset.step) + 1} · piece ${idx + 1} of ${out.childElementCount}\n${JSON.stringify(span.textContent)}`;
+}
+
+function showTip(span) {
+  const tip = $("tooltip");
+  tip.textContent = describe(span);
+  tip.hidden = false;
+  const r = span.getBoundingClientRect();
+  const tw = tip.offsetWidth;
+  const left = Math.min(Math.max(4, r.left + window.scrollX), window.scrollX + document.documentElement.clientWidth - tw - 4);
+  tip.style.left = `${left}px`;
+  tip.style.top = `${r.bottom + window.scrollY + 6}px`;
+}
+
+function hideTip() {
+  $("tooltip").hidden = true;
+}
+
+function setupTooltip() {
+  const out = $("output");
+  out.addEventListener("mouseover", (e) => {
+    if (e.target.classList.contains("tok")) showTip(e.target);
+  });
+  out.addEventListener("mouseleave", hideTip);
+  // Keyboard: with the output focused, Left/Right walk the tokens and show the same tooltip.
+  let cursor = -1;
+  out.addEventListener("keydown", (e) => {
+    const toks = out.children;
+    if (!toks.length || !["ArrowLeft", "ArrowRight", "Home", "End", "Escape"].includes(e.key)) return;
+    e.preventDefault();
+    if (toks[cursor]) toks[cursor].classList.remove("cursor");
+    if (e.key === "Escape") {
+      cursor = -1;
+      hideTip();
+      return;
+    }
+    if (e.key === "ArrowRight") cursor = Math.min(cursor + 1, toks.length - 1);
+    if (e.key === "ArrowLeft") cursor = Math.max(cursor - 1, 0);
+    if (e.key === "Home") cursor = 0;
+    if (e.key === "End") cursor = toks.length - 1;
+    toks[cursor].classList.add("cursor");
+    toks[cursor].scrollIntoView({ block: "nearest" });
+    showTip(toks[cursor]);
+    out.setAttribute("aria-label", `Token ${cursor + 1}: ${describe(toks[cursor])}`);
+  });
+  out.addEventListener("blur", () => {
+    hideTip();
+    for (const t of out.querySelectorAll(".cursor")) t.classList.remove("cursor");
+    cursor = -1;
+  });
+}
+
+// ---------------------------------------------------------------- wiring
+
+export function initPlayground() {
+  renderLegend($("legend"));
+  stackedBars($("step-chart"), []);
+  stackedBars($("pos-chart"), []);
+  renderChat();
+  for (const r of document.querySelectorAll('input[name="mode"]')) {
+    r.addEventListener("change", () => {
+      const chatMode = mode() === "chat";
+      $("prompt-box").hidden = chatMode;
+      $("chat-box").hidden = !chatMode;
+    });
+  }
+  $("gen-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    generate();
+  });
+  $("gen-form").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+      e.preventDefault();
+      generate();
+    }
+  });
+  $("compare").addEventListener("click", () => generate({ compare: true }));
+  $("stop").addEventListener("click", () => controller && controller.abort());
+  $("chat-clear").addEventListener("click", () => {
+    chat.length = 0;
+    renderChat();
+  });
+  setupTooltip();
+}
