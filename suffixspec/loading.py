@@ -73,7 +73,6 @@ def load_tokenizer(name_or_path: str) -> Any:
 
 def load_model(name_or_path: str = DEFAULT_TARGET, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local directory, a hub id, or an embedded name."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)

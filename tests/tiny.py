@@ -69,8 +69,7 @@ def build_tiny_model(arch: str, tokenizer_dir: Path, out_dir: Path, seed: int = 
                      hidden: int = 64) -> Path:
     """A tiny random causal LM of architecture ``arch`` (llama, qwen2, gpt2) saved with the tokenizer."""
     import torch
-    from transformers import AutoTokenizer, GPT2Config, LlamaConfig, Qwen2Config
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, Qwen2Config
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     vocab = len(tok)
