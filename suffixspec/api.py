@@ -53,31 +53,57 @@ class SuffixSpec:
         draft_model: a draft model with any tokenizer; ``"auto"`` (default) uses the embedded
             draft model when the target is the embedded one and no draft model otherwise;
             ``None`` or ``"none"`` disables it.
-        db: path of the SQLite document store; ``None`` keeps documents in memory only.
+        db: the SQLite document store (the one ``suffixspec index add --db`` fills). ``None``
+            (default) uses ``$SUFFIXSPEC_DB`` or ``~/.local/share/suffixspec/index.db``;
+            ``":memory:"`` uses a temporary store deleted on ``close()``; ``False`` runs without
+            documents and without a persisted output history.
         device / dtype: as for ``suffixspec.loading.load_model`` (default: cuda if present, else cpu).
-        engine: an already built engine (tests, custom proposers); the other model arguments are
-            then ignored.
+        engine: an already built engine (tests, custom proposers); model, draft_model and db are
+            then only used for the document store (``db=False`` for none).
     """
 
-    def __init__(self, model: str = DEFAULT_TARGET, draft_model: str | None = AUTO, db: str | Path | None = None,
-                 device: str | None = None, dtype: str | None = None, engine: Any = None) -> None:
-        self._lock = threading.RLock()
-        self.store: Any = None  # the document store (index package), or None when unavailable
-        self.documents: Any = None  # the documents proposer's corpus view, for stats
+    def __init__(self, model: str = DEFAULT_TARGET, draft_model: str | None = AUTO,
+                 db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
+                 engine: Any = None) -> None:
+        self._lock = threading.RLock()  # document writes and close()
         self.proposers: list[Any] = []
+        self._tmpdir: Any = None
+        self._closed = False
         if draft_model == AUTO:
             draft_model = DEFAULT_DRAFT if model == DEFAULT_TARGET else None
         if draft_model in ("none", ""):
             draft_model = None
         self.model_name = model
         self.draft_model_name = draft_model
-        self.db = str(db) if db is not None else None
+        self.db_path = self._db_path(db)  # None: no store
+        self.store: Any = None  # IndexStore the suffix proposer reads (used by the engine thread only)
+        self._writer: Any = None  # a second connection for document writes from other threads
         if engine is not None:
             self.engine = engine
             self.proposers = list(getattr(engine, "proposers", []))
+            self.model_name = getattr(engine, "model_name", model)
         else:
             self.engine = self._build_engine(model, draft_model, device, dtype)
         self.tokenizer = self.engine.tokenizer
+        self.suffix = next((p for p in self.proposers if getattr(p, "name", "") == "suffix"), None)
+        if self.store is None and self.db_path is not None:  # an engine was given: open the store for documents
+            from index.store import IndexStore
+
+            self.store = IndexStore(self.db_path)
+
+    def _db_path(self, db: str | Path | None | bool) -> str | None:
+        if db is False:
+            return None
+        if db == ":memory:":
+            import tempfile
+
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="suffixspec-")
+            return str(Path(self._tmpdir.name) / "index.db")
+        if db is None or db is True:
+            from index.store import default_db_path
+
+            return str(default_db_path())
+        return str(db)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -91,14 +117,21 @@ class SuffixSpec:
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:
-        """The suffix-index proposer (with the document store) and, if named, the draft-model proposer."""
-        proposers: list[Any] = []
-        try:
-            from .proposers.suffix import SuffixProposer
-        except ImportError:  # index package not installed: generation still works, without suffix drafts
-            log.warning("suffix proposer unavailable; generating without suffix-index drafts")
-        else:
-            proposers.append(SuffixProposer())
+        """The suffix-index proposer (request, references, prediction, history, documents) and,
+        when a draft model is named, the draft-model proposer (bridged if its tokenizer differs)."""
+        from .proposers.suffix import SuffixProposer
+
+        if self.db_path is not None:
+            from index.store import IndexStore
+
+            self.store = IndexStore(self.db_path)
+        proposers: list[Any] = [SuffixProposer(db=self.store, tokenizer=target.tokenizer)]
+        if draft_model:
+            from .loading import load_model
+            from .proposers.draft_model import make_draft_proposer
+
+            draft = load_model(draft_model, device=target.device, dtype=dtype)
+            proposers.append(make_draft_proposer(draft, target))
         return proposers
 
     # -- tokenization -------------------------------------------------------------------------
@@ -185,51 +218,139 @@ class SuffixSpec:
 
     # -- documents ----------------------------------------------------------------------------
 
-    def _require_store(self) -> Any:
-        if self.store is None:
-            raise RuntimeError("no document index is available in this installation (index package missing)")
-        return self.store
+    def _writer_store(self) -> Any:
+        """The store connection for document writes and listings (never the engine thread's one:
+        SQLite transactions are per connection, and the engine writes the output history)."""
+        if self.db_path is None:
+            raise RuntimeError("this SuffixSpec runs without a document store (db=False); "
+                               "give db=PATH to add documents")
+        if self._writer is None:
+            import copy
 
-    def add_documents(self, documents: Sequence[str | dict], metadata: dict | None = None) -> list[dict]:
-        """Add texts (or ``{"text", "source", "metadata"}`` dicts) to the document index.
+            from index.store import IndexStore
 
-        Idempotent by content hash; the next generation drafts from them. Returns one record per
-        document (``id``, ``created`` = whether it was new, sizes).
+            self._writer = IndexStore(self.db_path)
+            self._doc_tokenizer = copy.deepcopy(self.tokenizer)  # no tokenizer shared with the engine thread
+        return self._writer
+
+    def add_documents(self, documents: Sequence[str | dict]) -> list[dict]:
+        """Add texts, or ``{"text", "source", "metadata"}`` dicts, to the document index.
+
+        A document's identity is its ``source`` (a path or name) or, without one, its content hash:
+        re-adding the same text changes nothing, a new text under the same source replaces the old.
+        The next generation drafts from them. Returns one record per document (``id``, ``status``
+        = added / updated / unchanged, sizes).
         """
-        self._require_store()
-        raise NotImplementedError
+        from index.store import DocInput
 
-    def remove_documents(self, ids: Sequence[Any]) -> int:
-        """Remove documents by id; returns how many were removed."""
-        self._require_store()
-        raise NotImplementedError
+        docs = []
+        for d in documents:
+            if isinstance(d, str):
+                d = {"text": d}
+            docs.append(DocInput(d["text"], d.get("source") or None, dict(d.get("metadata") or {})))
+        with self._lock:
+            store = self._writer_store()
+            before = {row[0]: row[1] for row in store.db.execute("SELECT path, content_hash FROM documents")}
+            store.add_documents(docs, self._doc_tokenizer)
+            out = []
+            for d in docs:
+                key = d.key()
+                row = store.db.execute("SELECT id FROM documents WHERE path = ?", [key]).fetchone()
+                status = "added" if key not in before else (
+                    "unchanged" if before[key] == _content_hash(d.text) else "updated")
+                out.append(self._record(store.get_document(row[0]), status))
+        return out
+
+    def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = ()) -> list[dict]:
+        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``)."""
+        from index.files import read_text, walk
+
+        docs = []
+        for cand in walk([str(p) for p in paths], tuple(globs)):
+            ft = read_text(cand)
+            if ft.text is not None:
+                docs.append({"text": ft.text, "source": str(ft.path)})
+        return self.add_documents(docs) if docs else []
+
+    def remove_documents(self, ids: Sequence[int | str]) -> int:
+        """Remove documents by id (or source path); returns how many were removed."""
+        with self._lock:
+            return self._writer_store().remove(list(ids))
 
     def list_documents(self, limit: int = 20, offset: int = 0, query: str | None = None) -> dict:
-        """``{"data": [document records], "total": N}``, newest first; ``query`` filters by text or name."""
-        self._require_store()
-        raise NotImplementedError
+        """``{"data": [records], "total": N}``, newest first; ``query`` filters by source or text."""
+        with self._lock:
+            store = self._writer_store()
+            where, args = "", []
+            if query:
+                where, args = "WHERE path LIKE ? OR text LIKE ? OR metadata LIKE ?", [f"%{query}%"] * 3
+            total = store.db.execute(f"SELECT count(*) FROM documents {where}", args).fetchone()[0]
+            ids = [r[0] for r in store.db.execute(f"SELECT id FROM documents {where} ORDER BY id DESC "
+                                                  "LIMIT ? OFFSET ?", [*args, limit, offset])]
+            return {"data": [self._record(store.get_document(i)) for i in ids], "total": total}
+
+    def _record(self, doc: dict, status: str | None = None) -> dict:
+        from index.fingerprint import tokenizer_fingerprint
+
+        fp = getattr(self, "_fp", None) or tokenizer_fingerprint(self.tokenizer)
+        self._fp = fp
+        row = self._writer_store().db.execute("SELECT n_tokens FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
+                                              [doc["id"], fp]).fetchone()
+        path = doc["path"]
+        meta = doc.get("metadata") or {}
+        rec = {"id": doc["id"], "object": "document",
+               "source": None if path.startswith("text:") else path,
+               "name": meta.get("name") or (Path(path).name if not path.startswith("text:") else ""),
+               "num_tokens": row[0] if row else None, "num_chars": len(doc["text"]),
+               "n_bytes": doc["n_bytes"], "content_hash": doc["content_hash"], "added_at": doc["added_at"],
+               "metadata": meta, "preview": doc["text"][:160]}
+        if status is not None:
+            rec["status"] = status
+        return rec
 
     def index_stats(self) -> dict:
-        self._require_store()
-        raise NotImplementedError
+        """Corpus statistics of the store, plus what this process holds in memory."""
+        with self._lock:
+            stats = dict(self._writer_store().stats())
+        if self.suffix is not None:
+            hist = getattr(self.suffix, "history", None)
+            docs = getattr(self.suffix, "documents", None)
+            stats["served"] = {
+                "history_outputs": hist.num_outputs if hist is not None else 0,
+                "history_tokens": hist.num_tokens if hist is not None else 0,
+                "documents_loaded_tokens": int(getattr(docs, "num_tokens", 0) or 0),
+            }
+        return stats
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush the output history and the document store to disk. Safe to call twice."""
+        """Flush the output history and close the document store. Safe to call twice.
+
+        Call it once no generation is running (the server stops its worker first)."""
         with self._lock:
-            for obj in [*self.proposers, self.store]:
-                for name in ("flush", "close"):
-                    fn = getattr(obj, name, None)
-                    if callable(fn):
-                        try:
-                            fn()
-                        except Exception:  # keep flushing the others
-                            log.exception("closing %r failed", obj)
-                        break
+            if self._closed:
+                return
+            self._closed = True
+            calls = [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
+            calls += [s.close for s in (self._writer, self.store) if s is not None]
+            for fn in calls:
+                if callable(fn):
+                    try:
+                        fn()
+                    except Exception:  # keep closing the others
+                        log.exception("closing failed: %r", fn)
+            if self._tmpdir is not None:
+                self._tmpdir.cleanup()
 
     def __enter__(self) -> SuffixSpec:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _content_hash(text: str) -> str:
+    from index.store import content_hash
+
+    return content_hash(text)

@@ -18,8 +18,9 @@ PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os",
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
-    app = create_app({"model": str(tiny_model_dirs["llama"]), "draft_model": None, "api_key": KEY,
+def server(tiny_model_dirs, tmp_path_factory):
+    db = tmp_path_factory.mktemp("server-db") / "index.db"
+    app = create_app({"model": str(tiny_model_dirs["llama"]), "draft_model": None, "api_key": KEY, "db": str(db),
                       "max_tokens_limit": 512, "max_references": 3, "max_body_bytes": 64 * 1024,
                       "max_prompt_tokens": 600})
     with BackgroundServer(app, threads=12) as srv:
@@ -345,3 +346,59 @@ def test_no_stack_trace_leaks_on_engine_failure(server, monkeypatch):
 def test_worker_thread_is_single(server):
     names = [t.name for t in threading.enumerate() if t.name == "suffixspec-engine"]
     assert len(names) == 1
+
+
+# -- index routes --------------------------------------------------------------------------------------
+
+def test_documents_added_through_the_api_draft_the_next_request(server):
+    prompt = "class Point:"
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "speculation": {"drafters": ["documents"]}}
+    _, _, before = raw(server, "POST", "/v1/completions", body)
+    assert before["speculative_decoding"]["per_source"].get("documents", {}).get("drafted", 0) == 0
+    text = before["choices"][0]["text"]
+    st, _, added = raw(server, "POST", "/v1/index/documents",
+                       {"documents": [{"text": prompt + text, "source": "notes/point.py"}]})
+    assert st == 200 and added["data"][0]["status"] in ("added", "updated") and added["data"][0]["num_tokens"] > 0
+    _, _, after = raw(server, "POST", "/v1/completions", body)
+    assert after["choices"][0]["text"] == text  # lossless
+    docs = after["speculative_decoding"]["per_source"]["documents"]
+    assert docs["accepted"] > 0
+    assert after["speculative_decoding"]["mean_accepted_length"] > before["speculative_decoding"][
+        "mean_accepted_length"]
+
+
+def test_document_crud_and_stats(server):
+    st, _, added = raw(server, "POST", "/v1/index/documents",
+                       {"documents": ["alpha beta gamma", {"text": "delta epsilon", "metadata": {"name": "d.txt"}}]})
+    assert st == 200 and [d["status"] for d in added["data"]] == ["added", "added"]
+    ids = [d["id"] for d in added["data"]]
+    st, _, again = raw(server, "POST", "/v1/index/documents", {"documents": ["alpha beta gamma"]})
+    assert again["data"][0]["status"] == "unchanged" and again["data"][0]["id"] == ids[0]  # idempotent
+    st, _, page = raw(server, "GET", "/v1/index/documents?limit=1&offset=0")
+    assert st == 200 and len(page["data"]) == 1 and page["total"] >= 2
+    st, _, found = raw(server, "GET", "/v1/index/documents?q=epsilon")
+    assert [d["id"] for d in found["data"]] == [ids[1]] and found["data"][0]["name"] == "d.txt"
+    st, _, stats = raw(server, "GET", "/v1/index/stats")
+    assert st == 200 and stats["documents"] >= 2 and "served" in stats
+    st, _, gone = raw(server, "DELETE", f"/v1/index/documents?id={ids[0]}")
+    assert st == 200 and gone["deleted"] == 1
+    st, _, gone = raw(server, "DELETE", "/v1/index/documents", {"ids": [ids[1], 999999]})
+    assert gone["deleted"] == 1
+    _, _, found = raw(server, "GET", "/v1/index/documents?q=epsilon")
+    assert found["total"] == 0
+
+
+@pytest.mark.parametrize(("method", "path", "body", "param"), [
+    ("POST", "/v1/index/documents", {"documents": "text"}, "documents"),
+    ("POST", "/v1/index/documents", {"documents": []}, "documents"),
+    ("POST", "/v1/index/documents", {"documents": [""]}, "documents[0].text"),
+    ("POST", "/v1/index/documents", {"documents": [{"text": "a", "metadata": 3}]}, "documents[0].metadata"),
+    ("POST", "/v1/index/documents", {"documents": [{"txt": "a"}]}, "documents[0]"),
+    ("GET", "/v1/index/documents?limit=abc", None, "limit"),
+    ("GET", "/v1/index/documents?limit=0", None, "limit"),
+    ("DELETE", "/v1/index/documents", None, "ids"),
+    ("DELETE", "/v1/index/documents", {"ids": "3"}, "ids"),
+])
+def test_index_validation(server, method, path, body, param):
+    st, _, resp = raw(server, method, path, body)
+    assert st == 400 and resp["error"]["param"] == param, resp

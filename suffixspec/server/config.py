@@ -14,7 +14,8 @@ class ServerConfig:
 
     model: str = DEFAULT_TARGET  # target model: local directory, hub id or embedded name
     draft_model: str | None = "auto"  # draft model; "auto" = embedded draft with the embedded target; None = off
-    db: str | None = None  # SQLite document store; None keeps documents in memory
+    db: str | bool | None = None  # SQLite document store; None = $SUFFIXSPEC_DB or the default path,
+    #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu
     dtype: str | None = None  # weights dtype name; None = float32 on cpu, bf16/fp16 on gpu
     served_model_name: str | None = None  # the `model` id reported by /v1/models; None = the model argument

@@ -1,0 +1,184 @@
+"""The engine worker behind the HTTP service: bounded queue (503), client disconnects, shutdown.
+
+A gate proposer blocks the engine inside a decode step until the test opens it, so every state
+(running, queued, full) is reached deterministically, without sleeping.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from suffixspec.api import SuffixSpec
+from suffixspec.draft import Draft
+from suffixspec.engine import Engine
+from suffixspec.loading import load_model
+from suffixspec.proposers import Proposer
+from suffixspec.server import create_app
+from suffixspec.server.serve import BackgroundServer
+
+WAIT = 60  # seconds: an upper bound for events that take milliseconds; never reached when things work
+
+
+class GateProposer(Proposer):
+    """Proposes nothing, but each propose waits for a permit (or for ``open``)."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()  # a step has started
+        self.permits = threading.Semaphore(0)
+        self.opened = threading.Event()
+        self.outputs: list[int] = []  # length of each finished request's output
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        self.entered.set()
+        if not self.opened.is_set():
+            self.permits.acquire(timeout=WAIT)
+        return Draft()
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        self.outputs.append(len(output_ids))
+
+    def open(self) -> None:
+        self.opened.set()
+        for _ in range(100):
+            self.permits.release()
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dirs):
+    return load_model(str(tiny_model_dirs["llama"]))
+
+
+@pytest.fixture
+def gated(target):
+    """(server, gate): a server whose engine waits at the gate; max_queue=1."""
+    gate = GateProposer()
+    spec = SuffixSpec(engine=Engine(target, [gate]), db=False)
+    app = create_app({"max_queue": 1, "disconnect_poll_s": 0.05, "shutdown_timeout_s": WAIT}, spec=spec)
+    srv = BackgroundServer(app, threads=8)
+    yield srv, gate
+    gate.open()
+    srv.close()
+
+
+def post(srv, path: str, body: dict) -> tuple[int, dict, str]:
+    host, port = srv.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read().decode()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+def in_thread(fn, *args) -> tuple[threading.Thread, list]:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t.start()
+    return t, out
+
+
+def submitted_signal(srv) -> threading.Event:
+    """An event set each time a job enters the worker queue."""
+    worker = srv.app.extensions["suffixspec"].worker
+    event = threading.Event()
+    original = worker.submit
+
+    def submit(job):
+        res = original(job)
+        event.set()
+        return res
+
+    worker.submit = submit
+    return event
+
+
+def metric(srv, name: str, **labels: str) -> float:
+    text = srv.app.extensions["suffixspec"].metrics.render().decode()
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_full_queue_answers_503_with_retry_after(gated):
+    srv, gate = gated
+    queued = submitted_signal(srv)
+    body = {"prompt": "def add(a, b):", "max_tokens": 5, "temperature": 0}
+    ta, a = in_thread(post, srv, "/v1/completions", body)  # runs (held at the gate)
+    assert gate.entered.wait(WAIT)
+    queued.clear()
+    tb, b = in_thread(post, srv, "/v1/completions", body)  # waits in the queue (size 1)
+    assert queued.wait(WAIT)
+    status, headers, data = post(srv, "/v1/completions", body)
+    assert status == 503 and headers["retry-after"].isdigit()
+    assert json.loads(data)["error"]["code"] == "queue_full"
+    gate.open()
+    ta.join(WAIT)
+    tb.join(WAIT)
+    assert a[0][0] == 200 and b[0][0] == 200
+    assert json.loads(a[0][2])["choices"][0]["text"] == json.loads(b[0][2])["choices"][0]["text"]
+    assert metric(srv, "suffixspec_rejected_requests_total", reason="queue_full") == 1
+
+
+def test_disconnect_mid_stream_frees_the_engine(gated):
+    srv, gate = gated
+    host, port = srv.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "import os", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+                       "stream": True}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=WAIT)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert gate.entered.wait(WAIT)
+    sock.settimeout(0.5)
+    received = b""
+    for _ in range(100):  # one decode step at a time until a chunk with text came through
+        gate.permits.release()
+        try:
+            received += sock.recv(65536)
+        except TimeoutError:
+            continue
+        if b"data: " in received:
+            break
+    assert b"200 OK" in received and b"text/event-stream" in received
+    sock.close()  # the client goes away mid-stream
+    gate.open()  # the engine would now run all 400 tokens unless the request is cancelled
+    status, _, data = post(srv, "/v1/completions", {"prompt": "import os", "max_tokens": 4, "temperature": 0})
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 4
+    assert gate.outputs[0] < 400  # the streamed request stopped early
+    assert metric(srv, "suffixspec_generations_total", endpoint="completions", finish_reason="cancelled") == 1
+
+
+def test_shutdown_finishes_running_refuses_queued_and_new(gated):
+    srv, gate = gated
+    st = srv.app.extensions["suffixspec"]
+    queued = submitted_signal(srv)
+    ta, a = in_thread(post, srv, "/v1/completions", {"prompt": "for i in", "max_tokens": 6, "stream": True,
+                                                     "temperature": 0})
+    assert gate.entered.wait(WAIT)
+    queued.clear()
+    tb, b = in_thread(post, srv, "/v1/completions", {"prompt": "x", "max_tokens": 3})
+    assert queued.wait(WAIT)
+    tshut, _ = in_thread(st.shutdown)
+    tb.join(WAIT)  # the queued request is refused at once, while the running one still runs
+    assert b[0][0] == 503 and json.loads(b[0][2])["error"]["code"] == "shutting_down"
+    status, _, data = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 3})
+    assert status == 503
+    health = http.client.HTTPConnection(*srv.url.removeprefix("http://").split(":"), timeout=WAIT)
+    health.request("GET", "/health")
+    assert health.getresponse().status == 503
+    gate.open()
+    ta.join(WAIT)
+    tshut.join(WAIT)
+    status, _, text = a[0]
+    assert status == 200 and text.rstrip().endswith("data: [DONE]")  # the running stream was completed
+    assert '"finish_reason":"length"' in text
+    assert not st.worker.alive and st.spec._closed
