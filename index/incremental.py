@@ -5,9 +5,13 @@ For sources that grow one token at a time (a request's prompt + output) or that 
 token costs a few dictionary and array operations:
 
 - ``buf``: the tokens, big-endian uint32 bytes;
-- ``prev3[p]``: the previous position whose last three tokens hash like those ending at ``p``;
-  ``last3[key]`` the most recent such position (a chain per trigram, newest first);
-- ``prev1`` / ``last1``: the same per single token, for matches shorter than three tokens.
+- ``prev3[p]``: the previous position whose last three tokens hash to the same bucket as those ending
+  at ``p``; ``head3[bucket]`` the most recent such position (a chain per bucket, newest first);
+- ``prev1`` / ``head1``: the same per single token, for matches shorter than three tokens.
+
+The bucket tables are plain int32 arrays with as many buckets as tokens (doubled, and the chains
+relinked in one vectorised pass, when the index outgrows them); positions of other keys sharing a
+bucket are rejected by the suffix comparison.
 
 A lookup walks the chain of the context's last trigram (newest first, at most ``max_candidates``
 positions), measures each candidate's common suffix with the context in one big-integer XOR, keeps
@@ -19,7 +23,8 @@ no trigram match; the unigram chain of ``2`` gives ends 2 and 6 (the live end 10
 both with a common suffix ``1 2`` (``5 1 2`` does not occur): ``match_len = 2``, count 2, and one
 child ``3`` (count 2) whose child is ``9`` or ``7`` (count 1 each).
 
-Memory: 12 bytes per token plus one dict entry per distinct token and trigram.
+Memory: 12 bytes per token (tokens, two link arrays) plus the two bucket tables, 8 to 16 bytes per
+token: 20 to 28 bytes per token.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ from .suffix_array import SEP, pack_be
 
 _M = (1 << 21) - 1  # tokens are folded to 21 bits in the trigram key; collisions are verified away
 _SEP_K2 = (_M << 21) | _M
+_K2_MASK = (1 << 42) - 1
+_M64 = (1 << 64) - 1
+_GOLD = 0x9E3779B97F4A7C15  # Fibonacci hashing: bucket = (key * _GOLD mod 2**64) >> (64 - bits)
+_MIN_BITS = 10
 _unpack_tok = struct.Struct(">I").unpack_from
 
 
@@ -109,26 +118,36 @@ class IncrementalIndex:
         self._buf = bytearray()
         self._prev1 = array("i")
         self._prev3 = array("i")
-        self._last1: dict[int, int] = {}
-        self._last3: dict[int, int] = {}
+        self._set_table_bits(_MIN_BITS)
         self._k2 = _SEP_K2  # folded last two tokens
         self._n = 0
         self._num_seps = 0
+
+    def _set_table_bits(self, bits: int) -> None:
+        self._bits = bits
+        self._shift = 64 - bits
+        self._head1 = array("i", [-1]) * (1 << bits)
+        self._head3 = array("i", [-1]) * (1 << bits)
 
     # ----- appends -------------------------------------------------------------------------------
     def append(self, tok: int) -> None:
         """Append one token (amortised O(1))."""
         p = self._n
         self._buf += tok.to_bytes(4, "big")
-        last1 = self._last1
-        self._prev1.append(last1.get(tok, -1))
-        last1[tok] = p
+        shift = self._shift
+        h = ((tok * _GOLD) & _M64) >> shift
+        head = self._head1
+        self._prev1.append(head[h])
+        head[h] = p
         k3 = (self._k2 << 21) | (tok & _M)
-        last3 = self._last3
-        self._prev3.append(last3.get(k3, -1))
-        last3[k3] = p
-        self._k2 = ((self._k2 & _M) << 21) | (tok & _M)
+        h = ((k3 * _GOLD) & _M64) >> shift
+        head = self._head3
+        self._prev3.append(head[h])
+        head[h] = p
+        self._k2 = k3 & _K2_MASK
         self._n = p + 1
+        if p >= (1 << self._bits):  # load factor above 1: double the tables and relink
+            self._rebuild(self._bits + 1)
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append a run of tokens (vectorised for long runs)."""
@@ -136,16 +155,26 @@ class IncrementalIndex:
             for t in tokens:
                 self.append(int(t))
         else:
-            self._extend_np(np.asarray(tokens, dtype=np.int64))
+            toks = np.asarray(tokens, dtype=np.int64)
+            if toks.min() < 0 or toks.max() >= SEP:
+                raise ValueError("token ids must be in [0, 2**32 - 1)")
+            self._buf += toks.astype(">u4").tobytes()
+            self._n += len(toks)
+            bits = self._bits
+            while (1 << bits) < self._n:
+                bits += 1
+            self._rebuild(bits, start=self._n - len(toks) if bits == self._bits else 0)
 
     def end_sequence(self) -> None:
         """Close the current sequence: later matches do not run across this boundary."""
         self._buf += b"\xff\xff\xff\xff"
         self._prev1.append(-1)
         self._prev3.append(-1)
-        self._k2 = _SEP_K2
+        self._k2 = ((self._k2 & _M) << 21) | _M  # the separator folds to _M, as in _rebuild()
         self._n += 1
         self._num_seps += 1
+        if self._n > (1 << self._bits):
+            self._rebuild(self._bits + 1)
 
     def add_sequence(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append a whole sequence followed by a separator."""
@@ -154,40 +183,73 @@ class IncrementalIndex:
 
     @classmethod
     def from_sequences(cls, seqs: Sequence[Sequence[int] | np.ndarray], max_candidates: int = 128) -> IncrementalIndex:
+        """Build in one vectorised pass."""
         idx = cls(max_candidates)
+        parts = []
         for s in seqs:
-            idx.add_sequence(s)
+            arr = np.asarray(s, dtype=np.int64)
+            if len(arr) and (arr.min() < 0 or arr.max() >= SEP):
+                raise ValueError("token ids must be in [0, 2**32 - 1)")
+            parts.append(arr)
+            parts.append(np.array([SEP], dtype=np.int64))
+        if not parts:
+            return idx
+        toks = np.concatenate(parts)
+        idx._buf = bytearray(toks.astype(">u4").tobytes())
+        idx._n = len(toks)
+        idx._num_seps = len(seqs)
+        bits = _MIN_BITS
+        while (1 << bits) < idx._n:
+            bits += 1
+        idx._rebuild(bits)
         return idx
 
-    def _extend_np(self, toks: np.ndarray) -> None:
-        if len(toks) == 0:
-            return
-        if toks.min() < 0 or toks.max() >= SEP:
-            raise ValueError("token ids must be in [0, 2**32 - 1)")
-        n0, m = self._n, len(toks)
-        pos = np.arange(n0, n0 + m, dtype=np.int64)
-        folded = toks & _M
-        prev_two = np.empty(m + 2, dtype=np.int64)
-        prev_two[0], prev_two[1] = (self._k2 >> 21) & _M, self._k2 & _M
-        prev_two[2:] = folded
-        k3 = (prev_two[:-2] << 42) | (prev_two[1:-1] << 21) | prev_two[2:]
-        for keys, prev, last in ((toks, self._prev1, self._last1), (k3, self._prev3, self._last3)):
-            order = np.argsort(keys, kind="stable")
-            sk = keys[order]
-            same = np.zeros(m, dtype=bool)
-            same[1:] = sk[1:] == sk[:-1]
-            links = np.full(m, -1, dtype=np.int64)
+    def _rebuild(self, bits: int, start: int = 0) -> None:
+        """(Re)link positions ``start..n-1`` into hash chains of a ``2**bits`` table, vectorised.
+
+        ``start == 0`` rebuilds everything (new table size); otherwise the new positions are chained
+        behind the current heads.
+        """
+        n = self._n
+        toks = np.frombuffer(self._buf, dtype=">u4").astype(np.uint64)
+        if start == 0:
+            self._set_table_bits(bits)
+            self._prev1 = array("i")
+            self._prev3 = array("i")
+        else:
+            del self._prev1[start:]
+            del self._prev3[start:]
+        folded = toks & np.uint64(_M)  # SEP folds to _M, as in append()
+        lo = max(0, start - 2)
+        f = folded[lo:n]
+        pad = np.full(2 - (start - lo), _M, dtype=np.uint64)
+        f = np.concatenate([pad, f])
+        k3 = (f[:-2] << np.uint64(42)) | (f[1:-1] << np.uint64(21)) | f[2:]
+        keys1, keys3 = toks[start:n], k3
+        is_sep = keys1 == np.uint64(SEP)
+        pos = np.arange(start, n, dtype=np.int64)
+        shift = np.uint64(self._shift)
+        for keys, prev, head in ((keys1, self._prev1, self._head1), (keys3, self._prev3, self._head3)):
+            h = ((keys * np.uint64(_GOLD)) >> shift).astype(np.int64)  # uint64 multiply wraps mod 2**64
+            h[is_sep] = -1
+            order = np.argsort(h, kind="stable")
+            sh = h[order]
+            same = np.zeros(len(h), dtype=bool)
+            same[1:] = sh[1:] == sh[:-1]
+            links = np.full(len(h), -1, dtype=np.int64)
             links[order[1:][same[1:]]] = pos[order[:-1][same[1:]]]
-            first = ~same
-            is_last = np.ones(m, dtype=bool)
+            first = ~same & (sh >= 0)
+            heads = np.frombuffer(head, dtype=np.int32)
+            links[order[first]] = heads[sh[first]]  # chain behind the existing head of the bucket
+            links[is_sep] = -1
+            is_last = np.ones(len(h), dtype=bool)
             is_last[:-1] = ~same[1:]
-            for k, o in zip(sk[first].tolist(), order[first].tolist(), strict=True):  # chain to earlier runs
-                links[o] = last.get(k, -1)
-            last.update(zip(sk[is_last].tolist(), pos[order[is_last]].tolist(), strict=True))
+            is_last &= sh >= 0
+            heads[sh[is_last]] = pos[order[is_last]].astype(np.int32)
             prev.frombytes(links.astype(np.int32).tobytes())
-        self._buf += toks.astype(">u4").tobytes()
-        self._k2 = (int(folded[-2]) << 21 | int(folded[-1])) if m >= 2 else ((self._k2 & _M) << 21) | int(folded[-1])
-        self._n += m
+        tail = folded[max(0, n - 2):n].tolist()
+        tail = [_M] * (2 - len(tail)) + tail
+        self._k2 = (int(tail[0]) << 21) | int(tail[1])
 
     # ----- facts ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -204,9 +266,8 @@ class IncrementalIndex:
         return list(struct.unpack(f">{stop - start}I", self._buf[4 * start:4 * stop]))
 
     def nbytes(self) -> int:
-        """Approximate memory: arrays plus dict entries (about 100 bytes each)."""
-        arrays = len(self._buf) + 4 * (len(self._prev1) + len(self._prev3))
-        return arrays + 100 * (len(self._last1) + len(self._last3))
+        """Memory of the arrays: tokens, two link arrays, two bucket tables."""
+        return len(self._buf) + 4 * (len(self._prev1) + len(self._prev3) + len(self._head1) + len(self._head3))
 
     # ----- lookup --------------------------------------------------------------------------------
     def match(self, context: Sequence[int], max_depth: int = 64) -> tuple[int, list[int]]:
@@ -220,12 +281,13 @@ class IncrementalIndex:
         except struct.error:
             return 0, []
         best, ends = 0, []
+        shift = self._shift
         if m >= 3:
             t1, t2, t3 = tail[-3], tail[-2], tail[-1]
             k3 = ((t1 & _M) << 42) | ((t2 & _M) << 21) | (t3 & _M)
-            best, ends = self._walk(self._last3.get(k3, -1), self._prev3, a, m)
+            best, ends = self._walk(self._head3[((k3 * _GOLD) & _M64) >> shift], self._prev3, a, m)
         if best < 3:
-            best, ends = self._walk(self._last1.get(tail[-1], -1), self._prev1, a, m)
+            best, ends = self._walk(self._head1[((tail[-1] * _GOLD) & _M64) >> shift], self._prev1, a, m)
         return best, ends
 
     def _walk(self, q: int, prev: array, a: int, m: int) -> tuple[int, list[int]]:

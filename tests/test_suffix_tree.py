@@ -240,7 +240,7 @@ def test_live_end_is_not_an_occurrence():
     assert res.token_ids[0] == 3 and res.probs[0] == 1.0
 
 
-@pytest.mark.parametrize("n", [10, 63, 64, 65, 300])
+@pytest.mark.parametrize("n", [10, 63, 64, 65, 300, 3000])  # 3000: the bucket tables grow
 def test_append_one_by_one_equals_extend(n):
     rng = random.Random(n)
     toks = [rng.randrange(7) for _ in range(n)]
@@ -253,13 +253,26 @@ def test_append_one_by_one_equals_extend(n):
     b.extend(toks)  # vectorised for runs >= 64
     assert a.tokens() == b.tokens()
     assert a._prev1 == b._prev1 and a._prev3 == b._prev3
-    assert a._last1 == b._last1 and a._last3 == b._last3
+    assert a._head1 == b._head1 and a._head3 == b._head3
     for _ in range(30):
         ctx = [rng.randrange(7) for _ in range(rng.randint(1, 10))]
         assert a.match(ctx) == b.match(ctx)
     a.append(3)
     b.append(3)
     assert a.match([1, 2, 3]) == b.match([1, 2, 3])
+
+
+def test_bulk_build_equals_token_by_token_with_separators():
+    rng = random.Random(11)
+    seqs = [[rng.randrange(9) for _ in range(rng.randint(0, 400))] for _ in range(8)]
+    a = IncrementalIndex()
+    for s in seqs:
+        for t in s:
+            a.append(t)
+        a.end_sequence()
+    b = IncrementalIndex.from_sequences(seqs)
+    assert a.tokens() == b.tokens() and a.num_tokens == b.num_tokens == sum(map(len, seqs))
+    assert (a._prev1, a._prev3, a._head1, a._head3) == (b._prev1, b._prev3, b._head1, b._head3)
 
 
 def test_max_candidates_bounds_the_counts_to_recent_occurrences():
