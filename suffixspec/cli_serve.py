@@ -139,6 +139,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
     else:
         speculation = None
     try:
+        speculation = SuffixSpec.speculation_config(speculation)  # bad drafter names fail before loading
         spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype)
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
                   prediction=_read(prediction) if prediction else None, max_tokens=max_tokens,

@@ -402,3 +402,24 @@ def test_document_crud_and_stats(server):
 def test_index_validation(server, method, path, body, param):
     st, _, resp = raw(server, method, path, body)
     assert st == 400 and resp["error"]["param"] == param, resp
+
+
+def test_prediction_raises_mean_accepted_length_and_reports_usage(server):
+    """A code edit whose output is known in advance: the prediction drafts it, the output is unchanged."""
+    body = {"prompt": "class Point:\n    def __init__(self, x, y):", "max_tokens": 40, "temperature": 0,
+            "speculation": {"drafters": ["prompt", "references"]}}
+    _, _, without = raw(server, "POST", "/v1/completions", body)
+    expected = without["choices"][0]["text"]
+    prediction = expected + "\n# trailing lines the edit dropped\n"
+    _, _, with_pred = raw(server, "POST", "/v1/completions",
+                          {**body, "prediction": {"type": "content", "content": prediction}})
+    assert with_pred["choices"][0]["text"] == expected
+    sd_without, sd_with = without["speculative_decoding"], with_pred["speculative_decoding"]
+    assert sd_with["mean_accepted_length"] > sd_without["mean_accepted_length"]
+    details = with_pred["usage"]["completion_tokens_details"]
+    accepted = sd_with["per_source"]["prediction"]["accepted"]
+    spec = server.app.extensions["suffixspec"].spec
+    n_pred = len(spec.tokenizer.encode(prediction, add_special_tokens=False))
+    assert details["accepted_prediction_tokens"] == accepted > 0
+    assert details["rejected_prediction_tokens"] == n_pred - accepted
+    assert "completion_tokens_details" not in without["usage"]  # only reported when a prediction is given

@@ -1,0 +1,76 @@
+"""The Python facade `SuffixSpec` for RAG pipelines."""
+
+from __future__ import annotations
+
+import pytest
+
+from suffixspec import SuffixSpec
+from suffixspec.config import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_model_dirs):
+    with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=":memory:") as s:
+        yield s
+
+
+def test_generate_is_lossless_and_reports_stats(spec):
+    plain = spec.generate("def add(a, b):", max_tokens=24, speculation=False)
+    assert plain.stats.drafted_tokens == 0 and len(plain.token_ids) <= 24
+    fast = spec.generate("def add(a, b):", max_tokens=24, references=[plain.text])
+    assert fast.text == plain.text and fast.token_ids == plain.token_ids
+    stats = fast.stats.to_dict()
+    assert stats["per_source"]["references"]["accepted"] > 0
+    assert stats["mean_accepted_length"] > plain.stats.mean_accepted_length
+
+
+def test_stream_concatenates_to_generate(spec):
+    res = spec.generate("import os", max_tokens=16)
+    events = list(spec.stream("import os", max_tokens=16))
+    assert "".join(e.text for e in events) == res.text
+    assert events[-1].result is not None and events[-1].result.token_ids == res.token_ids
+    for e in events:
+        assert "".join(text for text, _ in e.pieces) == e.text
+
+
+def test_chat_uses_the_template(spec):
+    msgs = [{"role": "user", "content": "hi"}]
+    assert spec.render_chat(msgs).startswith("<|im_start|>user\nhi<|im_end|>")
+    res = spec.chat(msgs, max_tokens=5)
+    assert res.prompt_token_ids == spec.encode_chat(msgs)
+
+
+def test_sampling_object_and_keywords_agree(spec):
+    a = spec.generate("for i in", sampling=SamplingParams(max_tokens=8, temperature=0.8, seed=3))
+    b = spec.generate("for i in", max_tokens=8, temperature=0.8, seed=3)
+    assert a.token_ids == b.token_ids
+
+
+def test_documents_feed_the_next_generation(spec):
+    plain = spec.generate("class Point:", max_tokens=24, speculation=False)
+    recs = spec.add_documents([{"text": "class Point:" + plain.text, "source": "point.py"}, "other text"])
+    assert [r["status"] for r in recs] == ["added", "added"] and recs[0]["source"] == "point.py"
+    assert spec.add_documents(["other text"])[0]["status"] == "unchanged"
+    res = spec.generate("class Point:", max_tokens=24, speculation={"drafters": ["documents"]})
+    assert res.text == plain.text and res.stats.per_source["documents"]["accepted"] > 0
+    listing = spec.list_documents(limit=10)
+    assert listing["total"] == 2 and {d["id"] for d in listing["data"]} == {r["id"] for r in recs}
+    assert spec.list_documents(query="Point")["total"] == 1
+    assert spec.index_stats()["documents"] == 2
+    assert spec.remove_documents([recs[1]["id"]]) == 1 and spec.list_documents()["total"] == 1
+
+
+def test_bad_arguments(spec):
+    with pytest.raises(ValueError, match="exactly one"):
+        spec.generate("x", messages=[{"role": "user", "content": "y"}])
+    with pytest.raises(ValueError, match="drafter"):
+        spec.generate("x", speculation={"drafters": ["magic"]})
+
+
+def test_without_a_store(tiny_model_dirs):
+    s = SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=False)
+    assert s.generate("x", max_tokens=2).finish_reason in ("stop", "length")
+    with pytest.raises(RuntimeError, match="db=False"):
+        s.add_documents(["text"])
+    s.close()
+    s.close()  # idempotent

@@ -1,0 +1,85 @@
+"""`suffixspec generate` and `suffixspec serve` (a real subprocess under waitress, stopped with SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import openai
+from click.testing import CliRunner
+
+from suffixspec.cli import main
+
+
+def test_generate_json(tiny_model_dirs, tmp_path):
+    args = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
+            "--db", str(tmp_path / "i.db"), "--max-tokens", "12", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["completion_tokens"] <= 12 and out["finish_reason"] in ("stop", "length")
+    assert out["speculative_decoding"]["steps"] >= 1
+
+
+def test_generate_streams_text_then_stats(tiny_model_dirs, tmp_path):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("def add(a, b):\n    return a + b\n")
+    args = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
+            "--db", str(tmp_path / "i.db"), "--max-tokens", "8", "--reference", str(ref),
+            "--drafters", "prompt,references"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "mean accepted length" in res.stderr and "tokens/s" in res.stderr
+    plain = CliRunner().invoke(main, args[:-2] + ["--no-speculation", "--no-stream"])
+    assert plain.stdout == res.stdout  # same text with and without speculation
+
+
+def test_generate_usage_errors(tiny_model_dirs, tmp_path):
+    res = CliRunner().invoke(main, ["generate"])
+    assert res.exit_code == 2 and "PROMPT" in res.output
+    res = CliRunner().invoke(main, ["generate", "x", "--model", str(tiny_model_dirs["llama"]), "--draft-model",
+                                    "none", "--db", str(tmp_path / "i.db"), "--drafters", "magic"])
+    assert res.exit_code == 1 and "magic" in res.output
+
+
+def test_serve_help_defaults_to_localhost():
+    res = CliRunner().invoke(main, ["serve", "--help"])
+    assert res.exit_code == 0 and "127.0.0.1" in res.output and "SUFFIXSPEC_API_KEY" in res.output
+
+
+def test_serve_subprocess_answers_and_stops_cleanly(tiny_model_dirs, tmp_path):
+    env = dict(os.environ, SUFFIXSPEC_API_KEY="k1", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-c", "from suffixspec.cli import main; main()", "serve", "--model",
+           str(tiny_model_dirs["llama"]), "--draft-model", "none", "--db", str(tmp_path / "i.db"), "--port", "0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] and None, daemon=True).start()
+    try:
+        url = None
+        for _ in range(500):
+            line = lines.get(timeout=120)
+            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "server did not report its address"
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k1", max_retries=0, timeout=60)
+        chunks = list(client.completions.create(model="m", prompt="x", max_tokens=4, temperature=0, stream=True))
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        try:
+            openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).models.list()
+            raise AssertionError("a wrong key was accepted")
+        except openai.AuthenticationError:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
