@@ -94,9 +94,11 @@ def page(server, browser):
 
 
 def wait(driver, timeout: float = WAIT_S):
+    """Polls a condition; an element replaced by a re-render while it is read just means "poll again"."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout)
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def screenshot(driver, name: str) -> Path:
@@ -120,6 +122,33 @@ def fill(driver, id_: str, text: str) -> None:
     el = by_id(driver, id_)
     el.clear()
     el.send_keys(text)
+
+
+def list_idle(driver, query: str | None = None) -> bool:
+    table = by_id(driver, "doc-table")
+    return table.get_attribute("aria-busy") == "false" and (query is None or table.get_attribute("data-query") == query)
+
+
+def search(driver, query: str) -> None:
+    """Search the document list and wait for the answer to that very query."""
+    fill(driver, "doc-search", query)
+    by_id(driver, "doc-search").submit()
+    wait(driver).until(lambda d: list_idle(d, query))
+
+
+def remove_row(driver, name: str) -> None:
+    """Click Remove on the row named ``name`` and wait until the reloaded list no longer has it."""
+
+    def click(d):
+        if not list_idle(d):
+            return False
+        rows = [r for r in d.find_elements("css selector", "#doc-table tbody tr") if name in r.text]
+        assert rows, f"{name} is not listed"
+        rows[0].find_element("css selector", "button.remove").click()
+        return True
+
+    wait(driver).until(click)
+    wait(driver).until(lambda d: list_idle(d) and name not in by_id(d, "doc-table").text)
 
 
 # A prompt whose continuation repeats it: the prompt drafter's suffix matches are accepted.
@@ -181,7 +210,7 @@ def test_generate_streams_tokens_coloured_by_source(page):
 
     ActionChains(page).move_to_element(spans[0]).perform()
     wait(page, 10).until(lambda d: by_id(d, "tooltip").is_displayed())
-    assert "step 1" in by_id(page, "tooltip").text
+    assert "chunk 1" in by_id(page, "tooltip").text
     screenshot(page, "generate")
 
 
@@ -196,7 +225,41 @@ def test_compare_shows_speedup_and_identical_outputs(page):
     screenshot(page, "compare")
 
 
-def test_add_list_and_remove_document(page):
+def test_chat_mode_keeps_the_conversation(page):
+    page.find_element("css selector", 'input[name="mode"][value="chat"]').click()
+    wait(page, 10).until(lambda d: by_id(d, "user-msg").is_displayed())
+    assert not by_id(page, "prompt").is_displayed()
+    fill(page, "user-msg", "def add(a, b):")
+    fill(page, "max-tokens", "12")
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: "assistant:" in by_id(d, "chat-log").text)
+    assert "user: def add(a, b):" in by_id(page, "chat-log").text
+    assert by_id(page, "user-msg").get_attribute("value") == ""
+    assert page.find_elements("css selector", "#output .tok")
+    screenshot(page, "chat")
+
+
+def test_prediction_tokens_are_shown_as_prediction(page):
+    """Greedy output fed back as the prediction: with only that drafter on, drafted tokens are 'prediction'."""
+    set_request(page, max_tokens=24)
+    for box in page.find_elements("css selector", 'input[name="drafter"]'):
+        if box.is_selected() != (box.get_attribute("value") == "references"):
+            box.click()
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    first = page.execute_script("return document.getElementById('output').textContent")
+    page.find_element("css selector", "#gen-form details summary").click()
+    page.execute_script("arguments[0].value = arguments[1]", by_id(page, "prediction"), first)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    sources = {s.get_attribute("data-source") for s in page.find_elements("css selector", "#output .tok")}
+    assert "prediction" in sources, sources
+    assert sources <= {"prediction", "target"}, sources
+    assert "Prediction tokens accepted / rejected" in by_id(page, "stats").text
+    screenshot(page, "prediction")
+
+
+def test_add_list_and_remove_document(page, tmp_path):
     by_id(page, "tab-index").click()
     wait(page).until(lambda d: by_id(d, "view-index").is_displayed())
     name = "web-test-notes.md"
@@ -208,14 +271,20 @@ def test_add_list_and_remove_document(page):
     wait(page).until(lambda d: by_id(d, "index-stats").text.strip())
     screenshot(page, "index-added")
     # Search finds it; removing it takes it off the list.
-    fill(page, "doc-search", "3.14159")
-    by_id(page, "doc-search").submit()
-    wait(page).until(lambda d: name in by_id(d, "doc-table").text)
-    row = next(r for r in page.find_elements("css selector", "#doc-table tbody tr") if name in r.text)
-    row.find_element("css selector", "button.remove").click()
-    wait(page).until(lambda d: name not in by_id(d, "doc-table").text)
+    search(page, "3.14159")
+    assert name in by_id(page, "doc-table").text
+    remove_row(page, name)
     assert "Removed" in by_id(page, "doc-status").text
-    screenshot(page, "index-removed")
+    # Upload a file; it is listed under its file name.
+    upload = tmp_path / "uploaded-notes.txt"
+    upload.write_text("class Circle:\n    def __init__(self, r):\n        self.r = r\n")
+    by_id(page, "doc-files").send_keys(str(upload))
+    by_id(page, "doc-upload").click()
+    wait(page).until(lambda d: "Added 1 file" in by_id(d, "add-status").text)
+    search(page, "")
+    assert upload.name in by_id(page, "doc-table").text
+    screenshot(page, "index-uploaded")
+    remove_row(page, upload.name)
 
 
 def test_wrong_api_key_shows_clear_message(page):

@@ -63,8 +63,8 @@ export function stackedBars(container, bars, { label = "bar chart", maxBars = 12
   });
   const first = bars.length - shown.length;
   svg.appendChild(el("text", { x: padL, y: height - 3, class: "axis" }, shown[0].label ?? String(first)));
-  if (shown.length > 1) {
-    const xEnd = padL + shown.length * bw;
+  const xEnd = padL + shown.length * bw;
+  if (shown.length > 1 && xEnd - padL > 130) {
     svg.appendChild(el("text", { x: xEnd, y: height - 3, class: "axis", "text-anchor": "end" }, shown[shown.length - 1].label ?? ""));
   }
   container.appendChild(svg);

@@ -11,6 +11,7 @@ const DOCS = "/v1/index/documents";
 let page = 0;
 let query = "";
 let total = null;
+let loadSeq = 0; // answers to older list requests (typing fast, paging) are dropped
 
 function say(id, text, bad = false) {
   const p = $(id);
@@ -45,13 +46,20 @@ function fmtTime(v) {
 export async function loadDocuments() {
   const params = new URLSearchParams({ limit: String(PAGE), offset: String(page * PAGE) });
   if (query) params.set("q", query);
+  const mine = ++loadSeq;
+  const table = $("doc-table");
+  table.setAttribute("aria-busy", "true");
   let res;
   try {
     res = await getJSON(`${DOCS}?${params}`);
   } catch (err) {
-    say("doc-status", errText(err), true);
+    if (mine === loadSeq) {
+      say("doc-status", errText(err), true);
+      table.setAttribute("aria-busy", "false");
+    }
     return;
   }
+  if (mine !== loadSeq) return;
   const list = res.data || res.documents || (Array.isArray(res) ? res : []);
   total = res.total ?? res.count ?? null;
   const tbody = $("doc-table").querySelector("tbody");
@@ -96,28 +104,72 @@ export async function loadDocuments() {
   $("page-prev").disabled = page === 0;
   $("page-next").disabled = total !== null ? last >= total : list.length < PAGE;
   say("doc-status", "");
+  table.dataset.query = query; // what the rows shown answer (tests and assistive tech can tell)
+  table.setAttribute("aria-busy", "false");
+}
+
+const HASH = /^[0-9a-f]{16,}$/i;
+
+function fmtBytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i++;
+  }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+function fmtValue(key, v) {
+  if (typeof v === "number") return /bytes/.test(key) ? fmtBytes(v) : fmtNum(v);
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  if (Array.isArray(v)) return v.join(", ");
+  return String(v);
+}
+
+const label = (k) => k.replace(/_/g, " ");
+const isScalar = (v) => v === null || typeof v !== "object" || Array.isArray(v);
+
+/**
+ * Render the stats object: scalars as name/value pairs; {fingerprint: n} maps as one pair per
+ * tokenizer; nested objects as their own titled group (a tokenizer group is titled by its path).
+ */
+function renderStats(box, obj, depth = 0) {
+  const dl = document.createElement("dl");
+  dl.className = "stats";
+  box.appendChild(dl);
+  const groups = [];
+  for (const [k, v] of Object.entries(obj)) {
+    if (isScalar(v)) addStat(dl, label(k), fmtValue(k, v));
+    else if (Object.values(v).every(isScalar) && Object.keys(v).every((x) => HASH.test(x))) {
+      for (const [fp, n] of Object.entries(v)) addStat(dl, `${label(k)} (tokenizer ${fp.slice(0, 8)})`, fmtValue(k, n));
+    } else groups.push([k, v]);
+  }
+  for (const [k, v] of groups) {
+    const entries = Object.keys(v).every((x) => HASH.test(x)) ? Object.entries(v) : [[k, v]];
+    for (const [name, sub] of entries) {
+      const h = document.createElement(depth ? "h4" : "h3");
+      h.className = "stats-group";
+      h.textContent = HASH.test(name)
+        ? `${label(k)} ${name.slice(0, 8)}` + (sub.tokenizer ? `: ${String(sub.tokenizer).split("/").filter(Boolean).pop()}` : "")
+        : label(name);
+      if (sub.tokenizer) h.title = String(sub.tokenizer);
+      box.appendChild(h);
+      if (isScalar(sub)) addStat(dl, label(name), fmtValue(name, sub));
+      else renderStats(box, sub, depth + 1);
+    }
+  }
 }
 
 export async function loadStats() {
-  const dl = $("index-stats");
+  const box = $("index-stats");
   try {
     const s = await getJSON("/v1/index/stats");
-    dl.replaceChildren();
-    const flat = [];
-    const walk = (prefix, obj) => {
-      for (const [k, v] of Object.entries(obj)) {
-        const name = prefix ? `${prefix} ${k}` : k;
-        if (v && typeof v === "object" && !Array.isArray(v)) walk(name, v);
-        else flat.push([name, v]);
-      }
-    };
-    walk("", s);
-    for (const [k, v] of flat) {
-      addStat(dl, k.replace(/_/g, " "), typeof v === "number" ? fmtNum(v) : Array.isArray(v) ? v.join(", ") : String(v));
-    }
+    box.replaceChildren();
+    renderStats(box, s);
   } catch (err) {
-    dl.replaceChildren();
-    addStat(dl, "error", errText(err)).className = "bad";
+    box.replaceChildren();
+    addStat(box.appendChild(document.createElement("dl")), "error", errText(err)).className = "bad";
   }
 }
 
@@ -127,7 +179,7 @@ async function addDocuments(docs, statusWhat) {
     const res = await sendJSON("POST", DOCS, { documents: docs });
     const added = res.data || res.documents || [];
     const list = Array.isArray(added) ? added : [];
-    const fresh = list.filter((d) => d.created !== false).length;
+    const fresh = list.filter((d) => d.created !== false && (!d.status || d.status === "added")).length;
     const again = list.length - fresh;
     say("add-status", `Added ${statusWhat}: ${fresh} new` + (again ? `, ${again} already indexed.` : "."));
     page = 0;

@@ -161,6 +161,10 @@ function countSources(run) {
 
 const stat = addStat;
 
+function cssVar(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+}
+
 function pct(v) {
   return Number.isFinite(v) ? `${(v * 100).toFixed(1)}%` : "–";
 }
@@ -220,10 +224,10 @@ function renderStats(run) {
   stackedBars(
     $("pos-chart"),
     Array.from({ length: Math.max(acc.length, dra.length) }, (_, i) => ({
-      label: `position ${i + 1}`,
+      label: `depth ${i + 1}`,
       parts: [
-        { value: Number(acc[i]) || 0, color: sourceColor("documents"), name: "accepted" },
-        { value: Math.max(0, (Number(dra[i]) || 0) - (Number(acc[i]) || 0)), color: sourceColor("target"), name: "rejected" },
+        { value: Number(acc[i]) || 0, color: cssVar("--chart-accepted"), name: "accepted" },
+        { value: Math.max(0, (Number(dra[i]) || 0) - (Number(acc[i]) || 0)), color: cssVar("--chart-rejected"), name: "rejected" },
       ],
     })),
     { label: "Accepted and rejected draft tokens by draft position" },
@@ -257,14 +261,17 @@ function renderSteps(run) {
   let bars;
   if (perStep) {
     // Exact accepted lengths from the stats; sources from the matching chunk when chunks and steps line up.
+    // Sources per step: from the matching chunk when chunks and steps line up one to one (a step whose
+    // text is held back, e.g. half a UTF-8 character, breaks that), or from the only source there was.
     const aligned = run.steps.length === perStep.length;
+    const used = Object.entries(run.stats.per_source || {}).filter(([, v]) => v.accepted).map(([k]) => normSource(k));
     bars = perStep.map((n, i) => {
-      const split = aligned ? splitAccepted(n, run.steps[i]) : { drafted: n };
+      const split = aligned ? splitAccepted(n, run.steps[i]) : used.length === 1 ? { [used[0]]: n } : { drafted: n };
       return {
         label: `step ${i + 1}`,
         parts: [
           ...ids.map((id) => ({ value: split[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
-          { value: split.drafted || 0, color: sourceColor("prompt"), name: "drafted" },
+          { value: split.drafted || 0, color: cssVar("--chart-drafted"), name: "drafted (several sources)" },
           { value: 1, color: sourceColor("target"), name: sourceLabel("target") },
         ],
       };
@@ -397,7 +404,7 @@ function renderChat() {
 function describe(span) {
   const out = $("output");
   const idx = Number(span.dataset.index);
-  return `${sourceLabel(span.dataset.source)} · step ${Number(span.dataset.step) + 1} · piece ${idx + 1} of ${out.childElementCount}\n${JSON.stringify(span.textContent)}`;
+  return `${sourceLabel(span.dataset.source)} · chunk ${Number(span.dataset.step) + 1} · piece ${idx + 1} of ${out.childElementCount}\n${JSON.stringify(span.textContent)}`;
 }
 
 function showTip(span) {
