@@ -25,6 +25,7 @@ class TextTracker:
         self.text = ""  # decoded text so far (truncated at a stop string once found)
         self.segments: list[tuple[int, str]] = []  # (end offset in text, source) runs
         self.released = 0  # characters of ``text`` already handed out
+        self._seg = 0  # first segment not yet fully released
         self._prefix = 0  # token offset where the decode window starts
         self._read = 0  # token offset up to which text has been produced
         self.stopped = False
@@ -68,16 +69,18 @@ class TextTracker:
         """New (text piece, source) pairs since the last release."""
         end = self.releasable(final)
         pieces: list[tuple[str, str]] = []
-        seg_start = 0
-        for seg_end, source in self.segments:
-            lo, hi = max(seg_start, self.released), min(seg_end, end)
-            if lo < hi:
+        while self._seg < len(self.segments) and self.released < end:
+            seg_end, source = self.segments[self._seg]
+            hi = min(seg_end, end)
+            if self.released < hi:
+                piece = self.text[self.released : hi]
                 if pieces and pieces[-1][1] == source:
-                    pieces[-1] = (pieces[-1][0] + self.text[lo:hi], source)
+                    pieces[-1] = (pieces[-1][0] + piece, source)
                 else:
-                    pieces.append((self.text[lo:hi], source))
-            seg_start = seg_end
-            if seg_start >= end:
+                    pieces.append((piece, source))
+                self.released = hi
+            if seg_end <= end:
+                self._seg += 1
+            else:
                 break
-        self.released = max(self.released, end)
         return pieces

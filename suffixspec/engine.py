@@ -171,7 +171,7 @@ class Engine:
                 if spec.adaptive:
                     budget = min(budget, max(4, round(4 + 2 * ema_accepted)))
                 t = time.perf_counter()
-                draft = self._propose(proposers, request.prompt_ids + output, budget, request.drafters)
+                draft = self._propose(proposers, request.prompt_ids, output, budget, request.drafters)
                 t_proposed = time.perf_counter()
                 logits = self._forward([last, *draft.tokens], cache, draft.parents, past)
                 outcome = verify_tree(draft, logits, processor, rng, position=len(output))
@@ -217,10 +217,11 @@ class Engine:
         result = GenerationResult(tracker.text, output, request.prompt_ids, finish, sources, logprobs, stats)
         yield StreamEvent("".join(s for s, _ in pieces), pieces, [], [], result)
 
-    def _propose(self, proposers: list[Proposer], context: list[int], budget: int,
+    def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
                  allowed: tuple[str, ...] | None) -> Draft:
         if budget <= 0 or not proposers:
             return Draft()
+        context = prompt + output
         drafts = []
         for p in proposers:
             d = p.propose(context, budget)
