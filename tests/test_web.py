@@ -106,9 +106,11 @@ def screenshot(driver, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     m = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
     size = m.get("cssContentSize") or m["contentSize"]
+    # Capturing beyond the viewport drops the scrollbar, so the page lays out at the full window width.
+    width = max(size["width"], driver.execute_script("return window.innerWidth"))
     shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
         "format": "png", "captureBeyondViewport": True,
-        "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}})
+        "clip": {"x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1}})
     path = ARTIFACTS / f"{name}.png"
     path.write_bytes(base64.b64decode(shot["data"]))
     return path
@@ -318,6 +320,10 @@ def test_metrics_view_polls_prometheus_text(page):
     m = re.search(r"Requests\s+(\d+)", totals)
     assert m and int(m.group(1)) >= 1, totals
     assert re.search(r"Completion tokens\s+\d+", totals), totals
+    # The charts are drawn (a line per drafting source once anything was drafted).
+    assert page.find_elements("css selector", "#acc-chart svg, #acc-chart .empty")
+    if re.search(r"Drafted / accepted\s+[1-9]", totals):
+        wait(page, 10).until(lambda d: d.find_elements("css selector", "#acc-chart svg path"))
     screenshot(page, "metrics")
 
 
@@ -358,6 +364,16 @@ def test_keyboard_tabs_and_shortcut(page):
     assert not unnamed, unnamed
 
 
+def test_stop_cancels_a_running_generation(page):
+    set_request(page, max_tokens=600)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: d.find_elements("css selector", "#output .tok"))
+    by_id(page, "stop").click()
+    wait(page).until(lambda d: by_id(d, "gen-error").is_displayed())
+    assert by_id(page, "gen-error").text == "Stopped."
+    assert by_id(page, "generate").is_enabled() and not by_id(page, "stop").is_enabled()
+
+
 def test_narrow_window_layout(page):
     page.set_window_size(390, 900)
     wait(page, 10).until(lambda d: d.execute_script("return window.innerWidth") <= 400)
@@ -371,3 +387,10 @@ def test_narrow_window_layout(page):
     out = by_id(page, "output").rect
     assert out["y"] > form["y"] + form["height"] - 1
     screenshot(page, "narrow")
+    for tab in ("index", "metrics"):
+        by_id(page, f"tab-{tab}").click()
+        wait(page).until(lambda d, tab=tab: by_id(d, f"view-{tab}").is_displayed())
+        overflow = page.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"the {tab} view scrolls sideways by {overflow}px on a narrow window"
+    screenshot(page, "narrow-metrics")
