@@ -149,7 +149,7 @@ class ResponseBuilder:
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     lp_sent: int = 0  # streaming: logprob entries already sent
-    text_sent: int = 0  # streaming: characters already sent (completions text_offset)
+    lp_offset: int = 0  # streaming: text_offset of the next logprob token (completions)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -160,7 +160,9 @@ class ResponseBuilder:
             return None
         if self.kind == "chat":
             return chat_logprobs(entries, self.tokenizer)
-        out = completion_logprobs(entries, self.tokenizer, self.text_sent)
+        out = completion_logprobs(entries, self.tokenizer, self.lp_offset)
+        if out["tokens"]:
+            self.lp_offset = out["text_offset"][-1] + len(out["tokens"][-1])
         return out
 
     def full(self, result: Any) -> dict:
@@ -203,7 +205,6 @@ class ResponseBuilder:
                       "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
-        self.text_sent += len(text)
         if lp_entries:
             self.lp_sent += len(lp_entries)
         extra: dict[str, Any] = {"provenance": merge_pieces(pieces)}

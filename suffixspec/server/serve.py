@@ -79,16 +79,28 @@ class BackgroundServer:
         self.app = app
         self.server = make_server(app, host, port, threads)
         self.url = f"http://{host}:{self.server.effective_port}"
-        self._thread = threading.Thread(target=self.server.run, name="suffixspec-waitress", daemon=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="suffixspec-waitress", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        # waitress' own run() only returns on KeyboardInterrupt; poll in steps so close() can end it,
+        # then close every channel from this thread (keep-alive connections included).
+        from waitress import wasyncore
+
+        srv = self.server
+        while not self._stop.is_set():
+            srv.asyncore.loop(timeout=0.05, map=srv._map, use_poll=srv.adj.asyncore_use_poll, count=1)
+        srv.task_dispatcher.shutdown(timeout=5)
+        wasyncore.close_all(srv._map)
 
     def close(self) -> None:
         """Shut the engine down (finish or cancel, flush), then stop waitress."""
         try:
             self.app.extensions["suffixspec"].shutdown()
         finally:
-            self.server.close()
-            self._thread.join(5)
+            self._stop.set()
+            self._thread.join(10)
 
     def __enter__(self) -> BackgroundServer:
         return self
