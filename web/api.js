@@ -134,7 +134,7 @@ export async function stream(url, payload, onChunk, signal) {
       }
       if (obj.error) {
         const msg = typeof obj.error === "string" ? obj.error : obj.error.message || JSON.stringify(obj.error);
-        throw new ApiError(obj.error.code || 500, msg, obj);
+        throw new ApiError(Number.isInteger(obj.error.status) ? obj.error.status : 500, msg, obj);
       }
       onChunk(obj);
     }

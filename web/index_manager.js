@@ -238,6 +238,18 @@ export function initIndexManager() {
     page = 0;
     loadDocuments();
   });
+  // Search as you type, once typing pauses.
+  let typing = null;
+  $("doc-search").addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      const q = $("doc-search").value.trim();
+      if (q === query) return;
+      query = q;
+      page = 0;
+      loadDocuments();
+    }, 300);
+  });
   $("page-prev").addEventListener("click", () => {
     page = Math.max(0, page - 1);
     loadDocuments();
