@@ -115,10 +115,10 @@ def _path(node: MatchNode, limit: int, min_prob: float) -> SpecResult:
     tokens, parents, probs = res.token_ids, res.parents, res.probs
     while len(tokens) < limit:
         run, node = node.chain(limit - len(tokens))
-        for tok in run:
-            parents.append(len(tokens) - 1)
-            tokens.append(tok)
-            probs.append(prob)
+        if run:
+            parents.extend(range(len(tokens) - 1, len(tokens) - 1 + len(run)))
+            tokens.extend(run)
+            probs.extend([prob] * len(run))
         if len(tokens) >= limit:
             break
         kids = node.children(_min_count(node.count, prob, min_prob))
@@ -147,11 +147,13 @@ def _tree(node: MatchNode, limit: int, min_prob: float) -> SpecResult:
         """Emit ``start``'s shared run at once (its nodes have ``prob``, the heap's maximum), push its children."""
         nonlocal tie
         run, end = start.chain(limit - len(tokens))
-        for tok in run:
+        if run:
+            first = len(tokens)
             parents.append(idx)
-            idx = len(tokens)
-            tokens.append(tok)
-            probs.append(prob)
+            parents.extend(range(first, first + len(run) - 1))
+            tokens.extend(run)
+            probs.extend([prob] * len(run))
+            idx = len(tokens) - 1
         if len(tokens) >= limit:
             return
         for tok, cnt, child in end.children(_min_count(end.count, prob, min_prob)):
