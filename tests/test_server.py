@@ -318,6 +318,12 @@ def test_metrics_count_requests_tokens_and_queue(server, client):
                  "suffixspec_completion_tokens_total", "suffixspec_steps_total", "suffixspec_step_seconds_total",
                  "suffixspec_queue_length", "suffixspec_mean_accepted_length", "suffixspec_generations_total"):
         assert name in text, name
+    client.completions.create(model="m", prompt=PROMPTS[4], max_tokens=8, temperature=0,
+                              extra_body={"references": [PROMPTS[4] * 3], "speculation": {"drafters": ["references"]}})
+    text = raw(server, "GET", "/metrics", key=None)[2]
+    assert 'suffixspec_accepted_tokens_by_position_total{position="1"}' in text or \
+        'suffixspec_drafted_tokens_total{source="references"}' in text
+    assert 'suffixspec_draft_depth_steps_by_position_total{position="1"}' in text
     done = [line for line in text.splitlines() if line.startswith("suffixspec_completion_tokens_total")]
     assert float(done[0].split()[-1]) >= 3
 

@@ -36,6 +36,9 @@ class Metrics:
         self.accepted_position = Counter("suffixspec_accepted_tokens_by_position",
                                          "Draft tokens accepted at each draft depth (1 = first drafted token)",
                                          ["position"], registry=r)
+        self.drafted_position = Counter("suffixspec_draft_depth_steps_by_position",
+                                        "Decode steps whose draft reached each depth (1 = a first token drafted)",
+                                        ["position"], registry=r)
         self.steps = Counter("suffixspec_steps", "Decode steps (target forward passes)", registry=r)
         self.step_seconds = Counter("suffixspec_step_seconds", "Seconds spent in decode steps", registry=r)
         self.step_latency = Histogram("suffixspec_mean_step_seconds", "Mean decode-step time per request",
@@ -68,6 +71,9 @@ class Metrics:
         for pos, n in enumerate(stats.get("accepted_per_position") or [], start=1):
             if n:
                 self.accepted_position.labels(str(min(pos, MAX_POSITION_LABELS))).inc(n)
+        for pos, n in enumerate(stats.get("drafted_per_position") or [], start=1):
+            if n:
+                self.drafted_position.labels(str(min(pos, MAX_POSITION_LABELS))).inc(n)
         steps = int(stats.get("steps") or 0)
         total = float(stats.get("time_total_s") or 0.0)
         if steps:
