@@ -6,11 +6,14 @@ the history is at most ``evict_to`` of the budget, and the index is rebuilt from
 vectorised pass, so eviction costs O(budget) once per ``(1 - evict_to) * budget`` tokens added.
 
 With a store, every output is also written to SQLite (trimmed to the same budget) and a restart
-reloads the newest outputs that fit the budget.
+reloads the newest outputs that fit the budget. Writing never stalls a request: if another process
+holds the write lock (a long ``index add``), outputs wait in memory and go out with a later write
+or :meth:`OutputHistory.flush`.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections import deque
 from collections.abc import Sequence
 
@@ -36,6 +39,7 @@ class OutputHistory:
         self.fingerprint = fingerprint
         self.max_candidates = max_candidates
         self._outputs: deque[np.ndarray] = deque()  # oldest first
+        self._pending: list[np.ndarray] = []  # outputs not yet written to the store
         self._tokens = 0
         self.index = IncrementalIndex(max_candidates)
         if store is not None:
@@ -66,7 +70,21 @@ class OutputHistory:
         else:
             self.index.add_sequence(seq)
         if self.store is not None:
-            self.store.history_append(self.fingerprint, seq.tolist(), self.budget_tokens)
+            self._pending.append(seq)
+            self.flush(timeout_s=0.05)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Write pending outputs to the store; False if the store stayed locked for ``timeout_s``."""
+        if self.store is None or not self._pending:
+            return True
+        try:
+            self.store.history_append_many(self.fingerprint, self._pending, self.budget_tokens, timeout_s)
+        except sqlite3.OperationalError as e:
+            if timeout_s is not None and ("locked" in str(e) or "busy" in str(e)):
+                return False
+            raise
+        self._pending.clear()
+        return True
 
     def _evict(self) -> None:
         keep = int(self.budget_tokens * self.evict_to)

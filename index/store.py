@@ -353,12 +353,25 @@ class IndexStore:
     # ----- output history --------------------------------------------------------------------------
     def history_append(self, fingerprint: str, ids: Sequence[int], budget_tokens: int | None = None) -> None:
         """Persist one finished output; drop the oldest outputs beyond ``budget_tokens``."""
-        blob = np.asarray(ids, dtype="<u4").tobytes()
-        with self._write_txn():
-            self.db.execute("INSERT INTO history (fingerprint, n_tokens, ids, created_at) VALUES (?, ?, ?, ?)",
-                            [fingerprint, len(ids), blob, time.time()])
-            if budget_tokens is not None:
-                self._history_trim(fingerprint, budget_tokens)
+        self.history_append_many(fingerprint, [ids], budget_tokens)
+
+    def history_append_many(self, fingerprint: str, outputs: Sequence[Sequence[int]],
+                            budget_tokens: int | None = None, timeout_s: float | None = None) -> None:
+        """Persist finished outputs in one transaction. With ``timeout_s``, wait at most that long for
+        another writer (a long ``index add``) and raise ``sqlite3.OperationalError`` instead of blocking."""
+        if timeout_s is not None:
+            self.db.execute(f"PRAGMA busy_timeout = {max(0, int(timeout_s * 1000))}")
+        try:
+            with self._write_txn():
+                for ids in outputs:
+                    blob = np.asarray(ids, dtype="<u4").tobytes()
+                    self.db.execute("INSERT INTO history (fingerprint, n_tokens, ids, created_at) VALUES (?, ?, ?, ?)",
+                                    [fingerprint, len(ids), blob, time.time()])
+                if budget_tokens is not None:
+                    self._history_trim(fingerprint, budget_tokens)
+        finally:
+            if timeout_s is not None:
+                self.db.execute("PRAGMA busy_timeout = 60000")
 
     def _history_trim(self, fingerprint: str, budget_tokens: int) -> None:
         total = 0

@@ -229,3 +229,20 @@ def test_killed_add_leaves_old_state_intact(tmp_path, mode, sig):
         keep = s._referenced_names()
         assert {p.name.split(".", 1)[0] for p in (tmp_path / "index.db.arrays").iterdir()} == keep
         assert s.document_index("bytes+0").count(ids("old zero")) == 1
+
+
+def test_history_write_does_not_wait_for_a_long_add(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "index.db"
+    with IndexStore(db) as s:
+        hist = OutputHistory(budget_tokens=100, store=s, fingerprint="fp")
+        blocker = sqlite3.connect(str(db), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process in the middle of `index add`
+        hist.add([1, 2, 3])
+        assert hist.index.count([1, 2]) == 1 and hist._pending  # usable now, written later
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        hist.add([4, 5])
+        assert not hist._pending
+        assert [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3], [4, 5]]

@@ -152,6 +152,11 @@ class SuffixProposer(Proposer):
             self.history.add(list(output_ids))
         self._request = self._references = self._prediction = None
 
+    def flush(self) -> None:
+        """Write outputs still waiting for the store (it was locked by a long ``index add``)."""
+        if self.history is not None:
+            self.history.flush()
+
     def _allows(self, source: str) -> bool:
         return self._allowed is None or _DRAFTER_OF[source] in self._allowed
 
