@@ -30,3 +30,7 @@ main.add_command(generate_cmd)
 from .cli_index import index_group  # noqa: E402
 
 main.add_command(index_group)
+
+from .cli_bench import bench_cmd  # noqa: E402
+
+main.add_command(bench_cmd)

@@ -1,0 +1,48 @@
+"""``suffixspec bench``: the benchmark suite (bench/run.py) from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+@click.command("bench")
+@click.option("--model", default=DEFAULT_TARGET, show_default=True, help="Target model: hub id, directory or embedded name.")
+@click.option("--draft-model", default=DEFAULT_DRAFT, show_default=True,
+              help="Draft model with any tokenizer; 'none' to run without one.")
+@click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems (under 3 minutes).")
+@click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, open_ended.")
+@click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
+              "ours_prompt, ours_history, ours_documents, ours_references, ours_draft_model, ours_all).")
+@click.option("--requests", type=int, default=None, help="Requests per workload (default 5, quick 2).")
+@click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 256, quick 96).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True,
+              help="Folder for results.json, results.md and speedup.png.")
+def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_tokens, out) -> None:
+    """Run the workloads against transformers' generate, prompt lookup and assisted generation.
+
+    \b
+    Examples:
+      suffixspec bench --quick
+      suffixspec bench --workloads code_edit,agentic --requests 3
+      suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all
+    """
+    from bench.run import run
+    from bench.workloads import WORKLOADS
+
+    wl = tuple(workloads.split(",")) if workloads else WORKLOADS
+    bad = [w for w in wl if w not in WORKLOADS]
+    if bad:
+        raise click.BadParameter(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}", param_hint="--workloads")
+    sy = tuple(systems.split(",")) if systems else None
+    try:
+        result = run(model, None if draft_model in (None, "", "none") else draft_model, out, quick=quick,
+                     workloads=wl, systems=sy, requests=requests, max_tokens=max_tokens,
+                     log=lambda msg: click.echo(msg, err=True))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(result["markdown"])
+    click.echo(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'speedup.png'}")
