@@ -1,0 +1,200 @@
+"""Bridged draft model vs transformers' universal assisted generation, side by side in one run.
+
+Same target, same draft (a different tokenizer), same prompts, greedy:
+
+- ``plain``: ``target.generate(ids, do_sample=False)`` (the reference output and speed);
+- ``hf-uag``: ``target.generate(ids, assistant_model=draft, tokenizer=target_tok,
+  assistant_tokenizer=draft_tok, do_sample=False)``;
+- ``ours-text`` / ``ours-intersection``: the suffixspec engine with the bridged draft proposer.
+
+Reported per system: tokens/s (median over repeats of total new tokens / total time), target
+forward passes, accepted tokens per step (new tokens / target verify passes; transformers'
+first pass also prefills), and whether the output equals plain greedy. Prompts: the first lines of
+held-out standard-library files (``suffixspec/training/heldout.txt``), cut at a line boundary.
+
+    python -m bench.bench_bridge [--target suffixspec/demo-target] [--draft suffixspec/demo-draft]
+                                 [--prompts 8] [--tokens 96] [--repeats 2] [--json out.json]
+
+Without the embedded models (or with ``--tiny``), tiny random models stand in: a smoke run whose
+acceptance figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def heldout_prompts(n: int, chars: int = 700) -> list[str]:
+    """The first ~``chars`` characters (whole lines) of ``n`` held-out stdlib files."""
+    from suffixspec.training.data import HELDOUT_FILE, read_texts
+
+    rels = [ln.strip() for ln in HELDOUT_FILE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    out: list[str] = []
+    for text in read_texts(rels):
+        if len(text) < chars + 400:
+            continue
+        cut = text.rfind("\n", 0, chars) + 1
+        out.append(text[:cut])
+        if len(out) >= n:
+            break
+    return out
+
+
+def tiny_models() -> tuple[str, str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import build_tiny_model, train_bpe_tokenizer, train_unigram_tokenizer
+
+    root = Path(tempfile.mkdtemp(prefix="suffixspec-bench-bridge-"))
+    target = build_tiny_model("llama", train_bpe_tokenizer(root / "bpe"), root / "target", layers=6, hidden=256)
+    draft = build_tiny_model("llama", train_unigram_tokenizer(root / "uni"), root / "draft", seed=1, hidden=64)
+    return str(target), str(draft)
+
+
+class ForwardCounter:
+    """Counts forward passes of a model (a forward pre-hook)."""
+
+    def __init__(self, model) -> None:
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.calls += 1
+
+
+def run_hf(target, draft, ids: torch.Tensor, tokens: int, assisted: bool) -> tuple[list[int], float, int]:
+    kwargs = dict(do_sample=False, max_new_tokens=tokens, attention_mask=torch.ones_like(ids))
+    if assisted:
+        kwargs.update(assistant_model=draft.model, tokenizer=target.tokenizer, assistant_tokenizer=draft.tokenizer)
+    counter = ForwardCounter(target.model)
+    try:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = target.model.generate(ids, **kwargs)
+        dt = time.perf_counter() - t
+    finally:
+        counter.handle.remove()
+    return out[0, ids.shape[1]:].tolist(), dt, counter.calls
+
+
+def run_ours(engine, ids: list[int], tokens: int) -> tuple[list[int], float, int, dict]:
+    from suffixspec.config import SamplingParams
+
+    t = time.perf_counter()
+    res = engine.generate(ids, SamplingParams(max_tokens=tokens))
+    dt = time.perf_counter() - t
+    return res.token_ids, dt, res.stats.steps, res.stats.to_dict()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="suffixspec/demo-target")
+    ap.add_argument("--draft", default="suffixspec/demo-draft")
+    ap.add_argument("--tiny", action="store_true", help="use tiny random models (smoke run)")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--modes", default="text,intersection")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model, resolve_model_path
+    from suffixspec.proposers.bridged_draft import BridgedDraftProposer
+
+    target_name, draft_name = args.target, args.draft
+    smoke = args.tiny
+    if not smoke:
+        try:
+            resolve_model_path(target_name), resolve_model_path(draft_name)
+        except FileNotFoundError as exc:
+            print(f"[bench_bridge] {exc}; using tiny random models (smoke run)", file=sys.stderr)
+            smoke = True
+    if smoke:
+        target_name, draft_name = tiny_models()
+    target = load_model(target_name, device=args.device)
+    draft = load_model(draft_name, device=args.device)
+    width = int(target.model.get_output_embeddings().weight.shape[0])
+    prompts = heldout_prompts(args.prompts)
+    encoded = [target.tokenizer(p, return_tensors="pt")["input_ids"].to(target.device) for p in prompts]
+
+    modes = [m for m in args.modes.split(",") if m]
+    engines = {f"ours-{m}": Engine(target, [BridgedDraftProposer(draft, target.tokenizer, width, mode=m)])
+               for m in modes}
+    systems = ["plain", "hf-uag", *engines]
+    times = {s: [] for s in systems}  # per repeat: total seconds over all prompts
+    steps = {s: 0 for s in systems}
+    new_tokens = {s: 0 for s in systems}
+    outputs: dict[str, list[list[int]]] = {s: [] for s in systems}
+    stats: dict[str, list[dict]] = {s: [] for s in engines}
+    # warm-up (first calls allocate, build the bridge tables)
+    run_hf(target, draft, encoded[0], 8, assisted=True)
+    for e in engines.values():
+        run_ours(e, encoded[0][0].tolist(), 8)
+    for rep in range(args.repeats):
+        total = {s: 0.0 for s in systems}
+        for ids in encoded:
+            for s in systems:  # interleaved, so machine load hits every system alike
+                if s in engines:
+                    out, dt, n_steps, st = run_ours(engines[s], ids[0].tolist(), args.tokens)
+                    if rep == 0:
+                        stats[s].append(st)
+                else:
+                    out, dt, n_steps = run_hf(target, draft, ids, args.tokens, assisted=s == "hf-uag")
+                total[s] += dt
+                if rep == 0:
+                    steps[s] += n_steps
+                    new_tokens[s] += len(out)
+                    outputs[s].append(out)
+        for s in systems:
+            times[s].append(total[s])
+    report: dict = {"target": target_name, "draft": draft_name, "smoke": smoke, "device": target.device,
+                    "prompts": len(prompts), "max_new_tokens": args.tokens, "repeats": args.repeats,
+                    "coverage": next(iter(engines.values())).proposers[0].bridge.coverage().to_dict() if engines else None,
+                    "systems": {}}
+    base = statistics.median(times["plain"])
+    for s in systems:
+        med = statistics.median(times[s])
+        same = sum(a == b for a, b in zip(outputs[s], outputs["plain"], strict=True))
+        report["systems"][s] = {
+            "tokens_per_s": round(new_tokens[s] / med, 2),
+            "speedup_over_plain": round(base / med, 3),
+            "tokens_per_step": round(new_tokens[s] / max(1, steps[s]), 3),
+            "target_passes": steps[s],
+            "new_tokens": new_tokens[s],
+            "outputs_equal_plain": f"{same}/{len(prompts)}",
+        }
+        if s in stats:
+            drafted = sum(x["drafted_tokens"] for x in stats[s])
+            accepted = sum(x["accepted_tokens"] for x in stats[s])
+            report["systems"][s]["acceptance_rate"] = round(accepted / max(1, drafted), 3)
+            report["systems"][s]["propose_s_per_step"] = round(
+                sum(x["time_propose_s"] for x in stats[s]) / max(1, steps[s]), 5)
+    if "hf-uag" in report["systems"]:
+        uag = report["systems"]["hf-uag"]
+        for s in engines:
+            r = report["systems"][s]
+            r["speed_vs_hf_uag"] = round(r["tokens_per_s"] / uag["tokens_per_s"], 3)
+            r["tokens_per_step_vs_hf_uag"] = round(r["tokens_per_step"] / uag["tokens_per_step"], 3)
+    print(f"target={target_name} draft={draft_name} smoke={smoke} prompts={len(prompts)} tokens={args.tokens}")
+    print(f"{'system':20s} {'tok/s':>8s} {'x plain':>8s} {'tok/step':>9s} {'passes':>7s} {'equal':>7s} {'vs uag':>7s}")
+    for s, r in report["systems"].items():
+        print(f"{s:20s} {r['tokens_per_s']:8.1f} {r['speedup_over_plain']:8.2f} {r['tokens_per_step']:9.2f} "
+              f"{r['target_passes']:7d} {r['outputs_equal_plain']:>7s} {r.get('speed_vs_hf_uag', ''):>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
