@@ -151,9 +151,30 @@ class IncrementalIndex:
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append a run of tokens (vectorised for long runs)."""
-        if len(tokens) < 64:
-            for t in tokens:
-                self.append(int(t))
+        if len(tokens) < 64:  # the per-step case (accepted draft + bonus token): append() inlined
+            run = [int(t) for t in tokens]
+            try:
+                self._buf += pack_be(run)
+            except struct.error:
+                raise ValueError("token ids must be in [0, 2**32 - 1)") from None
+            prev1, prev3, head1, head3 = self._prev1, self._prev3, self._head1, self._head3
+            shift, k2, p = self._shift, self._k2, self._n
+            for tok in run:
+                h = ((tok * _GOLD) & _M64) >> shift
+                prev1.append(head1[h])
+                head1[h] = p
+                k3 = (k2 << 21) | (tok & _M)
+                h = ((k3 * _GOLD) & _M64) >> shift
+                prev3.append(head3[h])
+                head3[h] = p
+                k2 = k3 & _K2_MASK
+                p += 1
+            self._k2, self._n = k2, p
+            if p > (1 << self._bits):
+                bits = self._bits
+                while (1 << bits) < p:
+                    bits += 1
+                self._rebuild(bits)
         else:
             toks = np.asarray(tokens, dtype=np.int64)
             if toks.min() < 0 or toks.max() >= SEP:
