@@ -429,3 +429,20 @@ def test_prediction_raises_mean_accepted_length_and_reports_usage(server):
     assert details["accepted_prediction_tokens"] == accepted > 0
     assert details["rejected_prediction_tokens"] == n_pred - accepted
     assert "completion_tokens_details" not in without["usage"]  # only reported when a prediction is given
+
+
+def test_token_id_prompts_and_content_parts(server, client):
+    spec = server.app.extensions["suffixspec"].spec
+    ids = spec.encode(PROMPTS[0])
+    by_ids = client.completions.create(model="m", prompt=ids, max_tokens=6, temperature=0)
+    by_text = client.completions.create(model="m", prompt=[PROMPTS[0]], max_tokens=6, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text and by_ids.usage.prompt_tokens == len(ids)
+    parts = client.chat.completions.create(
+        model="m", max_tokens=4, temperature=0,
+        messages=[{"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+                  {"role": "user", "content": "hi"}])
+    plain = client.chat.completions.create(model="m", max_tokens=4, temperature=0,
+                                           messages=[{"role": "system", "content": "Be brief."},
+                                                     {"role": "user", "content": "hi"}])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
