@@ -345,6 +345,13 @@ def test_no_stack_trace_leaks_on_engine_failure(server, monkeypatch):
     status, _, text = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True})
     events = sse_events(text)
     assert "error" in events[0] and "secret" not in text and events[-1] == "[DONE]"
+
+    def refuse(*a, **kw):
+        raise ValueError("the prompt is too long for this engine; shorten it")
+
+    monkeypatch.setattr(st.worker.engine, "stream", refuse)
+    status, _, resp = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 400 and resp["error"]["message"] == "the prompt is too long for this engine; shorten it"
     monkeypatch.undo()
     assert raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 

@@ -104,6 +104,8 @@ def _next_event(job: Job, disconnected: Callable[[], bool] | None, poll: float) 
 def _failure(ev: JobFailed) -> APIError:
     if ev.shutdown:
         return APIError("the server is shutting down; retry on another instance or later", 503, code="shutting_down")
+    if ev.bad_request:
+        return APIError(ev.message, 400, code="invalid_value")
     return APIError(ev.message, 500, code="engine_error")
 
 

@@ -39,6 +39,7 @@ class JobFailed:
     message: str
     exc: BaseException | None = None
     shutdown: bool = False  # cancelled because the server is shutting down
+    bad_request: bool = False  # the engine refused the request's arguments before generating (a 400)
 
 
 @dataclass
@@ -108,11 +109,20 @@ class EngineWorker:
             job.events.put(JobFailed("cancelled before it started", shutdown=self._closing.is_set()))
             return
         job.started_at = time.monotonic()
+        delivered = False
         try:
             for ev in self.engine.stream(cancel=job.cancel, **job.kwargs):
                 if getattr(ev, "result", None) is not None:
                     job.result = ev.result
                 job.events.put(ev)
+                delivered = True
+        except ValueError as e:
+            if delivered:  # mid-generation: a bug, not the client's fault
+                log.exception("generation failed")
+                job.events.put(JobFailed("the engine failed while generating; see the server log", e))
+            else:  # the engine's own argument checks (they say what to change)
+                job.events.put(JobFailed(str(e), e, bad_request=True))
+            return
         except Exception as e:  # never let one request kill the worker
             log.exception("generation failed")
             job.events.put(JobFailed("the engine failed while generating; see the server log", e))
