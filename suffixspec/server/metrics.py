@@ -40,7 +40,8 @@ class Metrics:
                                         "Decode steps whose draft reached each depth (1 = a first token drafted)",
                                         ["position"], registry=r)
         self.steps = Counter("suffixspec_steps", "Decode steps (target forward passes)", registry=r)
-        self.step_seconds = Counter("suffixspec_step_seconds", "Seconds spent in decode steps", registry=r)
+        self.step_seconds = Counter("suffixspec_step_seconds", "Seconds spent in decode steps (prefill excluded)",
+                                    registry=r)
         self.step_latency = Histogram("suffixspec_mean_step_seconds", "Mean decode-step time per request",
                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
                                       registry=r)
@@ -76,10 +77,11 @@ class Metrics:
                 self.drafted_position.labels(str(min(pos, MAX_POSITION_LABELS))).inc(n)
         steps = int(stats.get("steps") or 0)
         total = float(stats.get("time_total_s") or 0.0)
+        decode = max(0.0, total - float(stats.get("time_prefill_s") or 0.0))  # prefill is not a decode step
         if steps:
             self.steps.inc(steps)
-            self.step_seconds.inc(total)
-            self.step_latency.observe(total / steps)
+            self.step_seconds.inc(decode)
+            self.step_latency.observe(decode / steps)
             with self._lock:
                 self._weighted_len += float(stats.get("mean_accepted_length") or 0.0) * steps
                 self._all_steps += steps
