@@ -52,12 +52,13 @@ def engine(models):
 
 
 DRAFTERS = {
-    # the target drafting for itself: everything is accepted under greedy (exercises long accepts)
-    "same-self": lambda m: DraftModelProposer(m["target"]),
+    # the target drafting for itself: everything is accepted under greedy (exercises long accepts;
+    # no confidence cut-off, the random tiny model is never confident)
+    "same-self": lambda m: DraftModelProposer(m["target"], min_confidence=0.0),
     "same-other": lambda m: make_draft_proposer(m["same"], m["target"], mode="same"),
     "same-argmax": lambda m: DraftModelProposer(m["same"], sample=False),
     "text": lambda m: make_draft_proposer(m["hetero"], m["target"]),
-    "text-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="text"),
+    "text-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="text", min_confidence=0.0),
     "intersection": lambda m: make_draft_proposer(m["hetero"], m["target"], mode="intersection"),
 }
 DETERMINISTIC = ("same-argmax", "text", "text-self")  # no q: seeded sampling gives identical tokens
@@ -136,7 +137,7 @@ def test_adaptive_length():
 
 
 def test_proposer_length_follows_acceptance(models):
-    p = DraftModelProposer(models["same"], length=AdaptiveLength(start=4, high=8))
+    p = DraftModelProposer(models["same"], length=AdaptiveLength(start=4, high=8), min_confidence=0.0)
     p.begin(RequestContext(prompt_ids=[3, 4, 5]))
     d = p.propose([3, 4, 5], 16)
     assert len(d) == 4 and d.q is None  # greedy: no q
@@ -266,3 +267,14 @@ def test_intersection_sampling_distribution(models, engine, kind):
     top = max(expected, key=expected.get)
     skewed = Counter({top: n})
     assert _chi_square_z(skewed, expected, n) > 3.5
+
+
+def test_confidence_cut_off(models):
+    """Drafting stops after a token the draft is unsure of; the first token is always drafted."""
+    ids = models["target"].tokenizer.encode("def add(a, b):\n")
+    for threshold, want in ((0.999, 1), (0.0, 6)):
+        p = DraftModelProposer(models["same"], length=AdaptiveLength(start=6, high=8), min_confidence=threshold)
+        p.begin(RequestContext(prompt_ids=ids))
+        assert len(p.propose(ids, 16)) == want
+    with pytest.raises(ValueError):
+        DraftModelProposer(models["same"], min_confidence=1.0)

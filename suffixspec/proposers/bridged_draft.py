@@ -51,10 +51,11 @@ class BridgedDraftProposer(ModelDrafter):
     """
 
     def __init__(self, draft: LoadedModel, target_tokenizer: Any, target_vocab_size: int | None = None,
-                 mode: str = "text", siblings: int = 2, length: AdaptiveLength | None = None) -> None:
+                 mode: str = "text", siblings: int = 2, length: AdaptiveLength | None = None,
+                 min_confidence: float = 0.3) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
-        super().__init__(draft, length, seed_offset=1)
+        super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence)
         self.mode = mode
         self.siblings = siblings
         self.bridge = TokenBridge.cached(target_tokenizer, draft.tokenizer, target_size=target_vocab_size,
@@ -102,9 +103,10 @@ class BridgedDraftProposer(ModelDrafter):
         d_tokens: list[int] = []
         # draft tokens are shorter or longer than target tokens; draft a few more than k target tokens
         for i in range(k):
-            tok = int(torch.argmax(logits))
+            probs = torch.softmax(logits.double(), dim=-1)
+            tok = int(torch.argmax(probs))
             d_tokens.append(tok)
-            if tok in self.bridge.draft_eos or i + 1 == k:
+            if tok in self.bridge.draft_eos or i + 1 == k or self._unsure(probs, tok):
                 break
             logits = self.runner.extend(tok)
         tr = self.bridge.translate(context, d_tokens, skip=self.ctx.pending)
@@ -137,7 +139,7 @@ class BridgedDraftProposer(ModelDrafter):
             tok = int(torch.argmax(q)) if greedy else self._sample(q)
             tokens.append(tok)
             rows.append(q)
-            if tok in self.bridge.target_eos or i + 1 == k:
+            if tok in self.bridge.target_eos or i + 1 == k or self._unsure(q, tok):
                 break
             logits = self.runner.extend(int(self._to_draft[tok]))
         if not tokens:

@@ -152,10 +152,16 @@ class ModelDrafter(Proposer):
 
     name = "draft_model"
 
-    def __init__(self, draft: LoadedModel, length: AdaptiveLength | None = None, seed_offset: int = 0) -> None:
+    def __init__(self, draft: LoadedModel, length: AdaptiveLength | None = None, seed_offset: int = 0,
+                 min_confidence: float = 0.3) -> None:
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.draft = draft
         self.runner = DraftRunner(draft)
         self.length = length or AdaptiveLength()
+        # stop drafting after a token the draft itself gives less than this probability (each
+        # further token would cost a draft forward pass for a likely rejection)
+        self.min_confidence = min_confidence
         self.sampling = SamplingParams()
         self.enabled = True
         self._chain: list[int] = []  # tokens of the last proposed chain (for acceptance feedback)
@@ -183,6 +189,10 @@ class ModelDrafter(Proposer):
     def _sample(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs.float(), 1, generator=self._gen))
 
+    def _unsure(self, probs: torch.Tensor, token: int) -> bool:
+        """The draft gave ``token`` less than ``min_confidence``: draft no further."""
+        return float(probs[token]) < self.min_confidence
+
 
 class DraftModelProposer(ModelDrafter):
     """Classic speculative decoding with a draft model sharing the target's vocabulary.
@@ -194,8 +204,8 @@ class DraftModelProposer(ModelDrafter):
     """
 
     def __init__(self, draft: LoadedModel, target_vocab_size: int | None = None, sample: bool = True,
-                 length: AdaptiveLength | None = None) -> None:
-        super().__init__(draft, length)
+                 length: AdaptiveLength | None = None, min_confidence: float = 0.3) -> None:
+        super().__init__(draft, length, min_confidence=min_confidence)
         self.target_vocab_size = target_vocab_size or self.runner.vocab_size
         self.sample = sample
 
@@ -213,10 +223,12 @@ class DraftModelProposer(ModelDrafter):
                 tok = self._sample(probs)
                 rows.append(probs)
             else:
-                tok = int(torch.argmax(logits[: self.target_vocab_size]))
+                probs = torch.softmax(logits[: self.target_vocab_size].double(), dim=-1)
+                tok = int(torch.argmax(probs))
             tokens.append(tok)
-            if i + 1 < k:
-                logits = self.runner.extend(tok)
+            if i + 1 == k or self._unsure(probs, tok):
+                break
+            logits = self.runner.extend(tok)
         self._chain = tokens
         q = torch.stack(rows) if use_q else None
         return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=q, score=float(self.length.value) / 2)
