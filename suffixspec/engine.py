@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .budget import DraftGate, VerifyCost
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
 from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES, SOURCE_TARGET, Draft
@@ -81,6 +82,7 @@ class Engine:
         # transformers 5.x renames ``past_key_values`` to ``cache``; accept both generations
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._lock = threading.Lock()  # the engine is batch 1; concurrent callers queue here
+        self.verify_cost = VerifyCost()  # forward time by input size, learned across requests
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -151,6 +153,7 @@ class Engine:
         logprobs: list[dict] | None = [] if sampling.logprobs is not None else None
         finish = None
         ema_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step
+        gate = DraftGate(self.verify_cost)
         try:
             cache = self._new_cache()
             t = time.perf_counter()
@@ -172,8 +175,11 @@ class Engine:
                     budget = min(budget, max(4, round(4 + 2 * ema_accepted)))
                 t = time.perf_counter()
                 draft = self._propose(proposers, request.prompt_ids, output, budget, request.drafters)
+                if spec.adaptive and len(draft) and not gate.worth(len(draft), draft.score):
+                    draft = Draft()
                 t_proposed = time.perf_counter()
                 logits = self._forward([last, *draft.tokens], cache, draft.parents, past)
+                self.verify_cost.observe(1 + len(draft), time.perf_counter() - t_proposed)
                 outcome = verify_tree(draft, logits, processor, rng, position=len(output))
                 t_verified = time.perf_counter()
                 keep_accepted(cache, past, [0] + [i + 1 for i in outcome.accepted])
@@ -202,6 +208,8 @@ class Engine:
                 stats.record_step(draft.sources, draft.depths(), kept_sources)
                 stats.output_tokens = len(output)
                 ema_accepted = 0.7 * ema_accepted + 0.3 * len(kept_sources)
+                if len(draft):
+                    gate.observe(draft.score, len(kept_sources))
                 for p in proposers:
                     p.update(new[:committed])
                 pieces = tracker.release(final=finish is not None)

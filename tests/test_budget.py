@@ -1,0 +1,46 @@
+"""budget.py: the verify-cost model and the draft gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from suffixspec.budget import DraftGate, VerifyCost
+
+
+def test_cost_interpolates_and_extrapolates():
+    cost = VerifyCost()
+    assert cost.estimate(5) is None
+    cost.observe(1, 4.0)
+    assert cost.estimate(11) == pytest.approx(4.0 * (1 + 0.05 * 10))  # prior slope
+    cost.observe(9, 6.0)
+    assert cost.estimate(5) == pytest.approx(5.0)
+    assert cost.estimate(17) == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize(
+    "calibration,score,nodes,worth",
+    [(0.3, 1.0, 8, False), (0.8, 1.0, 8, True), (1.0, 0.0, 1, False), (1.0, 5.0, 8, True)],
+)
+def test_gate_follows_the_docstring_rule(calibration, score, nodes, worth):
+    cost = VerifyCost()
+    cost.observe(1, 4.0)
+    cost.observe(1 + nodes, 4.0 + 0.25 * nodes)  # t(9) = 6 as in the worked example
+    gate = DraftGate(cost, explore_every=100)
+    gate.calibration = calibration
+    assert gate.worth(nodes, score) is worth
+
+
+def test_gate_measures_a_plain_step_first_and_explores():
+    cost = VerifyCost()
+    gate = DraftGate(cost, explore_every=3)
+    assert gate.worth(4, 10.0) is False  # nothing measured yet
+    cost.observe(1, 1.0)
+    cost.observe(5, 10.0)
+    assert [gate.worth(4, 0.1) for _ in range(6)] == [False, False, True, False, False, True]
+
+
+def test_calibration_tracks_acceptance():
+    gate = DraftGate(VerifyCost())
+    for _ in range(30):
+        gate.observe(score=4.0, accepted=1)
+    assert gate.calibration == pytest.approx(0.25, abs=0.01)
