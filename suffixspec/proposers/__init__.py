@@ -51,3 +51,30 @@ class Proposer(ABC):
 
     def end(self, output_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """The request finished with these output ids."""
+
+
+PROPOSER_NAMES = ("suffix", "draft_model", "oracle", "wrong", "random")
+
+
+def make_proposer(name: str, **kwargs: object) -> Proposer:
+    """Build a proposer by name; keyword arguments go to that proposer's constructor or factory.
+
+    ``suffix`` -> :func:`suffixspec.proposers.suffix.make_suffix_proposer` (db, tokenizer, settings);
+    ``draft_model`` -> :func:`suffixspec.proposers.draft_model.make_draft_proposer` (draft, target, mode);
+    ``oracle`` / ``wrong`` / ``random`` -> the test proposers of :mod:`suffixspec.proposers.testing`.
+    """
+    if name == "suffix":
+        from .suffix import make_suffix_proposer
+
+        return make_suffix_proposer(**kwargs)  # type: ignore[arg-type]
+    if name == "draft_model":
+        from .draft_model import make_draft_proposer
+
+        return make_draft_proposer(**kwargs)  # type: ignore[arg-type]
+    if name in ("oracle", "wrong", "random"):
+        from . import testing
+
+        cls = {"oracle": testing.OracleProposer, "wrong": testing.WrongProposer,
+               "random": testing.RandomTreeProposer}[name]
+        return cls(**kwargs)  # type: ignore[arg-type]
+    raise ValueError(f"unknown proposer {name!r}; choose one of {', '.join(PROPOSER_NAMES)}")
