@@ -75,7 +75,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
 
     def on_result(job: Job) -> None:
         wait = (job.started_at - job.submitted_at) if job.started_at else None
-        metrics.record_generation(getattr(job, "endpoint", "python"), job.result, wait)
+        metrics.record_generation(job.endpoint, job.result, wait)
 
     worker = holder["w"] = EngineWorker(spec.engine, cfg.max_queue, on_result)
     app = Flask("suffixspec.server", static_folder=None)

@@ -70,8 +70,7 @@ def _generate(parser: Callable[..., GenRequest], endpoint: str) -> Response:
     prediction_len = len(tok.encode(req.prediction, add_special_tokens=False)) if req.prediction else (
         0 if req.prediction == "" else None)
     job = Job(kwargs=dict(prompt=req.prompt_ids, sampling=req.sampling, speculation=req.speculation,
-                          references=req.references, prediction=req.prediction))
-    job.endpoint = endpoint  # type: ignore[attr-defined]  # read by the metrics hook
+                          references=req.references, prediction=req.prediction), endpoint=endpoint)
     try:
         st.worker.submit(job)
     except QueueFull as e:

@@ -47,6 +47,7 @@ class Job:
     """One generation request for the engine."""
 
     kwargs: dict[str, Any]  # engine.stream arguments (prompt, sampling, speculation, references, prediction)
+    endpoint: str = "python"  # which route submitted it (metrics label)
     cancel: threading.Event = field(default_factory=threading.Event)  # set -> stop at the next step
     events: queue.Queue = field(default_factory=queue.Queue)  # StreamEvent..., then DONE or a JobFailed
     submitted_at: float = field(default_factory=time.monotonic)
