@@ -11,10 +11,17 @@ Tables::
 Beside ``index.db`` lives ``index.db.arrays/``: per fingerprint, the suffix array of all documents
 (``<fp>-<gen>.tokens.npy``, ``.sa.npy``, ``.starts.npy``, ``.docids.npy``), memory-mapped at start-up.
 
-Atomic add: everything happens inside one ``BEGIN IMMEDIATE`` transaction: rows are written, the new
-arrays are built and written under a fresh generation name, ``meta`` points at them, then COMMIT.
-A crash or Ctrl-C before COMMIT rolls the database back; the half-written arrays are unreferenced
-files removed by the next writer. Readers are never blocked (WAL) and keep the arrays they mapped.
+Atomic writes, short write lock: an add / remove first reads a snapshot of the store (a read
+transaction: it blocks nobody), tokenizes, and builds the new arrays under a fresh generation name
+*outside* the write lock; then, in one ``BEGIN IMMEDIATE`` transaction, it checks that ``docs_version``
+is still the snapshot's, writes the rows and points ``meta`` at the new arrays, and COMMITs. If another
+writer committed in between, the built files are deleted and the work is planned again on the new
+state (after ``OPTIMISTIC_ATTEMPTS`` tries it is done under the write lock, as a plain transaction).
+A crash or Ctrl-C before COMMIT leaves the database as it was; the unreferenced array files are
+deleted (Ctrl-C) or removed by the next writer (kill -9). Writers hold a shared ``flock`` on the arrays
+directory while their uncommitted files exist; garbage collection runs only when it can take it
+exclusively, so it never deletes a generation that is about to be committed. Readers are never
+blocked (WAL) and keep the arrays they mapped.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,10 +41,17 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; garbage collection then trusts that writers do not overlap
+    fcntl = None  # type: ignore[assignment]
+
 from .fingerprint import encode_texts, tokenizer_fingerprint, tokenizer_name
 from .suffix_array import DEFAULT_SORT_DEPTH, SuffixArray
 
 DB_ENV = "SUFFIXSPEC_DB"
+TOKENIZE_BATCH_CHARS = 2_000_000  # text per tokenizer batch: parallel enough, memory bounded
+TOKENIZE_BATCH_DOCS = 512
 
 
 def default_db_path() -> Path:
@@ -50,6 +65,61 @@ def default_db_path() -> Path:
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def encode_batched(tokenizer: Any, texts: Sequence[str], progress: Callable[[int], None] | None = None,
+                   batch_chars: int = TOKENIZE_BATCH_CHARS) -> list[np.ndarray]:
+    """Token ids (uint32, no special tokens) of each text, encoded in batches of about ``batch_chars``
+    characters (at most ``TOKENIZE_BATCH_DOCS`` texts); ``progress(n)`` after each batch of ``n`` texts.
+
+    A fast tokenizer encodes each batch in parallel in Rust (``encode_batch_fast``: the same ids as
+    ``encode_batch`` without computing character offsets); others go through ``encode_texts``.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
+    out: list[np.ndarray] = []
+    i = 0
+    while i < len(texts):
+        j, size = i, 0
+        while j < len(texts) and (j == i or (size < batch_chars and j - i < TOKENIZE_BATCH_DOCS)):
+            size += len(texts[j])
+            j += 1
+        chunk = list(texts[i:j])
+        if fast is not None:
+            out.extend(np.asarray(e.ids, dtype=np.uint32) for e in fast(chunk, add_special_tokens=False))
+        else:
+            out.extend(encode_texts(tokenizer, chunk))
+        if progress:
+            progress(j - i)
+        i = j
+    return out
+
+
+@dataclass
+class _Plan:
+    """One write, planned on a snapshot: the documents after it, the sequences to index per fingerprint,
+    and the row changes to run under the write lock (``apply`` None: nothing to write)."""
+
+    result: Any = None
+    doc_ids: list[int] = field(default_factory=list)
+    seqs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    apply: Callable[[sqlite3.Connection], None] | None = None
+
+
+def _insert_tokens(conn: sqlite3.Connection, doc_id: int, fp: str, ids: np.ndarray) -> None:
+    conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, ids) VALUES (?, ?, ?, ?)",
+                 [doc_id, fp, len(ids), np.asarray(ids, dtype="<u4").tobytes()])
+
+
+def _insert_extra(conn: sqlite3.Connection, extra: dict[str, dict[int, np.ndarray]]) -> None:
+    for fp, per_doc in extra.items():
+        for doc_id, ids in per_doc.items():
+            _insert_tokens(conn, doc_id, fp, ids)
+
+
+def _unlink(paths: Iterable[Path]) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)
 
 
 @dataclass
@@ -82,6 +152,8 @@ class AddSummary:
 
 class IndexStore:
     """Documents, their token ids per tokenizer fingerprint, and the output history, in one SQLite file."""
+
+    OPTIMISTIC_ATTEMPTS = 2  # plans built outside the write lock before one is built under it
 
     def __init__(self, path: str | os.PathLike | None = None, sort_depth: int = DEFAULT_SORT_DEPTH) -> None:
         self.path = Path(path).expanduser() if path else default_db_path()
@@ -159,6 +231,8 @@ class IndexStore:
 
     def register_tokenizer(self, tokenizer: Any) -> str:
         fp = tokenizer_fingerprint(tokenizer)
+        if self.db.execute("SELECT 1 FROM tokenizers WHERE fingerprint = ?", [fp]).fetchone():
+            return fp  # known: no write, so no wait behind another writer
         self.db.execute("INSERT OR IGNORE INTO tokenizers (fingerprint, name, added_at) VALUES (?, ?, ?)",
                         [fp, tokenizer_name(tokenizer), time.time()])
         return fp
@@ -168,64 +242,84 @@ class IndexStore:
                       progress: Callable[[int], None] | None = None) -> AddSummary:
         """Add or replace documents atomically; unchanged ones (same path, same hash) are left alone.
 
-        ``progress(n)`` is called as documents are tokenized. Returns counts of what happened.
+        ``progress(n)`` is called as documents are tokenized (batches of about ``TOKENIZE_BATCH_CHARS``
+        characters, encoded in parallel by a fast tokenizer). Returns counts of what happened.
         """
         docs = list(docs)
-        summary = AddSummary()
+        base = AddSummary()
         fp = self.register_tokenizer(tokenizer)
-        existing = {row[0]: (row[1], row[2]) for row in
-                    self.db.execute("SELECT path, id, content_hash FROM documents")}
+        existing = {row[0]: row[1] for row in self.db.execute("SELECT path, content_hash FROM documents")}
         todo: dict[str, tuple[DocInput, str]] = {}
         for d in docs:
             h = content_hash(d.text)
-            old = existing.get(d.key())
-            if old is not None and old[1] == h:
-                summary.unchanged += 1
+            if existing.get(d.key()) == h:
+                base.unchanged += 1
                 if progress:
                     progress(1)
             else:
                 todo[d.key()] = (d, h)  # the last version of a repeated path wins
         if not todo:
-            return summary
-        batch = list(todo.items())
-        ids_per_doc: list[np.ndarray] = []
-        step = 64
-        for i in range(0, len(batch), step):  # batched tokenization, progress per batch
-            chunk = batch[i:i + step]
-            ids_per_doc.extend(encode_texts(tokenizer, [d.text for _, (d, _) in chunk]))
-            if progress:
-                progress(len(chunk))
-        conn = self.db.conn
-        with self._write_txn() as written:
-            now = time.time()
-            for (key, (d, h)), ids in zip(batch, ids_per_doc, strict=True):
-                old = conn.execute("SELECT id FROM documents WHERE path = ?", [key]).fetchone()
-                meta = json.dumps(d.metadata, ensure_ascii=False, default=str)
-                nbytes = len(d.text.encode("utf-8"))
-                if old:
+            return base
+        # tokenize before any transaction: nothing is locked, Ctrl-C changes nothing
+        keys = list(todo)
+        token_ids = dict(zip(keys, encode_batched(tokenizer, [todo[k][0].text for k in keys], progress),
+                             strict=True))
+
+        def plan(conn: sqlite3.Connection) -> _Plan:
+            summary = AddSummary(unchanged=base.unchanged)
+            current = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT path, id, content_hash FROM documents")}
+            doc_ids = {r[0] for r in current.values()}
+            next_id = max(doc_ids, default=0) + 1  # what INTEGER PRIMARY KEY would pick
+            rows: list[tuple[int | None, str, DocInput, str]] = []  # (id to update or None, key, doc, hash)
+            mine: dict[int, np.ndarray] = {}
+            for key in keys:
+                d, h = todo[key]
+                old = current.get(key)
+                if old is not None and old[1] == h:  # another writer added this very content meanwhile
+                    summary.unchanged += 1
+                    continue
+                if old is not None:
                     doc_id = old[0]
-                    conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
-                    conn.execute("UPDATE documents SET content_hash = ?, text = ?, metadata = ?, n_bytes = ?, "
-                                 "added_at = ? WHERE id = ?", [h, d.text, meta, nbytes, now, doc_id])
+                    rows.append((doc_id, key, d, h))
                     summary.updated += 1
                 else:
-                    cur = conn.execute("INSERT INTO documents (path, content_hash, text, metadata, n_bytes, added_at) "
-                                       "VALUES (?, ?, ?, ?, ?, ?)", [key, h, d.text, meta, nbytes, now])
-                    doc_id = cur.lastrowid
+                    doc_id, next_id = next_id, next_id + 1
+                    rows.append((None, key, d, h))
                     summary.added += 1
-                conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, ids) VALUES (?, ?, ?, ?)",
-                             [doc_id, fp, len(ids), ids.astype("<u4").tobytes()])
-                summary.tokens += len(ids)
+                doc_ids.add(doc_id)
+                mine[doc_id] = token_ids[key]
+                summary.tokens += len(token_ids[key])
                 summary.ids.append(doc_id)
-            self._rebuild_arrays_locked(written, complete_with={fp: tokenizer})
-        self._collect_garbage()
-        return summary
+            if not rows:
+                return _Plan(result=summary)
+            ordered = sorted(doc_ids)
+            replaced = {r[0] for r in rows if r[0] is not None}
+            seqs, extra = self._plan_arrays(conn, ordered, {fp: mine}, replaced, {fp: tokenizer})
+
+            def apply(conn: sqlite3.Connection) -> None:
+                now = time.time()
+                for (old_id, key, d, h), doc_id in zip(rows, summary.ids, strict=True):
+                    meta = json.dumps(d.metadata, ensure_ascii=False, default=str)
+                    nbytes = len(d.text.encode("utf-8"))
+                    if old_id is not None:
+                        conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
+                        conn.execute("UPDATE documents SET content_hash = ?, text = ?, metadata = ?, n_bytes = ?, "
+                                     "added_at = ? WHERE id = ?", [h, d.text, meta, nbytes, now, doc_id])
+                    else:
+                        conn.execute("INSERT INTO documents (id, path, content_hash, text, metadata, n_bytes, "
+                                     "added_at) VALUES (?, ?, ?, ?, ?, ?, ?)", [doc_id, key, h, d.text, meta, nbytes, now])
+                    _insert_tokens(conn, doc_id, fp, mine[doc_id])
+                _insert_extra(conn, extra)
+
+            return _Plan(result=summary, doc_ids=ordered, seqs=seqs, apply=apply)
+
+        return self._mutate(plan)
 
     def remove(self, keys: Sequence[int | str]) -> int:
         """Remove documents by id or exact path; returns how many were removed."""
-        conn = self.db.conn
-        removed = 0
-        with self._write_txn() as written:
+
+        def plan(conn: sqlite3.Connection) -> _Plan:
+            ids: list[int] = []
             for k in keys:
                 row = None
                 if isinstance(k, int) or (isinstance(k, str) and k.isdigit()):
@@ -234,15 +328,22 @@ class IndexStore:
                     row = conn.execute("SELECT id FROM documents WHERE path = ?", [str(k)]).fetchone()
                 if row is None and os.path.exists(str(k)):
                     row = conn.execute("SELECT id FROM documents WHERE path = ?", [str(Path(k).resolve())]).fetchone()
-                if row is None:
-                    continue
-                conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [row[0]])
-                conn.execute("DELETE FROM documents WHERE id = ?", [row[0]])
-                removed += 1
-            if removed:
-                self._rebuild_arrays_locked(written)
-        self._collect_garbage()
-        return removed
+                if row is not None and row[0] not in ids:
+                    ids.append(row[0])
+            if not ids:
+                return _Plan(result=0)
+            gone = set(ids)
+            ordered = [r[0] for r in conn.execute("SELECT id FROM documents ORDER BY id") if r[0] not in gone]
+            seqs, _ = self._plan_arrays(conn, ordered, {}, set(), {})
+
+            def apply(conn: sqlite3.Connection) -> None:
+                for doc_id in ids:
+                    conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
+                    conn.execute("DELETE FROM documents WHERE id = ?", [doc_id])
+
+            return _Plan(result=len(ids), doc_ids=ordered, seqs=seqs, apply=apply)
+
+        return self._mutate(plan)
 
     def list_documents(self) -> list[dict[str, Any]]:
         """id, path, content_hash, n_bytes, added_at, metadata, and tokens per fingerprint."""
@@ -265,41 +366,117 @@ class IndexStore:
                 "metadata": json.loads(row[4] or "{}"), "n_bytes": row[5], "added_at": row[6]}
 
     # ----- arrays ----------------------------------------------------------------------------------
-    def _rebuild_arrays_locked(self, written: list[Path], complete_with: dict[str, Any] | None = None) -> None:
-        """Inside a write transaction: rebuild and write the suffix arrays of every fingerprint whose
-        token ids are complete (tokenizing missing documents with the tokenizers in ``complete_with``).
-        Files are added to ``written`` before they are created, so a rollback can delete them."""
-        conn = self.db.conn
-        version = self.docs_version() + 1
-        self._set_meta("docs_version", str(version))
-        doc_ids = [r[0] for r in conn.execute("SELECT id FROM documents ORDER BY id")]
-        self.arrays_dir.mkdir(parents=True, exist_ok=True)
-        for fp in self.fingerprints():
-            have = dict(conn.execute("SELECT doc_id, ids FROM doc_tokens WHERE fingerprint = ?", [fp]).fetchall())
-            missing = [d for d in doc_ids if d not in have]
-            if missing and complete_with and fp in complete_with:
+    def _plan_arrays(self, conn: sqlite3.Connection, doc_ids: list[int], new_tokens: dict[str, dict[int, np.ndarray]],
+                     replaced: set[int], complete_with: dict[str, Any]
+                     ) -> tuple[dict[str, list[np.ndarray]], dict[str, dict[int, np.ndarray]]]:
+        """The token sequences (in ``doc_ids`` order) of every fingerprint whose ids will be complete once
+        ``new_tokens`` are written; documents missing ids for a fingerprint in ``complete_with`` are
+        tokenized now with that tokenizer (returned as the second value, to be written too). ``replaced``:
+        documents whose stored ids are about to be deleted. Fingerprints still incomplete are left out:
+        their arrays stay stale until a process with that tokenizer completes them (``document_index``)."""
+        seqs: dict[str, list[np.ndarray]] = {}
+        extra: dict[str, dict[int, np.ndarray]] = {}
+        for (fp,) in conn.execute("SELECT fingerprint FROM tokenizers ORDER BY added_at").fetchall():
+            mine = new_tokens.get(fp, {})
+            have = {d: b for d, b in conn.execute("SELECT doc_id, ids FROM doc_tokens WHERE fingerprint = ?", [fp])
+                    if d not in replaced}
+            missing = [d for d in doc_ids if d not in mine and d not in have]
+            if missing and fp in complete_with:
                 texts = [conn.execute("SELECT text FROM documents WHERE id = ?", [d]).fetchone()[0] for d in missing]
-                for d, ids in zip(missing, encode_texts(complete_with[fp], texts), strict=True):
-                    blob = ids.astype("<u4").tobytes()
-                    conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, ids) VALUES (?, ?, ?, ?)",
-                                 [d, fp, len(ids), blob])
-                    have[d] = blob
+                extra[fp] = dict(zip(missing, encode_batched(complete_with[fp], texts), strict=True))
                 missing = []
             if missing:
-                continue  # stale until a process with this tokenizer completes it (see document_index)
-            seqs = [np.frombuffer(have[d], dtype="<u4") for d in doc_ids]
+                continue
+            more = extra.get(fp, {})
+            seqs[fp] = [mine[d] if d in mine else more[d] if d in more else np.frombuffer(have[d], dtype="<u4")
+                        for d in doc_ids]
+        return seqs, extra
+
+    def _mutate(self, make_plan: Callable[[sqlite3.Connection], _Plan]) -> Any:
+        """Plan on a read snapshot, build the arrays with no lock held, then commit in a short write
+        transaction if no other writer committed meanwhile; else plan again (see the module docstring)."""
+        conn = self.db.conn
+        for _ in range(self.OPTIMISTIC_ATTEMPTS):
+            conn.execute("BEGIN")  # deferred: a read snapshot (WAL), blocks no writer
+            try:
+                base_version = self.docs_version()
+                plan = make_plan(conn)
+            finally:
+                conn.execute("COMMIT")
+            if plan.apply is None:
+                return plan.result
+            files: list[Path] = []
+            try:
+                with self._build_guard():
+                    built = self._build_arrays(plan, base_version + 1, files)
+                    with self._write_txn() as written:
+                        fresh = self.docs_version() == base_version
+                        if fresh:
+                            written.extend(files)
+                            plan.apply(conn)
+                            self._rebuild_arrays_locked(written, plan, built)
+            except BaseException:
+                _unlink(files)
+                raise
+            if fresh:
+                self._collect_garbage()
+                return plan.result
+            _unlink(files)  # another writer got in first: plan again on its state
+        # contended: plan, build and commit under the write lock
+        with self._build_guard(), self._write_txn() as written:
+            plan = make_plan(conn)
+            if plan.apply is not None:
+                plan.apply(conn)
+                self._rebuild_arrays_locked(written, plan)
+        self._collect_garbage()
+        return plan.result
+
+    def _build_arrays(self, plan: _Plan, version: int, files: list[Path]) -> dict[str, dict[str, Any]]:
+        """Build and write (fsync'ed) the arrays of ``plan`` under fresh generation names; every path is
+        appended to ``files`` before it is created, so the caller can delete them. Returns the ``meta``
+        value per fingerprint."""
+        self.arrays_dir.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for fp, seqs in plan.seqs.items():
             sa = SuffixArray.build(seqs, self.sort_depth)
-            name = f"{fp[:16]}-{version}-{os.getpid()}"
+            name = f"{fp[:16]}-{version}-{os.getpid()}-{secrets.token_hex(4)}"
             prefix = self.arrays_dir / name
             paths = [Path(str(prefix) + ext) for ext in (".tokens.npy", ".sa.npy", ".starts.npy", ".docids.npy")]
-            written.extend(paths)
+            files.extend(paths)
             sa.save(prefix)
-            np.save(paths[-1], np.asarray(doc_ids, dtype=np.int64))
+            np.save(paths[-1], np.asarray(plan.doc_ids, dtype=np.int64))
             for p in paths:
                 with open(p, "rb+") as f:
                     os.fsync(f.fileno())
-            self._set_meta(f"arrays:{fp}", json.dumps({"name": name, "docs_version": version,
-                                                       "n_tokens": sa.num_tokens, "n_docs": len(doc_ids)}))
+            out[fp] = {"name": name, "docs_version": version, "n_tokens": sa.num_tokens, "n_docs": len(plan.doc_ids)}
+        return out
+
+    def _rebuild_arrays_locked(self, written: list[Path], plan: _Plan,
+                               built: dict[str, dict[str, Any]] | None = None) -> None:
+        """Inside the write transaction: bump ``docs_version`` and point ``meta`` at the arrays of ``plan``,
+        those already ``built`` outside the lock, or built now (their files go to ``written`` first, so a
+        rollback deletes them)."""
+        version = self.docs_version() + 1
+        self._set_meta("docs_version", str(version))
+        if built is None:
+            built = self._build_arrays(plan, version, written)
+        for fp, info in built.items():
+            assert info["docs_version"] == version
+            self._set_meta(f"arrays:{fp}", json.dumps(info))
+
+    @contextmanager
+    def _build_guard(self) -> Iterator[None]:
+        """A shared lock on the arrays directory while this writer has uncommitted array files."""
+        self.arrays_dir.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:
+            yield
+            return
+        fd = os.open(self.arrays_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _referenced_names(self) -> set[str]:
         names = set()
@@ -308,13 +485,24 @@ class IndexStore:
         return names
 
     def _collect_garbage(self) -> None:
-        """Delete array files no generation refers to (old versions, leftovers of a killed writer)."""
+        """Delete array files no generation refers to (old versions, leftovers of a killed writer).
+        Skipped while another writer holds uncommitted files (it or a later writer collects them)."""
         if not self.arrays_dir.exists():
             return
-        keep = self._referenced_names()
-        for p in self.arrays_dir.iterdir():
-            if p.name.split(".", 1)[0] not in keep:
-                p.unlink(missing_ok=True)
+        fd = os.open(self.arrays_dir, os.O_RDONLY) if fcntl is not None else None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return
+            keep = self._referenced_names()
+            for p in self.arrays_dir.iterdir():
+                if p.name.split(".", 1)[0] not in keep:
+                    p.unlink(missing_ok=True)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def document_index(self, fingerprint_or_tokenizer: str | Any) -> SuffixArray | None:
         """The memory-mapped suffix array over all documents for this tokenizer (None if no documents).
@@ -331,12 +519,17 @@ class IndexStore:
         if n_docs == 0:
             return None
         info = self._meta(f"arrays:{fp}")
-        stale = info is None or json.loads(info)["docs_version"] != self.docs_version()
-        if stale and tokenizer is not None:
+        if self._stale(info) and tokenizer is not None:
             self.register_tokenizer(tokenizer)
-            with self._write_txn() as written:
-                self._rebuild_arrays_locked(written, complete_with={fp: tokenizer})
-            self._collect_garbage()
+
+            def plan(conn: sqlite3.Connection) -> _Plan:
+                if not self._stale(self._meta(f"arrays:{fp}")):
+                    return _Plan(result=None)  # another process rebuilt them meanwhile
+                ordered = [r[0] for r in conn.execute("SELECT id FROM documents ORDER BY id")]
+                seqs, extra = self._plan_arrays(conn, ordered, {}, set(), {fp: tokenizer})
+                return _Plan(result=None, doc_ids=ordered, seqs=seqs, apply=lambda c: _insert_extra(c, extra))
+
+            self._mutate(plan)
             info = self._meta(f"arrays:{fp}")
         if info is None:
             return None
@@ -349,6 +542,9 @@ class IndexStore:
                 if info is None:
                     return None
         raise RuntimeError(f"could not open the arrays of {self.path}; is a writer stuck?")
+
+    def _stale(self, info: str | None) -> bool:
+        return info is None or json.loads(info)["docs_version"] != self.docs_version()
 
     # ----- output history --------------------------------------------------------------------------
     def history_append(self, fingerprint: str, ids: Sequence[int], budget_tokens: int | None = None) -> None:

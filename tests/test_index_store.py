@@ -246,3 +246,99 @@ def test_history_write_does_not_wait_for_a_long_add(tmp_path):
         hist.add([4, 5])
         assert not hist._pending
         assert [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3], [4, 5]]
+
+
+# ----- arrays built outside the write lock ------------------------------------------------------------
+def _assert_consistent(s: IndexStore, fp: str) -> None:
+    """The committed arrays exist, list the committed documents in id order, and nothing else is left."""
+    info = json.loads(s._meta(f"arrays:{fp}"))
+    assert info["docs_version"] == s.docs_version()
+    import numpy as np
+
+    doc_ids = np.load(s.arrays_dir / f"{info['name']}.docids.npy").tolist()
+    assert doc_ids == [d["id"] for d in s.list_documents()]
+    assert {p.name.split(".", 1)[0] for p in s.arrays_dir.iterdir()} == s._referenced_names()
+
+
+def test_write_lock_is_free_while_the_arrays_are_built(tmp_path, monkeypatch):
+    db = tmp_path / "index.db"
+    tok = ByteTok()
+    seen = []
+    with IndexStore(db) as s, IndexStore(db) as other:
+        s.add_documents([DocInput("first text", "a.txt")], tok)
+        original = IndexStore._build_arrays
+
+        def build(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            if self is s:  # another writer (history of a serving process) gets the lock at once
+                other.history_append_many("fp", [[1, 2, 3]], timeout_s=0.2)
+                seen.append(other.list_documents())  # and readers still see the old corpus
+            return out
+
+        monkeypatch.setattr(IndexStore, "_build_arrays", build)
+        s.add_documents([DocInput("second text", "b.txt")], tok)
+        assert [d["path"] for d in seen[0]] == ["a.txt"]
+        assert s.remove(["a.txt"]) == 1
+        assert len(seen) == 2 and [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3]] * 2
+        assert s.document_index(tok.fingerprint).count(ids("second")) == 1
+        _assert_consistent(s, tok.fingerprint)
+
+
+@pytest.mark.parametrize("attempts", [2, 1])  # 1: the retry is planned and built under the write lock
+def test_a_writer_committing_during_the_build_is_not_lost(tmp_path, monkeypatch, attempts):
+    db = tmp_path / "index.db"
+    tok = ByteTok()
+    monkeypatch.setattr(IndexStore, "OPTIMISTIC_ATTEMPTS", attempts)
+    with IndexStore(db) as s, IndexStore(db) as other:
+        s.add_documents([DocInput("old text", "old.txt"), DocInput("doomed text", "doomed.txt")], tok)
+        original = IndexStore._build_arrays
+        calls = []
+
+        def build(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            calls.append(self is s)
+            if self is s and calls.count(True) == 1:
+                # while s's new arrays wait for the lock, another writer commits (and collects garbage:
+                # it must not delete s's uncommitted files)
+                other.add_documents([DocInput("concurrent text", "concurrent.txt")], tok)
+                other.remove(["doomed.txt"])
+            return out
+
+        monkeypatch.setattr(IndexStore, "_build_arrays", build)
+        summary = s.add_documents([DocInput("mine text", "mine.txt"), DocInput("old text", "old.txt")], tok)
+        assert (summary.added, summary.unchanged) == (1, 1)
+        assert calls.count(True) == 2  # the first build was discarded, the second committed
+        paths = [d["path"] for d in s.list_documents()]
+        assert paths == ["old.txt", "concurrent.txt", "mine.txt"]
+        assert summary.ids == [s.list_documents()[-1]["id"]]
+        sa = s.document_index(tok.fingerprint)
+        assert [sa.count(ids(t)) for t in ("old text", "concurrent", "mine", "doomed")] == [1, 1, 1, 0]
+        _assert_consistent(s, tok.fingerprint)
+
+
+def test_garbage_collection_waits_for_uncommitted_builds(store):
+    tok = ByteTok()
+    store.add_documents([DocInput("some text", "a.txt")], tok)
+    stray = store.arrays_dir / "0123456789abcdef-9-1-00000000.tokens.npy"
+    stray.write_bytes(b"")
+    with store._build_guard():  # a writer with uncommitted files
+        store._collect_garbage()
+        assert stray.exists()
+    store._collect_garbage()
+    assert not stray.exists()
+    _assert_consistent(store, tok.fingerprint)
+
+
+def test_encode_batched_matches_encode_texts_with_progress(bpe_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from index.fingerprint import encode_texts
+    from index.store import encode_batched
+
+    texts = [f"def f{i}(x):\n    return x * {i}  # comment {'é' * i}\n" for i in range(40)] + ["", "x"]
+    for tok in (AutoTokenizer.from_pretrained(bpe_tokenizer_dir), ByteTok()):
+        calls = []
+        out = encode_batched(tok, texts, progress=calls.append, batch_chars=200)
+        ref = encode_texts(tok, texts)
+        assert len(out) == len(ref) and all((a == b).all() and a.dtype == b.dtype for a, b in zip(out, ref, strict=True))
+        assert sum(calls) == len(texts) and len(calls) > 5
