@@ -119,19 +119,18 @@ class SuffixSpec:
                          dtype: str | None) -> list[Any]:
         """The suffix-index proposer (request, references, prediction, history, documents) and,
         when a draft model is named, the draft-model proposer (bridged if its tokenizer differs)."""
-        from .proposers.suffix import SuffixProposer
+        from .proposers import make_proposer
 
         if self.db_path is not None:
             from index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
-        proposers: list[Any] = [SuffixProposer(db=self.store, tokenizer=target.tokenizer)]
+        proposers: list[Any] = [make_proposer("suffix", db=self.store, tokenizer=target.tokenizer)]
         if draft_model:
             from .loading import load_model
-            from .proposers.draft_model import make_draft_proposer
 
             draft = load_model(draft_model, device=target.device, dtype=dtype)
-            proposers.append(make_draft_proposer(draft, target))
+            proposers.append(make_proposer("draft_model", draft=draft, target=target))
         return proposers
 
     # -- tokenization -------------------------------------------------------------------------
