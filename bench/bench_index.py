@@ -11,7 +11,8 @@ Sections:
    installed in ``/work/arctic-venv`` (``--arctic-python``); it runs there in a subprocess on the same
    token data, same machine, same moment.
 2. **corpus** — the Python standard library tokenized to ``--tokens`` tokens: time to index through
-   the SQLite store (tokenize + store + suffix array + save), to load (memory-map), and the median
+   the SQLite store (tokenize + store + suffix array + save), the longest wait of another writer
+   (a thread writing every 50 ms, as a server's history does) meanwhile, to load (memory-map), the median
    lookup time; bytes per token on disk and in memory.
 3. **history** — a repetitive workload (similar templated requests in sequence): the mean accepted
    length per request, with a perfect-oracle verifier (the "target" output is known), grows as the
@@ -97,11 +98,11 @@ def get_tokenizer(name: str | None, texts: list[tuple[str, str]]):
 
 
 def tokenize(tokenizer, texts: list[tuple[str, str]], limit: int) -> list[np.ndarray]:
-    from index.fingerprint import encode_texts
+    from index.store import encode_batched
 
     out, total = [], 0
     for i in range(0, len(texts), 256):
-        for arr in encode_texts(tokenizer, [t for _, t in texts[i:i + 256]]):
+        for arr in encode_batched(tokenizer, [t for _, t in texts[i:i + 256]]):
             out.append(arr)
             total += len(arr)
             if total >= limit:
@@ -266,6 +267,39 @@ def run_arctic(python: str, seqs: list[np.ndarray], ctxs: list[list[int]]) -> di
         return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+class WriteProbe:
+    """A thread that writes to the database every ``period_s`` (as a server persisting its output
+    history would) and records the longest wait for the write lock."""
+
+    def __init__(self, db: Path, period_s: float = 0.05) -> None:
+        import threading
+
+        self.db, self.period_s, self.max_wait = db, period_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import sqlite3
+
+        conn = sqlite3.connect(str(self.db), timeout=600, isolation_level=None)
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_probe (t REAL)")
+        while not self._stop.wait(self.period_s):
+            t = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            self.max_wait = max(self.max_wait, time.perf_counter() - t)
+            conn.execute("INSERT INTO bench_probe VALUES (?)", [t])
+            conn.execute("COMMIT")
+        conn.close()
+
+    def __enter__(self) -> WriteProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 # ----- 2. corpus ----------------------------------------------------------------------------------------
 def bench_corpus(tokenizer, texts: list[tuple[str, str]], limit: int, n_lookups: int) -> dict:
     res: dict = {}
@@ -276,9 +310,11 @@ def bench_corpus(tokenizer, texts: list[tuple[str, str]], limit: int, n_lookups:
     with tempfile.TemporaryDirectory() as d:
         db = Path(d) / "index.db"
         store = IndexStore(db)
-        t = time.perf_counter()
-        summary = store.add_documents(docs, tokenizer)
-        res["index_add_s"] = time.perf_counter() - t  # tokenize + SQLite + suffix array + save
+        with WriteProbe(db) as probe:  # what another writer (history of a server) waits meanwhile
+            t = time.perf_counter()
+            summary = store.add_documents(docs, tokenizer)
+            res["index_add_s"] = time.perf_counter() - t  # tokenize + SQLite + suffix array + save
+        res["other_writer_max_wait_s"] = probe.max_wait
         res["documents"] = summary.added
         res["tokens"] = summary.tokens
         store.close()
@@ -419,8 +455,8 @@ def report(results: dict) -> None:
     c = results.get("corpus")
     if c:
         print(f"\n== corpus: {c['tokens']:,} tokens in {c['documents']} files ==")
-        for k in ("tokenize_s", "index_add_s", "suffix_array_build_s", "load_s", "lookup_median_us", "lookup_p90_us",
-                  "lookup_mean_match_len", "speculate_tree_median_us", "memory_bytes_per_token",
+        for k in ("tokenize_s", "index_add_s", "other_writer_max_wait_s", "suffix_array_build_s", "load_s",
+                  "lookup_median_us", "lookup_p90_us", "lookup_mean_match_len", "speculate_tree_median_us", "memory_bytes_per_token",
                   "arrays_bytes_per_token", "bytes_on_disk_per_token"):
             print(f"{k:32s} {fmt(c[k])}")
     h = results.get("history")

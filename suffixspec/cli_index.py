@@ -90,8 +90,14 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
     tok = _load_tokenizer(tokenizer)
     store = _open_store(db)
     try:
-        with tqdm(total=len(docs), desc="indexing", unit="file", disable=quiet or not docs) as bar:
-            summary = store.add_documents(docs, tok, progress=bar.update)
+        with tqdm(total=len(docs), desc="tokenizing", unit="file", disable=quiet or not docs) as bar:
+
+            def progress(n: int) -> None:
+                bar.update(n)
+                if bar.n >= len(docs):  # what is left: the suffix array (seconds per million tokens)
+                    bar.set_description("building the suffix array")
+
+            summary = store.add_documents(docs, tok, progress=progress)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing was changed", err=True)
         raise SystemExit(130) from None
