@@ -342,3 +342,61 @@ def test_encode_batched_matches_encode_texts_with_progress(bpe_tokenizer_dir):
         ref = encode_texts(tok, texts)
         assert len(out) == len(ref) and all((a == b).all() and a.dtype == b.dtype for a, b in zip(out, ref, strict=True))
         assert sum(calls) == len(texts) and len(calls) > 5
+
+
+_BUILDER = textwrap.dedent("""
+    import sys
+    from index.store import DocInput, IndexStore
+
+    class Tok:
+        fingerprint = "bytes+0"
+        def encode(self, text):
+            return list(text.encode())
+
+    original = IndexStore._build_arrays
+    def paused(self, *args, **kwargs):   # new arrays written, no lock held, nothing committed
+        out = original(self, *args, **kwargs)
+        print("PAUSED", flush=True)
+        sys.stdin.readline()
+        return out
+    IndexStore._build_arrays = paused
+    store = IndexStore(sys.argv[1])
+    docs = [DocInput(f"new document number {i} " * 20, f"new{i}.txt") for i in range(10)]
+    docs.append(DocInput("old zero was changed", "old0.txt"))
+    print(store.add_documents(docs, Tok()), flush=True)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_while_building_outside_the_lock(tmp_path, sig):
+    db = tmp_path / "index.db"
+    with IndexStore(db) as s:
+        s.add_documents([DocInput("old zero text", "old0.txt"), DocInput("old one text", "old1.txt")], ByteTok())
+    before = _snapshot(db)
+    files_before = sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir())
+    script = tmp_path / "builder.py"
+    script.write_text(_BUILDER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(db), "x"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "PAUSED", proc.stderr.read()
+        with IndexStore(db) as other:  # no write lock is held: other writers go ahead at once
+            other.history_append_many("fp", [[1, 2]], timeout_s=0.5)
+            other._collect_garbage()  # and must not delete the builder's files (it holds the flock)
+        assert len(list((tmp_path / "index.db.arrays").iterdir())) > len(files_before)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert _snapshot(db) == before
+    if sig == signal.SIGINT:
+        assert sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir()) == files_before
+    with IndexStore(db) as s:  # the next writer collects what a killed builder left
+        s.add_documents([DocInput("after the crash", "after.txt")], ByteTok())
+        _assert_consistent(s, "bytes+0")
+        assert s.document_index("bytes+0").count(ids("old zero")) == 1
