@@ -278,3 +278,16 @@ def test_confidence_cut_off(models):
         assert len(p.propose(ids, 16)) == want
     with pytest.raises(ValueError):
         DraftModelProposer(models["same"], min_confidence=1.0)
+
+
+def test_context_window(models, engine):
+    """A draft with a short context window sees a recent cut that moves in quarter-window steps."""
+    p = DraftModelProposer(models["same"], context_window=32, length=AdaptiveLength(start=4, high=8))
+    cuts = [p._window(list(range(n)), 4) for n in range(20, 120)]
+    assert all(len(c) <= 32 - 8 - 1 for c in cuts)
+    assert len({c[0] for c in cuts}) <= 100 // 8 + 2  # the start moves rarely (KV cache reuse)
+    assert all(c[-1] == n - 1 for c, n in zip(cuts, range(20, 120), strict=True))
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompt = "def add(a, b):\n    return a + b\n" * 2
+    plain = _run(engine, None, prompt, sp, SpeculationConfig(enabled=False))
+    assert _run(engine, p, prompt, sp).token_ids == plain.token_ids

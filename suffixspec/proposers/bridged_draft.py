@@ -52,10 +52,10 @@ class BridgedDraftProposer(ModelDrafter):
 
     def __init__(self, draft: LoadedModel, target_tokenizer: Any, target_vocab_size: int | None = None,
                  mode: str = "text", siblings: int = 2, length: AdaptiveLength | None = None,
-                 min_confidence: float = 0.3) -> None:
+                 min_confidence: float = 0.3, context_window: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
-        super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence)
+        super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window)
         self.mode = mode
         self.siblings = siblings
         self.bridge = TokenBridge.cached(target_tokenizer, draft.tokenizer, target_size=target_vocab_size,
@@ -65,6 +65,7 @@ class BridgedDraftProposer(ModelDrafter):
             inter = self.bridge.intersection  # built once per tokenizer pair
             self._to_draft = torch.as_tensor(inter.to_draft, device=self.runner.device)
         self.ctx: DraftContext | None = None
+        self._keep = len(self.bridge.draft_prefix_ids())  # the draft's BOS stays when its context is cut
         self._pushed = 0  # target tokens the draft context has seen
 
     def begin(self, request: RequestContext) -> None:
@@ -90,16 +91,14 @@ class BridgedDraftProposer(ModelDrafter):
             self._pushed = len(context)
         if not self.ctx.ids:
             return Draft()
-        k = min(budget, self.length.value, self.runner.max_positions - len(self.ctx.ids) - 1)
-        if k <= 0:
-            return Draft()
+        k = min(budget, self.length.value, self.context_window // 2)
         if self.mode == "text":
             return self._propose_text(context, k, budget)
         return self._propose_intersection(k)
 
     # -- text level ---------------------------------------------------------------------------------
     def _propose_text(self, context: Sequence[int], k: int, budget: int) -> Draft:
-        logits = self.runner.logits_after(self.ctx.ids)
+        logits = self.runner.logits_after(self._window(self.ctx.ids, k, self._keep))
         d_tokens: list[int] = []
         # draft tokens are shorter or longer than target tokens; draft a few more than k target tokens
         for i in range(k):
@@ -125,7 +124,7 @@ class BridgedDraftProposer(ModelDrafter):
 
     # -- token-level intersection --------------------------------------------------------------------
     def _propose_intersection(self, k: int) -> Draft:
-        logits = self.runner.logits_after(self.ctx.ids)
+        logits = self.runner.logits_after(self._window(self.ctx.ids, k, self._keep))
         greedy = self.sampling.greedy
         tokens: list[int] = []
         rows: list[torch.Tensor] = []

@@ -153,15 +153,20 @@ class ModelDrafter(Proposer):
     name = "draft_model"
 
     def __init__(self, draft: LoadedModel, length: AdaptiveLength | None = None, seed_offset: int = 0,
-                 min_confidence: float = 0.3) -> None:
+                 min_confidence: float = 0.3, context_window: int | None = None) -> None:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
+        if context_window is not None and context_window < 16:
+            raise ValueError(f"context_window must be at least 16 tokens, got {context_window}")
         self.draft = draft
         self.runner = DraftRunner(draft)
         self.length = length or AdaptiveLength()
         # stop drafting after a token the draft itself gives less than this probability (each
         # further token would cost a draft forward pass for a likely rejection)
         self.min_confidence = min_confidence
+        # the draft sees at most this many tokens (a small draft trained on short contexts drafts
+        # better from a recent window); default: the model's position limit
+        self.context_window = min(context_window or self.runner.max_positions, self.runner.max_positions)
         self.sampling = SamplingParams()
         self.enabled = True
         self._chain: list[int] = []  # tokens of the last proposed chain (for acceptance feedback)
@@ -189,6 +194,19 @@ class ModelDrafter(Proposer):
     def _sample(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs.float(), 1, generator=self._gen))
 
+    def _window(self, ids: Sequence[int], k: int, keep: int = 0) -> list[int]:
+        """The draft's input: ``ids`` cut so ``k`` more tokens fit in ``context_window``.
+
+        The cut moves in steps of a quarter window, so the KV cache is rebuilt only when it moves;
+        the first ``keep`` ids (a BOS) stay.
+        """
+        limit = self.context_window - max(k, self.length.high) - 1  # fixed, so the cut does not jitter with k
+        if len(ids) <= limit:
+            return list(ids)
+        step = max(1, self.context_window // 4)
+        start = keep + ((len(ids) - limit) // step + 1) * step
+        return list(ids[:keep]) + list(ids[start:])
+
     def _unsure(self, probs: torch.Tensor, token: int) -> bool:
         """The draft gave ``token`` less than ``min_confidence``: draft no further."""
         return float(probs[token]) < self.min_confidence
@@ -204,16 +222,17 @@ class DraftModelProposer(ModelDrafter):
     """
 
     def __init__(self, draft: LoadedModel, target_vocab_size: int | None = None, sample: bool = True,
-                 length: AdaptiveLength | None = None, min_confidence: float = 0.3) -> None:
-        super().__init__(draft, length, min_confidence=min_confidence)
+                 length: AdaptiveLength | None = None, min_confidence: float = 0.3,
+                 context_window: int | None = None) -> None:
+        super().__init__(draft, length, min_confidence=min_confidence, context_window=context_window)
         self.target_vocab_size = target_vocab_size or self.runner.vocab_size
         self.sample = sample
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
-        k = min(budget, self.length.value, self.runner.max_positions - len(context) - 1)
+        k = min(budget, self.length.value, self.context_window // 2)
         if not self.enabled or k <= 0 or not context:
             return Draft()
-        logits = self.runner.logits_after(context)
+        logits = self.runner.logits_after(self._window(context, k))
         use_q = self.sample and not self.sampling.greedy
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
