@@ -14,10 +14,38 @@ def spec(tiny_model_dirs):
         yield s
 
 
+
+CANDIDATES = ["class Point:", "def add(a, b):", "import os", "for i in range(10):", "The quick brown"]
+
+
+def word_bias(tokenizer) -> dict[int, float]:
+    """+100 on every token that is a space and letters and encodes alone (" self"): any run of them
+    survives decode -> encode, which lone byte tokens of a random model do not."""
+    vocab = tokenizer.get_vocab()
+    return {i: 100.0 for tok, i in vocab.items() if tok.startswith("\u0120") and tok[1:].isalpha()
+            and tokenizer.encode(" " + tok[1:], add_special_tokens=False) == [i]}
+
+
+def copyable(spec, max_tokens: int) -> tuple[str, str, dict[int, float]]:
+    """(prompt, greedy output, logit_bias): with that bias the output re-tokenizes to the same ids, alone
+    and after the prompt, so a reference, prediction or document holding the text can draft it."""
+    bias = word_bias(spec.tokenizer)
+    tok = spec.tokenizer
+    for prompt in CANDIDATES:
+        res = spec.generate(prompt, max_tokens=max_tokens, temperature=0.0, speculation=False, logit_bias=bias)
+        ids = res.token_ids
+        joined = tok.encode(prompt + res.text, add_special_tokens=False) == \
+            tok.encode(prompt, add_special_tokens=False) + ids
+        if tok.encode(res.text, add_special_tokens=False) == ids and joined and len(ids) == max_tokens:
+            return prompt, res.text, bias
+    raise AssertionError("no candidate prompt gives a re-tokenizable output; add candidates")
+
 def test_generate_is_lossless_and_reports_stats(spec):
-    plain = spec.generate("def add(a, b):", max_tokens=24, speculation=False)
+    prompt, _, bias = copyable(spec, 24)
+    plain = spec.generate(prompt, max_tokens=24, speculation=False, logit_bias=bias)
     assert plain.stats.drafted_tokens == 0 and len(plain.token_ids) <= 24
-    fast = spec.generate("def add(a, b):", max_tokens=24, references=[plain.text])
+    fast = spec.generate(prompt, max_tokens=24, references=[plain.text], speculation={"drafters": ["references"]},
+                         logit_bias=bias)
     assert fast.text == plain.text and fast.token_ids == plain.token_ids
     stats = fast.stats.to_dict()
     assert stats["per_source"]["references"]["accepted"] > 0
@@ -47,15 +75,16 @@ def test_sampling_object_and_keywords_agree(spec):
 
 
 def test_documents_feed_the_next_generation(spec):
-    plain = spec.generate("class Point:", max_tokens=24, speculation=False)
-    recs = spec.add_documents([{"text": "class Point:" + plain.text, "source": "point.py"}, "other text"])
+    prompt, _, bias = copyable(spec, 24)
+    plain = spec.generate(prompt, max_tokens=24, speculation=False, logit_bias=bias)
+    recs = spec.add_documents([{"text": prompt + plain.text, "source": "point.py"}, "other text"])
     assert [r["status"] for r in recs] == ["added", "added"] and recs[0]["source"] == "point.py"
     assert spec.add_documents(["other text"])[0]["status"] == "unchanged"
-    res = spec.generate("class Point:", max_tokens=24, speculation={"drafters": ["documents"]})
+    res = spec.generate(prompt, max_tokens=24, speculation={"drafters": ["documents"]}, logit_bias=bias)
     assert res.text == plain.text and res.stats.per_source["documents"]["accepted"] > 0
     listing = spec.list_documents(limit=10)
     assert listing["total"] == 2 and {d["id"] for d in listing["data"]} == {r["id"] for r in recs}
-    assert spec.list_documents(query="Point")["total"] == 1
+    assert spec.list_documents(query="point.py")["total"] == 1
     assert spec.index_stats()["documents"] == 2
     assert spec.remove_documents([recs[1]["id"]]) == 1 and spec.list_documents()["total"] == 1
 

@@ -67,6 +67,32 @@ def greedy(server, prompt: str, max_tokens: int = 16) -> str:
     return spec.generate(prompt, max_tokens=max_tokens, temperature=0.0).text
 
 
+
+CANDIDATES = ["class Point:", "def add(a, b):", "import os", "for i in range(10):", "The quick brown"]
+
+
+def word_bias(tokenizer) -> dict[int, float]:
+    """+100 on every token that is a space and letters and encodes alone (" self"): any run of them
+    survives decode -> encode, which lone byte tokens of a random model do not."""
+    vocab = tokenizer.get_vocab()
+    return {i: 100.0 for tok, i in vocab.items() if tok.startswith("\u0120") and tok[1:].isalpha()
+            and tokenizer.encode(" " + tok[1:], add_special_tokens=False) == [i]}
+
+
+def copyable(spec, max_tokens: int) -> tuple[str, str, dict[int, float]]:
+    """(prompt, greedy output, logit_bias): with that bias the output re-tokenizes to the same ids, alone
+    and after the prompt, so a reference, prediction or document holding the text can draft it."""
+    bias = word_bias(spec.tokenizer)
+    tok = spec.tokenizer
+    for prompt in CANDIDATES:
+        res = spec.generate(prompt, max_tokens=max_tokens, temperature=0.0, speculation=False, logit_bias=bias)
+        ids = res.token_ids
+        joined = tok.encode(prompt + res.text, add_special_tokens=False) == \
+            tok.encode(prompt, add_special_tokens=False) + ids
+        if tok.encode(res.text, add_special_tokens=False) == ids and joined and len(ids) == max_tokens:
+            return prompt, res.text, bias
+    raise AssertionError("no candidate prompt gives a re-tokenizable output; add candidates")
+
 # -- the openai client, unchanged --------------------------------------------------------------------
 
 def test_models_lists_the_served_model(client, server):
@@ -364,11 +390,12 @@ def test_worker_thread_is_single(server):
 # -- index routes --------------------------------------------------------------------------------------
 
 def test_documents_added_through_the_api_draft_the_next_request(server):
-    prompt = "class Point:"
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "speculation": {"drafters": ["documents"]}}
+    prompt, text, bias = copyable(server.app.extensions["suffixspec"].spec, 24)
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "speculation": {"drafters": ["documents"]},
+            "logit_bias": {str(k): v for k, v in bias.items()}}
     _, _, before = raw(server, "POST", "/v1/completions", body)
     assert before["speculative_decoding"]["per_source"].get("documents", {}).get("drafted", 0) == 0
-    text = before["choices"][0]["text"]
+    assert before["choices"][0]["text"] == text
     st, _, added = raw(server, "POST", "/v1/index/documents",
                        {"documents": [{"text": prompt + text, "source": "notes/point.py"}]})
     assert st == 200 and added["data"][0]["status"] in ("added", "updated") and added["data"][0]["num_tokens"] > 0
@@ -419,8 +446,9 @@ def test_index_validation(server, method, path, body, param):
 
 def test_prediction_raises_mean_accepted_length_and_reports_usage(server):
     """A code edit whose output is known in advance: the prediction drafts it, the output is unchanged."""
-    body = {"prompt": "class Point:\n    def __init__(self, x, y):", "max_tokens": 40, "temperature": 0,
-            "speculation": {"drafters": ["prompt", "references"]}}
+    prompt, _, bias = copyable(server.app.extensions["suffixspec"].spec, 40)
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "speculation": {"drafters": ["prompt", "references"]},
+            "logit_bias": {str(k): v for k, v in bias.items()}}
     _, _, without = raw(server, "POST", "/v1/completions", body)
     expected = without["choices"][0]["text"]
     prediction = expected + "\n# trailing lines the edit dropped\n"
