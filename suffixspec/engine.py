@@ -55,6 +55,7 @@ class StreamEvent:
     pieces: list[tuple[str, str]] = field(default_factory=list)  # (text piece, source), concatenating to text
     token_ids: list[int] = field(default_factory=list)  # tokens committed this step
     sources: list[str] = field(default_factory=list)  # source per committed token
+    logprobs: list[dict] | None = None  # entries (as in GenerationResult.logprobs) for token_ids, if asked
     result: GenerationResult | None = None  # set on the final event only
 
 
@@ -201,9 +202,11 @@ class Engine:
                         finish = "length"
                     if finish:
                         break
+                step_logprobs = None
                 if logprobs is not None:
-                    for k in range(committed):
-                        logprobs.append(_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0))
+                    step_logprobs = [_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0)
+                                     for k in range(committed)]
+                    logprobs.extend(step_logprobs)
                 kept_sources = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
                 stats.record_step(draft.sources, draft.depths(), kept_sources)
                 stats.output_tokens = len(output)
@@ -216,14 +219,15 @@ class Engine:
                 stats.time_propose_s += t_proposed - t
                 stats.time_verify_s += t_verified - t_proposed
                 stats.time_update_s += time.perf_counter() - t_verified
-                yield StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed])
+                yield StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed],
+                                  step_logprobs)
         finally:
             for p in proposers:
                 p.end(output)
         stats.time_total_s = time.perf_counter() - start
         pieces = tracker.release(final=True)
         result = GenerationResult(tracker.text, output, request.prompt_ids, finish, sources, logprobs, stats)
-        yield StreamEvent("".join(s for s, _ in pieces), pieces, [], [], result)
+        yield StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
 
     def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
                  allowed: tuple[str, ...] | None) -> Draft:

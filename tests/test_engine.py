@@ -167,6 +167,12 @@ def test_logprobs_match_between_paths(engines):
     plain = _generate(engine, [], PROMPTS[0], sp, speculation=False)
     spec = _generate(engine, [OracleProposer(plain.token_ids, engine.vocab_size)], PROMPTS[0], sp)
     assert len(spec.logprobs) == len(plain.logprobs) == 20
+    engine.proposers = [OracleProposer(plain.token_ids, engine.vocab_size)]
+    try:
+        streamed = [e for ev in engine.stream(PROMPTS[0], sp) for e in (ev.logprobs or [])]
+    finally:
+        engine.proposers = []
+    assert [e["token"] for e in streamed] == plain.token_ids
     for a, b in zip(spec.logprobs, plain.logprobs, strict=True):
         assert a["token"] == b["token"] and abs(a["logprob"] - b["logprob"]) < 1e-4
         assert [t for t, _ in a["top"]] == [t for t, _ in b["top"]]

@@ -140,7 +140,7 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
                 yield sse(_failure(ev).body())
                 break
             result = getattr(ev, "result", None)
-            lp = getattr(ev, "logprobs", None)
+            lp = ev.logprobs
             if result is not None:
                 if builder.logprobs is not None and result.logprobs:
                     lp = result.logprobs[builder.lp_sent:]
