@@ -54,6 +54,18 @@ TOKENIZE_BATCH_CHARS = 2_000_000  # text per tokenizer batch: parallel enough, m
 TOKENIZE_BATCH_DOCS = 512
 
 
+class StoreError(RuntimeError):
+    """The database file cannot be used as a suffixspec index (not SQLite, corrupt, another program's)."""
+
+
+# table -> columns this store needs; a file with other tables but not these is someone else's database
+_SCHEMA = {"documents": {"id", "path", "content_hash", "text", "metadata", "n_bytes", "added_at"},
+           "doc_tokens": {"doc_id", "fingerprint", "n_tokens", "ids"},
+           "tokenizers": {"fingerprint", "name", "added_at"},
+           "history": {"id", "fingerprint", "n_tokens", "ids", "created_at"},
+           "meta": {"key", "value"}}
+
+
 def default_db_path() -> Path:
     """``$SUFFIXSPEC_DB``, else ``$XDG_DATA_HOME/suffixspec/index.db`` (``~/.local/share/suffixspec/index.db``)."""
     env = os.environ.get(DB_ENV)
@@ -160,13 +172,25 @@ class IndexStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.arrays_dir = Path(str(self.path) + ".arrays")
         self.sort_depth = sort_depth
-        conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open the index database {self.path}: {e}") from None
         self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA busy_timeout = 60000")
-        if self.db.journal_mode != "wal":
-            self.db.enable_wal()
-        self.db.execute("PRAGMA foreign_keys = ON")
-        self._create_schema()
+        try:
+            self.db.execute("PRAGMA busy_timeout = 60000")
+            self._check_schema()
+            if self.db.journal_mode != "wal":
+                self.db.enable_wal()
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._create_schema()
+        except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
+            conn.close()
+            raise StoreError(f"{self.path} is not a usable suffixspec index database ({e}); "
+                             "point --db / $SUFFIXSPEC_DB at another file or move this one away") from None
+        except StoreError:
+            conn.close()
+            raise
 
     def close(self) -> None:
         self.db.conn.close()
@@ -176,6 +200,23 @@ class IndexStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_schema(self) -> None:
+        """Refuse another program's database instead of adding tables to it or failing later."""
+        tables = set(self.db.table_names())
+        if not tables:
+            return  # a new (or empty) file: ours to create
+        if not tables & _SCHEMA.keys():
+            raise StoreError(f"{self.path} is a SQLite database of another program (tables: "
+                             f"{', '.join(sorted(tables)[:5])}), not a suffixspec index; "
+                             "point --db / $SUFFIXSPEC_DB at another file")
+        for table, cols in _SCHEMA.items():
+            if table in tables:
+                missing = cols - {c.name for c in self.db[table].columns}
+                if missing:
+                    raise StoreError(f"{self.path} has a '{table}' table without the column(s) "
+                                     f"{sorted(missing)}: not a suffixspec index (or one from an "
+                                     "incompatible version); point --db / $SUFFIXSPEC_DB at another file")
 
     def _create_schema(self) -> None:
         db = self.db

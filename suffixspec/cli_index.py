@@ -16,9 +16,12 @@ _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffi
 
 
 def _open_store(db: str | None):
-    from index.store import IndexStore
+    from index.store import IndexStore, StoreError
 
-    return IndexStore(db)
+    try:
+        return IndexStore(db)
+    except StoreError as e:  # corrupt or foreign file: one clear line, not a traceback
+        raise click.ClickException(str(e)) from None
 
 
 def _human(n: float) -> str:

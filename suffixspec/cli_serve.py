@@ -74,8 +74,13 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
     cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, api_key=api_key,
                        served_model_name=served_model_name, max_queue=max_queue, max_tokens_limit=max_tokens_limit,
                        max_body_bytes=int(max_body_mb * 1024 * 1024))
+    from index.store import StoreError
+
     click.echo(f"loading {model} ...", err=True)
-    app = create_app(cfg)
+    try:
+        app = create_app(cfg)
+    except StoreError as e:  # corrupt or foreign --db: a clear error and exit 1, not a traceback
+        raise click.ClickException(str(e)) from None
 
     def ready(server) -> None:
         click.echo(f"suffixspec serving {app.extensions['suffixspec'].model_id} on "
