@@ -363,8 +363,9 @@ class IndexStore:
             ids: list[int] = []
             for k in keys:
                 row = None
-                if isinstance(k, int) or (isinstance(k, str) and k.isdigit()):
-                    row = conn.execute("SELECT id FROM documents WHERE id = ?", [int(k)]).fetchone()
+                if isinstance(k, int) or (isinstance(k, str) and k.isascii() and k.isdigit()):
+                    if 0 <= int(k) < 2**63:  # beyond SQLite's INTEGER no document can have that id
+                        row = conn.execute("SELECT id FROM documents WHERE id = ?", [int(k)]).fetchone()
                 if row is None:
                     row = conn.execute("SELECT id FROM documents WHERE path = ?", [str(k)]).fetchone()
                 if row is None and os.path.exists(str(k)):

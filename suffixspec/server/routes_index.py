@@ -103,7 +103,7 @@ def delete_documents() -> Response:
     for v in ids:
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             raise invalid(f"document ids must be integers or strings, got {json.dumps(v)}", "ids", "invalid_type")
-        norm.append(int(v) if isinstance(v, str) and v.isdigit() else v)
+        norm.append(int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else v)  # not int("²")
     removed = _store_call(spec.remove_documents, norm)
     return jsonify({"object": "list", "deleted": removed, "ids": norm})
 
