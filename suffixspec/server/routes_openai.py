@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from .validation import GenRequest, check_reference_size, parse_chat, parse_comp
 from .worker import DONE, Job, JobFailed, QueueFull, ShuttingDown
 
 bp = Blueprint("openai", __name__)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape somewhere in the body
 
 
 def state() -> Any:
@@ -32,6 +34,12 @@ def read_json() -> dict:
         raise APIError(f"could not parse the JSON body: {e}", 400, code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(f"the JSON body must be an object, got {type(body).__name__}", 400, code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw):  # "\ud800" alone decodes to a str no tokenizer or database can take
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError("the JSON body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
+                           "pair); send valid Unicode text", 400, code="invalid_json") from None
     return body
 
 
