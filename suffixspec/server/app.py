@@ -83,11 +83,13 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     app.json.sort_keys = False  # keep OpenAI's field order
     app.extensions["suffixspec"] = ServerState(cfg, spec, worker, metrics, cfg.served_model_name or spec.model_name)
 
+    from .openapi import bp as openapi_bp
     from .routes_index import bp as index_bp
     from .routes_openai import bp as openai_bp
 
     app.register_blueprint(openai_bp)
     app.register_blueprint(index_bp)
+    app.register_blueprint(openapi_bp)  # GET /openapi.json
     _install_auth(app, cfg)
     _install_errors(app)
     _install_misc(app)
