@@ -31,6 +31,7 @@ from .speculate import SpecParams, SpecResult, speculate_from
 SEP = 0xFFFFFFFF  # sequence separator; never a real token id
 _SEP_BYTES = b"\xff\xff\xff\xff"
 DEFAULT_SORT_DEPTH = 256  # suffixes are ordered by this many tokens; match + draft depth stays below it
+_BUCKET_CAP = 1 << 18  # first-token bucket table entries (2 MiB); an id of 4e9 must not allocate 32 GB
 
 
 def pack_be(tokens: Sequence[int]) -> bytes:
@@ -125,14 +126,25 @@ class SuffixArray:
         n = self._n
         real = np.asarray(self.text)[np.asarray(self.sa)[: n - len(self.starts)]] if n else np.zeros(0, np.uint32)
         vocab = int(real[-1]) + 1 if len(real) else 0  # sorted: the last real suffix has the largest first token
+        self._n_real = len(real)
+        self._bucketed = vocab <= _BUCKET_CAP  # else ids >= the cap are found by bisect (table stays small)
+        vocab = min(vocab, _BUCKET_CAP)
         b = np.searchsorted(real, np.arange(vocab + 1, dtype=np.uint32)).astype(np.int64)
         return memoryview(b).cast("B").cast("q")
 
     def _bucket(self, tok: int) -> tuple[int, int]:
         b = self._buckets
-        if tok + 1 >= len(b):
+        if tok + 1 < len(b):
+            return b[tok], b[tok + 1]
+        if self._bucketed:
             return 0, 0
-        return b[tok], b[tok + 1]
+        pat, buf, base = tok.to_bytes(4, "big"), self._buf, self._base
+
+        def key(i: int) -> bytes:
+            return buf[base + 4 * i:base + 4 * i + 4]
+
+        lo = bisect_left(self._sa, pat, b[len(b) - 1], self._n_real, key=key)
+        return lo, bisect_right(self._sa, pat, lo, self._n_real, key=key)
 
     # ----- construction and persistence -------------------------------------------------------
     @classmethod
