@@ -154,9 +154,12 @@ class IncrementalIndex:
         if len(tokens) < 64:  # the per-step case (accepted draft + bonus token): append() inlined
             run = [int(t) for t in tokens]
             try:
-                self._buf += pack_be(run)
+                packed = pack_be(run)
             except struct.error:
                 raise ValueError("token ids must be in [0, 2**32 - 1)") from None
+            if SEP in run:  # packs fine but is the separator: a match would stop there, counts go wrong
+                raise ValueError("token ids must be in [0, 2**32 - 1)")
+            self._buf += packed
             prev1, prev3, head1, head3 = self._prev1, self._prev3, self._head1, self._head3
             shift, k2, p = self._shift, self._k2, self._n
             for tok in run:
