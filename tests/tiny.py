@@ -95,3 +95,30 @@ def build_tiny_model(arch: str, tokenizer_dir: Path, out_dir: Path, seed: int = 
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
+
+
+# Prompts and a logit bias under which a random tiny model's greedy output re-tokenizes to itself.
+CANDIDATES = ["class Point:", "def add(a, b):", "import os", "for i in range(10):", "The quick brown"]
+
+
+def word_bias(tokenizer) -> dict[int, float]:
+    """+100 on every token that is a space and letters and encodes alone (" self"): any run of them
+    survives decode -> encode, which lone byte tokens of a random model do not."""
+    vocab = tokenizer.get_vocab()
+    return {i: 100.0 for tok, i in vocab.items() if tok.startswith("\u0120") and tok[1:].isalpha()
+            and tokenizer.encode(" " + tok[1:], add_special_tokens=False) == [i]}
+
+
+def copyable(spec, max_tokens: int) -> tuple[str, str, dict[int, float]]:
+    """(prompt, greedy output, logit_bias): with that bias the output re-tokenizes to the same ids, alone
+    and after the prompt, so a reference, prediction or document holding the text can draft it."""
+    bias = word_bias(spec.tokenizer)
+    tok = spec.tokenizer
+    for prompt in CANDIDATES:
+        res = spec.generate(prompt, max_tokens=max_tokens, temperature=0.0, speculation=False, logit_bias=bias)
+        ids = res.token_ids
+        joined = tok.encode(prompt + res.text, add_special_tokens=False) == \
+            tok.encode(prompt, add_special_tokens=False) + ids
+        if tok.encode(res.text, add_special_tokens=False) == ids and joined and len(ids) == max_tokens:
+            return prompt, res.text, bias
+    raise AssertionError("no candidate prompt gives a re-tokenizable output; add candidates")
