@@ -291,3 +291,15 @@ def test_context_window(models, engine):
     prompt = "def add(a, b):\n    return a + b\n" * 2
     plain = _run(engine, None, prompt, sp, SpeculationConfig(enabled=False))
     assert _run(engine, p, prompt, sp).token_ids == plain.token_ids
+
+
+def test_token_healing_candidates(models):
+    """Text mode backs up the draft context's last token and redraws it among its extensions."""
+    p = BridgedDraftProposer(models["hetero"], models["target"].tokenizer, mode="text")
+    dv = p.bridge.draft
+    ids = [dv.by_bytes[b"r"], dv.by_bytes[b"e"]] if b"e" in dv.by_bytes else []
+    cands = p._heal_candidates([*ids, dv.by_bytes[b" "]]) if ids else None
+    if cands is not None:
+        assert all(dv.token_bytes[int(c)].startswith(b" ") for c in cands)
+    assert BridgedDraftProposer(models["hetero"], models["target"].tokenizer, heal=False)._heal_candidates(
+        [1, 2, 3]) is None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tokenizer_bridge import DraftContext, TokenBridge
+from tokenizer_bridge import BoundaryLattice, DraftContext, TokenBridge
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
 from . import RequestContext
@@ -47,12 +47,14 @@ class BridgedDraftProposer(ModelDrafter):
     """A draft model with its own tokenizer, bridged onto the target vocabulary.
 
     ``target_vocab_size``: width of the target's logits (``q`` rows). ``siblings``: how many
-    boundary-lattice alternatives to add next to the last drafted token (text mode).
+    boundary-lattice alternatives to add next to the last drafted token (text mode). ``heal``:
+    text mode redraws the context's last draft token among the tokens that extend it (token
+    healing), since the target's token boundaries are not the draft's.
     """
 
     def __init__(self, draft: LoadedModel, target_tokenizer: Any, target_vocab_size: int | None = None,
                  mode: str = "text", siblings: int = 2, length: AdaptiveLength | None = None,
-                 min_confidence: float = 0.3, context_window: int | None = None) -> None:
+                 min_confidence: float = 0.3, context_window: int | None = None, heal: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
         super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window)
@@ -66,6 +68,9 @@ class BridgedDraftProposer(ModelDrafter):
             self._to_draft = torch.as_tensor(inter.to_draft, device=self.runner.device)
         self.ctx: DraftContext | None = None
         self._keep = len(self.bridge.draft_prefix_ids())  # the draft's BOS stays when its context is cut
+        self.heal = heal
+        self._heal_cache: dict[bytes, torch.Tensor] = {}  # last token bytes -> draft ids extending them
+        self._draft_lattice: BoundaryLattice | None = None
         self._pushed = 0  # target tokens the draft context has seen
 
     def begin(self, request: RequestContext) -> None:
@@ -98,17 +103,28 @@ class BridgedDraftProposer(ModelDrafter):
 
     # -- text level ---------------------------------------------------------------------------------
     def _propose_text(self, context: Sequence[int], k: int, budget: int) -> Draft:
-        logits = self.runner.logits_after(self._window(self.ctx.ids, k, self._keep))
+        ids = self._window(self.ctx.ids, k, self._keep)
+        healed = self._heal_candidates(ids)
+        skip = b""
+        if healed is not None:
+            # token healing: the context's last draft token ("\n") may be the start of a longer
+            # token ("\n\n") the draft would write; back it up and let the draft redo it,
+            # restricted to tokens that begin with the same bytes
+            skip = self.bridge.draft.token_bytes[ids[-1]]
+            ids = ids[:-1]
+        logits = self.runner.logits_after(ids)
         d_tokens: list[int] = []
-        # draft tokens are shorter or longer than target tokens; draft a few more than k target tokens
         for i in range(k):
             probs = torch.softmax(logits.double(), dim=-1)
+            if i == 0 and healed is not None:
+                probs = torch.zeros_like(probs).index_copy_(0, healed, probs.index_select(0, healed))
+                probs = probs / probs.sum()
             tok = int(torch.argmax(probs))
             d_tokens.append(tok)
             if tok in self.bridge.draft_eos or i + 1 == k or self._unsure(probs, tok):
                 break
             logits = self.runner.extend(tok)
-        tr = self.bridge.translate(context, d_tokens, skip=self.ctx.pending)
+        tr = self.bridge.translate(context, d_tokens, skip=skip + self.ctx.pending)
         chain = tr.target_ids[: min(k, budget)]
         if not chain:
             return Draft()
@@ -121,6 +137,22 @@ class BridgedDraftProposer(ModelDrafter):
                 tokens.append(s)
                 parents.append(parents[len(chain) - 1])
         return Draft(tokens, parents, [SOURCE_DRAFT_MODEL] * len(tokens), score=float(len(chain)) / 2)
+
+    def _heal_candidates(self, ids: Sequence[int]) -> torch.Tensor | None:
+        """Draft ids whose bytes start with the last context token's bytes (None: nothing to heal)."""
+        if not self.heal or len(ids) <= self._keep + 1:
+            return None
+        last = self.bridge.draft.token_bytes[ids[-1]] if 0 <= ids[-1] < self.bridge.draft.size else None
+        if not last:
+            return None
+        hit = self._heal_cache.get(last)
+        if hit is None:
+            if self._draft_lattice is None:
+                self._draft_lattice = BoundaryLattice(self.bridge.draft)
+            cands = self._draft_lattice.completions(last, k=self._draft_lattice.max_scan)
+            hit = torch.as_tensor(cands, device=self.runner.device) if len(cands) > 1 else torch.empty(0)
+            self._heal_cache[last] = hit
+        return hit if hit.numel() > 1 else None
 
     # -- token-level intersection --------------------------------------------------------------------
     def _propose_intersection(self, k: int) -> Draft:
