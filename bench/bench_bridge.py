@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", default="text,intersection")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--min-confidence", type=float, default=0.3, help="our drafter's confidence cut-off")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
 
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
     encoded = [target.tokenizer(p, return_tensors="pt")["input_ids"].to(target.device) for p in prompts]
 
     modes = [m for m in args.modes.split(",") if m]
-    engines = {f"ours-{m}": Engine(target, [BridgedDraftProposer(draft, target.tokenizer, width, mode=m)])
+    engines = {f"ours-{m}": Engine(target, [BridgedDraftProposer(draft, target.tokenizer, width, mode=m,
+                                                                 min_confidence=args.min_confidence)])
                for m in modes}
     systems = ["plain", "hf-uag", *engines]
     times = {s: [] for s in systems}  # per repeat: total seconds over all prompts
