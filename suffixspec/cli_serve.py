@@ -19,7 +19,8 @@ _model_options = [
                  help="Draft model (any tokenizer). 'auto' = the embedded draft with the embedded target; "
                       "'none' = no draft model."),
     click.option("--db", type=click.Path(dir_okay=False), default=None,
-                 help="SQLite document store (as for `suffixspec index add --db`); default: in memory."),
+                 help="SQLite document store (as for `suffixspec index add --db`); default: $SUFFIXSPEC_DB, "
+                      "else ~/.local/share/suffixspec/index.db."),
     click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
     click.option("--dtype", default=None, help="Weights dtype: float32, bfloat16, float16 (default per device)."),
 ]

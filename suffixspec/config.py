@@ -40,6 +40,8 @@ class SamplingParams:
             self.stop = [self.stop]
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}

@@ -212,6 +212,7 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "top_k": 1.5}, "top_k"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 5}, "presence_penalty"),
     ("/v1/completions", {"prompt": "x", "seed": "s"}, "seed"),
+    ("/v1/completions", {"prompt": "x", "seed": -1, "temperature": 0.5}, "seed"),
     ("/v1/completions", {"prompt": "x", "stop": 3}, "stop"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),

@@ -227,7 +227,7 @@ def _sampling(body: dict, cfg: ServerConfig, vocab_size: int, max_tokens: int, l
             presence_penalty=get_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             frequency_penalty=get_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
             logit_bias=_logit_bias(body, vocab_size),
-            seed=get_int(body, "seed", None),
+            seed=get_int(body, "seed", None, lo=0, hi=2**63 - 1),
             stop=_stop(body, cfg),
             ignore_eos=get_bool(body, "ignore_eos", False),
             logprobs=logprobs,
