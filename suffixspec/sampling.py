@@ -88,19 +88,26 @@ class LogitsProcessor:
 
     def probs(self, processed: torch.Tensor) -> torch.Tensor:
         """Sampling distribution from processed logits: temperature, top-k, top-p, softmax. [rows, vocab]"""
-        p = self.params
-        x = processed / p.temperature
-        if p.top_k and p.top_k < x.shape[-1]:
-            kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]  # [rows, 1]
-            x = x.masked_fill(x < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_x, order = torch.sort(x, dim=-1, descending=True)
-            sorted_p = torch.softmax(sorted_x, dim=-1)
-            mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-            drop_sorted = mass_before >= p.top_p  # keep the smallest prefix whose mass reaches top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            x = x.masked_fill(drop, float("-inf"))
-        return torch.softmax(x.double(), dim=-1)
+        return warp(processed, self.params)
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p, then softmax in float64, over the last dimension ([..., vocab]).
+
+    The target's sampler and the draft models share it, so a draft's q is processed like p.
+    """
+    x = logits / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = mass_before >= params.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x.double(), dim=-1)
 
 
 def sample_inverse_cdf(p: torch.Tensor, u: float) -> int:

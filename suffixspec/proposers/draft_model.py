@@ -31,6 +31,7 @@ import torch
 
 from ..config import SamplingParams
 from ..draft import SOURCE_DRAFT_MODEL, Draft
+from ..sampling import warp
 from . import Proposer, RequestContext
 
 if TYPE_CHECKING:
@@ -97,21 +98,12 @@ class DraftRunner:
 
 
 def draft_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """The draft's sampling distribution [vocab] (float64): temperature, top-k, top-p, softmax.
+    """The draft's sampling distribution [vocab] (float64), processed like the target's (``sampling.warp``).
 
     Any distribution would keep verification lossless as long as it is the one the token was
     drawn from; processing it like the target's makes it closer to ``p`` (higher acceptance).
     """
-    x = logits.double() / sampling.temperature
-    if sampling.top_k and sampling.top_k < x.shape[-1]:
-        kth = torch.topk(x, sampling.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        drop_sorted = torch.cumsum(sorted_p, dim=-1) - sorted_p >= sampling.top_p
-        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
-    return torch.softmax(x, dim=-1)
+    return warp(logits.double(), sampling)
 
 
 def fit_width(row: torch.Tensor, width: int) -> torch.Tensor:
