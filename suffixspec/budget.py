@@ -75,3 +75,41 @@ class DraftGate:
     def observe(self, score: float, accepted: int) -> None:
         if score > 0:
             self.calibration = 0.8 * self.calibration + 0.2 * min(4.0, accepted / score)
+
+
+class ProposerGate:
+    """Per request: is a proposer worth its own time? (A draft model's forward passes are not free.)
+
+    A proposer that took ``s`` seconds per call and got ``a`` tokens accepted per call saves about
+    ``a * t(1)`` (plain steps avoided); it is skipped while ``a * t(1) < s``, and tried again every
+    ``explore_every`` skipped steps. Worked example: t(1) = 4 ms; a draft model taking 6 ms per call
+    with 0.5 accepted tokens saves 2 ms < 6 ms -> skipped; the suffix index at 0.1 ms with 0.5
+    accepted -> kept.
+    """
+
+    def __init__(self, cost: VerifyCost, explore_every: int = 8) -> None:
+        self.cost = cost
+        self.explore_every = explore_every
+        self.accepted: dict[int, float] = {}  # proposer index -> running mean of accepted tokens per call
+        self.seconds: dict[int, float] = {}  # proposer index -> running mean of seconds per call
+        self._skipped: dict[int, int] = {}
+        self.exploring = False  # a proposer was called this step only to re-measure it: verify its draft
+
+    def should_call(self, i: int) -> bool:
+        t1 = self.cost.estimate(1)
+        if t1 is None or i not in self.seconds or self.accepted[i] * t1 >= self.seconds[i]:
+            self._skipped[i] = 0
+            return True
+        self._skipped[i] = self._skipped.get(i, 0) + 1
+        if self._skipped[i] >= self.explore_every:
+            self._skipped[i] = 0
+            self.exploring = True
+            return True
+        return False
+
+    def observe(self, i: int, seconds: float, accepted: int) -> None:
+        if i not in self.seconds:
+            self.seconds[i], self.accepted[i] = seconds, float(accepted)
+        else:
+            self.seconds[i] = 0.8 * self.seconds[i] + 0.2 * seconds
+            self.accepted[i] = 0.8 * self.accepted[i] + 0.2 * accepted

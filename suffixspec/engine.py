@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .budget import DraftGate, VerifyCost
+from .budget import DraftGate, ProposerGate, VerifyCost
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
 from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES, SOURCE_TARGET, Draft
@@ -155,6 +155,7 @@ class Engine:
         finish = None
         ema_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step
         gate = DraftGate(self.verify_cost)
+        proposer_gate = ProposerGate(self.verify_cost) if spec.adaptive else None
         try:
             cache = self._new_cache()
             t = time.perf_counter()
@@ -175,9 +176,11 @@ class Engine:
                 if spec.adaptive:
                     budget = min(budget, max(4, round(4 + 2 * ema_accepted)))
                 t = time.perf_counter()
-                draft = self._propose(proposers, request.prompt_ids, output, budget, request.drafters)
-                if spec.adaptive and len(draft) and not gate.worth(len(draft), draft.score):
-                    draft = Draft()
+                draft, calls = self._propose(proposers, request.prompt_ids, output, budget, request.drafters,
+                                             proposer_gate)
+                exploring = proposer_gate is not None and proposer_gate.exploring
+                if spec.adaptive and len(draft) and not exploring and not gate.worth(len(draft), draft.score):
+                    draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
                 logits = self._forward([last, *draft.tokens], cache, draft.parents, past)
                 self.verify_cost.observe(1 + len(draft), time.perf_counter() - t_proposed)
@@ -213,6 +216,9 @@ class Engine:
                 ema_accepted = 0.7 * ema_accepted + 0.3 * len(kept_sources)
                 if len(draft):
                     gate.observe(draft.score, len(kept_sources))
+                if proposer_gate is not None:
+                    for i, seconds, own in calls:
+                        proposer_gate.observe(i, seconds, sum(1 for src in kept_sources if src in own))
                 for p in proposers:
                     p.update(new[:committed])
                 pieces = tracker.release(final=finish is not None)
@@ -230,16 +236,25 @@ class Engine:
         yield StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
 
     def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
-                 allowed: tuple[str, ...] | None) -> Draft:
+                 allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None
+                 ) -> tuple[Draft, list[tuple[int, float, set[str]]]]:
+        """The merged draft, and per proposer called: (index, seconds, sources it drafted)."""
         if budget <= 0 or not proposers:
-            return Draft()
+            return Draft(), []
         context = prompt + output
         drafts = []
-        for p in proposers:
+        calls = []
+        if proposer_gate is not None:
+            proposer_gate.exploring = False
+        for i, p in enumerate(proposers):
+            if proposer_gate is not None and not proposer_gate.should_call(i):
+                continue
+            t = time.perf_counter()
             d = p.propose(context, budget)
+            calls.append((i, time.perf_counter() - t, set(d.sources)))
             if len(d) and (allowed is None or all(_drafter_of(s) in allowed for s in d.sources)):
                 drafts.append(d)
-        return merge_drafts(drafts, budget)
+        return merge_drafts(drafts, budget), calls
 
     # ----------------------------------------------------------------- model calls
     def _new_cache(self) -> Any:

@@ -44,3 +44,15 @@ def test_calibration_tracks_acceptance():
     for _ in range(30):
         gate.observe(score=4.0, accepted=1)
     assert gate.calibration == pytest.approx(0.25, abs=0.01)
+
+
+def test_proposer_gate_skips_a_slow_unhelpful_proposer_and_keeps_a_cheap_one():
+    from suffixspec.budget import ProposerGate
+
+    cost = VerifyCost()
+    cost.observe(1, 0.004)
+    gate = ProposerGate(cost, explore_every=4)
+    gate.observe(0, seconds=0.006, accepted=0)  # a draft model whose tokens are never accepted
+    gate.observe(1, seconds=0.0001, accepted=1)  # the suffix index
+    assert [gate.should_call(0) for _ in range(8)] == [False, False, False, True] * 2
+    assert all(gate.should_call(1) for _ in range(8))
