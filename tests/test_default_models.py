@@ -63,6 +63,15 @@ def test_draft_writes_python(draft):
     assert "\n" in text and any(kw in text for kw in ("if ", "def ", "return", "self", "for ", "None")), text
 
 
+def test_target_copies_from_context(target):
+    # The target starts from a built-in induction circuit (see its model card): code that appeared
+    # earlier in the prompt is continued verbatim once its last 8+ tokens are repeated.
+    code = SNIPPET + "\ndef render(rows, sep=', '):\n    return '\\n'.join(sep.join(map(str, r)) for r in rows)\n"
+    cue = code[: code.index(" value = ")]
+    text = greedy(target, code + "\n\n" + cue, 12)
+    assert (cue + text).startswith(code[: len(cue) + 20]), text
+
+
 def test_tokenizers_differ(target, draft):
     t, d = target.tokenizer, draft.tokenizer
     assert len(t) != len(d)
