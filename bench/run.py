@@ -109,6 +109,7 @@ def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any
 def run_workload(bench: Bench, name: str, systems: tuple[str, ...], n: int, max_tokens: int,
                  log=print) -> dict[str, list[Run]]:
     requests, docs = build(name, bench.target.tokenizer, n, max_tokens)
+    _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
         runs: dict[str, list[Run]] = {}

@@ -124,15 +124,18 @@ def test_full_queue_answers_503_with_retry_after_then_recovers(tiny_model_dirs, 
     with BackgroundServer(app, threads=12) as srv:
         body = {"prompt": "import os", "max_tokens": 3, "temperature": 0}
         with ThreadPoolExecutor(3) as pool:
-            held = [pool.submit(post, srv.url, "/v1/completions", body) for _ in range(3)]  # 1 running + 2 queued
-            deadline = time.monotonic() + 30
-            while (st.worker.queue_length() < 2 or not st.worker.busy()) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            statuses = [post(srv.url, "/v1/completions", body) for _ in range(4)]
-            for status, headers, raw in statuses:
-                assert status == 503 and headers["retry-after"] == "3"
-                assert json.loads(raw)["error"]["code"] == "queue_full"
-            gate.set()
+            try:
+                held = [pool.submit(post, srv.url, "/v1/completions", body) for _ in range(3)]  # 1 running + 2 queued
+                deadline = time.monotonic() + 120  # a bound for a loaded CPU; the loop ends as soon as it holds
+                while (st.worker.queue_length() < 2 or not st.worker.busy()) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert st.worker.queue_length() == 2 and st.worker.busy(), "the queue never filled"
+                statuses = [post(srv.url, "/v1/completions", body, timeout=30) for _ in range(4)]
+                for status, headers, raw in statuses:
+                    assert status == 503 and headers["retry-after"] == "3"
+                    assert json.loads(raw)["error"]["code"] == "queue_full"
+            finally:
+                gate.set()  # never leave the engine held (and its thread alive) for the next tests
             assert [f.result()[0] for f in held] == [200, 200, 200]
         st.worker.engine.stream = real_stream
         assert post(srv.url, "/v1/completions", body)[0] == 200
