@@ -68,7 +68,8 @@ def _chat(tokenizer, user: str) -> str:
 
 def build(name: str, tokenizer, n: int, max_tokens: int, seed: int = 0) -> tuple[list[Request], list[tuple[str, str]]]:
     """The requests of workload ``name`` and the documents to index first (path, text)."""
-    rng = random.Random(f"{name}-{seed}")
+    # with and without prediction are the same requests, so their rows compare one to one
+    rng = random.Random(f"{name.removesuffix('_prediction')}-{seed}")
     files = heldout_texts()
     rng.shuffle(files)
     if name in ("code_edit", "code_edit_prediction"):
