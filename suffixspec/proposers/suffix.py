@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from index.fingerprint import tokenizer_fingerprint
@@ -67,6 +67,10 @@ class SuffixConfig:
     merge: bool = True  # merge all sources' drafts into one tree; False = pick the best-scoring draft
     history_tokens: int = 1_000_000  # output-history budget in tokens (oldest outputs evicted)
     max_candidates: int = 128  # occurrences examined per lookup in the incremental indexes
+    # The request's own references and prediction are text the output is expected to repeat, so
+    # their drafts may run longer than the match that found them (match_len * factor + offset).
+    reference_spec_factor: float = 4.0
+    reference_spec_offset: float = 8.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= 256:
@@ -186,9 +190,12 @@ class SuffixProposer(Proposer):
                                              (SOURCE_PREDICTION, self._prediction)]
         if self.history is not None and self.history.num_tokens:
             candidates.append((SOURCE_HISTORY, self.history.index))
+        ref_params = replace(params, max_spec_factor=max(params.max_spec_factor, self.config.reference_spec_factor),
+                             max_spec_offset=max(params.max_spec_offset, self.config.reference_spec_offset))
         for source, idx in candidates:
             if idx is not None and self._allows(source):
-                res = idx.speculate(context, params, depth)
+                own = ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params
+                res = idx.speculate(context, own, depth)
                 if len(res):
                     out.append((source, res))
         if self.documents is not None and self._allows(SOURCE_DOCUMENTS):
