@@ -133,11 +133,8 @@ def list_cmd(db: str | None, as_json: bool) -> None:
     """
     import json
 
-    store = _open_store(db)
-    try:
+    with _open_store(db) as store:
         rows = store.list_documents()
-    finally:
-        store.close()
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, ensure_ascii=False))
@@ -161,11 +158,8 @@ def remove_cmd(keys: tuple[str, ...], db: str | None) -> None:
     Example:
       suffixspec index remove 3 /home/me/docs/old.md
     """
-    store = _open_store(db)
-    try:
+    with _open_store(db) as store:
         n = store.remove(list(keys))
-    finally:
-        store.close()
     click.echo(f"removed {n} document(s)")
     if n < len(keys):
         click.echo(f"warning: {len(keys) - n} key(s) matched no document", err=True)
@@ -183,11 +177,8 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
     """
     import json
 
-    store = _open_store(db)
-    try:
+    with _open_store(db) as store:
         st = store.stats()
-    finally:
-        store.close()
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return

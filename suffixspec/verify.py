@@ -66,9 +66,10 @@ def verify_tree(
         children = kids.get(cur, [])
         pos = position + len(path)
         if greedy:
-            nxt = _match(draft, children, greedy_token(processed))
+            y = greedy_token(processed)
+            nxt = _match(draft, children, y)
             if nxt is None:
-                return VerifyOutcome(_path_nodes(draft, cur), greedy_token(processed), rows, processed_rows)
+                return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
         else:
             p = processor.probs(processed[None])[0]  # [vocab] float64
             if children and all(draft.has_q(c) for c in children):
