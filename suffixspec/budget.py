@@ -85,11 +85,18 @@ class ProposerGate:
     ``explore_every`` skipped steps. Worked example: t(1) = 4 ms; a draft model taking 6 ms per call
     with 0.5 accepted tokens saves 2 ms < 6 ms -> skipped; the suffix index at 0.1 ms with 0.5
     accepted -> kept.
+
+    A proposer cheaper than ``cheap_fraction`` of a plain step is never skipped: skipping it saves
+    almost nothing, while one unlucky call (0 accepted) would otherwise switch it off for
+    ``explore_every`` steps, and those are often the first steps of a copy (the suffix index on a
+    looping or copying output lost 7 of every 8 steps that way). Whether its draft is worth a
+    verify pass is :class:`DraftGate`'s call.
     """
 
-    def __init__(self, cost: VerifyCost, explore_every: int = 8) -> None:
+    def __init__(self, cost: VerifyCost, explore_every: int = 8, cheap_fraction: float = 0.05) -> None:
         self.cost = cost
         self.explore_every = explore_every
+        self.cheap_fraction = cheap_fraction  # a proposer costing under this fraction of t(1) always runs
         self.accepted: dict[int, float] = {}  # proposer index -> running mean of accepted tokens per call
         self.seconds: dict[int, float] = {}  # proposer index -> running mean of seconds per call
         self._skipped: dict[int, int] = {}
@@ -97,7 +104,8 @@ class ProposerGate:
 
     def should_call(self, i: int) -> bool:
         t1 = self.cost.estimate(1)
-        if t1 is None or i not in self.seconds or self.accepted[i] * t1 >= self.seconds[i]:
+        if (t1 is None or i not in self.seconds or self.seconds[i] <= self.cheap_fraction * t1
+                or self.accepted[i] * t1 >= self.seconds[i]):
             self._skipped[i] = 0
             return True
         self._skipped[i] = self._skipped.get(i, 0) + 1

@@ -56,3 +56,15 @@ def test_proposer_gate_skips_a_slow_unhelpful_proposer_and_keeps_a_cheap_one():
     gate.observe(1, seconds=0.0001, accepted=1)  # the suffix index
     assert [gate.should_call(0) for _ in range(8)] == [False, False, False, True] * 2
     assert all(gate.should_call(1) for _ in range(8))
+
+
+def test_proposer_gate_never_skips_a_cheap_proposer_after_a_miss():
+    from suffixspec.budget import ProposerGate
+
+    cost = VerifyCost()
+    cost.observe(1, 0.004)
+    gate = ProposerGate(cost, explore_every=4)
+    gate.observe(0, seconds=0.0001, accepted=0)  # the suffix index missed once (2.5% of a step)
+    gate.observe(1, seconds=0.0004, accepted=0)  # 10% of a step, never accepted: skipped
+    assert all(gate.should_call(0) for _ in range(8))
+    assert [gate.should_call(1) for _ in range(4)] == [False, False, False, True]
