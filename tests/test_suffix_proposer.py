@@ -175,3 +175,53 @@ def test_engine_greedy_equality(llama, tmp_path, tree):
             accepted += stats["accepted_tokens"]
     assert drafted > 0 and accepted > 0  # the proposer was exercised, not idle
     assert proposer.history.num_outputs == 2 * len(PROMPTS)
+
+
+def test_extend_periodic_worked_example_and_refusals():
+    from index.speculate import SpecResult
+    from suffixspec.proposers.suffix import extend_periodic
+
+    context = [1, 2, 3, 7, 8, 9, 7, 8]
+    res = SpecResult([9, 7, 8], [-1, 0, 1], [1.0, 1.0, 1.0], 3.0, 2)
+    extend_periodic(context, res, 7)
+    assert (res.token_ids, res.parents) == ([9, 7, 8, 9, 7, 8, 9], [-1, 0, 1, 2, 3, 4, 5])
+    assert res.score == pytest.approx(7.0)
+    for tokens, parents in (([9, 7, 5], [-1, 0, 1]),  # not a copy of the context's tail
+                            ([9, 7, 8], [-1, 0, 0])):  # a tree, not a chain
+        res = SpecResult(list(tokens), list(parents), [1.0] * 3, 3.0, 2)
+        extend_periodic(context, res, 7)
+        assert res.token_ids == tokens
+
+
+@pytest.mark.parametrize("periodic,expected", [(True, [3, 4, 1, 2, 3, 4]), (False, [3, 4, 1, 2])])
+def test_looping_output_drafts_past_the_live_end(periodic, expected):
+    loop = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # match "1 2 3 4 1 2" (6 tokens) ends 4 tokens back
+    p = SuffixProposer(config=SuffixConfig(periodic=periodic), history=False)
+    p.begin(RequestContext(prompt_ids=loop))
+    assert p.propose(loop, 16).tokens == expected
+
+
+@pytest.mark.parametrize("tokens,expected", [([12, 13, 14], 2), ([12, 99], 0), ([50], 0), ([12], 1)])
+def test_confirmed_run(tokens, expected):
+    from suffixspec.draft import Draft
+    from suffixspec.proposers.suffix import confirmed_run
+
+    # chain [12, 13]: confirmed to its leaf (2), missed (0), or a prefix that was all the output had (1)
+    assert confirmed_run(Draft.chain([12, 13], SOURCE_PROMPT), tokens) == expected
+
+
+def test_copy_regime_grows_the_draft_past_its_match_and_ends_at_a_miss():
+    prompt = list(range(10, 60))
+    p = SuffixProposer(config=SuffixConfig(copy_growth=2.0), history=False)
+    p.begin(RequestContext(prompt_ids=prompt))
+    context = prompt + [10, 11]  # the output starts copying the prompt: match "10 11"
+    assert p.propose(context, 32).tokens == [12, 13]  # match_len 2 -> 2 tokens
+    p.update([12, 13, 14])  # both accepted, then the target's own 14
+    context += [12, 13, 14]
+    d = p.propose(context, 32)
+    assert d.tokens == list(range(15, 24))  # match 5 + 2 * 2 confirmed = 9 tokens (5 without the regime)
+    p.update([15, 16, 99])  # a miss ends the regime
+    context += [15, 16, 99]
+    p.update([10, 11])
+    context += [10, 11]
+    assert p.propose(context, 32).tokens == [12, 13]

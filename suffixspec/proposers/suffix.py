@@ -71,10 +71,19 @@ class SuffixConfig:
     # their drafts may run longer than the match that found them (match_len * factor + offset).
     reference_spec_factor: float = 4.0
     reference_spec_offset: float = 8.0
+    # Copy regime: when the output confirmed the last draft to its end, the next draft may be
+    # ``copy_growth`` times as long as the confirmed run whatever its match length (doubling, as a
+    # slow start does); the first miss ends the regime and the match-length cap applies again.
+    copy_growth: float = 2.0
+    # A draft from the request's own text that ran into the live end of the context (the output
+    # repeats itself with period = the draft's length) continues periodically up to its cap.
+    periodic: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= 256:
             raise ValueError(f"max_depth must be between 1 and 256, got {self.max_depth}")
+        if self.copy_growth < 0:
+            raise ValueError(f"copy_growth must be >= 0 (0 = off), got {self.copy_growth}")
         if self.history_tokens < 1:
             raise ValueError(f"history_tokens must be >= 1, got {self.history_tokens}")
         SpecParams(0, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)  # validates
@@ -116,6 +125,8 @@ class SuffixProposer(Proposer):
         self._ctx_len = 0
         self._allowed: tuple[str, ...] | None = None
         self._doc_hint: int | None = None
+        self._last: Draft | None = None  # the draft of the last step, to see how much of it came true
+        self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
 
     # ----- corpus ------------------------------------------------------------------------------------
     def reload_documents(self) -> None:
@@ -142,12 +153,15 @@ class SuffixProposer(Proposer):
         if request.prediction_ids:
             self._prediction = IncrementalIndex.from_sequences([request.prediction_ids], self.config.max_candidates)
         self._doc_hint = None
+        self._last, self._copy_run = None, 0
 
     def update(self, new_tokens: Sequence[int]) -> None:
         if self._request is None:
             return
         self._request.extend(list(new_tokens))
         self._ctx_len += len(new_tokens)
+        self._copy_run = confirmed_run(self._last, new_tokens) if self._last is not None else 0
+        self._last = None
         if self._doc_hint is not None:
             self._doc_hint += len(new_tokens)
 
@@ -173,14 +187,19 @@ class SuffixProposer(Proposer):
             self._request = IncrementalIndex(cfg.max_candidates)
             self._request.extend(list(context))
             self._ctx_len = len(context)
-        params = SpecParams(budget, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.tree)
+        offset = max(cfg.max_spec_offset, cfg.copy_growth * self._copy_run)
+        params = SpecParams(budget, cfg.max_spec_factor, offset, cfg.min_token_prob, cfg.tree)
         results = self.speculate_all(context, params)
         if not results:
+            self._last = None
             return Draft()
         if cfg.merge and len(results) > 1:
-            return merge_by_probability(results, budget)
-        source, best = max(results, key=lambda r: r[1].score)
-        return Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
+            draft = merge_by_probability(results, budget)
+        else:
+            source, best = max(results, key=lambda r: r[1].score)
+            draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
+        self._last = draft
+        return draft
 
     def speculate_all(self, context: Sequence[int], params: SpecParams) -> list[tuple[str, SpecResult]]:
         """Non-empty drafts of every allowed source, as ``(source, SpecResult)``."""
@@ -196,6 +215,8 @@ class SuffixProposer(Proposer):
             if idx is not None and self._allows(source):
                 own = ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params
                 res = idx.speculate(context, own, depth)
+                if source == SOURCE_PROMPT and self.config.periodic:
+                    extend_periodic(context, res, own.limit(res.match_len))
                 if len(res):
                     out.append((source, res))
         if self.documents is not None and self._allows(SOURCE_DOCUMENTS):
@@ -204,6 +225,47 @@ class SuffixProposer(Proposer):
             if len(res):
                 out.append((SOURCE_DOCUMENTS, res))
         return out
+
+
+def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> int:
+    """How many tokens of ``draft`` the output confirmed, if it confirmed a whole path; else 0.
+
+    The path is followed by token from the root. It counts as confirmed to its end when it reached a
+    leaf, or when every new token was on it (the engine verified only a prefix of a longer draft).
+    Example: draft chain ``[4, 5, 6]``, new tokens ``[4, 5, 6, 9]`` -> 3; ``[4, 5, 8]`` -> 0.
+    """
+    kids: dict[int, list[int]] = {}
+    for i, par in enumerate(draft.parents):
+        kids.setdefault(par, []).append(i)
+    cur, hit = -1, 0
+    for tok in new_tokens:
+        nxt = next((c for c in kids.get(cur, ()) if draft.tokens[c] == tok), None)
+        if nxt is None:
+            break
+        cur, hit = nxt, hit + 1
+    return hit if hit and (cur not in kids or hit == len(new_tokens)) else 0
+
+
+def extend_periodic(context: Sequence[int], res: SpecResult, limit: int) -> None:
+    """Continue a chain draft that is a copy of the context's last ``m`` tokens with period ``m``.
+
+    The request's own index cannot draft past its live end: when the output repeats itself (its
+    matched occurrence ends ``m`` tokens back), the draft stops after ``m`` tokens although the copy
+    goes on with the draft itself. Example: context ``... 7 8 9 7 8``, match ``7 8`` -> draft ``[9, 7,
+    8]`` (= the last 3 tokens) -> with ``limit`` 7: ``[9, 7, 8, 9, 7, 8, 9]``, each at the last node's
+    probability.
+    """
+    m, n = len(res), len(context)
+    if m == 0 or m >= limit or m > n or any(par != i - 1 for i, par in enumerate(res.parents)):
+        return
+    if list(context[n - m:]) != res.token_ids:
+        return
+    prob = res.probs[-1]
+    while len(res.token_ids) < limit:
+        res.parents.append(len(res.token_ids) - 1)
+        res.token_ids.append(res.token_ids[-m])
+        res.probs.append(prob)
+    res.score = sum(res.probs)
 
 
 def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int) -> Draft:
