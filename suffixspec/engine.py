@@ -154,6 +154,7 @@ class Engine:
         logprobs: list[dict] | None = [] if sampling.logprobs is not None else None
         finish = None
         ema_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step
+        copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
         gate = DraftGate(self.verify_cost)
         proposer_gate = ProposerGate(self.verify_cost) if spec.adaptive else None
         try:
@@ -173,8 +174,8 @@ class Engine:
                     finish = "length"
                     break
                 budget = min(spec.max_draft_tokens, remaining - 1, room)
-                if spec.adaptive:
-                    budget = min(budget, max(4, round(4 + 2 * ema_accepted)))
+                if spec.adaptive:  # a fully accepted draft (copying) may double; a miss falls back to the mean
+                    budget = min(budget, max(4, round(4 + 2 * ema_accepted), 2 * copy_run + 2))
                 t = time.perf_counter()
                 draft, calls = self._propose(proposers, request.prompt_ids, output, budget, request.drafters,
                                              proposer_gate)
@@ -211,9 +212,11 @@ class Engine:
                                      for k in range(committed)]
                     logprobs.extend(step_logprobs)
                 kept_sources = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
-                stats.record_step(draft.sources, draft.depths(), kept_sources)
+                depths = draft.depths()
+                stats.record_step(draft.sources, depths, kept_sources)
                 stats.output_tokens = len(output)
                 ema_accepted = 0.7 * ema_accepted + 0.3 * len(kept_sources)
+                copy_run = len(kept_sources) if len(draft) and len(kept_sources) == max(depths) else 0
                 if len(draft):
                     gate.observe(draft.score, len(kept_sources))
                 if proposer_gate is not None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.draft import Draft
 from suffixspec.engine import Engine
 from suffixspec.kv import keep_accepted, tree_inputs
 from suffixspec.loading import load_model
@@ -232,3 +233,31 @@ def test_tree_inputs_mask_and_positions():
     allowed = (mask[0, 0] == 0).int().tolist()
     assert allowed == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]
     assert pos.tolist() == [[2, 3, 4, 4]]
+
+
+class _SilentThenOracle(OracleProposer):
+    """Drafts nothing for the first ``quiet`` output tokens, then the plain output; records budgets."""
+
+    def __init__(self, expected, vocab_size, quiet: int) -> None:
+        super().__init__(expected, vocab_size)
+        self.quiet = quiet
+        self.calls: list[tuple[int, int]] = []  # (output length, budget) per propose call
+
+    def propose(self, context, budget):
+        done = len(context) - self._prompt_len
+        self.calls.append((done, budget))
+        return super().propose(context, budget) if done >= self.quiet else Draft()
+
+
+def test_budget_doubles_while_drafts_are_fully_accepted(engines):
+    engine = engines["llama"]
+    sp = SamplingParams(max_tokens=200, ignore_eos=True)
+    plain = _generate(engine, [], PROMPTS[0], sp, speculation=False)
+    proposer = _SilentThenOracle(plain.token_ids, engine.vocab_size, quiet=20)
+    spec = _generate(engine, [proposer], PROMPTS[0], sp, SpeculationConfig(max_draft_tokens=64))
+    assert spec.token_ids == plain.token_ids
+    copying = [b for done, b in proposer.calls if done >= 20]
+    assert copying[0] <= 6  # 20 empty steps pulled the running mean down
+    # each fully accepted draft doubles the next budget (slow start) up to the cap
+    k = copying.index(64)
+    assert k <= 5 and all(b < c for b, c in zip(copying[:k], copying[1:k + 1], strict=True))
