@@ -54,6 +54,8 @@ def verify_tree(
 ) -> VerifyOutcome:
     kids = _children(draft)
     greedy = processor.params.greedy
+    if greedy and not processor.uses_penalties:
+        return _greedy_walk(draft, kids, processor.process(logits))
     cur = -1  # current node; -1 = root
     path: list[int] = []  # tokens accepted so far in this walk
     rows: list[int] = []
@@ -83,6 +85,23 @@ def verify_tree(
                     return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
         cur = nxt
         path.append(draft.tokens[nxt])
+
+
+def _greedy_walk(draft: Draft, kids: dict[int, list[int]], processed: torch.Tensor) -> VerifyOutcome:
+    """The greedy walk when no row depends on its path (no penalties): one argmax over all rows.
+
+    processed: [1 + num_nodes, vocab]; row ``i + 1`` belongs to node ``i``, as in :func:`verify_tree`.
+    """
+    best = processed.argmax(dim=-1).tolist()  # [1 + num_nodes]; ties -> lowest id, as greedy_token
+    cur = -1
+    rows: list[int] = []
+    while True:
+        rows.append(cur + 1)
+        y = best[cur + 1]
+        nxt = _match(draft, kids.get(cur, []), y)
+        if nxt is None:
+            return VerifyOutcome(_path_nodes(draft, cur), y, rows, [processed[r] for r in rows])
+        cur = nxt
 
 
 def _match(draft: Draft, children: list[int], token: int) -> int | None:

@@ -150,3 +150,42 @@ def test_greedy_ties_break_to_lowest_id():
     proc = LogitsProcessor(SamplingParams(), 6)
     out = verify_tree(Draft.chain([4], "prompt"), logits, proc, PositionRNG(0), 0)
     assert out.accepted == [] and out.token == 2
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(logit_bias={1: 0.5, 3: -0.5}),
+                                    SamplingParams(presence_penalty=0.9, frequency_penalty=0.4)],
+                         ids=["plain", "bias", "penalties"])
+def test_greedy_walk_equals_a_row_by_row_walk(params):
+    from suffixspec.sampling import greedy_token
+
+    rng = np.random.default_rng(3)
+    vocab = 4  # few tokens and rounded logits: many ties and many accepted nodes
+    for _ in range(200):
+        n = int(rng.integers(0, 10))
+        parents = [int(rng.integers(-1, i)) for i in range(n)]
+        tokens = [int(rng.integers(0, vocab)) for _ in range(n)]
+        seen, keep = set(), []
+        for i, (tok, par) in enumerate(zip(tokens, parents, strict=True)):
+            if (par, tok) not in seen and (par < 0 or par in keep):
+                seen.add((par, tok))
+                keep.append(i)
+        remap = {old: new for new, old in enumerate(keep)}
+        draft = Draft([tokens[i] for i in keep], [remap.get(parents[i], -1) for i in keep], ["prompt"] * len(keep))
+        logits = torch.from_numpy(rng.normal(size=(len(keep) + 1, vocab)).round(0)).float()
+        proc = LogitsProcessor(params, vocab)
+        proc.observe(1)
+        out = verify_tree(draft, logits, proc, PositionRNG(0), 0)
+        cur, path, accepted = -1, [], []  # reference: process and argmax each row along its own path
+        while True:
+            y = greedy_token(proc.process(logits[cur + 1 : cur + 2], [path])[0])
+            nxt = next((c for c, par in enumerate(draft.parents) if par == cur and draft.tokens[c] == y), None)
+            if nxt is None:
+                break
+            cur = nxt
+            path.append(y)
+            accepted.append(nxt)
+        assert (out.accepted, out.token) == (accepted, y)
+        assert len(out.processed) == len(accepted) + 1
+        ref_rows = [proc.process(logits[r : r + 1], [[draft.tokens[a] for a in accepted[:k]]])[0]
+                    for k, r in enumerate(out.rows)]
+        assert all(torch.equal(a, b) for a, b in zip(out.processed, ref_rows, strict=True))
