@@ -174,6 +174,14 @@ class ModelDrafter(Proposer):
         # the draft's own randomness: reproducible for seeded requests, independent of the target's
         self._gen.manual_seed((seed * 7919 + 12345 + self._seed_offset) % 2**63)
 
+    def _prefill(self, ids: Sequence[int], keep: int = 0) -> None:
+        """Feed the prompt to the draft model now (all but its last token, which the first
+        ``propose`` feeds), so a request's first draft costs one short forward pass like every
+        other, and the engine's proposer gate measures a drafter by its per-step cost."""
+        ids = self._window(ids, self.length.value, keep)
+        if self.enabled and len(ids) > max(1, keep + 1):
+            self.runner.logits_after(ids[:-1])
+
     def update(self, new_tokens: Sequence[int]) -> None:
         if self._chain and new_tokens:
             accepted = common_prefix(self._chain, list(new_tokens)[:-1])
@@ -219,6 +227,10 @@ class DraftModelProposer(ModelDrafter):
         super().__init__(draft, length, min_confidence=min_confidence, context_window=context_window)
         self.target_vocab_size = target_vocab_size or self.runner.vocab_size
         self.sample = sample
+
+    def begin(self, request: RequestContext) -> None:
+        super().begin(request)
+        self._prefill(request.prompt_ids)
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         k = min(budget, self.length.value, self.context_window // 2)
