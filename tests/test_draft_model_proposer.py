@@ -60,6 +60,8 @@ DRAFTERS = {
     "text": lambda m: make_draft_proposer(m["hetero"], m["target"]),
     "text-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="text", min_confidence=0.0),
     "intersection": lambda m: make_draft_proposer(m["hetero"], m["target"], mode="intersection"),
+    "intersection-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="intersection",
+                                                        min_confidence=0.0),
 }
 DETERMINISTIC = ("same-argmax", "text", "text-self")  # no q: seeded sampling gives identical tokens
 
@@ -83,7 +85,7 @@ def test_greedy_equals_plain(models, engine, kind):
         spec = _run(engine, proposer, prompt, sp, SpeculationConfig(adaptive=False))
         assert spec.token_ids == plain.token_ids, (kind, prompt)
         assert spec.stats.drafted_tokens > 0
-        if kind in ("same-self", "text-self"):
+        if kind in ("same-self", "text-self", "intersection-self"):
             assert spec.stats.mean_accepted_length > 1.5 and spec.stats.steps < plain.stats.steps / 2
 
 
@@ -305,3 +307,68 @@ def test_token_healing_candidates(models):
         assert all(dv.token_bytes[int(c)].startswith(b" ") for c in cands)
     assert BridgedDraftProposer(models["hetero"], models["target"].tokenizer, heal=False)._heal_candidates(
         [1, 2, 3]) is None
+
+
+def test_intersection_healing_twins(models):
+    """Greedy intersection healing: each candidate extends the context's last draft token ``B`` and
+    its remainder's target twin spells exactly the bytes after ``B`` (-1 only for ``B`` itself)."""
+    p = BridgedDraftProposer(models["hetero"], models["target"].tokenizer, mode="intersection")
+    dv, tv = p.bridge.draft, p.bridge.target
+    checked = 0
+    for last in range(dv.size):
+        b = dv.token_bytes[last]
+        if not b:
+            continue
+        hit = p._heal_twins([1, 5, last])
+        if hit is None:
+            continue
+        cands, twins = hit
+        for d, t in zip(cands.tolist(), twins, strict=True):
+            assert dv.token_bytes[d].startswith(b)
+            if t < 0:
+                assert d == last
+            else:
+                assert tv.token_bytes[t] == dv.token_bytes[d][len(b):]
+        checked += 1
+        if checked >= 20:
+            break
+    assert checked > 0
+    assert BridgedDraftProposer(models["hetero"], models["target"].tokenizer, mode="intersection",
+                                heal=False)._heal_twins([1, 5, 7]) is None
+
+
+@pytest.mark.parametrize("mode", ["text", "intersection"])
+def test_runner_up_branch(models, mode):
+    """The draft's runner-up first token is offered as a second first-position branch; without
+    ``alternatives`` every greedy draft has a single first token."""
+    tok = models["target"].tokenizer
+    roots = {}
+    for alternatives in (0, 1):
+        p = BridgedDraftProposer(models["hetero"], tok, mode=mode, siblings=0, alternatives=alternatives,
+                                 alt_confidence=0.0)
+        n = 0
+        for prompt in PROMPTS:
+            ids = tok.encode(prompt)
+            p.begin(RequestContext(prompt_ids=ids))
+            d = p.propose(ids, 12)
+            firsts = [t for t, par in zip(d.tokens, d.parents, strict=True) if par == -1]
+            assert len(firsts) == len(set(firsts)) <= 1 + alternatives
+            n += len(firsts) > 1
+        roots[alternatives] = n
+    assert roots[0] == 0 and roots[1] > 0
+    with pytest.raises(ValueError):
+        BridgedDraftProposer(models["hetero"], tok, alternatives=-1)
+
+
+@pytest.mark.parametrize("kind", ["same-other", "text", "intersection"])
+def test_draft_prefilled_in_begin(models, kind):
+    """``begin`` feeds the prompt to the draft model, so the first ``propose`` runs one short
+    forward pass (the engine's proposer gate then measures the drafter by its per-step cost)."""
+    p = DRAFTERS[kind](models)
+    ids = models["target"].tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
+    p.begin(RequestContext(prompt_ids=ids))
+    seen = len(p.runner.ids)
+    full = len(p.ctx.ids) if hasattr(p, "ctx") else len(ids)
+    assert full - 2 <= seen < full
+    p.propose(ids, 4)
+    assert p.runner.ids[:seen] == (p.ctx.ids if hasattr(p, "ctx") else ids)[:seen]

@@ -6,11 +6,22 @@ Two modes:
   target tokenizer (look-behind window) and the boundary lattice adds the other target tokens
   that could spell the draft's last, possibly unfinished, word as siblings. No ``q``: the one-hot
   rule verifies it, lossless at any temperature. Draft tokens are the draft's argmax (the choice
-  that maximizes the chance ``y ~ p`` lands on the node).
+  that maximizes the chance ``y ~ p`` lands on the node); the draft's runner-up first token
+  (``alternatives``, when its probability reaches ``alt_confidence``) is translated too and
+  offered as a second first-position branch.
 - ``"intersection"``: at every step the draft distribution is restricted to the tokens both
   vocabularies spell the same way and renormalized; the drafted token is a target token sampled
   from that distribution, which is reported as ``q`` (the ``min(1, p/q)`` rule). Greedy requests
-  take the argmax of the restricted distribution and omit ``q``.
+  take the argmax of the restricted distribution (computed over the draft ids that have a twin,
+  never spread onto the target vocabulary), omit ``q``, and get text mode's token healing,
+  boundary siblings and runner-up branch.
+
+Token healing (text mode and greedy intersection mode): the target's context often ends on a token the
+draft would have merged with what follows (the target wrote ``"\\n"``, the draft would write
+``"\\n\\n"``); the draft backs up its context's last token and redraws it among the tokens that
+extend it, and the drafted text starts after the bytes the context already holds. Without it a
+weak draft loses most first tokens at such boundaries (measured on the embedded pair: tokens per
+step 1.09 -> 1.31 in intersection mode).
 
 The draft's context is kept in draft tokens by :class:`tokenizer_bridge.DraftContext`: each step
 the target's new tokens are appended as bytes and only a look-behind window is re-encoded; the
@@ -47,29 +58,40 @@ class BridgedDraftProposer(ModelDrafter):
     """A draft model with its own tokenizer, bridged onto the target vocabulary.
 
     ``target_vocab_size``: width of the target's logits (``q`` rows). ``siblings``: how many
-    boundary-lattice alternatives to add next to the last drafted token (text mode). ``heal``:
-    text mode redraws the context's last draft token among the tokens that extend it (token
-    healing), since the target's token boundaries are not the draft's.
+    boundary-lattice alternatives to add next to the last drafted token (text mode, greedy
+    intersection). ``heal``: redraw the context's last draft token among the tokens that extend
+    it (token healing), since the target's token boundaries are not the draft's.
+    ``alternatives``: how many of the draft's runner-up first tokens (each with probability at
+    least ``alt_confidence``) to add as further first-position branches (text mode, greedy
+    intersection); a weak draft's first token is its most often accepted one.
     """
 
     def __init__(self, draft: LoadedModel, target_tokenizer: Any, target_vocab_size: int | None = None,
                  mode: str = "text", siblings: int = 2, length: AdaptiveLength | None = None,
-                 min_confidence: float = 0.3, context_window: int | None = None, heal: bool = True) -> None:
+                 min_confidence: float = 0.3, context_window: int | None = None, heal: bool = True,
+                 alternatives: int = 1, alt_confidence: float = 0.05) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
         super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window)
         self.mode = mode
         self.siblings = siblings
+        if alternatives < 0 or not 0.0 <= alt_confidence <= 1.0:
+            raise ValueError(f"need alternatives >= 0 and 0 <= alt_confidence <= 1, got {alternatives}, {alt_confidence}")
+        self.alternatives = alternatives
+        self.alt_confidence = alt_confidence
         self.bridge = TokenBridge.cached(target_tokenizer, draft.tokenizer, target_size=target_vocab_size,
                                          draft_size=self.runner.vocab_size)
         self.target_vocab_size = self.bridge.target_size
         if mode == "intersection":
             inter = self.bridge.intersection  # built once per tokenizer pair
             self._to_draft = torch.as_tensor(inter.to_draft, device=self.runner.device)
+            self._mapped_draft = torch.as_tensor(inter.draft_ids, device=self.runner.device)
+            self._mapped_target = inter.target_ids.tolist()  # parallel to _mapped_draft
         self.ctx: DraftContext | None = None
         self._keep = len(self.bridge.draft_prefix_ids())  # the draft's BOS stays when its context is cut
         self.heal = heal
         self._heal_cache: dict[bytes, torch.Tensor] = {}  # last token bytes -> draft ids extending them
+        self._twin_cache: dict[bytes, tuple[torch.Tensor, list[int]] | None] = {}
         self._draft_lattice: BoundaryLattice | None = None
         self._pushed = 0  # target tokens the draft context has seen
 
@@ -77,6 +99,8 @@ class BridgedDraftProposer(ModelDrafter):
         super().begin(request)
         self.ctx = self.bridge.draft_context(request.prompt_ids) if self.enabled else None
         self._pushed = len(request.prompt_ids)
+        if self.ctx is not None:
+            self._prefill(self.ctx.ids, self._keep)
 
     def update(self, new_tokens: Sequence[int]) -> None:
         super().update(new_tokens)
@@ -99,7 +123,7 @@ class BridgedDraftProposer(ModelDrafter):
         k = min(budget, self.length.value, self.context_window // 2)
         if self.mode == "text":
             return self._propose_text(context, k, budget)
-        return self._propose_intersection(k)
+        return self._propose_intersection(k, budget)
 
     # -- text level ---------------------------------------------------------------------------------
     def _propose_text(self, context: Sequence[int], k: int, budget: int) -> Draft:
@@ -114,12 +138,19 @@ class BridgedDraftProposer(ModelDrafter):
             ids = ids[:-1]
         logits = self.runner.logits_after(ids)
         d_tokens: list[int] = []
+        runner_up: list[int] = []
         for i in range(k):
             probs = torch.softmax(logits.double(), dim=-1)
             if i == 0 and healed is not None:
                 probs = torch.zeros_like(probs).index_copy_(0, healed, probs.index_select(0, healed))
                 probs = probs / probs.sum()
-            tok = int(torch.argmax(probs))
+            if i == 0 and self.alternatives:
+                top = torch.topk(probs, 1 + self.alternatives)
+                tok = int(top.indices[0])
+                runner_up = [int(t) for v, t in zip(top.values[1:], top.indices[1:], strict=True)
+                             if float(v) >= self.alt_confidence]
+            else:
+                tok = int(torch.argmax(probs))
             d_tokens.append(tok)
             if tok in self.bridge.draft_eos or i + 1 == k or self._unsure(probs, tok):
                 break
@@ -136,7 +167,21 @@ class BridgedDraftProposer(ModelDrafter):
             for s in self.bridge.siblings(chain[-1], tr.rest, k=min(self.siblings, room)):
                 tokens.append(s)
                 parents.append(parents[len(chain) - 1])
+        for alt in runner_up:
+            # the draft's runner-up first token, translated: a second branch at the root
+            first = self.bridge.translate(context, [alt], skip=skip + self.ctx.pending).target_ids[:1]
+            if first:
+                self._add_root(tokens, parents, first[0], budget)
         return Draft(tokens, parents, [SOURCE_DRAFT_MODEL] * len(tokens), score=float(len(chain)) / 2)
+
+    @staticmethod
+    def _add_root(tokens: list[int], parents: list[int], token: int | None, budget: int) -> None:
+        """Add ``token`` as a first-position branch unless it is there or the budget is spent."""
+        if token is None or len(tokens) >= budget:
+            return
+        if not any(p == -1 and t == token for t, p in zip(tokens, parents, strict=True)):
+            tokens.append(token)
+            parents.append(-1)
 
     def _heal_candidates(self, ids: Sequence[int]) -> torch.Tensor | None:
         """Draft ids whose bytes start with the last context token's bytes (None: nothing to heal)."""
@@ -155,19 +200,18 @@ class BridgedDraftProposer(ModelDrafter):
         return hit if hit.numel() > 1 else None
 
     # -- token-level intersection --------------------------------------------------------------------
-    def _propose_intersection(self, k: int) -> Draft:
-        logits = self.runner.logits_after(self._window(self.ctx.ids, k, self._keep))
-        greedy = self.sampling.greedy
+    def _propose_intersection(self, k: int, budget: int) -> Draft:
+        ids = self._window(self.ctx.ids, k, self._keep)
+        if self.sampling.greedy:
+            return self._intersection_greedy(ids, k, budget)
+        logits = self.runner.logits_after(ids)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
-            if greedy:
-                q = self.bridge.map_q(torch.softmax(logits.double(), dim=-1))  # [target_vocab]
-            else:
-                q = self.bridge.map_q(draft_probs(logits, self.sampling))  # [target_vocab]
+            q = self.bridge.map_q(draft_probs(logits, self.sampling))  # [target_vocab]
             if float(q.sum()) <= 0.0:  # no mass on the intersection
                 break
-            tok = int(torch.argmax(q)) if greedy else self._sample(q)
+            tok = self._sample(q)
             tokens.append(tok)
             rows.append(q)
             if tok in self.bridge.target_eos or i + 1 == k or self._unsure(q, tok):
@@ -176,5 +220,76 @@ class BridgedDraftProposer(ModelDrafter):
         if not tokens:
             return Draft()
         self._chain = tokens
-        q_rows = None if greedy else torch.stack(rows)  # [nodes, target_vocab]
-        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=q_rows, score=float(len(tokens)) / 2)
+        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=torch.stack(rows), score=float(len(tokens)) / 2)
+
+    def _intersection_greedy(self, ids: list[int], k: int, budget: int) -> Draft:
+        """Greedy: the argmax over the draft tokens that have a target twin (no ``q`` is needed, so
+        the distribution is never spread onto the target vocabulary), plus the same boundary
+        siblings as text mode (one-hot rule).
+
+        Token healing as in text mode: when the context's last draft token ``B`` ("\\n") begins
+        longer draft tokens, the draft redraws it among them; a redrawn ``B + R`` ("\\n\\n")
+        drafts the target twin of the remainder ``R`` ("\\n").
+        """
+        tokens: list[int] = []
+        runner_up: list[int] = []
+        heal = self._heal_twins(ids)
+        logits = None
+        if heal is not None:
+            cands, twins = heal
+            probs = torch.softmax(self.runner.logits_after(ids[:-1]).index_select(0, cands).double(), dim=-1)
+            top = torch.topk(probs, min(1 + self.alternatives, probs.numel()))
+            best = int(top.indices[0])
+            runner_up = [twins[int(t)] for v, t in zip(top.values[1:], top.indices[1:], strict=True)
+                         if twins[int(t)] >= 0 and float(v) >= self.alt_confidence]
+            if twins[best] >= 0:  # the draft writes B + R: R's twin is the first draft token
+                tokens.append(twins[best])
+                if twins[best] in self.bridge.target_eos or k == 1 or self._unsure(probs, best):
+                    k = 0
+                else:
+                    logits = self.runner.extend(int(cands[best]))
+            # else the draft keeps B as it is: draft on after it, as without healing
+        if logits is None and k:
+            logits = self.runner.logits_after(ids)
+        for i in range(len(tokens), k):
+            probs = torch.softmax(logits.index_select(0, self._mapped_draft).double(), dim=-1)
+            first = i == 0 and heal is None
+            top = torch.topk(probs, min(1 + (self.alternatives if first else 0), probs.numel()))
+            tok = int(self._mapped_target[int(top.indices[0])])
+            if first:
+                runner_up = [int(self._mapped_target[int(t)]) for v, t in
+                             zip(top.values[1:], top.indices[1:], strict=True) if float(v) >= self.alt_confidence]
+            tokens.append(tok)
+            if tok in self.bridge.target_eos or i + 1 == k or self._unsure(probs, int(top.indices[0])):
+                break
+            logits = self.runner.extend(int(self._mapped_draft[int(top.indices[0])]))
+        chain = tokens[:budget]
+        self._chain = chain
+        parents = list(range(-1, len(chain) - 1))
+        if self.siblings and chain and chain[-1] not in self.bridge.target_eos:
+            for s in self.bridge.siblings(chain[-1], k=min(self.siblings, budget - len(tokens))):
+                tokens.append(s)
+                parents.append(parents[len(chain) - 1])
+        for alt in runner_up:
+            self._add_root(tokens, parents, alt, budget)
+        return Draft(tokens, parents, [SOURCE_DRAFT_MODEL] * len(tokens), score=float(len(chain)) / 2)
+
+    def _heal_twins(self, ids: Sequence[int]) -> tuple[torch.Tensor, list[int]] | None:
+        """Healing candidates for the intersection: draft ids extending the last context token
+        ``B`` and, per candidate, the target twin of its remainder (-1 for ``B`` itself)."""
+        cands = self._heal_candidates(ids)
+        if cands is None:
+            return None
+        last = self.bridge.draft.token_bytes[ids[-1]]
+        hit = self._twin_cache.get(last)
+        if hit is None:
+            keep, twins = [], []
+            for d in cands.tolist():
+                rest = self.bridge.draft.token_bytes[d][len(last):]
+                t = self.bridge.target.by_bytes.get(rest, -1) if rest else -1
+                if t < self.target_vocab_size and (t >= 0 or d == ids[-1]):
+                    keep.append(d)
+                    twins.append(t)
+            hit = (torch.as_tensor(keep, device=self.runner.device), twins) if len(keep) > 1 else None
+            self._twin_cache[last] = hit
+        return hit
