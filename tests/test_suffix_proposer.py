@@ -201,13 +201,30 @@ def test_looping_output_drafts_past_the_live_end(periodic, expected):
     assert p.propose(loop, 16).tokens == expected
 
 
-@pytest.mark.parametrize("tokens,expected", [([12, 13, 14], 2), ([12, 99], 0), ([50], 0), ([12], 1)])
+@pytest.mark.parametrize("tokens,expected", [([12, 13, 14], (2, SOURCE_HISTORY)), ([12, 99], (0, None)),
+                                             ([50], (0, None)), ([12], (1, SOURCE_PROMPT))])
 def test_confirmed_run(tokens, expected):
     from suffixspec.draft import Draft
     from suffixspec.proposers.suffix import confirmed_run
 
     # chain [12, 13]: confirmed to its leaf (2), missed (0), or a prefix that was all the output had (1)
-    assert confirmed_run(Draft.chain([12, 13], SOURCE_PROMPT), tokens) == expected
+    draft = Draft([12, 13], [-1, 0], [SOURCE_PROMPT, SOURCE_HISTORY])
+    assert confirmed_run(draft, tokens) == expected
+
+
+def test_merge_gives_the_copied_source_the_budget_first():
+    from index.speculate import SpecResult
+
+    a = SpecResult([5, 6, 7], [-1, 0, 1], [1.0, 1.0, 1.0], 3.0, 3)  # two single-occurrence paths
+    b = SpecResult([5, 8, 9], [-1, 0, 1], [1.0, 1.0, 1.0], 3.0, 3)
+    both = [(SOURCE_PREDICTION, a), (SOURCE_PROMPT, b)]
+    d = merge_by_probability(both, budget=3)  # shared 5, then the paths share the depth
+    assert (d.tokens, d.parents) == ([5, 6, 8], [-1, 0, 0])
+    d = merge_by_probability(both, budget=3, prefer=SOURCE_PROMPT)  # 5 is the prediction's: 8, 9 still follow it
+    assert (d.tokens, d.parents, d.sources) == ([5, 8, 9], [-1, 0, 1], [SOURCE_PREDICTION, SOURCE_PROMPT,
+                                                                          SOURCE_PROMPT])
+    d = merge_by_probability([(SOURCE_PROMPT, b), (SOURCE_PREDICTION, a)], budget=4, prefer=SOURCE_PREDICTION)
+    assert (d.tokens, d.parents) == ([5, 6, 7, 8], [-1, 0, 1, 0])
 
 
 def test_copy_regime_grows_the_draft_past_its_match_and_ends_at_a_miss():

@@ -127,6 +127,7 @@ class SuffixProposer(Proposer):
         self._doc_hint: int | None = None
         self._last: Draft | None = None  # the draft of the last step, to see how much of it came true
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
+        self._copy_source: str | None = None  # the source of that confirmed path: it leads the next merge
 
     # ----- corpus ------------------------------------------------------------------------------------
     def reload_documents(self) -> None:
@@ -153,14 +154,14 @@ class SuffixProposer(Proposer):
         if request.prediction_ids:
             self._prediction = IncrementalIndex.from_sequences([request.prediction_ids], self.config.max_candidates)
         self._doc_hint = None
-        self._last, self._copy_run = None, 0
+        self._last, self._copy_run, self._copy_source = None, 0, None
 
     def update(self, new_tokens: Sequence[int]) -> None:
         if self._request is None:
             return
         self._request.extend(list(new_tokens))
         self._ctx_len += len(new_tokens)
-        self._copy_run = confirmed_run(self._last, new_tokens) if self._last is not None else 0
+        self._copy_run, self._copy_source = confirmed_run(self._last, new_tokens) if self._last else (0, None)
         self._last = None
         if self._doc_hint is not None:
             self._doc_hint += len(new_tokens)
@@ -194,7 +195,7 @@ class SuffixProposer(Proposer):
             self._last = None
             return Draft()
         if cfg.merge and len(results) > 1:
-            draft = merge_by_probability(results, budget)
+            draft = merge_by_probability(results, budget, prefer=self._copy_source)
         else:
             source, best = max(results, key=lambda r: r[1].score)
             draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
@@ -227,8 +228,9 @@ class SuffixProposer(Proposer):
         return out
 
 
-def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> int:
-    """How many tokens of ``draft`` the output confirmed, if it confirmed a whole path; else 0.
+def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | None]:
+    """How many tokens of ``draft`` the output confirmed, if it confirmed a whole path, and the source
+    of the path's last node; else ``(0, None)``.
 
     The path is followed by token from the root. It counts as confirmed to its end when it reached a
     leaf, or when every new token was on it (the engine verified only a prefix of a longer draft).
@@ -243,7 +245,9 @@ def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> int:
         if nxt is None:
             break
         cur, hit = nxt, hit + 1
-    return hit if hit and (cur not in kids or hit == len(new_tokens)) else 0
+    if hit and (cur not in kids or hit == len(new_tokens)):
+        return hit, draft.sources[cur]
+    return 0, None
 
 
 def extend_periodic(context: Sequence[int], res: SpecResult, limit: int) -> None:
@@ -268,12 +272,17 @@ def extend_periodic(context: Sequence[int], res: SpecResult, limit: int) -> None
     res.score = sum(res.probs)
 
 
-def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int) -> Draft:
+def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None) -> Draft:
     """One tree from several sources' drafts: shared token paths merge, a node keeps its highest
     probability (and that source); the ``budget`` most probable nodes are kept.
 
-    A child's probability never exceeds its parent's within one draft, hence also after taking maxima,
-    so sorting by (probability desc, depth asc) lists parents before their children.
+    ``prefer``: the source the output is copying from (its last draft was confirmed to the end): its
+    nodes rank before every other source's, so its path gets the budget's depth instead of sharing it
+    with equally "certain" single-occurrence paths of other sources (each at probability 1).
+
+    A node's rank never exceeds its parent's (probabilities do not grow along a draft's path, and the
+    preference bonus is capped by the parent's rank), so sorting by (rank desc, depth asc) lists
+    parents before their children.
     """
     key_to_node: dict[tuple[int, int], int] = {}
     tokens: list[int] = []
@@ -281,6 +290,7 @@ def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int) -> 
     probs: list[float] = []
     sources: list[str] = []
     depths: list[int] = []
+    preferred: list[bool] = []  # the preferred source proposed this node (whichever source keeps it)
     for source, res in results:
         local: list[int] = []
         for tok, par, p in zip(res.token_ids, res.parents, res.probs, strict=True):
@@ -294,11 +304,18 @@ def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int) -> 
                 probs.append(p)
                 sources.append(source)
                 depths.append(1 if mpar < 0 else depths[mpar] + 1)
+                preferred.append(source == prefer)
             elif p > probs[node]:
                 probs[node] = p
                 sources[node] = source
+            if source == prefer:
+                preferred[node] = True
             local.append(node)
-    order = sorted(range(len(tokens)), key=lambda i: (-probs[i], depths[i], i))[:budget]
+    rank: list[float] = []  # probability, + 1 on the preferred source's nodes, capped by the parent's rank
+    for i, p in enumerate(probs):
+        r = p + 1.0 if preferred[i] else p
+        rank.append(r if parents[i] < 0 else min(r, rank[parents[i]]))
+    order = sorted(range(len(tokens)), key=lambda i: (-rank[i], depths[i], i))[:budget]
     new_index = {old: new for new, old in enumerate(order)}
     return Draft([tokens[i] for i in order],
                  [-1 if parents[i] < 0 else new_index[parents[i]] for i in order],
