@@ -65,7 +65,7 @@ def test_draft_writes_python(draft):
 
 def test_target_copies_from_context(target):
     # The target starts from a built-in induction circuit (see its model card): code that appeared
-    # earlier in the prompt is continued verbatim once its last 8+ tokens are repeated.
+    # earlier in the prompt is continued verbatim once a few of its tokens are repeated (the copy follows the longest agreement with the last 16).
     code = SNIPPET + "\ndef render(rows, sep=', '):\n    return '\\n'.join(sep.join(map(str, r)) for r in rows)\n"
     cue = code[: code.index(" value = ")]
     text = greedy(target, code + "\n\n" + cue, 12)
