@@ -155,6 +155,7 @@ class Engine:
         finish = None
         ema_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step
         copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
+        copy_sources: set[str] = set()  # the sources of that path
         gate = DraftGate(self.verify_cost)
         proposer_gate = ProposerGate(self.verify_cost) if spec.adaptive else None
         try:
@@ -178,7 +179,7 @@ class Engine:
                     budget = min(budget, max(4, round(4 + 2 * ema_accepted), 2 * copy_run + 2))
                 t = time.perf_counter()
                 draft, calls = self._propose(proposers, request.prompt_ids, output, budget, request.drafters,
-                                             proposer_gate)
+                                             proposer_gate, copy_sources)
                 exploring = proposer_gate is not None and proposer_gate.exploring
                 if spec.adaptive and len(draft) and not exploring and not gate.worth(len(draft), draft.score):
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
@@ -217,11 +218,12 @@ class Engine:
                 stats.output_tokens = len(output)
                 ema_accepted = 0.7 * ema_accepted + 0.3 * len(kept_sources)
                 copy_run = len(kept_sources) if len(draft) and len(kept_sources) == max(depths) else 0
+                copy_sources = set(kept_sources) if copy_run else set()
                 if len(draft):
                     gate.observe(draft.score, len(kept_sources))
                 if proposer_gate is not None:
                     for i, seconds, own in calls:
-                        proposer_gate.observe(i, seconds, sum(1 for src in kept_sources if src in own))
+                        proposer_gate.observe(i, seconds, sum(1 for src in kept_sources if src in own), own)
                 for p in proposers:
                     p.update(new[:committed])
                 pieces = tracker.release(final=finish is not None)
@@ -239,9 +241,11 @@ class Engine:
         yield StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
 
     def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
-                 allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None
+                 allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None, copying: set[str]
                  ) -> tuple[Draft, list[tuple[int, float, set[str]]]]:
-        """The merged draft, and per proposer called: (index, seconds, sources it drafted)."""
+        """The merged draft, and per proposer called: (index, seconds, sources it drafted).
+
+        ``copying``: the sources of the last draft when it was accepted to its end (see ProposerGate)."""
         if budget <= 0 or not proposers:
             return Draft(), []
         context = prompt + output
@@ -250,7 +254,7 @@ class Engine:
         if proposer_gate is not None:
             proposer_gate.exploring = False
         for i, p in enumerate(proposers):
-            if proposer_gate is not None and not proposer_gate.should_call(i):
+            if proposer_gate is not None and not proposer_gate.should_call(i, copying):
                 continue
             t = time.perf_counter()
             d = p.propose(context, budget)

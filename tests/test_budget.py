@@ -68,3 +68,17 @@ def test_proposer_gate_never_skips_a_cheap_proposer_after_a_miss():
     gate.observe(1, seconds=0.0004, accepted=0)  # 10% of a step, never accepted: skipped
     assert all(gate.should_call(0) for _ in range(8))
     assert [gate.should_call(1) for _ in range(4)] == [False, False, False, True]
+
+
+def test_proposer_gate_calls_only_cheap_proposers_while_copying():
+    from suffixspec.budget import ProposerGate
+
+    cost = VerifyCost()
+    cost.observe(1, 0.004)
+    gate = ProposerGate(cost, explore_every=4)
+    gate.observe(0, seconds=0.0001, accepted=0, sources={"prompt"})  # the suffix index
+    gate.observe(1, seconds=0.002, accepted=3, sources={"draft_model"})  # a draft model that pays for itself
+    copy = {"prompt"}  # the last draft, all from the prompt, was accepted to its end
+    assert gate.should_call(0, copy) and gate.should_call(1) and not gate.should_call(1, copy)
+    assert gate.should_call(1, {"prompt", "draft_model"})  # the draft model's own draft is being copied
+    assert gate.should_call(2, copy)  # not measured yet: called
