@@ -9,8 +9,11 @@ Systems (same target model, same draft model, same prompts, same process):
   draft_model) and ``ours_all`` with every drafter.
 
 For each workload and system: tokens/s, speedup over ``hf_plain`` per request (median, min, max),
-mean accepted length (tokens per target forward pass), acceptance rate per source, proposal
-overhead per step, and whether every output is identical to ``hf_plain`` (greedy).
+target forward passes (counted with a hook on the target model for every system, prefill
+included, so prompt lookup's count compares with ours), mean accepted length (new tokens per
+target forward pass), acceptance rate per source, proposal overhead per step, and whether every
+output is identical to ``hf_plain`` (greedy). Systems take turns on each request, so a ratio
+compares runs made seconds apart.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class Run:
 
     seconds: float  # wall time of the whole request (prefill included)
     tokens: list[int]  # generated ids
-    steps: int | None = None  # target forward passes (ours only)
+    forwards: int  # target forward passes, prefill included (every system)
+    steps: int | None = None  # verify steps (ours only)
     stats: dict[str, Any] = field(default_factory=dict)  # RequestStats.to_dict() (ours only)
 
 
@@ -50,12 +54,16 @@ class Bench:
     draft: Any | None  # LoadedModel of the draft model (different tokenizer), or None
     draft_proposer: Any | None = None
     engine: Any = None
+    forwards: Any = None  # ForwardCounter on the target model
 
     def __post_init__(self) -> None:
         from suffixspec.engine import Engine
         from suffixspec.proposers.draft_model import make_draft_proposer
 
+        from .bench_bridge import ForwardCounter
+
         self.engine = Engine(self.target)
+        self.forwards = ForwardCounter(self.target.model)
         if self.draft is not None:
             self.draft_proposer = make_draft_proposer(self.draft, self.target)
 
@@ -71,10 +79,11 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
         kwargs["prompt_lookup_num_tokens"] = 10
     elif system == "hf_assisted":
         kwargs.update(assistant_model=bench.draft.model, tokenizer=tok, assistant_tokenizer=bench.draft.tokenizer)
+    calls = bench.forwards.calls
     t = time.perf_counter()
     with torch.inference_mode():
         out = bench.target.model.generate(ids, **kwargs)
-    return Run(time.perf_counter() - t, out[0, ids.shape[1]:].tolist())
+    return Run(time.perf_counter() - t, out[0, ids.shape[1]:].tolist(), bench.forwards.calls - calls)
 
 
 def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
@@ -83,11 +92,12 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     drafter = system.removeprefix("ours_")
     bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
     spec = SpeculationConfig(drafters=None if drafter == "all" else (drafter,))
+    calls = bench.forwards.calls
     t = time.perf_counter()
     res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
                                 spec, references=req.references or None, prediction=req.prediction)
     seconds = time.perf_counter() - t
-    return Run(seconds, res.token_ids, res.stats.steps, res.stats.to_dict())
+    return Run(seconds, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict())
 
 
 def _suffix_proposer(bench: Bench, documents: Any) -> Any:
@@ -108,24 +118,25 @@ def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any
 
 def run_workload(bench: Bench, name: str, systems: tuple[str, ...], n: int, max_tokens: int,
                  log=print) -> dict[str, list[Run]]:
+    """Every system serves each request in turn (request-major), so a system and its baseline run
+    seconds apart rather than minutes: load changes on a shared machine hit both alike. Each of our
+    systems keeps its own suffix proposer, so its output history sees the requests in order."""
     requests, docs = build(name, bench.target.tokenizer, n, max_tokens)
     _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
+    active = [s for s in systems if not (s == "hf_assisted" and bench.draft is None)
+              and not (s == "ours_draft_model" and bench.draft_proposer is None)]
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
-        runs: dict[str, list[Run]] = {}
-        for system in systems:
-            if system == "hf_assisted" and bench.draft is None:
-                continue
-            if system == "ours_draft_model" and bench.draft_proposer is None:
-                continue
-            suffix = _suffix_proposer(bench, documents)  # fresh history per system: the trace starts empty
-            runs[system] = []
-            for req in requests:
+        suffixes = {s: _suffix_proposer(bench, documents) for s in active if s.startswith("ours_")}
+        runs: dict[str, list[Run]] = {s: [] for s in active}
+        for req in requests:
+            for system in active:
                 if system.startswith("hf_"):
                     runs[system].append(_hf_generate(bench, system, req))
                 else:
-                    runs[system].append(_ours(bench, system, req, suffix))
-            log(f"  {name:22s} {system:18s} {_tps(runs[system]):8.1f} tok/s")
+                    runs[system].append(_ours(bench, system, req, suffixes[system]))
+    for system in active:
+        log(f"  {name:22s} {system:18s} {_tps(runs[system]):8.1f} tok/s")
     return runs
 
 
@@ -148,7 +159,9 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
                 "speedup_max": round(max(speedups), 3),
                 "identical": all(p.tokens == r.tokens for p, r in zip(plain, rs, strict=True)),
                 "tokens": sum(len(r.tokens) for r in rs),
+                "forward_passes": sum(r.forwards for r in rs),
             }
+            row["tokens_per_forward"] = round(row["tokens"] / max(1, row["forward_passes"]), 3)
             if rs and rs[0].steps is not None:
                 steps = sum(r.steps for r in rs)
                 drafted = sum(r.stats["drafted_tokens"] for r in rs)
@@ -172,15 +185,17 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    lines = ["| workload | system | tok/s | speedup (median, min–max) | mean accepted length | acceptance | "
-             "propose ms/step | identical |", "|---|---|---:|---:|---:|---:|---:|:---:|"]
+    lines = ["| workload | system | tok/s | speedup (median, min–max) | forward passes | tokens/forward | "
+             "mean accepted length | acceptance | propose ms/step | identical |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for workload, rows in summary.items():
         for system, r in rows.items():
             mal = f"{r['mean_accepted_length']:.2f}" if "mean_accepted_length" in r else "–"
             acc = f"{r['acceptance_rate']:.2f}" if "acceptance_rate" in r else "–"
             prop = f"{r['propose_ms_per_step']:.2f}" if "propose_ms_per_step" in r else "–"
             lines.append(f"| {workload} | {system} | {r['tokens_per_s']:.1f} | {r['speedup_median']:.2f}× "
-                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {mal} | {acc} | {prop} | "
+                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['forward_passes']} | "
+                         f"{r['tokens_per_forward']:.2f} | {mal} | {acc} | {prop} | "
                          f"{'yes' if r['identical'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
