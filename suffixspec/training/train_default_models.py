@@ -13,7 +13,7 @@ run are written into each model's training.json and can be replayed with ``--*-s
    full-vocabulary copies (``--target-minutes``);
 3. evaluation on the held-out files and the model cards.
 
-The shipped models: ``--draft-steps 274 --target-steps N`` with N from demo-target/training.json
+The shipped models: ``--draft-steps 483 --target-steps 969`` (the counts in each training.json)
 (``--reuse-draft`` retrains only the target and evaluates it against the draft already in ``--out``).
 """
 
@@ -321,8 +321,8 @@ def describe(model, tok, kind: str) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="suffixspec/default_models", help="directory for demo-target/ and demo-draft/")
-    ap.add_argument("--draft-minutes", type=float, default=4.0)
-    ap.add_argument("--target-minutes", type=float, default=20.0)
+    ap.add_argument("--draft-minutes", type=float, default=5.0)
+    ap.add_argument("--target-minutes", type=float, default=30.0)
     ap.add_argument("--lr", type=float, default=1e-3, help="target peak learning rate")
     ap.add_argument("--draft-steps", type=int, default=None, help="replay a step count instead of the time budget")
     ap.add_argument("--target-steps", type=int, default=None)
