@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from suffixspec.budget import VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import Draft
 from suffixspec.engine import Engine
@@ -249,10 +250,23 @@ class _SilentThenOracle(OracleProposer):
         return super().propose(context, budget) if done >= self.quiet else Draft()
 
 
-def test_budget_doubles_while_drafts_are_fully_accepted(engines):
+class _FlatCost(VerifyCost):
+    """A verify pass costs the same at every size and measurements are ignored: the cost gates then
+    pass every draft, whatever the machine's load (the budget rule is tested alone)."""
+
+    def __init__(self) -> None:
+        super().__init__(prior_slope=0.0)
+        self.times = {1: 1.0}
+
+    def observe(self, inputs: int, seconds: float) -> None:
+        pass
+
+
+def test_budget_doubles_while_drafts_are_fully_accepted(engines, monkeypatch):
     engine = engines["llama"]
     sp = SamplingParams(max_tokens=200, ignore_eos=True)
     plain = _generate(engine, [], PROMPTS[0], sp, speculation=False)
+    monkeypatch.setattr(engine, "verify_cost", _FlatCost())
     proposer = _SilentThenOracle(plain.token_ids, engine.vocab_size, quiet=20)
     spec = _generate(engine, [proposer], PROMPTS[0], sp, SpeculationConfig(max_draft_tokens=64))
     assert spec.token_ids == plain.token_ids
