@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--min-confidence", type=float, default=0.3, help="our drafter's confidence cut-off")
     ap.add_argument("--always", action="store_true",
                     help="also run our drafter with adaptive=False (draft and verify every step, as transformers)")
+    ap.add_argument("--compare-forward", action="store_true",
+                    help="also run each of our rows with the draft model's transformers forward instead of the lean "
+                         "one (rows suffixed -tf): the drafter's per-step cost before and after, in one run")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
 
@@ -202,16 +205,23 @@ def main(argv: list[str] | None = None) -> dict:
     encoded = [target.tokenizer(p, return_tensors="pt")["input_ids"].to(target.device) for p in prompts]
 
     modes = [m for m in args.modes.split(",") if m]
-    def ours(mode: str) -> Engine:
-        return Engine(target, [BridgedDraftProposer(draft, target.tokenizer, width, mode=mode,
-                                                    min_confidence=args.min_confidence)])
+    def ours(mode: str, lean: bool = True) -> Engine:
+        proposer = BridgedDraftProposer(draft, target.tokenizer, width, mode=mode, min_confidence=args.min_confidence)
+        if not lean:
+            proposer.runner.lean = None  # the draft model's own transformers forward
+        return Engine(target, [proposer])
 
-    engines = {f"ours-{m}": ours(m) for m in modes}
-    specs = {name: None for name in engines}  # None: the engine's default SpeculationConfig
-    if args.always:  # own engines: the engine's learned verify costs stay per system
-        for m in modes:
-            engines[f"ours-{m}-always"] = ours(m)
-            specs[f"ours-{m}-always"] = SpeculationConfig(adaptive=False)
+    engines: dict[str, Engine] = {}
+    specs: dict[str, SpeculationConfig | None] = {}  # None: the engine's default SpeculationConfig
+    for lean in (True, False) if args.compare_forward else (True,):
+        tag = "" if lean else "-tf"
+        for m in modes:  # own engines: the engine's learned verify costs stay per system
+            engines[f"ours-{m}{tag}"] = ours(m, lean)
+            specs[f"ours-{m}{tag}"] = None
+        if args.always:
+            for m in modes:
+                engines[f"ours-{m}-always{tag}"] = ours(m, lean)
+                specs[f"ours-{m}-always{tag}"] = SpeculationConfig(adaptive=False)
     systems = ["plain", "hf-uag", *engines]
     times = {s: [] for s in systems}  # per repeat: total seconds over all prompts
     steps = {s: 0 for s in systems}

@@ -124,6 +124,27 @@ def test_runner_cache_in_step(models):
     assert runner.cache.get_seq_length() == len(rewritten)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_forward_matches_transformers(tiny_model_dirs, arch):
+    """The lean draft forward (fused projections, preallocated cache) gives the transformers
+    forward's logits: prefill, one token at a time, several at once, and after a rewrite
+    (grouped-query attention; qwen2's q/k/v biases, made non-zero here)."""
+    loaded = load_model(str(tiny_model_dirs[arch]), device="cpu")
+    if arch == "qwen2":
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for layer in loaded.model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.copy_(torch.randn(proj.bias.shape, generator=g))
+    lean, ref = DraftRunner(loaded), DraftRunner(loaded, lean=False)
+    assert lean.lean is not None and ref.lean is None
+    ids = loaded.tokenizer.encode("def add(a, b):\n    return a + b  # 你好 🙂")
+    steps = [ids, ids + [5], ids + [5, 6], ids + [5, 6, 7, 8, 9], ids[:-3] + [11, 12], ids[:2], ids + [3]]
+    for seq in steps:
+        torch.testing.assert_close(lean.logits_after(seq), ref.logits_after(seq), atol=1e-4, rtol=1e-4)
+    assert lean.cache.get_seq_length() == len(steps[-1]) == ref.cache.get_seq_length()
+
+
 def test_adaptive_length():
     a = AdaptiveLength(start=4, low=1, high=6)
     a.observe(4, 4)
