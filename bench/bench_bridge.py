@@ -23,7 +23,8 @@ Prompts: the first lines of held-out standard-library files (``suffixspec/traini
 cut at a line boundary.
 
     python -m bench.bench_bridge [--target suffixspec/demo-target] [--draft suffixspec/demo-draft]
-                                 [--prompts 8] [--tokens 96] [--repeats 2] [--always] [--json out.json]
+                                 [--prompts 8] [--tokens 96] [--repeats 2] [--always] [--baseline]
+                                 [--json out.json]
 
 Without the embedded models (or with ``--tiny``), tiny random models stand in: a smoke run whose
 acceptance figures mean nothing. ``--trained-tiny STEPS`` trains a small pair with the project's
@@ -175,9 +176,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--min-confidence", type=float, default=0.3, help="our drafter's confidence cut-off")
     ap.add_argument("--always", action="store_true",
                     help="also run our drafter with adaptive=False (draft and verify every step, as transformers)")
-    ap.add_argument("--compare-forward", action="store_true",
-                    help="also run each of our rows with the draft model's transformers forward instead of the lean "
-                         "one (rows suffixed -tf): the drafter's per-step cost before and after, in one run")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run each of our rows as the drafter was before its lean forward and present defaults "
+                         "(the draft model's transformers forward, siblings=2, alternatives=1; rows suffixed -base): "
+                         "before and after in one run")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
 
@@ -205,22 +207,24 @@ def main(argv: list[str] | None = None) -> dict:
     encoded = [target.tokenizer(p, return_tensors="pt")["input_ids"].to(target.device) for p in prompts]
 
     modes = [m for m in args.modes.split(",") if m]
-    def ours(mode: str, lean: bool = True) -> Engine:
-        proposer = BridgedDraftProposer(draft, target.tokenizer, width, mode=mode, min_confidence=args.min_confidence)
-        if not lean:
+    def ours(mode: str, base: bool = False) -> Engine:
+        extra = {"siblings": 2, "alternatives": 1} if base else {}
+        proposer = BridgedDraftProposer(draft, target.tokenizer, width, mode=mode, min_confidence=args.min_confidence,
+                                        **extra)
+        if base:
             proposer.runner.lean = None  # the draft model's own transformers forward
         return Engine(target, [proposer])
 
     engines: dict[str, Engine] = {}
     specs: dict[str, SpeculationConfig | None] = {}  # None: the engine's default SpeculationConfig
-    for lean in (True, False) if args.compare_forward else (True,):
-        tag = "" if lean else "-tf"
+    for base in (False, True) if args.baseline else (False,):
+        tag = "-base" if base else ""
         for m in modes:  # own engines: the engine's learned verify costs stay per system
-            engines[f"ours-{m}{tag}"] = ours(m, lean)
+            engines[f"ours-{m}{tag}"] = ours(m, base)
             specs[f"ours-{m}{tag}"] = None
         if args.always:
             for m in modes:
-                engines[f"ours-{m}-always{tag}"] = ours(m, lean)
+                engines[f"ours-{m}-always{tag}"] = ours(m, base)
                 specs[f"ours-{m}-always{tag}"] = SpeculationConfig(adaptive=False)
     systems = ["plain", "hf-uag", *engines]
     times = {s: [] for s in systems}  # per repeat: total seconds over all prompts
@@ -282,11 +286,11 @@ def main(argv: list[str] | None = None) -> dict:
             r["meets_criterion"] = bool(r["tokens_per_step"] >= uag["tokens_per_step"]
                                         and r["tokens_per_s"] >= 1.3 * uag["tokens_per_s"])
     print(f"target={target_name} draft={draft_name} smoke={smoke} prompts={len(prompts)} tokens={args.tokens}")
-    print(f"{'system':26s} {'tok/s':>8s} {'x plain':>8s} {'tok/step':>9s} {'passes':>7s} {'equal':>7s} {'vs uag':>7s}"
+    print(f"{'system':30s} {'tok/s':>8s} {'x plain':>8s} {'tok/step':>9s} {'passes':>7s} {'equal':>7s} {'vs uag':>7s}"
           f" {'criterion':>9s}")
     for s, r in report["systems"].items():
         met = {True: "met", False: "not met"}.get(r.get("meets_criterion"), "")
-        print(f"{s:26s} {r['tokens_per_s']:8.1f} {r['speedup_over_plain']:8.2f} {r['tokens_per_step']:9.3f} "
+        print(f"{s:30s} {r['tokens_per_s']:8.1f} {r['speedup_over_plain']:8.2f} {r['tokens_per_step']:9.3f} "
               f"{r['target_passes']:7d} {r['outputs_equal_plain']:>7s} {r.get('speed_vs_hf_uag', ''):>7} {met:>9s}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

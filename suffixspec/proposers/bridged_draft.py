@@ -3,12 +3,13 @@
 Two modes:
 
 - ``"text"``: the draft writes text in its own tokens; the bridge re-encodes the new tail with the
-  target tokenizer (look-behind window) and the boundary lattice adds the other target tokens
-  that could spell the draft's last, possibly unfinished, word as siblings. No ``q``: the one-hot
+  target tokenizer (look-behind window) and, with ``siblings > 0`` (off by default), the boundary
+  lattice adds the other target tokens that could spell the draft's last, possibly unfinished,
+  word as siblings. No ``q``: the one-hot
   rule verifies it, lossless at any temperature. Draft tokens are the draft's argmax (the choice
-  that maximizes the chance ``y ~ p`` lands on the node); the draft's runner-up first token
-  (``alternatives``, when its probability reaches ``alt_confidence``) is translated too and
-  offered as a second first-position branch.
+  that maximizes the chance ``y ~ p`` lands on the node); the draft's runner-up first tokens
+  (``alternatives``, when their probability reaches ``alt_confidence``) are translated too and
+  offered as further first-position branches.
 - ``"intersection"``: at every step the draft distribution is restricted to the tokens both
   vocabularies spell the same way and renormalized; the drafted token is a target token sampled
   from that distribution, which is reported as ``q`` (the ``min(1, p/q)`` rule). Greedy requests
@@ -27,7 +28,7 @@ The draft's context is kept in draft tokens by :class:`tokenizer_bridge.DraftCon
 the target's new tokens are appended as bytes and only a look-behind window is re-encoded; the
 draft's KV cache is cropped to the common prefix of what it saw and the new ids.
 
-Worked example (text mode; target byte-level BPE, draft SentencePiece)::
+Worked example (text mode, ``siblings=2``; target byte-level BPE, draft SentencePiece)::
 
     target context  "...def add(a, b):\\n"      draft context  [..."▁def", "▁add", "(", "a", ",", "▁b", "):\\n"]
     draft argmax    ["▁", "▁", "▁", "▁return", "▁a"]  -> bytes b"    return a"
@@ -64,12 +65,17 @@ class BridgedDraftProposer(ModelDrafter):
     ``alternatives``: how many of the draft's runner-up first tokens (each with probability at
     least ``alt_confidence``) to add as further first-position branches (text mode, greedy
     intersection); a weak draft's first token is its most often accepted one.
+
+    Defaults measured on the embedded pair (8 held-out prompts x 48 tokens, greedy, drafting every
+    step): boundary siblings left tokens per target pass unchanged (text 1.123 with two, 1.120
+    without; intersection 1.200 both) while each verified node costs the target ~0.7 ms, so
+    ``siblings=0``; a second runner-up first token raised intersection mode to 1.211 for 0.3 nodes.
     """
 
     def __init__(self, draft: LoadedModel, target_tokenizer: Any, target_vocab_size: int | None = None,
-                 mode: str = "text", siblings: int = 2, length: AdaptiveLength | None = None,
+                 mode: str = "text", siblings: int = 0, length: AdaptiveLength | None = None,
                  min_confidence: float = 0.3, context_window: int | None = None, heal: bool = True,
-                 alternatives: int = 1, alt_confidence: float = 0.05) -> None:
+                 alternatives: int = 2, alt_confidence: float = 0.05) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
         super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window)
