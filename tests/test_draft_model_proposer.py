@@ -58,10 +58,11 @@ DRAFTERS = {
     "same-other": lambda m: make_draft_proposer(m["same"], m["target"], mode="same"),
     "same-argmax": lambda m: DraftModelProposer(m["same"], sample=False),
     "text": lambda m: make_draft_proposer(m["hetero"], m["target"]),
-    "text-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="text", min_confidence=0.0),
+    "text-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="text", min_confidence=0.0,
+                                                first_confidence=0.0),
     "intersection": lambda m: make_draft_proposer(m["hetero"], m["target"], mode="intersection"),
     "intersection-self": lambda m: BridgedDraftProposer(m["target"], m["target"].tokenizer, mode="intersection",
-                                                        min_confidence=0.0),
+                                                        min_confidence=0.0, first_confidence=0.0),
 }
 DETERMINISTIC = ("same-argmax", "text", "text-self")  # no q: seeded sampling gives identical tokens
 
@@ -195,7 +196,8 @@ def test_sampling_q_rows(models):
 
 def test_text_mode_siblings(models):
     """Text mode offers boundary-lattice siblings of the last drafted token."""
-    p = BridgedDraftProposer(models["hetero"], models["target"].tokenizer, mode="text", siblings=3)
+    p = BridgedDraftProposer(models["hetero"], models["target"].tokenizer, mode="text", siblings=3,
+                             first_confidence=0.0)
     ids = models["target"].tokenizer.encode("def add(a, b):\n    return a")
     p.begin(RequestContext(prompt_ids=ids))
     d = p.propose(ids, 12)
@@ -366,7 +368,7 @@ def test_runner_up_branch(models, mode):
     roots = {}
     for alternatives in (0, 1):
         p = BridgedDraftProposer(models["hetero"], tok, mode=mode, siblings=0, alternatives=alternatives,
-                                 alt_confidence=0.0)
+                                 alt_confidence=0.0, first_confidence=0.0)
         n = 0
         for prompt in PROMPTS:
             ids = tok.encode(prompt)
@@ -379,6 +381,25 @@ def test_runner_up_branch(models, mode):
     assert roots[0] == 0 and roots[1] > 0
     with pytest.raises(ValueError):
         BridgedDraftProposer(models["hetero"], tok, alternatives=-1)
+
+
+@pytest.mark.parametrize("mode", ["text", "intersection"])
+def test_first_confidence(models, mode):
+    """A draft whose first token the draft model gives less than ``first_confidence`` is not
+    proposed (the tiny random draft is never 99.9% sure); 0 keeps every greedy draft."""
+    tok = models["target"].tokenizer
+    sure = BridgedDraftProposer(models["hetero"], tok, mode=mode, first_confidence=0.999)
+    every = BridgedDraftProposer(models["hetero"], tok, mode=mode, first_confidence=0.0)
+    proposed = 0
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        for p in (sure, every):
+            p.begin(RequestContext(prompt_ids=ids))
+        assert len(sure.propose(ids, 8)) == 0
+        proposed += len(every.propose(ids, 8)) > 0
+    assert proposed > 0
+    with pytest.raises(ValueError):
+        BridgedDraftProposer(models["hetero"], tok, first_confidence=1.0)
 
 
 @pytest.mark.parametrize("kind", ["same-other", "text", "intersection"])
