@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="also run our drafter with adaptive=False (draft and verify every step, as transformers)")
     ap.add_argument("--baseline", action="store_true",
                     help="also run each of our rows as the drafter was before its lean forward and present defaults "
-                         "(the draft model's transformers forward, siblings=2, alternatives=1; rows suffixed -base): "
+                         "(the draft model's transformers forward, siblings=2, alternatives=1, first_confidence=0; rows "
+                         "suffixed -base): "
                          "before and after in one run")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     modes = [m for m in args.modes.split(",") if m]
     def ours(mode: str, base: bool = False) -> Engine:
-        extra = {"siblings": 2, "alternatives": 1} if base else {}
+        extra = {"siblings": 2, "alternatives": 1, "first_confidence": 0.0} if base else {}
         proposer = BridgedDraftProposer(draft, target.tokenizer, width, mode=mode, min_confidence=args.min_confidence,
                                         **extra)
         if base:
