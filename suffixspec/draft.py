@@ -81,6 +81,20 @@ class Draft:
             out.append(1 if par < 0 else out[par] + 1)
         return out
 
+    def children(self) -> dict[int, list[int]]:
+        """Node indices by parent (``-1``: the root's children), in node order."""
+        kids: dict[int, list[int]] = {}
+        for i, par in enumerate(self.parents):
+            kids.setdefault(par, []).append(i)
+        return kids
+
+    def child_with(self, children: list[int], token: int) -> int | None:
+        """The first of ``children`` whose token is ``token``, or None."""
+        for c in children:
+            if self.tokens[c] == token:
+                return c
+        return None
+
     def truncated(self, budget: int) -> Draft:
         """The first ``budget`` nodes (parents precede children, so the result is still a tree)."""
         if budget >= len(self.tokens):

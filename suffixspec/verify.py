@@ -38,13 +38,6 @@ class VerifyOutcome:
     processed: list[torch.Tensor]  # processed logits row per new token (for logprobs), same order
 
 
-def _children(draft: Draft) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for i, par in enumerate(draft.parents):
-        kids.setdefault(par, []).append(i)
-    return kids
-
-
 def verify_tree(
     draft: Draft,
     logits: torch.Tensor,  # [1 + num_nodes, vocab] raw target logits, row 0 = root
@@ -52,7 +45,7 @@ def verify_tree(
     rng: PositionRNG,
     position: int,  # output position of the first new token
 ) -> VerifyOutcome:
-    kids = _children(draft)
+    kids = draft.children()
     greedy = processor.params.greedy
     if greedy and not processor.uses_penalties:
         return _greedy_walk(draft, kids, processor.process(logits))
@@ -69,7 +62,7 @@ def verify_tree(
         pos = position + len(path)
         if greedy:
             y = greedy_token(processed)
-            nxt = _match(draft, children, y)
+            nxt = draft.child_with(children, y)
             if nxt is None:
                 return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
         else:
@@ -80,7 +73,7 @@ def verify_tree(
                     return VerifyOutcome(_path_nodes(draft, cur), emitted, rows, processed_rows)
             else:
                 y = sample_inverse_cdf(p, rng.main(pos))
-                nxt = _match(draft, children, y)
+                nxt = draft.child_with(children, y)
                 if nxt is None:
                     return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
         cur = nxt
@@ -98,17 +91,10 @@ def _greedy_walk(draft: Draft, kids: dict[int, list[int]], processed: torch.Tens
     while True:
         rows.append(cur + 1)
         y = best[cur + 1]
-        nxt = _match(draft, kids.get(cur, []), y)
+        nxt = draft.child_with(kids.get(cur, []), y)
         if nxt is None:
             return VerifyOutcome(_path_nodes(draft, cur), y, rows, [processed[r] for r in rows])
         cur = nxt
-
-
-def _match(draft: Draft, children: list[int], token: int) -> int | None:
-    for c in children:
-        if draft.tokens[c] == token:
-            return c
-    return None
 
 
 def _path_nodes(draft: Draft, node: int) -> list[int]:

@@ -236,12 +236,10 @@ def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | N
     leaf, or when every new token was on it (the engine verified only a prefix of a longer draft).
     Example: draft chain ``[4, 5, 6]``, new tokens ``[4, 5, 6, 9]`` -> 3; ``[4, 5, 8]`` -> 0.
     """
-    kids: dict[int, list[int]] = {}
-    for i, par in enumerate(draft.parents):
-        kids.setdefault(par, []).append(i)
+    kids = draft.children()
     cur, hit = -1, 0
     for tok in new_tokens:
-        nxt = next((c for c in kids.get(cur, ()) if draft.tokens[c] == tok), None)
+        nxt = draft.child_with(kids.get(cur, []), tok)
         if nxt is None:
             break
         cur, hit = nxt, hit + 1
