@@ -157,6 +157,13 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
         att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain
 
 
+def copy_output(model) -> torch.Tensor:
+    """The induction heads' output projection (a view of layer 2's ``o_proj`` weight): scaling it
+    scales the copy."""
+    cfg = model.config
+    return model.model.layers[2].self_attn.o_proj.weight[:, : copy_heads(cfg) * cfg.head_dim]
+
+
 def circuit_heads(cfg) -> dict[int, list[int]]:
     return {0: list(range(PREV_HEADS)), 1: list(range(len(BLOCK_DISTANCES))), 2: list(range(copy_heads(cfg)))}
 

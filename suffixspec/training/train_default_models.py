@@ -195,8 +195,7 @@ def calibrate_copy(model, tok, train_ids, grid=(1.0, 1.25, 1.5, 2.0, 3.0)) -> fl
     after training the induction heads' output projection is scaled by the smallest factor in ``grid``
     that reaches 90% of the best greedy copy accuracy on 20 segments of *training* files (never the
     held-out ones)."""
-    cfg = model.config
-    o = model.model.layers[2].self_attn.o_proj.weight[:, : induction.copy_heads(cfg) * cfg.head_dim]
+    o = induction.copy_output(model)
     base = o.detach().clone()
     sub = train_ids[::10]
     scores = {}
@@ -395,8 +394,7 @@ def main(argv: list[str] | None = None) -> None:
 def evaluate_and_write(out, target, ttok, draft, dtok, t_held, d_held, tinfo, dinfo, total, segments) -> None:
     tm = {"heldout": evaluate.heldout_loss(target, ttok, t_held)}
     log(f"target held-out {tm['heldout']}")
-    cfg = target.config
-    copy_out = target.model.layers[2].self_attn.o_proj.weight[:, : induction.copy_heads(cfg) * cfg.head_dim]
+    copy_out = induction.copy_output(target)
     kept = copy_out.detach().clone()
     with torch.no_grad():
         copy_out.zero_()
