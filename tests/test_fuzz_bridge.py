@@ -128,17 +128,12 @@ def test_translate_completes_the_target_bytes(toks, text, pair, seed):
 @given(text=texts, pair=st.sampled_from(PAIRS))
 def test_draft_context_pushed_token_by_token_equals_at_once(toks, text, pair):
     target, draft = pair
+    from test_bridge import assert_pushed_equals_whole, spellable_by_both
+
     bridge = TokenBridge.cached(toks[target], toks[draft])
-    tv, dv = bridge.target, bridge.draft
     ids = plain(toks[target], text)
-    if not ids or any(tv.token_bytes[i] is None for i in ids) or dv.encode_exact(tv.bytes_of(ids)) is None:
-        return
-    whole = bridge.draft_context(ids)
-    step = bridge.draft_context(ids[:1])
-    for t in ids[1:]:
-        step.push_target([t])
-    assert step.ids == whole.ids
-    assert dv.bytes_of(step.ids) + step.pending in (tv.bytes_of(ids), b" " + tv.bytes_of(ids))
+    if ids and spellable_by_both(bridge, ids):
+        assert_pushed_equals_whole(bridge, ids)
 
 
 def test_fuzz_bridge_summary():
