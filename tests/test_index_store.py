@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -124,14 +125,14 @@ def test_persistence_round_trip_loads_arrays_without_rebuild(tmp_path):
         hist = OutputHistory(budget_tokens=100, store=s, fingerprint=tok.fingerprint)
         hist.add([5, 6, 7, 8])
         hist.add([5, 6, 9])
-    files_before = sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir())
+    files_before = _array_files(tmp_path)
     with IndexStore(path) as s:
         sa = s.document_index(tok)  # with the tokenizer: still no rebuild, the arrays are current
         assert json.loads(s._meta(f"arrays:{tok.fingerprint}"))["name"] == name
         assert sa.count(ids("words")) == 1
         hist = OutputHistory(budget_tokens=100, store=s, fingerprint=tok.fingerprint)
         assert hist.num_outputs == 2 and hist.index.continuations([5, 6]) == [(7, 1), (9, 1)]
-    assert sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir()) == files_before
+    assert _array_files(tmp_path) == files_before
 
 
 def test_history_budget_is_persisted(store):
@@ -188,41 +189,56 @@ def _snapshot(path: Path) -> tuple:
         return docs, sa.num_tokens, sa.count(ids("old zero")), sa.count(ids("new document"))
 
 
-@pytest.mark.parametrize("mode, sig", [
-    ("transaction", signal.SIGKILL),
-    ("tokenize", signal.SIGKILL),
-    ("transaction", signal.SIGINT),   # Ctrl-C: rolled back and cleaned up
-])
-def test_killed_add_leaves_old_state_intact(tmp_path, mode, sig):
+def _old_index(tmp_path: Path) -> tuple[Path, tuple, list[str]]:
+    """An index of two old documents: (db path, its snapshot, its array files)."""
     db = tmp_path / "index.db"
     with IndexStore(db) as s:
         s.add_documents([DocInput("old zero text", "old0.txt"), DocInput("old one text", "old1.txt")], ByteTok())
-    before = _snapshot(db)
-    files_before = sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir())
+    return db, _snapshot(db), _array_files(tmp_path)
+
+
+def _array_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir())
+
+
+@contextlib.contextmanager
+def _paused_writer(tmp_path: Path, source: str, db: Path, mode: str):
+    """Runs ``source`` (a writer script) in a subprocess on ``db`` and yields it once it printed
+    PAUSED; a writer still alive at the end is killed."""
     script = tmp_path / "writer.py"
-    script.write_text(_WRITER)
+    script.write_text(source)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, str(script), str(db), mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         line = proc.stdout.readline()
         assert line.strip() == "PAUSED", proc.stderr.read()
-        # while the writer holds its transaction, readers still see the old corpus (WAL)
-        assert _snapshot(db) == before
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("mode, sig", [
+    ("transaction", signal.SIGKILL),
+    ("tokenize", signal.SIGKILL),
+    ("transaction", signal.SIGINT),   # Ctrl-C: rolled back and cleaned up
+])
+def test_killed_add_leaves_old_state_intact(tmp_path, mode, sig):
+    db, before, files_before = _old_index(tmp_path)
+    with _paused_writer(tmp_path, _WRITER, db, mode) as proc:
+        # while the writer holds its transaction, readers still see the old corpus (WAL)
+        assert _snapshot(db) == before
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
     assert proc.returncode != 0
     with IndexStore(db) as s:
         assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert s.db.execute("PRAGMA foreign_key_check").fetchall() == []
     assert _snapshot(db) == before
-    files_after = sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir())
     if sig == signal.SIGINT or mode == "tokenize":
-        assert files_after == files_before  # nothing left behind
+        assert _array_files(tmp_path) == files_before  # nothing left behind
     # the next successful write collects any leftovers of the killed writer
     with IndexStore(db) as s:
         s.add_documents([DocInput("after the crash", "after.txt")], ByteTok())
@@ -369,33 +385,18 @@ _BUILDER = textwrap.dedent("""
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_while_building_outside_the_lock(tmp_path, sig):
-    db = tmp_path / "index.db"
-    with IndexStore(db) as s:
-        s.add_documents([DocInput("old zero text", "old0.txt"), DocInput("old one text", "old1.txt")], ByteTok())
-    before = _snapshot(db)
-    files_before = sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir())
-    script = tmp_path / "builder.py"
-    script.write_text(_BUILDER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script), str(db), "x"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        line = proc.stdout.readline()
-        assert line.strip() == "PAUSED", proc.stderr.read()
+    db, before, files_before = _old_index(tmp_path)
+    with _paused_writer(tmp_path, _BUILDER, db, "x") as proc:
         with IndexStore(db) as other:  # no write lock is held: other writers go ahead at once
             other.history_append_many("fp", [[1, 2]], timeout_s=0.5)
             other._collect_garbage()  # and must not delete the builder's files (it holds the flock)
         assert len(list((tmp_path / "index.db.arrays").iterdir())) > len(files_before)
         proc.send_signal(sig)
         proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode != 0
     assert _snapshot(db) == before
     if sig == signal.SIGINT:
-        assert sorted(p.name for p in (tmp_path / "index.db.arrays").iterdir()) == files_before
+        assert _array_files(tmp_path) == files_before
     with IndexStore(db) as s:  # the next writer collects what a killed builder left
         s.add_documents([DocInput("after the crash", "after.txt")], ByteTok())
         _assert_consistent(s, "bytes+0")
