@@ -56,20 +56,27 @@ def index_group() -> None:
               help="Target tokenizer (hub id, local directory or embedded name) the ids are made for.")
 @click.option("--max-bytes", default=None, type=int, metavar="N",
               help="Skip files larger than N bytes (default 2 MiB).")
+@click.option("--follow-links", is_flag=True,
+              help="Also index files that symlinks point to outside PATHS (skipped by default).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no per-file warnings.")
 def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, tokenizer: str,
-            max_bytes: int | None, quiet: bool) -> None:
+            max_bytes: int | None, follow_links: bool, quiet: bool) -> None:
     """Index text files under PATHS (directories are walked recursively).
 
-    Binary and oversized files are skipped with a warning. Re-adding an unchanged file changes
-    nothing; a changed file replaces its old version. The add is atomic: if it is interrupted, the
-    previous corpus stays intact.
+    Binary files (judged from their first 8 KiB), files over --max-bytes, FIFOs and devices,
+    dangling or looping symlinks and symlinks out of PATHS are skipped: each is named in a warning
+    and counted in the summary. Hidden directories, __pycache__ and node_modules are not walked.
+    Re-adding an unchanged file changes nothing; a changed file replaces its old version. The add
+    is atomic: if it is interrupted, the previous corpus stays intact. Exits with status 1 when
+    there is nothing to index.
 
     \b
     Examples:
       suffixspec index add docs/
       suffixspec index add . --glob '*.py' --db ./project.db
     """
+    from collections import Counter
+
     from tqdm import tqdm
 
     from index.files import DEFAULT_MAX_BYTES, read_text, walk
@@ -77,19 +84,28 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
 
     limit = max_bytes or DEFAULT_MAX_BYTES
     try:
-        candidates = list(walk(paths, globs))
+        candidates = list(walk(paths, globs, follow_links=follow_links))
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from e
     docs: list[DocInput] = []
-    skipped = 0
+    skipped: Counter[str] = Counter()  # skip kind -> files
     for cand in tqdm(candidates, desc="reading", unit="file", disable=quiet or not candidates, leave=False):
         ft = read_text(cand, limit)
         if ft.text is None:
-            skipped += 1
+            skipped[ft.skip_kind or "unreadable"] += 1
             if not quiet:
                 tqdm.write(f"warning: skipped {ft.path}: {ft.skip_reason}", file=sys.stderr)
             continue
         docs.append(DocInput(ft.text, str(ft.path), {"size": cand.size}))
+    why = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+    if not docs:  # nothing to index is a mistake to point out, not a success with zeros
+        where = " ".join(paths) + (f" matching {' or '.join(repr(g) for g in globs)}" if globs else "")
+        if not candidates:
+            hint = ("hidden directories, __pycache__ and node_modules are not walked"
+                    + ("; --glob matches file names, e.g. '*.md'" if globs else ""))
+            raise click.ClickException(f"nothing to index: no files found under {where} ({hint})")
+        raise click.ClickException(f"nothing to index: all {len(candidates)} file(s) under {where} were "
+                                   f"skipped ({why})" + ("" if quiet else "; see the warnings above"))
     tok = _load_tokenizer(tokenizer)
     store = _open_store(db)
     try:
@@ -106,9 +122,11 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
         raise SystemExit(130) from None
     finally:
         store.close()
-    summary.skipped = skipped
+    summary.skipped = sum(skipped.values())
     click.echo(f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
                f"skipped {summary.skipped}, tokens {summary.tokens}  ({store.path})")
+    if skipped:
+        click.echo(f"skipped: {why}", err=True)
 
 
 def _load_tokenizer(name: str):

@@ -98,3 +98,115 @@ def test_list_does_not_import_torch(tmp_path):
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+# --- what the walk skips, and saying so ---------------------------------------------------------------------
+
+
+def test_links_out_of_the_tree_are_skipped_unless_asked(tmp_path, bpe_tokenizer_dir):
+    outside = tmp_path / "outside"
+    (outside / "private").mkdir(parents=True)
+    (outside / "secret.txt").write_text("TOP SECRET password\n")
+    (outside / "private" / "key.txt").write_text("another secret\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# A\n")
+    (docs / "secret.txt").symlink_to(outside / "secret.txt")  # a file link out of the tree
+    (docs / "private").symlink_to(outside / "private")  # a directory link out of the tree
+    (docs / "alias.md").symlink_to(docs / "a.md")  # inside the tree: the same file, indexed once
+    db = tmp_path / "l.db"
+    res = run(["add", str(docs), "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 0, res.output
+    assert "added 1, updated 0, unchanged 0, skipped 2" in res.output
+    assert f"skipped {docs / 'secret.txt'}: symlink outside the given paths (-> {outside / 'secret.txt'})" in res.output
+    assert f"skipped {docs / 'private'}: symlink outside the given paths" in res.output and "--follow-links" in res.output
+    assert "skipped: 2 symlink outside the given paths" in res.output
+    paths = [json.loads(line)["path"] for line in run(["list", "--json"], db).output.splitlines()]
+    assert paths == [str(docs / "a.md")]
+
+    res = run(["add", str(docs), "--follow-links", "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 0 and "added 2, updated 0, unchanged 1, skipped 0" in res.output, res.output
+    paths = {json.loads(line)["path"] for line in run(["list", "--json"], db).output.splitlines()}
+    assert paths == {str(docs / "a.md"), str(outside / "secret.txt"), str(outside / "private" / "key.txt")}
+
+
+def test_fifos_loops_and_dangling_links_are_named(tmp_path, bpe_tokenizer_dir):
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "ok.txt").write_text("fine\n")
+    os.mkfifo(docs / "pipe")  # opening it would block the walk forever
+    (docs / "gone.md").symlink_to(docs / "no-such-file.md")
+    (docs / "loop1").symlink_to(docs / "loop2")
+    (docs / "loop2").symlink_to(docs / "loop1")
+    (docs / "sub" / "up").symlink_to(docs)  # a directory link to an ancestor
+    res = run(["add", str(docs), "--tokenizer", str(bpe_tokenizer_dir)], tmp_path / "f.db")
+    assert res.exit_code == 0, res.output
+    assert "added 1, updated 0, unchanged 0, skipped 5" in res.output
+    for line in (f"{docs / 'pipe'}: not a regular file (FIFO)", f"{docs / 'gone.md'}: dangling symlink",
+                 f"{docs / 'loop1'}: symlink loop", f"{docs / 'loop2'}: symlink loop",
+                 f"{docs / 'sub' / 'up'}: symlink loop"):
+        assert f"warning: skipped {line}" in res.output
+    assert "skipped: 3 symlink loop, 1 dangling symlink, 1 not a regular file" in res.output
+    # even following links, the ancestor loop ends
+    res = run(["add", str(docs), "--follow-links", "--tokenizer", str(bpe_tokenizer_dir), "-q"], tmp_path / "f.db")
+    assert "added 0, updated 0, unchanged 1, skipped 5" in res.output
+
+
+def test_binary_is_judged_before_size(tmp_path, bpe_tokenizer_dir):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    # a 3.4 MB shared library: binary, though it is also over the 2 MiB text limit
+    (lib / "_ext.so").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(56) + os.urandom(3_400_000))
+    (lib / "dump.sql").write_text("INSERT INTO t VALUES (1);\n" * 100_000)  # 2.6 MB of text: too large
+    (lib / "mod.py").write_text("x = 1\n")
+    res = run(["add", str(lib), "--tokenizer", str(bpe_tokenizer_dir)], tmp_path / "b.db")
+    assert res.exit_code == 0, res.output
+    assert f"skipped {lib / '_ext.so'}: binary\n" in res.output
+    assert f"skipped {lib / 'dump.sql'}: too large (2600000 bytes > 2097152)" in res.output
+    assert "skipped: 1 binary, 1 too large" in res.output
+
+
+def test_binary_sniff_reads_only_the_first_bytes(tmp_path):
+    import tracemalloc
+
+    from index.files import FileCandidate, read_text
+
+    big = tmp_path / "disk.img"
+    with open(big, "wb") as f:  # 64 MiB, sparse: a NUL in the first bytes makes it binary
+        f.truncate(64 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        ft = read_text(FileCandidate(big, big.stat().st_size), max_bytes=1 << 40)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ft.text is None and ft.skip_kind == "binary"
+    assert peak < 1024 * 1024  # the whole file would be 64 MiB
+
+
+def test_nothing_to_index_is_an_error_with_a_hint(tmp_path, bpe_tokenizer_dir):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / ".hidden").mkdir()
+    (empty / ".hidden" / "x.md").write_text("not walked\n")
+    db = tmp_path / "n.db"
+    res = run(["add", str(empty), "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 1
+    assert f"Error: nothing to index: no files found under {empty} (hidden directories" in res.output
+
+    (empty / "notes.txt").write_text("words\n")
+    res = run(["add", str(empty), "--glob", "*.md", "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 1
+    assert f"no files found under {empty} matching '*.md'" in res.output and "--glob matches file names" in res.output
+
+    (empty / "a.bin").write_bytes(b"\x00\x01")
+    (empty / "b.bin").write_bytes(b"\xff\xfe\x00")
+    res = run(["add", str(empty), "--glob", "*.bin", "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 1
+    assert "nothing to index: all 2 file(s) under" in res.output and "were skipped (2 binary)" in res.output
+    assert not db.exists()  # nothing was created
+
+    res = run(["add", str(empty), "--tokenizer", str(bpe_tokenizer_dir), "-q"], db)  # notes.txt: indexed
+    assert res.exit_code == 0 and "added 1" in res.output
+    res = run(["add", str(empty), "--tokenizer", str(bpe_tokenizer_dir), "-q"], db)  # unchanged is no error
+    assert res.exit_code == 0 and "added 0, updated 0, unchanged 1, skipped 2" in res.output
