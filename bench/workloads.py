@@ -20,7 +20,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HELDOUT = Path(__file__).resolve().parent.parent / "suffixspec" / "training" / "heldout.txt"
+from suffixspec.training.data import HELDOUT_FILE as HELDOUT  # found in a checkout and in a wheel alike
+
 WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended")
 
 

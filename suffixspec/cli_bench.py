@@ -9,6 +9,20 @@ import click
 from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
+def _bench():
+    """``(run, WORKLOADS)`` from the installed ``suffixspec.bench`` (bench/ of the repository, renamed by
+    setup.py so that no top-level ``bench`` lands in site-packages), else from bench/ in a checkout."""
+    try:
+        from .bench.run import run
+        from .bench.workloads import WORKLOADS
+    except ModuleNotFoundError as e:
+        if e.name != "suffixspec.bench":
+            raise
+        from bench.run import run  # a checkout on sys.path, or an editable install made before the rename
+        from bench.workloads import WORKLOADS
+    return run, WORKLOADS
+
+
 @click.command("bench")
 @click.option("--model", default=DEFAULT_TARGET, show_default=True, help="Target model: hub id, directory or embedded name.")
 @click.option("--draft-model", default=DEFAULT_DRAFT, show_default=True,
@@ -30,8 +44,7 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
       suffixspec bench --workloads code_edit,agentic --requests 3
       suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all
     """
-    from bench.run import run
-    from bench.workloads import WORKLOADS
+    run, WORKLOADS = _bench()
 
     wl = tuple(workloads.split(",")) if workloads else WORKLOADS
     bad = [w for w in wl if w not in WORKLOADS]
