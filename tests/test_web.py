@@ -408,3 +408,110 @@ def test_narrow_window_layout(page):
             "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"the {tab} view scrolls sideways by {overflow}px on a narrow window"
     screenshot(page, "narrow-metrics")
+
+
+# ------------------------------------------------------------------------- a page people can read
+
+def api(server: str, method: str, path: str, body: dict | None = None) -> dict:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(server.rstrip("/") + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def test_index_statistics_are_in_words_with_paths_out_of_the_way(page, server):
+    stats = api(server, "GET", "/v1/index/stats")
+    by_id(page, "tab-index").click()
+    wait(page).until(lambda d: "Documents" in by_id(d, "index-stats").text)
+    shown = by_id(page, "index-stats").text  # what is visible: the closed "Files" disclosure is not
+    for raw in ("db bytes", "arrays bytes", "documents loaded tokens", "memory estimate bytes", "document bytes",
+                "arrays current", "bytes on disk", "tokenizers "):
+        assert raw not in shown.lower(), f"raw key name {raw!r} shown:\n{shown}"
+    paths = [stats["db"], *(t["tokenizer"] for t in stats["tokenizers"].values())]
+    assert not [p for p in paths if p in shown], shown
+    for words in ("Documents", "Tokens", "On disk", "Memory to serve", "Loaded in this server", "Output history"):
+        assert words in shown, shown
+    page.find_element("css selector", "#index-stats details.files summary").click()
+    files = page.find_element("css selector", "#index-stats details.files").text
+    assert all(p in files for p in paths), files  # the machine paths are one click away
+
+
+def test_documents_with_the_same_name_are_told_apart(page, server):
+    long_dir = "/srv/projects/" + "/".join(f"level-{i}-of-a-deep-folder" for i in range(6)) + "/"
+    docs = [{"text": "VALUE_A = 1\n", "source": "/srv/projects/alpha/__init__.py"},
+            {"text": "VALUE_B = 2\n", "source": long_dir + "__init__.py"},
+            {"text": "a pasted note with no name, tagged zq-pasted\n"}]
+    ids = [d["id"] for d in api(server, "POST", "/v1/index/documents", {"documents": docs})["data"]]
+    try:
+        by_id(page, "tab-index").click()
+        wait(page).until(lambda d: by_id(d, "view-index").is_displayed())
+        search(page, "VALUE_")
+        rows = [r.text for r in page.find_elements("css selector", "#doc-table tbody tr")]
+        assert len(rows) == 2 and all("__init__.py" in r for r in rows), rows
+        assert any("/srv/projects/alpha/" in r for r in rows) and any("level-5-of-a-deep-folder/" in r for r in rows)
+        assert sorted(re.search(r"id (\d+)", r).group(1) for r in rows) == sorted(map(str, ids[:2]))
+        search(page, "zq-pasted")
+        row = page.find_element("css selector", "#doc-table tbody tr").text
+        assert "Pasted text" in row and f"id {ids[2]}" in row, row
+        screenshot(page, "index-same-names")
+        # On a phone the list is one card per document, with nothing cut off or scrolling sideways.
+        page.set_window_size(390, 900)
+        wait(page, 10).until(lambda d: d.execute_script("return window.innerWidth") <= 400)
+        search(page, "VALUE_")
+        overflow = page.execute_script("return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"the index view scrolls sideways by {overflow}px on a phone"
+        assert "level-5-of-a-deep-folder/" in by_id(page, "doc-table").text
+        screenshot(page, "index-phone")
+    finally:
+        api(server, "DELETE", "/v1/index/documents", {"ids": ids})
+
+
+def test_metrics_list_every_source_even_where_lines_overlap(page, server):
+    import urllib.request
+
+    set_request(page, max_tokens=16)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
+    by_id(page, "tab-metrics").click()
+    by_id(page, "metrics-now").click()
+    wait(page).until(lambda d: by_id(d, "acc-table").is_displayed())
+    status = by_id(page, "metrics-status").text
+    assert re.search(r"\d+ values read from /metrics", status) and "samples" not in status, status
+    with urllib.request.urlopen(server + "metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    drafting = set(re.findall(r'^suffixspec_drafted_tokens_total\{source="(\w+)"\}', text, re.M))
+    rows = page.find_elements("css selector", "#acc-table tbody tr")
+    assert {r.get_attribute("data-source") for r in rows} == drafting  # every source, 0% ones included
+    for r in rows:
+        assert re.search(r"\d+(\.\d)?%$", r.text), r.text
+    # Each line of the chart has its own dash pattern, so one lying on another still shows.
+    dashes = [p.get_attribute("stroke-dasharray") or "" for p in page.find_elements("css selector", "#acc-chart svg path")]
+    assert len(dashes) == len(drafting) and len(set(dashes)) == min(len(dashes), 4), dashes
+
+
+def test_api_key_placeholder_fits_at_desktop_and_phone_widths(page):
+    fits = """
+        const el = document.getElementById('api-key');
+        const cs = getComputedStyle(el);
+        const ctx = document.createElement('canvas').getContext('2d');
+        ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+        const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+        return [ctx.measureText(el.placeholder).width, room];
+    """
+    by_id(page, "key-forget").click()  # as a first visit: no key kept, the placeholder shows
+    assert by_id(page, "api-key").get_attribute("value") == "" and not by_id(page, "key-forget").is_displayed()
+    for width in (1280, 390):
+        page.set_window_size(width, 900)
+        wait(page, 10).until(lambda d, w=width: abs(d.execute_script("return window.innerWidth") - w) < 20)
+        text_w, room = page.execute_script(fits)
+        assert text_w <= room, f"the API key placeholder is cut off at {width}px ({text_w:.0f} > {room:.0f})"
+        overflow = page.execute_script("return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"the header scrolls sideways by {overflow}px at {width}px"
+    fill(page, "api-key", API_KEY)
+    by_id(page, "key-save").click()
+    wait(page).until(lambda d: by_id(d, "key-state").text == "key accepted")
+    assert by_id(page, "key-forget").is_displayed()

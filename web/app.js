@@ -75,9 +75,15 @@ async function checkServer() {
   }
 }
 
+/** "Forget" only while a key is kept. */
+function showForget() {
+  $("key-forget").hidden = !getKey();
+}
+
 function initKey() {
   const input = $("api-key");
   input.value = getKey();
+  showForget();
   onAuthError((_status, message) => {
     showBanner(message);
     $("key-state").textContent = getKey() ? "key rejected" : "key needed";
@@ -86,6 +92,7 @@ function initKey() {
   $("key-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     setKey(input.value.trim());
+    showForget();
     $("key-state").textContent = "checking…";
     $("key-state").className = "key-state";
     if (await checkServer()) {
@@ -94,7 +101,9 @@ function initKey() {
   });
   $("key-forget").addEventListener("click", () => {
     setKey("");
+    showForget();
     input.value = "";
+    input.focus(); // the button just hid itself: keep the keyboard user in the form
     $("key-state").textContent = "key forgotten";
     $("key-state").className = "key-state";
     showBanner("");

@@ -71,7 +71,8 @@ export function stackedBars(container, bars, { label = "bar chart", maxBars = 12
 }
 
 /**
- * Multi-line chart. series: [{name, color, points: [[t, y], ...]}] with t in ms since epoch.
+ * Multi-line chart. series: [{name, color, points: [[t, y], ...], dash?}] with t in ms since epoch
+ * (dash: an SVG stroke-dasharray, so that lines which coincide stay visible).
  * yMax fixes the scale (e.g. 1 for rates); otherwise it follows the data.
  */
 export function lines(container, series, { label = "line chart", yMax = null, height = 180, yFormat = fmtNum } = {}) {
@@ -104,7 +105,7 @@ export function lines(container, series, { label = "line chart", yMax = null, he
   for (const s of series) {
     if (!s.points.length) continue;
     const d = s.points.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
-    const path = el("path", { d, fill: "none", stroke: s.color, "stroke-width": 2 });
+    const path = el("path", { d, fill: "none", stroke: s.color, "stroke-width": 2, ...(s.dash ? { "stroke-dasharray": s.dash } : {}) });
     path.appendChild(el("title", {}, s.name));
     svg.appendChild(path);
     const last = s.points[s.points.length - 1];

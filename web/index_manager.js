@@ -28,13 +28,22 @@ function normDoc(d) {
   const meta = d.metadata || {};
   return {
     id: d.id ?? d.doc_id ?? d.document_id,
-    name: d.name || meta.name || d.source || d.source_path || d.path || meta.path || meta.source || "",
+    name: d.name || meta.name || baseName(d.source || d.source_path || d.path || meta.path || meta.source || ""),
+    path: d.source || d.source_path || d.path || meta.path || meta.source || "",
     tokens: d.num_tokens ?? d.n_tokens ?? d.tokens ?? null,
     chars: d.num_chars ?? d.n_chars ?? d.chars ?? (typeof d.text === "string" ? d.text.length : null),
     // "created" is a flag (new vs already stored) on add, a time elsewhere.
     added: d.added_at ?? d.created_at ?? d.added ?? (typeof d.created === "boolean" ? null : d.created) ?? null,
     preview: d.preview ?? (typeof d.text === "string" ? d.text.slice(0, 120) : ""),
   };
+}
+
+const baseName = (p) => String(p).split(/[\\/]/).filter(Boolean).pop() || "";
+
+/** The folder of a path, with its trailing separator ("" for a bare name). */
+function dirName(p) {
+  const m = /^(.*[\\/])[^\\/]*$/.exec(String(p || ""));
+  return m ? m[1] : "";
 }
 
 function fmtTime(v) {
@@ -66,19 +75,33 @@ export async function loadDocuments() {
   tbody.replaceChildren();
   for (const raw of list) {
     const d = normDoc(raw);
+    d.dir = dirName(d.path);
     const tr = document.createElement("tr");
     tr.dataset.id = String(d.id);
     const name = document.createElement("td");
     name.className = "doc-name";
-    name.textContent = d.name || `#${d.id}`;
+    const title = document.createElement("span");
+    title.className = "doc-title";
+    title.textContent = d.name || "Pasted text";
+    // Names repeat (__init__.py, README.md): the folder and the id tell them apart.
+    const where = document.createElement("span");
+    where.className = "doc-path";
+    where.textContent = `id ${d.id}` + (d.dir ? ` · ${d.dir}` : "");
+    if (d.path) where.title = d.path;
+    name.append(title, where);
     const size = document.createElement("td");
+    size.className = "size";
+    size.dataset.label = "Tokens / chars";
     size.textContent = [d.tokens, d.chars].map((v) => (v === null ? "–" : fmtNum(Number(v)))).join(" / ");
     const added = document.createElement("td");
+    added.className = "added";
+    added.dataset.label = "Added";
     added.textContent = fmtTime(d.added);
     const prev = document.createElement("td");
     prev.className = "preview";
     prev.textContent = d.preview;
     const act = document.createElement("td");
+    act.className = "row-actions";
     const btn = document.createElement("button");
     btn.type = "button";
     btn.className = "danger remove";
@@ -94,7 +117,8 @@ export async function loadDocuments() {
     const td = document.createElement("td");
     td.colSpan = 5;
     td.className = "empty";
-    td.textContent = query ? `No document matches "${query}".` : "No documents yet.";
+    td.textContent = query ? `No document matches "${query}".`
+      : "No documents yet. Add text or files above, or run `suffixspec index add PATH` where the server runs.";
     tr.appendChild(td);
     tbody.appendChild(tr);
   }
@@ -108,8 +132,6 @@ export async function loadDocuments() {
   table.setAttribute("aria-busy", "false");
 }
 
-const HASH = /^[0-9a-f]{16,}$/i;
-
 function fmtBytes(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
@@ -120,45 +142,127 @@ function fmtBytes(n) {
   return `${i ? n.toFixed(1) : n} ${units[i]}`;
 }
 
-function fmtValue(key, v) {
-  if (typeof v === "number") return /bytes/.test(key) ? fmtBytes(v) : fmtNum(v);
-  if (typeof v === "boolean") return v ? "yes" : "no";
-  if (Array.isArray(v)) return v.join(", ");
-  return String(v);
+const plural = (n, one, many = `${one}s`) => `${fmtNum(n)} ${n === 1 ? one : many}`;
+
+/** A tokenizer's name for people: the folder name of a local path, a hub id as it is. */
+export function tokenizerName(t) {
+  const s = String(t || "");
+  return /^(\/|~|[A-Za-z]:[\\/]|\.)/.test(s) ? s.split(/[\\/]/).filter(Boolean).pop() || s : s || "unknown";
 }
 
-const label = (k) => k.replace(/_/g, " ");
-const isScalar = (v) => v === null || typeof v !== "object" || Array.isArray(v);
+/** One figure: a name, a value and an optional note under it (what it counts, where it comes from). */
+function stat(dl, name, value, note = "") {
+  const dd = addStat(dl, name, value);
+  if (note) {
+    const small = document.createElement("span");
+    small.className = "stat-note";
+    small.textContent = note;
+    dd.appendChild(small);
+  }
+  return dd;
+}
 
-/**
- * Render the stats object: scalars as name/value pairs; {fingerprint: n} maps as one pair per
- * tokenizer; nested objects as their own titled group (a tokenizer group is titled by its path).
- */
-function renderStats(box, obj, depth = 0) {
+function group(box, title) {
+  const h = document.createElement("h3");
+  h.className = "stats-group";
+  h.textContent = title;
   const dl = document.createElement("dl");
   dl.className = "stats";
-  box.appendChild(dl);
-  const groups = [];
-  for (const [k, v] of Object.entries(obj)) {
-    if (isScalar(v)) addStat(dl, label(k), fmtValue(k, v));
-    else if (Object.values(v).every(isScalar) && Object.keys(v).every((x) => HASH.test(x))) {
-      for (const [fp, n] of Object.entries(v)) addStat(dl, `${label(k)} (tokenizer ${fp.slice(0, 8)})`, fmtValue(k, n));
-    } else groups.push([k, v]);
+  box.append(h, dl);
+  return dl;
+}
+
+// Fields of GET /v1/index/stats shown by renderStats; any other field is listed under "More".
+const KNOWN = new Set(["db", "documents", "document_bytes", "tokens", "bytes_on_disk", "db_bytes", "arrays_bytes",
+  "memory_estimate_bytes", "tokenizers", "served"]);
+const humanKey = (k) => k.replace(/_/g, " ").replace(/^./, (c) => c.toUpperCase());
+
+/**
+ * The statistics of GET /v1/index/stats in words: corpus, disk, memory, per tokenizer and what this
+ * server holds in memory. Machine paths (database, tokenizer folders) stay in a "Files" disclosure.
+ * Example: {documents: 40, document_bytes: 296162, ...} -> "Documents 40 / 289.2 KiB of text", ...
+ */
+function renderStats(box, s) {
+  const tokenizers = Object.entries(s.tokenizers || {});
+  const tokens = Object.values(s.tokens || {}).reduce((a, b) => a + b, 0);
+  const main = document.createElement("dl");
+  main.className = "stats";
+  box.appendChild(main);
+  if (s.documents !== undefined) {
+    stat(main, "Documents", fmtNum(s.documents), s.document_bytes !== undefined ? `${fmtBytes(s.document_bytes)} of text` : "");
   }
-  for (const [k, v] of groups) {
-    const entries = Object.keys(v).every((x) => HASH.test(x)) ? Object.entries(v) : [[k, v]];
-    for (const [name, sub] of entries) {
-      const h = document.createElement(depth ? "h4" : "h3");
-      h.className = "stats-group";
-      h.textContent = HASH.test(name)
-        ? `${label(k)} ${name.slice(0, 8)}` + (sub.tokenizer ? `: ${String(sub.tokenizer).split("/").filter(Boolean).pop()}` : "")
-        : label(name);
-      if (sub.tokenizer) h.title = String(sub.tokenizer);
-      box.appendChild(h);
-      if (isScalar(sub)) addStat(dl, label(name), fmtValue(name, sub));
-      else renderStats(box, sub, depth + 1);
+  if (s.tokens !== undefined) {
+    const by = tokenizers.length === 1 ? `for ${tokenizerName(tokenizers[0][1].tokenizer)}` : `${tokenizers.length} tokenizers`;
+    stat(main, "Tokens", fmtNum(tokens), tokenizers.length ? by : "");
+  }
+  if (s.bytes_on_disk !== undefined) {
+    const parts = [];
+    if (s.db_bytes !== undefined) parts.push(`database ${fmtBytes(s.db_bytes)}`);
+    if (s.arrays_bytes !== undefined) parts.push(`suffix arrays ${fmtBytes(s.arrays_bytes)}`);
+    stat(main, "On disk", fmtBytes(s.bytes_on_disk), parts.join(" + "));
+  }
+  if (s.memory_estimate_bytes !== undefined) {
+    stat(main, "Memory to serve", fmtBytes(s.memory_estimate_bytes), "estimate");
+  }
+  if (s.served) {
+    const dl = group(box, "Loaded in this server");
+    const v = s.served;
+    if (v.documents_loaded_tokens !== undefined) stat(dl, "Document tokens", fmtNum(v.documents_loaded_tokens), "searched by the documents drafter");
+    if (v.history_outputs !== undefined) {
+      stat(dl, "Output history", plural(v.history_outputs, "output"), `${plural(v.history_tokens ?? 0, "token")}, searched by the history drafter`);
+    }
+    for (const [k, val] of Object.entries(v)) {
+      if (!["documents_loaded_tokens", "history_outputs", "history_tokens"].includes(k)) stat(dl, humanKey(k), fmtAny(k, val));
     }
   }
+  // One tokenizer (the usual case): its figures are the ones above; only a problem is worth a line.
+  if (tokenizers.length === 1) {
+    const t = tokenizers[0][1];
+    if (t.documents_tokenized !== undefined && s.documents !== undefined && t.documents_tokenized < s.documents) {
+      stat(main, "Tokenized", `${fmtNum(t.documents_tokenized)} of ${fmtNum(s.documents)}`, "documents, for this tokenizer");
+    }
+    if (t.arrays_current === false) stat(main, "Suffix arrays", "stale", "rebuilt on the next load").classList.add("bad");
+  }
+  for (const [, t] of tokenizers.length > 1 ? tokenizers : []) {
+    const dl = group(box, `Tokenizer ${tokenizerName(t.tokenizer)}`);
+    if (t.document_tokens !== undefined) {
+      stat(dl, "Document tokens", fmtNum(t.document_tokens),
+        t.documents_tokenized !== undefined ? `${fmtNum(t.documents_tokenized)} of ${fmtNum(s.documents ?? t.documents_tokenized)} documents` : "");
+    }
+    if (t.history_outputs !== undefined) stat(dl, "Output history", plural(t.history_outputs, "output"), plural(t.history_tokens ?? 0, "token"));
+    if (t.memory_estimate_bytes !== undefined) stat(dl, "Memory to serve", fmtBytes(t.memory_estimate_bytes), "estimate");
+    if (t.arrays_current !== undefined) {
+      stat(dl, "Suffix arrays", t.arrays_current ? "up to date" : "stale", t.arrays_current ? "" : "rebuilt on the next load").classList.toggle("bad", !t.arrays_current);
+    }
+  }
+  const more = Object.entries(s).filter(([k]) => !KNOWN.has(k));
+  if (more.length) {
+    const dl = group(box, "More");
+    for (const [k, v] of more) stat(dl, humanKey(k), fmtAny(k, v));
+  }
+  // Where things are: paths for the operator, out of the way of the figures.
+  const files = [];
+  if (s.db) files.push(["Database", s.db]);
+  for (const [fp, t] of tokenizers) files.push([`Tokenizer ${tokenizerName(t.tokenizer)} (fingerprint ${fp.slice(0, 12)})`, t.tokenizer]);
+  if (files.length) {
+    const det = document.createElement("details");
+    det.className = "files";
+    const sum = document.createElement("summary");
+    sum.textContent = "Files";
+    const dl = document.createElement("dl");
+    dl.className = "paths";
+    for (const [name, path] of files) addStat(dl, name, String(path));
+    det.append(sum, dl);
+    box.appendChild(det);
+  }
+}
+
+function fmtAny(key, v) {
+  if (typeof v === "number") return /bytes/.test(key) ? fmtBytes(v) : fmtNum(v);
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  if (v === null || v === undefined) return "–";
+  if (typeof v === "object") return JSON.stringify(v);
+  return String(v);
 }
 
 export async function loadStats() {

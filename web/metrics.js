@@ -7,7 +7,7 @@ import { addStat } from "./dom.js";
 import { normSource, renderLegend, sourceColor, sourceLabel } from "./sources.js";
 
 const $ = (id) => document.getElementById(id);
-const KEEP = 180; // samples kept (15 minutes at 5 s)
+const KEEP = 180; // polls kept (15 minutes at 5 s)
 
 /**
  * Parse Prometheus text exposition into [{name, labels, value}]. Comments and malformed lines are
@@ -82,7 +82,7 @@ function render() {
   dd(dl, "Prompt tokens", last.promptTokens === null ? "–" : fmtNum(last.promptTokens));
   dd(dl, "Drafted / accepted", `${draftAll === null ? "–" : fmtNum(draftAll)} / ${accAll === null ? "–" : fmtNum(accAll)}`);
   const rate = ratio(accAll, draftAll);
-  dd(dl, "Acceptance rate (all time)", Number.isFinite(rate) ? `${(rate * 100).toFixed(1)}%` : "–");
+  dd(dl, "Acceptance rate (all time)", pct(rate));
   if (last.steps !== null && last.completionTokens !== null) {
     dd(dl, "Mean tokens per step", fmtNum(ratio(last.completionTokens, last.steps)));
   }
@@ -105,8 +105,14 @@ function render() {
     const id = normSource(src);
     return { name: sourceLabel(id), color: sourceColor(id), points, id };
   });
+  // Lines at the same rate lie on top of each other (two sources at 0%): dashes let the lower one show
+  // through, and the table below gives every source's figures.
+  acc.forEach((s, i) => {
+    s.dash = DASHES[i % DASHES.length];
+  });
   lines($("acc-chart"), acc, { label: "Acceptance rate by source over time", yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%` });
   renderLegend($("acc-legend"), null, acc.map((s) => s.id));
+  renderSourceTable([...sources], last);
 
   const perSec = (key) => {
     const pts = [];
@@ -137,13 +143,45 @@ function render() {
   }
 }
 
+const DASHES = ["", "7 4", "2 3", "10 3 2 3"];
+const pct = (r) => (Number.isFinite(r) ? `${(r * 100).toFixed(1)}%` : "–");
+
+/** Drafted, accepted and acceptance rate per source since the server started, every source listed. */
+function renderSourceTable(sources, last) {
+  const table = $("acc-table");
+  const tbody = table.querySelector("tbody");
+  tbody.replaceChildren();
+  const rows = sources.map((src) => {
+    const d = (last.drafted || {})[src] || 0;
+    const a = (last.accepted || {})[src] || 0;
+    return { id: normSource(src), d, a };
+  }).sort((x, y) => y.d - x.d);
+  for (const r of rows) {
+    const tr = document.createElement("tr");
+    tr.dataset.source = r.id;
+    const th = document.createElement("th");
+    th.scope = "row";
+    th.className = `src-cell src-${r.id}`;
+    th.textContent = sourceLabel(r.id);
+    const cells = [fmtNum(r.d), fmtNum(r.a), pct(ratio(r.a, r.d))].map((text) => {
+      const td = document.createElement("td");
+      td.textContent = text;
+      return td;
+    });
+    tr.append(th, ...cells);
+    tbody.appendChild(tr);
+  }
+  table.hidden = !rows.length;
+}
+
 export async function poll() {
   try {
     const res = await request("GET", "/metrics", { accept: "text/plain" });
     const samples = parsePrometheus(await res.text());
     history.push({ t: Date.now(), ...summarize(samples) });
     if (history.length > KEEP) history.shift();
-    $("metrics-status").textContent = `Last poll ${new Date().toLocaleTimeString()} (${samples.length} samples).`;
+    $("metrics-status").textContent =
+      `Last poll ${new Date().toLocaleTimeString()}: ${samples.length} values read from /metrics (Prometheus format).`;
     $("metrics-status").classList.remove("bad");
     render();
   } catch (err) {
