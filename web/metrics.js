@@ -66,6 +66,8 @@ let visible = false;
 
 const dd = addStat;
 
+const cssVar = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+
 function ratio(a, b) {
   return b ? a / b : NaN;
 }
@@ -126,8 +128,9 @@ function render() {
     return pts;
   };
   const tok = [
-    { name: "completion tokens/s", color: sourceColor("documents"), points: perSec("completionTokens") },
-    { name: "requests/s", color: sourceColor("prediction"), points: perSec("requests") },
+    // Not token sources: colours of their own, so the legend is not read as "documents" / "prediction".
+    { name: "completion tokens/s", color: cssVar("--chart-tokens"), points: perSec("completionTokens") },
+    { name: "requests/s", color: cssVar("--chart-requests"), points: perSec("requests"), dash: "6 3" },
   ];
   lines($("tok-chart"), tok, { label: "Completion tokens and requests per second" });
   const leg = $("tok-legend");
@@ -143,7 +146,7 @@ function render() {
   }
 }
 
-const DASHES = ["", "7 4", "2 3", "10 3 2 3"];
+const DASHES = ["", "8 4", "2 3", "12 3 2 3", "4 6", "1 5", "14 6"]; // one per source: 7 sources
 const pct = (r) => (Number.isFinite(r) ? `${(r * 100).toFixed(1)}%` : "–");
 
 /** Drafted, accepted and acceptance rate per source since the server started, every source listed. */
