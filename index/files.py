@@ -17,6 +17,7 @@ Example: with ``docs/`` holding ``a.md``, ``logo.png`` and ``secrets -> /etc/pas
 from __future__ import annotations
 
 import codecs
+import errno
 import fnmatch
 import os
 import stat
@@ -89,7 +90,7 @@ def _resolve_link(p: Path) -> tuple[Path | None, str | None]:
     except RuntimeError:  # Python < 3.13 reports a loop this way
         return None, LINK_LOOP
     except OSError as e:
-        return None, LINK_LOOP if e.errno == 40 else LINK_DANGLING  # 40: ELOOP
+        return None, LINK_LOOP if e.errno == errno.ELOOP else LINK_DANGLING
 
 
 def walk(paths: Sequence[str | os.PathLike], globs: Sequence[str] = (), *,
@@ -188,7 +189,12 @@ def read_text(cand: FileCandidate, max_bytes: int = DEFAULT_MAX_BYTES) -> FileTe
             reason += "; pass --follow-links to index it"
         return FileText(cand.path, None, reason, cand.skip_kind)
     try:
-        with open(cand.path, "rb") as f:
+        # O_NONBLOCK: a file swapped for a FIFO since the walk must not hang the add (no effect on files)
+        fd = os.open(cand.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return FileText(cand.path, None, f"{NOT_REGULAR} ({_file_type(st.st_mode)})", NOT_REGULAR)
             head = f.read(_SNIFF)
             if b"\x00" in head:
                 return FileText(cand.path, None, BINARY, BINARY)
@@ -196,8 +202,8 @@ def read_text(cand: FileCandidate, max_bytes: int = DEFAULT_MAX_BYTES) -> FileTe
                 codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
             except UnicodeDecodeError:
                 return FileText(cand.path, None, f"{BINARY} (not UTF-8)", BINARY)
-            if cand.size > max_bytes:
-                return FileText(cand.path, None, f"{TOO_LARGE} ({cand.size} bytes > {max_bytes})", TOO_LARGE)
+            if st.st_size > max_bytes:
+                return FileText(cand.path, None, f"{TOO_LARGE} ({st.st_size} bytes > {max_bytes})", TOO_LARGE)
             data = head + f.read()
     except OSError as e:
         return FileText(cand.path, None, f"{UNREADABLE}: {e}", UNREADABLE)

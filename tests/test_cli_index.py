@@ -184,6 +184,15 @@ def test_binary_sniff_reads_only_the_first_bytes(tmp_path):
     assert peak < 1024 * 1024  # the whole file would be 64 MiB
 
 
+def test_a_file_swapped_for_a_fifo_after_the_walk_does_not_hang(tmp_path):
+    from index.files import FileCandidate, read_text
+
+    fifo = tmp_path / "was-a-file.txt"
+    os.mkfifo(fifo)  # no writer: a blocking open would wait forever
+    ft = read_text(FileCandidate(fifo, 10))
+    assert ft.text is None and ft.skip_kind == "not a regular file" and "FIFO" in ft.skip_reason
+
+
 def test_nothing_to_index_is_an_error_with_a_hint(tmp_path, bpe_tokenizer_dir):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -33,7 +33,8 @@ TIMEOUT_S = 300  # per command; a loaded 2-core machine takes ~20 s to start the
 SKIP = [
     (r"^pip install\b", "installs packages: the tests run in the installed environment"),
     (r"^python -m pytest\b", "the test suite itself"),
-    (r"^suffixspec bench\b(?!.*--quick)", "the full benchmark takes minutes; tests/test_bench.py runs it on tiny models"),
+    (r"^suffixspec bench\b(?!.*--help)", "benchmarks take minutes (--quick too); tests/test_bench.py runs one on tiny models"),
+    (r"^python -m bench\.", "benchmarks take minutes"),
     (r"train_default_models", "retrains the embedded models (about 36 minutes)"),
 ]
 
