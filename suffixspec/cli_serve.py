@@ -196,10 +196,16 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
         if pred is not None:
             out["completion_tokens_details"] = pred
         click.echo(json.dumps(out, ensure_ascii=False))
+        from .cli import allow_fast_exit
+
+        allow_fast_exit()
         return
     if not stream:
         click.echo(result.text)
     _print_stats(result, stats, pred)
+    from .cli import allow_fast_exit
+
+    allow_fast_exit()  # the store is closed and the output printed: nothing is left to finalize
 
 
 def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dict | None:
