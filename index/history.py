@@ -8,11 +8,14 @@ vectorised pass, so eviction costs O(budget) once per ``(1 - evict_to) * budget`
 With a store, every output is also written to SQLite (trimmed to the same budget) and a restart
 reloads the newest outputs that fit the budget. Writing never stalls a request: if another process
 holds the write lock (a long ``index add``), outputs wait in memory and go out with a later write
-or :meth:`OutputHistory.flush`.
+or :meth:`OutputHistory.flush`. A database that refuses writes (read-only file, full disk) never fails
+a generation either: the outputs stay in memory only, ``write_error`` says why and ``write_failures``
+counts them (the server reports both in ``/health`` and ``/metrics``).
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections import deque
 from collections.abc import Sequence
@@ -22,6 +25,8 @@ import numpy as np
 from .incremental import IncrementalIndex
 from .speculate import SpecParams, SpecResult
 from .store import IndexStore
+
+log = logging.getLogger(__name__)
 
 
 class OutputHistory:
@@ -41,6 +46,8 @@ class OutputHistory:
         self._outputs: deque[np.ndarray] = deque()  # oldest first
         self._pending: list[np.ndarray] = []  # outputs not yet written to the store
         self._tokens = 0
+        self.write_error: str | None = None  # why the last write failed (None: persisting works)
+        self.write_failures = 0  # outputs the database refused to store (kept in memory only)
         self.index = IncrementalIndex(max_candidates)
         if store is not None:
             for seq in store.history_load(fingerprint, budget_tokens):
@@ -80,11 +87,27 @@ class OutputHistory:
         try:
             self.store.history_append_many(self.fingerprint, self._pending, self.budget_tokens, timeout_s)
         except sqlite3.OperationalError as e:
-            if timeout_s is not None and ("locked" in str(e) or "busy" in str(e)):
-                return False
-            raise
+            if "locked" in str(e) or "busy" in str(e):
+                if timeout_s is not None:
+                    return False
+                raise
+            self._write_failed(e)
+            return False
+        except sqlite3.DatabaseError as e:  # SQLITE_FULL, I/O errors, a file made read-only under us
+            self._write_failed(e)
+            return False
         self._pending.clear()
+        self.write_error = None
         return True
+
+    def _write_failed(self, e: Exception) -> None:
+        """Keep serving without persisting: the outputs stay in memory; warn once per new reason."""
+        if str(e) != self.write_error:
+            log.warning("the output history is not being saved to %s (%s); outputs are kept in memory only",
+                        getattr(self.store, "path", "the database"), e)
+        self.write_error = str(e)
+        self.write_failures += len(self._pending)
+        self._pending.clear()
 
     def _evict(self) -> None:
         keep = int(self.budget_tokens * self.evict_to)

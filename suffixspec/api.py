@@ -58,13 +58,17 @@ class SuffixSpec:
             ``":memory:"`` uses a temporary store deleted on ``close()``; ``False`` runs without
             documents and without a persisted output history.
         device / dtype: as for ``suffixspec.loading.load_model`` (default: cuda if present, else cpu).
+        history: ``True`` (default) drafts from earlier outputs and saves every output in the store's
+            history (so it persists across runs: prompts' completions are stored in ``db``);
+            ``False`` neither reads nor writes the output history, so identical runs give identical
+            statistics and nothing generated is stored.
         engine: an already built engine (tests, custom proposers); model, draft_model and db are
             then only used for the document store (``db=False`` for none).
     """
 
     def __init__(self, model: str = DEFAULT_TARGET, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
-                 engine: Any = None) -> None:
+                 engine: Any = None, history: bool = True) -> None:
         self._lock = threading.RLock()  # document writes and close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
@@ -75,6 +79,7 @@ class SuffixSpec:
             draft_model = None
         self.model_name = model
         self.draft_model_name = draft_model
+        self.history = bool(history)  # draft from and save the output history
         self.db_path = self._db_path(db)  # None: no store
         self.store: Any = None  # IndexStore the suffix proposer reads (used by the engine thread only)
         self._writer: Any = None  # a second connection for document writes from other threads
@@ -125,7 +130,8 @@ class SuffixSpec:
             from index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
-        proposers: list[Any] = [make_proposer("suffix", db=self.store, tokenizer=target.tokenizer)]
+        proposers: list[Any] = [make_proposer("suffix", db=self.store, tokenizer=target.tokenizer,
+                                              history=self.history)]
         if draft_model:
             from .loading import load_model
 
@@ -320,6 +326,16 @@ class SuffixSpec:
                 "documents_loaded_tokens": int(getattr(docs, "num_tokens", 0) or 0),
             }
         return stats
+
+    def history_status(self) -> dict:
+        """Whether outputs are being saved: ``{"enabled", "persisted", "error", "write_failures"}``.
+
+        ``error`` is set while the database refuses writes (read-only, full): generation goes on and
+        the outputs are kept in memory only; ``write_failures`` counts them."""
+        hist = getattr(self.suffix, "history", None) if self.suffix is not None else None
+        return {"enabled": hist is not None,
+                "persisted": hist is not None and hist.store is not None and not hist.write_error,
+                "error": getattr(hist, "write_error", None), "write_failures": getattr(hist, "write_failures", 0)}
 
     # -- lifecycle ----------------------------------------------------------------------------
 

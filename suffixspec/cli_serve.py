@@ -38,8 +38,19 @@ def model_options(fn):
               help="Interface to bind. Keep 127.0.0.1 unless the port is protected; use --api-key otherwise.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--api-key", envvar="SUFFIXSPEC_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on every /v1 route (env SUFFIXSPEC_API_KEY).")
-@click.option("--served-model-name", default=None, help="Model id reported by /v1/models (default: --model).")
+              help="Require 'Authorization: Bearer KEY' on every /v1 route. Prefer the environment variable "
+                   "SUFFIXSPEC_API_KEY: a key given on the command line is visible to every user of the machine "
+                   "in the process list (ps).")
+@click.option("--served-model-name", multiple=True,
+              help="Model name clients give in `model` (repeatable: aliases); the first is the id /v1/models "
+                   "reports. Default: --model. Other names get 404 model_not_found ('suffixspec' always works).")
+@click.option("--allowed-hosts", default=None,
+              help="Comma-separated Host names this server answers to besides localhost/127.0.0.1/[::1] "
+                   "(a LAN name, a reverse proxy's domain); '*' = any. Default: loopback names only when bound "
+                   "to a loopback address, else any.")
+@click.option("--allowed-origins", default=None,
+              help="Comma-separated web origins (https://app.example) whose pages may POST/DELETE here; "
+                   "'*' = any. Default: only this server's own web page (cross-site requests get 403).")
 @click.option("--threads", default=16, show_default=True, type=click.IntRange(1, 256),
               help="waitress worker threads (connections served at once; generation itself is one at a time).")
 @click.option("--max-queue", default=32, show_default=True, type=click.IntRange(1, 10_000),
@@ -48,8 +59,8 @@ def model_options(fn):
               help="Largest max_tokens a request may ask for.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
-def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, threads, max_queue,
-              max_tokens_limit, max_body_mb):
+def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, allowed_hosts,
+              allowed_origins, threads, max_queue, max_tokens_limit, max_body_mb):
     """Serve the OpenAI-compatible API (and the web page at /) under waitress.
 
     \b
@@ -57,6 +68,7 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
       suffixspec serve                                  # embedded demo models on 127.0.0.1:8000
       suffixspec serve --model Qwen/Qwen2.5-0.5B --draft-model none --db docs.db
       SUFFIXSPEC_API_KEY=secret suffixspec serve --host 0.0.0.0 --port 8080
+      suffixspec serve --served-model-name my-model --served-model-name gpt-4o-mini
     \b
     Then, with the official client:
       from openai import OpenAI
@@ -72,8 +84,13 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach the port can use it",
                    err=True)
+    from .server.guards import is_loopback
+
+    if allowed_hosts is None and not is_loopback(host.strip("[]")):
+        allowed_hosts = "*" if host in ("0.0.0.0", "::", "") else host  # bound to a LAN address: clients use it
     cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, api_key=api_key,
-                       served_model_name=served_model_name, max_queue=max_queue, max_tokens_limit=max_tokens_limit,
+                       served_model_name=list(served_model_name) or None, allowed_hosts=allowed_hosts,
+                       allowed_origins=allowed_origins, max_queue=max_queue, max_tokens_limit=max_tokens_limit,
                        max_body_bytes=int(max_body_mb * 1024 * 1024))
     from index.store import StoreError
 
@@ -116,10 +133,17 @@ def _read(path: str) -> str:
 @click.option("--no-speculation", is_flag=True, help="Plain decoding (one target token per step), for comparison.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, finish reason, statistics).")
+@click.option("--no-history", is_flag=True,
+              help="Neither draft from nor save to the output history: nothing generated is stored, and "
+                   "identical runs print identical statistics.")
 def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, chat, max_tokens, temperature, top_p,
                  top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation, stream,
-                 as_json):
+                 as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
+
+    Every output is saved in the output history of the --db store (default
+    ~/.local/share/suffixspec/index.db), and later runs draft from it: that is why a second
+    identical run is faster and prints other statistics. --no-history turns that off.
 
     \b
     Examples:
@@ -146,7 +170,8 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
         speculation = None
     try:
         speculation = SuffixSpec.speculation_config(speculation)  # bad drafter names fail before loading
-        spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype)
+        spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype,
+                          history=not no_history)
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
                   prediction=_read(prediction) if prediction else None, max_tokens=max_tokens,
                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=list(stop))
@@ -163,18 +188,38 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     stats = result.stats.to_dict()
+    pred = _prediction_tokens(spec, result, stats, kw["prediction"])
     if as_json:
-        click.echo(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                               "prompt_tokens": len(result.prompt_token_ids),
-                               "completion_tokens": len(result.token_ids), "speculative_decoding": stats},
-                              ensure_ascii=False))
+        out = {"text": result.text, "finish_reason": result.finish_reason,
+               "prompt_tokens": len(result.prompt_token_ids), "completion_tokens": len(result.token_ids),
+               "speculative_decoding": stats}
+        if pred is not None:
+            out["completion_tokens_details"] = pred
+        click.echo(json.dumps(out, ensure_ascii=False))
+        from .cli import allow_fast_exit
+
+        allow_fast_exit()
         return
     if not stream:
         click.echo(result.text)
-    _print_stats(result, stats)
+    _print_stats(result, stats, pred)
+    from .cli import allow_fast_exit
+
+    allow_fast_exit()  # the store is closed and the output printed: nothing is left to finalize
 
 
-def _print_stats(result, stats: dict) -> None:
+def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dict | None:
+    """Accepted/rejected prediction tokens, counted as the server's ``usage`` counts them."""
+    if prediction is None:
+        return None
+    from .server.responses import usage
+
+    n = len(spec.tokenizer.encode(prediction, add_special_tokens=False))
+    details = usage(result, n)["completion_tokens_details"]
+    return {k: details[k] for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+
+
+def _print_stats(result, stats: dict, pred: dict | None = None) -> None:
     per_source = ", ".join(f"{src} {d['accepted']}/{d['drafted']}" for src, d in stats["per_source"].items())
     secs = stats["time_total_s"] or 1e-9
     lines = [
@@ -185,4 +230,7 @@ def _print_stats(result, stats: dict) -> None:
     ]
     if per_source:
         lines.append(f"accepted/drafted by source: {per_source}")
+    if pred is not None:
+        lines.append(f"prediction: {pred['accepted_prediction_tokens']} tokens accepted, "
+                     f"{pred['rejected_prediction_tokens']} rejected")
     click.echo("\n".join("-- " + line for line in lines), err=True)

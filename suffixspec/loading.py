@@ -68,7 +68,31 @@ class LoadedModel:
 def load_tokenizer(name_or_path: str) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    # transformers warns "Token indices sequence length is longer than the specified maximum" whenever a
+    # text is tokenized past model_max_length: suffixspec checks the context itself (the server refuses
+    # such prompts with a 400), so the warning only adds noise to the log. Mark it as already given.
+    warned = getattr(tok, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tok
+
+
+class _quiet_loading:
+    """Hide transformers' "Loading weights" progress bars while a model loads (they mixed into the
+    CLI's output on every call), then restore whatever the caller had set."""
+
+    def __enter__(self) -> None:
+        from transformers.utils import logging as hf_logging
+
+        self._was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+
+    def __exit__(self, *exc: object) -> None:
+        from transformers.utils import logging as hf_logging
+
+        if self._was_on:
+            hf_logging.enable_progress_bar()
 
 
 def load_model(name_or_path: str = DEFAULT_TARGET, device: str | None = None, dtype: str | None = None) -> LoadedModel:
@@ -78,7 +102,8 @@ def load_model(name_or_path: str = DEFAULT_TARGET, device: str | None = None, dt
     path = resolve_model_path(name_or_path)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    with _quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model.to(dev).eval()
     tokenizer = load_tokenizer(name_or_path)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype)

@@ -70,7 +70,7 @@ def test_serve_subprocess_answers_and_stops_cleanly(tiny_model_dirs, tmp_path):
                 break
         assert url, "server did not report its address"
         client = openai.OpenAI(base_url=url + "/v1", api_key="k1", max_retries=0, timeout=60)
-        chunks = list(client.completions.create(model="m", prompt="x", max_tokens=4, temperature=0, stream=True))
+        chunks = list(client.completions.create(model="suffixspec", prompt="x", max_tokens=4, temperature=0, stream=True))
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
         try:
             openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).models.list()

@@ -23,7 +23,7 @@ def server(tiny_model_dirs, tmp_path_factory):
     db = tmp_path_factory.mktemp("server-db") / "index.db"
     app = create_app({"model": str(tiny_model_dirs["llama"]), "draft_model": None, "api_key": KEY, "db": str(db),
                       "max_tokens_limit": 512, "max_references": 3, "max_body_bytes": 64 * 1024,
-                      "max_prompt_tokens": 600})
+                      "max_prompt_tokens": 600, "served_model_name": ["tiny-llama", "m"]})
     with BackgroundServer(app, threads=12) as srv:
         yield srv
 
@@ -74,11 +74,11 @@ def greedy(server, prompt: str, max_tokens: int = 16) -> str:
 
 def test_models_lists_the_served_model(client, server):
     models = client.models.list()
-    assert [m.id for m in models.data] == [server.app.extensions["suffixspec"].model_id]
+    assert [m.id for m in models.data] == [server.app.extensions["suffixspec"].model_id] == ["tiny-llama"]
 
 
 def test_completion_matches_the_engine(client, server):
-    r = client.completions.create(model="any", prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    r = client.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=16, temperature=0)
     assert r.object == "text_completion" and r.id.startswith("cmpl-")
     assert r.choices[0].text == greedy(server, PROMPTS[0])
     assert r.choices[0].finish_reason in ("stop", "length")
@@ -272,7 +272,10 @@ def test_context_overflow_names_the_numbers(server):
     (b"{not json", {"Content-Type": "application/json"}, 400, "invalid_json"),
     (b"[1, 2]", {"Content-Type": "application/json"}, 400, "invalid_json"),
     (b"", {}, 400, "invalid_json"),
-    (b"\xff\xfe", {}, 400, "invalid_json"),
+    (b"\xff\xfe", {"Content-Type": "application/json"}, 400, "invalid_json"),
+    (b'{"prompt": "x"}', {}, 415, "unsupported_media_type"),
+    (b'{"prompt": "x"}', {"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+    (b'{"prompt": "x"}', {"Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"),
     (b'{"prompt": "' + b"a" * 70000 + b'"}', {}, 413, None),
 ])
 def test_malformed_bodies(server, body, headers, status, code):
@@ -308,10 +311,18 @@ def test_open_routes_and_web_page(server):
 
 
 def test_wrong_method_and_unknown_route_are_json_errors(server):
-    status, headers, resp = raw(server, "GET", "/v1/completions")
-    assert status in (404, 405) and "error" in resp
-    status, _, resp = raw(server, "PUT", "/v1/completions", {"prompt": "x"})
-    assert status == 405 and resp["error"]["message"]
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        status, headers, resp = raw(server, "GET", path)
+        assert status == 405 and resp["error"]["code"] == "method_not_allowed", (path, status, resp)
+        assert "POST" in headers["allow"]
+    status, headers, resp = raw(server, "PUT", "/v1/completions", {"prompt": "x"})
+    assert status == 405 and resp["error"]["message"] and "POST" in headers["allow"]
+    status, _, resp = raw(server, "POST", "/health", {"x": 1})
+    assert status == 405, (status, resp)
+    for method in ("POST", "PUT", "DELETE", "GET"):  # an unknown route is a 404 whatever the method
+        for path in ("/v1/nothing", "/v1/index/nothing", "/nothing"):
+            status, _, resp = raw(server, method, path, {"x": 1} if method != "GET" else None)
+            assert status == 404 and resp["error"]["code"] == "not_found", (method, path, status, resp)
 
 
 def test_metrics_count_requests_tokens_and_queue(server, client):

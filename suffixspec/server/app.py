@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, jsonify, request, send_from_directory
-from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.routing import Map, Rule
 
+from . import guards
 from .config import ServerConfig
 from .errors import APIError
 from .metrics import Metrics
@@ -36,6 +38,7 @@ class ServerState:
     worker: EngineWorker
     metrics: Metrics
     model_id: str  # the id /v1/models reports and responses carry
+    model_names: frozenset[str] = frozenset()  # every name a request's `model` may give (model_id included)
     started: int = field(default_factory=lambda: int(time.time()))
     _closed: bool = False
     _close_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -82,10 +85,20 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
         metrics.record_generation(job.endpoint, job.result, wait)
 
     worker = holder["w"] = EngineWorker(spec.engine, cfg.max_queue, on_result)
+    history = getattr(spec, "history_status", None)
+    if history is not None:
+        from prometheus_client import Gauge
+
+        Gauge("suffixspec_history_write_failures", "Output-history writes the database refused (read-only or "
+              "full); those outputs are kept in memory only", registry=metrics.registry
+              ).set_function(lambda: history()["write_failures"])
     app = Flask("suffixspec.server", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     app.json.sort_keys = False  # keep OpenAI's field order
-    app.extensions["suffixspec"] = ServerState(cfg, spec, worker, metrics, cfg.served_model_name or spec.model_name)
+    names = cfg.served_names or [spec.model_name]
+    # "suffixspec" is always accepted: the name the README and `serve --help` examples use
+    aliases = frozenset([*names, spec.model_name, "suffixspec"])
+    app.extensions["suffixspec"] = ServerState(cfg, spec, worker, metrics, names[0], aliases)
 
     from .openapi import bp as openapi_bp
     from .routes_index import bp as index_bp
@@ -94,6 +107,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     app.register_blueprint(openai_bp)
     app.register_blueprint(index_bp)
     app.register_blueprint(openapi_bp)  # GET /openapi.json
+    guards.install(app, cfg)  # Host and Origin checks run before the key check
     _install_auth(app, cfg)
     _install_errors(app)
     _install_misc(app)
@@ -116,20 +130,44 @@ def _install_auth(app: Flask, cfg: ServerConfig) -> None:
                             headers={"WWW-Authenticate": 'Bearer realm="suffixspec"'}).response()
         return None
 
+    @app.before_request
+    def check_body_type() -> None:
+        guards.require_json_body()
+
 
 def _install_errors(app: Flask) -> None:
     @app.errorhandler(APIError)
     def api_error(e: APIError) -> Response:
         return e.response()
 
+    api_map: list[Map] = []  # built on first use, once every route is registered
+
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:
         status = e.code or 500
+        if status in (404, 405):
+            # The web page's GET catch-all matches every path: decide on the API routes alone, so an
+            # unknown path is a 404 for any method and a known one with the wrong method a 405.
+            try:
+                if not api_map:
+                    api_map.append(_api_routes(app))
+                api_map[0].bind("").match(request.path, method=request.method)
+            except MethodNotAllowed as m:
+                status, e = 405, MethodNotAllowed(sorted(set(m.valid_methods or ()) | {"OPTIONS"}))
+            except NotFound:
+                status, e = 404, NotFound()
+            except HTTPException:
+                pass
         msg = {404: f"no route {request.method} {request.path}",
                405: f"method {request.method} is not allowed on {request.path}",
                413: f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes"
                }.get(status, e.description or e.name)
-        headers = {"Allow": e.response.headers["Allow"]} if status == 405 and e.response is not None else None
+        headers = None
+        if status == 405:
+            allow = e.valid_methods if isinstance(e, MethodNotAllowed) and e.valid_methods else None
+            if allow is None and e.response is not None:
+                allow = [e.response.headers["Allow"]]
+            headers = {"Allow": ", ".join(allow)} if allow else None
         return APIError(msg, status, code=e.name.lower().replace(" ", "_"), headers=headers).response()
 
     @app.errorhandler(Exception)
@@ -144,6 +182,12 @@ def _install_errors(app: Flask) -> None:
         return resp
 
 
+def _api_routes(app: Flask) -> Map:
+    """The app's routes without the web page's catch-alls, to tell 404 from 405 (see http_error)."""
+    return Map([Rule(r.rule, methods=r.methods, endpoint=r.endpoint) for r in app.url_map.iter_rules()
+                if "<path:filename>" not in r.rule])
+
+
 def _install_misc(app: Flask) -> None:
     st: ServerState = app.extensions["suffixspec"]
     web_dir = _web_dir()
@@ -151,10 +195,16 @@ def _install_misc(app: Flask) -> None:
     @app.get("/health")
     def health() -> Response:
         ok = st.worker.alive and not st.closed
-        resp = jsonify({"status": "ok" if ok else "unavailable", "model": st.model_id,
+        degraded = []
+        history = getattr(st.spec, "history_status", None)
+        hist = history() if history is not None else None
+        if hist is not None and hist["error"]:
+            degraded.append({"component": "history", "message": f"outputs are not persisted: {hist['error']}"})
+        status = ("degraded" if degraded else "ok") if ok else "unavailable"
+        resp = jsonify({"status": status, "model": st.model_id,
                         "queue_length": st.worker.queue_length(), "busy": st.worker.busy(),
                         "max_context": st.spec.max_context, "auth": bool(st.config.api_key),
-                        "uptime_s": int(time.time()) - st.started})
+                        "uptime_s": int(time.time()) - st.started, "degraded": degraded})
         resp.status_code = 200 if ok else 503
         return resp
 

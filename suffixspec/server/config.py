@@ -18,7 +18,12 @@ class ServerConfig:
     #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu
     dtype: str | None = None  # weights dtype name; None = float32 on cpu, bf16/fp16 on gpu
-    served_model_name: str | None = None  # the `model` id reported by /v1/models; None = the model argument
+    served_model_name: str | list[str] | None = None  # model id(s) clients may name; the first is the one
+    #                                                  /v1/models reports; None = the model argument
+    allowed_hosts: list[str] | None = None  # Host header values accepted (DNS-rebinding guard); None = loopback
+    #                                         names only (localhost, 127.0.0.1, [::1]); ["*"] = any
+    allowed_origins: list[str] | None = None  # browser Origins (besides the page's own) that may POST/DELETE;
+    #                                           ["*"] = any
     api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <api_key>`
     max_queue: int = 32  # requests waiting for the engine beyond the running one; more get 503
     retry_after_s: int = 2  # Retry-After header on a 503 when the queue is full
@@ -31,18 +36,33 @@ class ServerConfig:
     max_reference_chars: int = 1_000_000  # total characters of references + prediction per request
     max_stop: int = 16  # most stop strings per request
     max_documents_per_request: int = 1000  # most documents in one POST /v1/index/documents
+    max_json_depth: int = 64  # deepest nesting of arrays/objects a request body may have
+    max_query_chars: int = 1000  # longest ?q= search string for GET /v1/index/documents
     shutdown_timeout_s: float = 10.0  # on shutdown, wait this long for the running request, then cancel it
     disconnect_poll_s: float = 0.2  # how often a waiting request checks whether its client went away
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_body_bytes", "max_tokens_limit", "default_max_tokens",
-                     "default_completion_max_tokens", "max_references", "max_stop"):
+                     "default_completion_max_tokens", "max_references", "max_stop", "max_json_depth",
+                     "max_query_chars"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError("max_prompt_tokens must be >= 1 (or None for the model's context length)")
         if self.api_key == "":
             self.api_key = None
+        for name in ("allowed_hosts", "allowed_origins"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                setattr(self, name, [x.strip() for x in v.split(",") if x.strip()])
+
+    @property
+    def served_names(self) -> list[str]:
+        """The model names given with ``served_model_name`` (may be empty)."""
+        v = self.served_model_name
+        if v is None:
+            return []
+        return [x for x in ([v] if isinstance(v, str) else list(v)) if x]
 
     @classmethod
     def from_any(cls, config: ServerConfig | dict[str, Any] | None) -> ServerConfig:

@@ -50,6 +50,9 @@ def list_documents() -> Response:
     limit = _int_arg("limit", 20, 1, 1000)
     offset = _int_arg("offset", 0, 0, 10**9)
     q = request.args.get("q") or None
+    limit_q = state().config.max_query_chars
+    if q is not None and len(q) > limit_q:  # SQLite refuses long LIKE patterns ("pattern too complex")
+        raise invalid(f"query parameter 'q' is {len(q)} characters long; search with at most {limit_q}", "q")
     page = _store_call(spec.list_documents, limit=limit, offset=offset, query=q)
     return jsonify({"object": "list", "data": page["data"], "total": page["total"],
                     "limit": limit, "offset": offset})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import queue
 import re
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from .errors import APIError
 from .responses import SSE_DONE, ResponseBuilder, sse
-from .validation import GenRequest, check_reference_size, parse_chat, parse_completion
+from .validation import GenRequest, parse_chat, parse_completion
 from .worker import DONE, Job, JobFailed, QueueFull, ShuttingDown
 
 bp = Blueprint("openai", __name__)
@@ -23,17 +24,49 @@ def state() -> Any:
     return current_app.extensions["suffixspec"]
 
 
+def _non_finite(token: str) -> Any:
+    raise APIError(f"the JSON body holds {token}, which is not a JSON number (the JSON standard has no "
+                   "NaN or Infinity); send a finite number or null", 400, code="invalid_json")
+
+
+def _finite_float(token: str) -> float:
+    v = float(token)
+    if not math.isfinite(v):  # 1e999 parses to inf
+        _non_finite(token if len(token) <= 40 else token[:40] + "...")
+    return v
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """Nesting depth of arrays/objects (a scalar is 0), counted without recursion; stops past ``limit``."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            depth = max(depth, d)
+            if depth > limit:
+                return depth
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return depth
+
+
 def read_json() -> dict:
     """The request body as a JSON object, or a 400 that says why not (413 when too large)."""
     raw = request.get_data(cache=True)  # Flask raises 413 past MAX_CONTENT_LENGTH
     if not raw:
         raise APIError("the request body is empty; send a JSON object", 400, code="invalid_json")
+    limit = state().config.max_json_depth
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_non_finite, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(f"could not parse the JSON body: {e}", 400, code="invalid_json") from None
+    except RecursionError:
+        raise APIError(f"the JSON body is nested too deeply; at most {limit} levels of arrays and objects "
+                       "are accepted", 400, code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(f"the JSON body must be an object, got {type(body).__name__}", 400, code="invalid_json")
+    if json_depth(body, limit) > limit:
+        raise APIError(f"the JSON body is nested too deeply; at most {limit} levels of arrays and objects "
+                       "are accepted", 400, code="invalid_json")
     if _SURROGATE_ESCAPE.search(raw):  # "\ud800" alone decodes to a str no tokenizer or database can take
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -50,12 +83,20 @@ def models() -> Response:
                                                 "owned_by": "suffixspec", "max_model_len": st.spec.max_context}]})
 
 
+def check_model(name: str) -> None:
+    """A 404 ``model_not_found`` for a model this server does not serve (as OpenAI and vLLM answer)."""
+    st = state()
+    if name and name not in st.model_names:
+        others = sorted(st.model_names - {st.model_id})
+        alias = f" (aliases: {', '.join(others)})" if others else ""
+        raise APIError(f"the model '{name}' does not exist; this server serves '{st.model_id}'{alias}; "
+                       "more names can be served with --served-model-name", 404, "model", "model_not_found")
+
+
 @bp.get("/v1/models/<path:model>")
 def model(model: str) -> Response:
     st = state()
-    if model != st.model_id:
-        raise APIError(f"the model '{model}' does not exist; this server serves '{st.model_id}'", 404,
-                       "model", "model_not_found")
+    check_model(model)
     return jsonify({"id": st.model_id, "object": "model", "created": st.started, "owned_by": "suffixspec",
                     "max_model_len": st.spec.max_context})
 
@@ -72,8 +113,10 @@ def chat_completions() -> Response:
 
 def _generate(parser: Callable[..., GenRequest], endpoint: str) -> Response:
     st = state()
-    req = parser(read_json(), st.spec, st.config)
-    check_reference_size(req, st.config)
+    body = read_json()
+    if isinstance(body.get("model"), str):
+        check_model(body["model"])
+    req = parser(body, st.spec, st.config)
     tok = st.spec.tokenizer
     prediction_len = len(tok.encode(req.prediction, add_special_tokens=False)) if req.prediction else (
         0 if req.prediction == "" else None)
@@ -98,14 +141,20 @@ def _generate(parser: Callable[..., GenRequest], endpoint: str) -> Response:
 
 
 def _next_event(job: Job, disconnected: Callable[[], bool] | None, poll: float) -> Any:
-    """The job's next event; cancels the job and returns None if the client has gone."""
+    """The job's next event; cancels the job and returns None if the client has gone.
+
+    The socket is checked before every event, not only when none came for ``poll`` seconds: the
+    engine sends one event per step, and steps faster than ``poll`` used to hide a client that left
+    (a non-streaming request then ran to max_tokens). ``disconnected`` is waitress' flag, set by its
+    event loop when the socket reads EOF, so checking it costs an attribute read."""
     while True:
+        if disconnected is not None and disconnected():
+            job.cancel.set()
+            return None
         try:
             return job.events.get(timeout=poll)
         except queue.Empty:
-            if disconnected is not None and disconnected():
-                job.cancel.set()
-                return None
+            continue
 
 
 def _failure(ev: JobFailed) -> APIError:

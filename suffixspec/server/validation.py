@@ -7,7 +7,9 @@ a 400 whose message names the field and says what is allowed.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,13 +252,80 @@ def _max_tokens(body: dict, cfg: ServerConfig, default: int, prompt_len: int, co
     return asked
 
 
+def _prompt_limit(cfg: ServerConfig, context: int) -> int:
+    return min(context - 1, cfg.max_prompt_tokens or context)
+
+
+# -- bounds before tokenizing -------------------------------------------------------------------------
+# Tokenizing is the costly part of validation: a 7.9 MB prompt took 40 s of CPU and 3.5 GB to find
+# out it was too long. Two cheap bounds refuse such prompts first:
+# 1. characters: no token covers more than ``max_chars_per_token(tok)`` characters, so a text longer
+#    than (limit + 1) * that many characters cannot fit, whatever it holds;
+# 2. pieces: a long text is tokenized in pieces of about PIECE_CHARS characters cut after a newline,
+#    stopping as soon as the count passes the limit (plus PIECE_SLACK tokens per cut, for a token that
+#    the whole text would have merged across the cut). Only a text that may fit is tokenized whole.
+# Example: context 2048, longest token 16 characters: a 40,000-character prompt is refused by (1)
+# without tokenizing; a 30,000-character one is counted piece by piece and refused after about 2,100
+# tokens' worth of pieces, holding one piece's tokens at a time.
+PIECE_CHARS = 16_384
+PIECE_SLACK = 8
+
+
+@functools.lru_cache(maxsize=8)
+def max_chars_per_token(tokenizer: Any) -> int:
+    """An upper bound on the characters one token can stand for, from the vocabulary's strings.
+
+    Byte-level vocabularies spell each byte as one character (a character is >= 1 byte), SentencePiece
+    ones spell a space as one "\u2581": the longest vocabulary string bounds a token's text. A
+    normalizer may fold several input characters into one (NFC, stripping accents): x4 for those."""
+    try:
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    except Exception:  # a tokenizer without a vocabulary listing: no character bound
+        return 1 << 30
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    folds = backend is not None and getattr(backend, "normalizer", None) is not None
+    return max(1, longest) * (4 if folds else 1)
+
+
+def _too_long(n: str, limit: int, context: int, param: str) -> APIError:
+    return invalid(f"the prompt is {n} tokens long; this server accepts at most {limit} "
+                   f"(model context {context}); shorten '{param}'", param, "context_length_exceeded")
+
+
+def check_text_fits(text_chars: int, tokenizer: Any, cfg: ServerConfig, context: int, param: str) -> None:
+    """Bound 1: refuse a text that cannot fit the prompt limit, from its length alone."""
+    limit = _prompt_limit(cfg, context)
+    per_token = max_chars_per_token(tokenizer)
+    if text_chars > (limit + 1) * per_token:
+        raise _too_long(f"more than {text_chars // per_token}", limit, context, param)
+
+
+def encode_bounded(text: str, encode: Callable[[str], list[int]], tokenizer: Any, cfg: ServerConfig,
+                   context: int, param: str) -> list[int]:
+    """``encode(text)``, after the two cheap bounds (see above) have let the text through."""
+    check_text_fits(len(text), tokenizer, cfg, context, param)
+    if len(text) > PIECE_CHARS:
+        limit = _prompt_limit(cfg, context)
+        count, start, cuts = 0, 0, 0
+        while start < len(text):
+            end = min(len(text), start + PIECE_CHARS)
+            if end < len(text):
+                nl = text.rfind("\n", start + PIECE_CHARS // 2, end)
+                end = nl + 1 if nl >= 0 else end
+            count += len(tokenizer(text[start:end], add_special_tokens=False)["input_ids"])
+            cuts += 1
+            if count > limit + PIECE_SLACK * cuts:
+                raise _too_long(f"more than {limit}", limit, context, param)
+            start = end
+    return list(encode(text))
+
+
 def _check_prompt_len(n: int, cfg: ServerConfig, context: int, param: str) -> None:
-    limit = min(context - 1, cfg.max_prompt_tokens or context)
+    limit = _prompt_limit(cfg, context)
     if n == 0:
         raise invalid(f"'{param}' is empty; give at least one token of prompt", param)
     if n > limit:
-        raise invalid(f"the prompt is {n} tokens long; this server accepts at most {limit} "
-                      f"(model context {context}); shorten '{param}'", param, "context_length_exceeded")
+        raise _too_long(str(n), limit, context, param)
 
 
 # -- the two routes ---------------------------------------------------------------------------------
@@ -281,8 +350,10 @@ def parse_completion(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
     prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
+    references, prediction = _extra_texts(body, cfg)  # size-checked before any tokenizing
+    context = spec.max_context
     if isinstance(prompt, str):
-        ids = spec.encode(prompt)
+        ids = encode_bounded(prompt, spec.encode, spec.tokenizer, cfg, context, "prompt")
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         vocab = len(spec.tokenizer)
         bad = [t for t in prompt if not 0 <= t < vocab]
@@ -293,14 +364,12 @@ def parse_completion(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
         raise invalid("'prompt' holds several prompts; send one prompt per request", "prompt", "unsupported_value")
     else:
         raise invalid("'prompt' must be a string or a list of token ids", "prompt", "invalid_type")
-    context = spec.max_context
     _check_prompt_len(len(ids), cfg, context, "prompt")
     logprobs = get_int(body, "logprobs", None, lo=0, hi=20)
     stream, include_usage = _stream(body)
     max_tokens = _max_tokens(body, cfg, cfg.default_completion_max_tokens, len(ids), context)
     return GenRequest("completion", model, ids, _sampling(body, cfg, len(spec.tokenizer), max_tokens, logprobs),
-                      _speculation(body), _references(body, cfg), _prediction(body), stream, include_usage,
-                      logprobs)
+                      _speculation(body), references, prediction, stream, include_usage, logprobs)
 
 
 def _messages(body: dict) -> list[dict]:
@@ -340,11 +409,17 @@ def parse_chat(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
         ("audio", lambda v: False, "'audio' output is not supported"),
     ])
     messages = _messages(body)
+    references, prediction = _extra_texts(body, cfg)  # size-checked before any tokenizing
+    context = spec.max_context
+    tok = spec.tokenizer
+    check_text_fits(sum(len(m["content"]) for m in messages), tok, cfg, context, "messages")
     try:
-        ids = spec.encode_chat(messages)
+        text = spec.render_chat(messages)
     except Exception as e:  # a template that rejects the conversation (e.g. roles out of order)
         raise invalid(f"the model's chat template rejected these messages: {e}", "messages") from None
-    context = spec.max_context
+    # as SuffixSpec.encode_chat: the template already holds the special tokens
+    ids = encode_bounded(text, lambda t: tok(t, add_special_tokens=False)["input_ids"], tok, cfg, context,
+                         "messages")
     _check_prompt_len(len(ids), cfg, context, "messages")
     want_lp = get_bool(body, "logprobs", False)
     top = get_int(body, "top_logprobs", None, lo=0, hi=20)
@@ -354,12 +429,14 @@ def parse_chat(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
     stream, include_usage = _stream(body)
     max_tokens = _max_tokens(body, cfg, cfg.default_max_tokens, len(ids), context)
     return GenRequest("chat", model, ids, _sampling(body, cfg, len(spec.tokenizer), max_tokens, logprobs),
-                      _speculation(body), _references(body, cfg), _prediction(body), stream, include_usage,
-                      logprobs)
+                      _speculation(body), references, prediction, stream, include_usage, logprobs)
 
 
-def check_reference_size(req: GenRequest, cfg: ServerConfig) -> None:
-    total = sum(len(r) for r in req.references or []) + len(req.prediction or "")
+def _extra_texts(body: dict, cfg: ServerConfig) -> tuple[list[str] | None, str | None]:
+    """``references`` and ``prediction``, refused when together longer than ``max_reference_chars``."""
+    references, prediction = _references(body, cfg), _prediction(body)
+    total = sum(len(r) for r in references or []) + len(prediction or "")
     if total > cfg.max_reference_chars:
         raise APIError(f"references and prediction hold {total} characters; the limit is "
                        f"{cfg.max_reference_chars}", 400, "references", "invalid_value")
+    return references, prediction
