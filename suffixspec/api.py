@@ -60,8 +60,8 @@ class SuffixSpec:
         device / dtype: as for ``suffixspec.loading.load_model`` (default: cuda if present, else cpu).
         history: ``True`` (default) drafts from earlier outputs and saves every output in the store's
             history (so it persists across runs: prompts' completions are stored in ``db``);
-            ``False`` neither reads nor writes the output history, so identical runs give identical
-            statistics and nothing generated is stored.
+            ``False`` neither reads nor writes the output history: nothing generated is stored, and
+            earlier runs do not change what is drafted.
         engine: an already built engine (tests, custom proposers); model, draft_model and db are
             then only used for the document store (``db=False`` for none).
     """

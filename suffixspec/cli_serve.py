@@ -135,7 +135,7 @@ def _read(path: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, finish reason, statistics).")
 @click.option("--no-history", is_flag=True,
               help="Neither draft from nor save to the output history: nothing generated is stored, and "
-                   "identical runs print identical statistics.")
+                   "earlier runs do not change this one.")
 def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, chat, max_tokens, temperature, top_p,
                  top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation, stream,
                  as_json, no_history):

@@ -425,7 +425,7 @@ def _history_rows(db: Path) -> int:
     return sqlite3.connect(db).execute("SELECT count(*) FROM history").fetchone()[0]
 
 
-def test_generate_no_history_stores_nothing_and_repeats_its_statistics(tiny_model_dirs, tmp_path):
+def test_generate_no_history_stores_and_drafts_nothing(tiny_model_dirs, tmp_path):
     from suffixspec.cli import main
 
     db = tmp_path / "i.db"
@@ -433,12 +433,11 @@ def test_generate_no_history_stores_nothing_and_repeats_its_statistics(tiny_mode
             "--db", str(db), "--max-tokens", "24", "--json"]
     runs = [CliRunner().invoke(main, [*args, "--no-history"]) for _ in range(2)]
     assert all(r.exit_code == 0 for r in runs), runs[0].output
-    stats = [json.loads(r.stdout)["speculative_decoding"] for r in runs]
-    for s in stats:
-        s.pop("time_total_s", None)
-        for k in [k for k in s if k.startswith("time_")]:
-            s.pop(k)
-    assert stats[0] == stats[1]
+    outs = [json.loads(r.stdout) for r in runs]
+    assert outs[0]["text"] == outs[1]["text"]
+    # nothing is drafted from earlier outputs (the adaptive budget still follows measured step times,
+    # so the step counts may differ between runs on a busy machine)
+    assert all("history" not in o["speculative_decoding"]["per_source"] for o in outs)
     assert _history_rows(db) == 0
     assert CliRunner().invoke(main, args).exit_code == 0
     assert _history_rows(db) == 1  # without the switch the output is saved (and --help says so)
