@@ -181,7 +181,8 @@ class Engine:
                 draft, calls = self._propose(proposers, request.prompt_ids, output, budget, request.drafters,
                                              proposer_gate, copy_sources)
                 exploring = proposer_gate is not None and proposer_gate.exploring
-                if spec.adaptive and len(draft) and not exploring and not gate.worth(len(draft), draft.score):
+                if spec.adaptive and len(draft) and not exploring and not gate.worth(draft.gate_size(), draft.score):
+                    # judged by gate_size(): a sampled draft's planned size, never what it sampled
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
                 logits = self._forward([last, *draft.tokens], cache, draft.parents, past)
