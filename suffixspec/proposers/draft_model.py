@@ -212,9 +212,9 @@ class DraftRunner:
             self.ids = list(ids)
             return self._last
         if self.cache is None or n == 0:
-            from transformers import DynamicCache
+            from ..kv import new_cache
 
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = new_cache(self.model.config)  # every position kept, so crop works past a window
             n = 0
         elif self.cache.get_seq_length() > n:
             self.cache.crop(n - self.cache.get_seq_length())  # negative: drop that many (any transformers)
