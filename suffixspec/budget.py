@@ -50,7 +50,14 @@ class VerifyCost:
 
 
 class DraftGate:
-    """Per-request decision to verify or skip a draft, with occasional exploration."""
+    """Per-request decision to verify or skip a draft, with occasional exploration.
+
+    Lossless only if the decision ignores what a draft with ``q`` sampled: the engine passes
+    ``Draft.gate_size()`` (the size planned before sampling) and a score fixed before sampling.
+    Judging the sampled length would verify, say, only chains that stopped after one unlikely
+    token, and those tokens are not distributed as ``q`` (issue 19: first-token chi-square
+    p = 1e-30 on a toy, tests/test_lossless_gates.py). Past outcomes (calibration, costs) are fair.
+    """
 
     def __init__(self, cost: VerifyCost, explore_every: int = 8) -> None:
         self.cost = cost

@@ -14,6 +14,12 @@ Worked example (two branches after the root)::
 node's token was sampled from (siblings share the same row). Nodes without a known ``q``
 (suffix-index, references, text-bridged tokens) are verified with the one-hot rule, which is
 lossless for any set of children.
+
+``planned`` (drafts with ``q``): the node count the drafter fixed *before* sampling (its length
+budget). Whether a draft is verified may not depend on what was sampled (DESIGN.md, "Gates and
+cuts"): a gate that kept only short sampled chains would keep only chains that stopped after an
+unlikely token, and the kept tokens would no longer be distributed as ``q``. So gates judge
+:meth:`gate_size`, which is ``planned`` for such drafts and ``len()`` for deterministic ones.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ class Draft:
     sources: list[str] = field(default_factory=list)  # one of DRAFT_SOURCES per node
     q: torch.Tensor | None = None  # [num_nodes, vocab] float: distribution each node was drawn from, or None
     q_known: list[bool] | None = None  # per node: is q[i] meaningful? None means "all" when q is set
-    score: float = 0.0  # expected accepted tokens, as estimated by the proposer (used to pick/merge)
+    score: float = 0.0  # expected accepted tokens, as estimated by the proposer (used to pick/merge);
+    # for a draft with q, fixed before sampling (it orders merges and feeds the gate)
+    planned: int | None = None  # drafts with q: nodes planned before sampling (see gate_size)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -64,6 +72,8 @@ class Draft:
             raise ValueError(f"Draft.q has {self.q.shape[0]} rows for {n} nodes; give one row per node")
         if self.q_known is not None and len(self.q_known) != n:
             raise ValueError("Draft.q_known needs one flag per node")
+        if self.planned is not None and self.planned < n:
+            raise ValueError(f"Draft.planned ({self.planned}) is below its {n} nodes; plan at least what is drafted")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -73,6 +83,14 @@ class Draft:
         if self.q is None:
             return False
         return True if self.q_known is None else self.q_known[i]
+
+    def gate_size(self) -> int:
+        """The node count a gate may judge: ``planned`` when set (drafts with ``q`` must set it), else ``len()``."""
+        if self.planned is not None:
+            return self.planned
+        if self.q is not None:
+            raise ValueError("a draft carrying q needs `planned` (its size fixed before sampling) to be gated")
+        return len(self)
 
     def depths(self) -> list[int]:
         """Depth of each node; children of the root have depth 1."""
@@ -97,13 +115,17 @@ class Draft:
 
     def truncated(self, budget: int) -> Draft:
         """The first ``budget`` nodes (parents precede children, so the result is still a tree)."""
-        if budget >= len(self.tokens):
+        if budget >= len(self.tokens) and (self.planned is None or self.planned <= budget):
             return self
         q = self.q[:budget] if self.q is not None else None
         known = self.q_known[:budget] if self.q_known is not None else None
-        return Draft(self.tokens[:budget], self.parents[:budget], self.sources[:budget], q, known, self.score)
+        planned = min(self.planned, budget) if self.planned is not None else None
+        return Draft(self.tokens[:budget], self.parents[:budget], self.sources[:budget], q, known, self.score,
+                     planned)
 
     @staticmethod
-    def chain(tokens: list[int], source: str, q: torch.Tensor | None = None, score: float = 0.0) -> Draft:
+    def chain(tokens: list[int], source: str, q: torch.Tensor | None = None, score: float = 0.0,
+              planned: int | None = None) -> Draft:
         """A linear draft ``tokens[0] -> tokens[1] -> ...``."""
-        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), [source] * len(tokens), q, None, score)
+        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), [source] * len(tokens), q, None, score,
+                     planned)

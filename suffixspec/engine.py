@@ -25,7 +25,7 @@ from .budget import DraftGate, ProposerGate, VerifyCost
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
 from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES, SOURCE_TARGET, Draft
-from .kv import keep_accepted, tree_inputs
+from .kv import attention_windows, keep_accepted, new_cache, tree_inputs
 from .loading import LoadedModel
 from .merge import merge_drafts
 from .proposers import Proposer, RequestContext
@@ -82,6 +82,7 @@ class Engine:
         self._prefill_keeps_one = "logits_to_keep" in params
         # transformers 5.x renames ``past_key_values`` to ``cache``; accept both generations
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._windows = attention_windows(cfg)  # layer type -> sliding window (None: full); refuses others
         self._lock = threading.Lock()  # the engine is batch 1; concurrent callers queue here
         self.verify_cost = VerifyCost()  # forward time by input size, learned across requests
 
@@ -181,7 +182,8 @@ class Engine:
                 draft, calls = self._propose(proposers, request.prompt_ids, output, budget, request.drafters,
                                              proposer_gate, copy_sources)
                 exploring = proposer_gate is not None and proposer_gate.exploring
-                if spec.adaptive and len(draft) and not exploring and not gate.worth(len(draft), draft.score):
+                if spec.adaptive and len(draft) and not exploring and not gate.worth(draft.gate_size(), draft.score):
+                    # judged by gate_size(): a sampled draft's planned size, never what it sampled
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
                 logits = self._forward([last, *draft.tokens], cache, draft.parents, past)
@@ -265,9 +267,7 @@ class Engine:
 
     # ----------------------------------------------------------------- model calls
     def _new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        return new_cache(self.model.config)
 
     @torch.inference_mode()
     def _prefill(self, ids: list[int], cache: Any) -> None:
@@ -282,7 +282,8 @@ class Engine:
         """Logits [len(ids), vocab] for ``last`` + draft nodes, one pass with a tree mask."""
         kwargs: dict[str, Any] = {self._cache_kw: cache}
         if parents:
-            kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, past, self.model.dtype, self.device)
+            kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, past, self.model.dtype, self.device,
+                                                                             self._windows)
         out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **kwargs)
         return out.logits[0].float()
 

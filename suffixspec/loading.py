@@ -97,9 +97,12 @@ class _quiet_loading:
 
 def load_model(name_or_path: str = DEFAULT_TARGET, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local directory, a hub id, or an embedded name."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .kv import attention_windows
 
     path = resolve_model_path(name_or_path)
+    attention_windows(AutoConfig.from_pretrained(path))  # refuse, before loading weights, a cache we cannot rewind
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
     with _quiet_loading():

@@ -5,6 +5,12 @@ merge. A merged node keeps the source of the first draft that proposed it. The k
 valid only where a node's children all come from one draft (they are then that draft's own
 samples); elsewhere ``q_known`` is cleared and the always-lossless one-hot rule applies.
 
+Nothing here may look at what a draft with ``q`` sampled (DESIGN.md, "Gates and cuts"): drafts are
+ordered by their scores, which such drafts fix before sampling; the budget cut of a sampled chain
+then depends only on the nodes before the cut (a node shared with an earlier draft costs no budget,
+but it is shared, so it is verified one-hot); and the merged draft's ``planned`` size, which the
+engine's gate judges, adds the drafts' planned sizes, not what they sampled.
+
 Worked example: A = chain [5, 6, 7] (score 2), B = chain [5, 9] (score 1), budget 4
 -> tokens [5, 6, 7, 9], parents [-1, 0, 1, 0] (9 becomes a sibling of 6 under 5).
 """
@@ -20,6 +26,7 @@ def merge_drafts(drafts: list[Draft], budget: int) -> Draft:
         return Draft()
     if len(drafts) == 1:
         return drafts[0].truncated(budget)
+    planned = min(budget, sum(d.gate_size() for d in drafts)) if any(d.q is not None for d in drafts) else None
     drafts.sort(key=lambda d: d.score, reverse=True)
     tokens: list[int] = []
     parents: list[int] = []
@@ -64,4 +71,4 @@ def merge_drafts(drafts: list[Draft], budget: int) -> Draft:
         first = next(row for row in q_rows if row is not None)
         q = torch.stack([row if row is not None else torch.zeros_like(first) for row in q_rows])
     return Draft(tokens, parents, sources, q, known if q is not None else None,
-                 score=sum(d.score for d in drafts))
+                 score=sum(d.score for d in drafts), planned=planned)

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
+from suffixspec.budget import VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT
 from suffixspec.loading import load_model
@@ -261,14 +262,28 @@ class WideDraft(BridgedDraftProposer):
         self.sampling = SamplingParams(temperature=1.0, seed=request.sampling.seed)
 
 
+class FlatCost(VerifyCost):
+    """A verify pass costs the same for any number of nodes (as on a GPU), whatever the machine's
+    load: the gates stay on, and every draft of a request passes them."""
+
+    def observe(self, inputs: int, seconds: float) -> None:
+        pass
+
+    def estimate(self, inputs: int) -> float:
+        return 1.0
+
+
 @pytest.mark.parametrize("kind", ["hetero", "self-wide"])
-def test_intersection_sampling_distribution(models, engine, kind):
+def test_intersection_sampling_distribution(models, engine, kind, monkeypatch):
     """The bridged known-q drafter leaves the sampled distribution of (t0, t1) equal to plain.
 
     ``hetero``: the tiny random Unigram draft (its tokens are nearly always rejected: residual
     path); ``self-wide``: the target drafting for itself without top-k (partial
-    acceptance: both the accept test and the residual are exercised).
+    acceptance: both the accept test and the residual are exercised). The verify cost is pinned
+    flat, so how many drafts are verified does not follow the machine's load (gates with costs
+    that bite: tests/test_lossless_gates.py).
     """
+    monkeypatch.setattr(engine, "verify_cost", FlatCost())
     sp_kw = dict(temperature=1.0, top_k=4, max_tokens=2, ignore_eos=True)
     prompt = "def add(a, b):\n"
     ids = engine.encode(prompt)

@@ -236,7 +236,8 @@ class BridgedDraftProposer(ModelDrafter):
         if not tokens:
             return Draft()
         self._chain = tokens
-        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=torch.stack(rows), score=float(len(tokens)) / 2)
+        # score and size as planned before sampling (k), never the sampled length: the gate judges them
+        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=torch.stack(rows), score=float(k) / 2, planned=k)
 
     def _intersection_greedy(self, ids: list[int], k: int, budget: int) -> Draft:
         """Greedy: the argmax over the draft tokens that have a target twin (no ``q`` is needed, so

@@ -212,9 +212,9 @@ class DraftRunner:
             self.ids = list(ids)
             return self._last
         if self.cache is None or n == 0:
-            from transformers import DynamicCache
+            from ..kv import new_cache
 
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = new_cache(self.model.config)  # every position kept, so crop works past a window
             n = 0
         elif self.cache.get_seq_length() > n:
             self.cache.crop(n - self.cache.get_seq_length())  # negative: drop that many (any transformers)
@@ -345,7 +345,19 @@ class ModelDrafter(Proposer):
         return list(ids[:keep]) + list(ids[start:])
 
     def _unsure(self, probs: torch.Tensor, token: int) -> bool:
-        """The draft gave ``token`` less than ``min_confidence``: draft no further."""
+        """The draft gave ``token`` less than ``min_confidence``: draft no further.
+
+        Lossless for sampled chains too: the test decides whether node ``i + 1`` is drawn, from
+        nodes ``1..i`` only (a stopping time). Node ``i``'s accept test uses ``q_i`` and nothing
+        after it, and given the accepted path node ``i + 1`` is either absent (the target samples
+        ``p``) or a fresh draw from ``q_{i+1}``. What would not be lossless is a cut that looks at
+        a node itself or at later ones, such as keeping a chain only when it is short: that keeps
+        node 1 only when it was unlikely (``q(x_1) < min_confidence``). Hence the planned size
+        that :class:`~suffixspec.draft.Draft` carries for the engine's gate.
+
+        Worked example: ``min_confidence = 0.3``, sampled ``x_1`` with ``q(x_1) = 0.2`` -> stop; the
+        chain ``[x_1]`` still reaches verification (``planned = k``), whatever its length.
+        """
         return float(probs[token]) < self.min_confidence
 
 
@@ -391,7 +403,10 @@ class DraftModelProposer(ModelDrafter):
             logits = self.runner.extend(tok)
         self._chain = tokens
         q = torch.stack(rows) if use_q else None
-        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=q, score=float(self.length.value) / 2)
+        # score and planned size are fixed before sampling: the engine's gate judges them, and
+        # judging what was sampled would bias the drafts it keeps (see ModelDrafter._unsure)
+        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=q, score=float(self.length.value) / 2,
+                           planned=k if use_q else None)
 
 
 def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "auto", **kwargs: Any) -> Proposer:

@@ -1,0 +1,244 @@
+"""The engine's gates keep sampling lossless for drafters that report ``q`` (issue 19, part 1).
+
+A draft whose tokens were *sampled* may be verified, shortened or dropped only on what was known
+before the samples were drawn (DESIGN.md, "Gates and cuts"). The old draft gate judged the sampled
+chain's length: on a CPU cost profile it verified only the chains that had stopped early, i.e.
+after a token the draft gave little probability, and the tokens that reached verification were no
+longer distributed as ``q``.
+
+Toy: a real one-layer Llama whose attention and MLP outputs are zeroed, so its logits depend on
+the last token only (a Markov chain ``T[a] = p(. | a)``, computed in one batched forward). The
+exact law of every output position is then known. Drafts come from a same-vocabulary model (the
+target's weights plus noise), a different-vocabulary model through the token-level intersection,
+and a merge of the former with a deterministic random tree. The verify cost is pinned to grow with
+the node count, so the gate skips drafts; many seeded runs are compared with the exact law.
+
+Statistic, per output position: the rank of the emitted token in ``T[previous token]`` (bins 0,
+1, 2, 3, 4-7, 8+), observed counts against the summed exact bin probabilities of each run; a
+chi-square p-value over the bins. The control runs the old rule (gate on the sampled length) and
+must be caught.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from suffixspec.budget import DraftGate, VerifyCost
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.draft import Draft
+from suffixspec.engine import Engine
+from suffixspec.loading import LoadedModel
+from suffixspec.proposers.bridged_draft import BridgedDraftProposer
+from suffixspec.proposers.draft_model import DraftModelProposer
+from suffixspec.proposers.testing import RandomTreeProposer
+from suffixspec.sampling import warp
+
+BINS = (0, 1, 2, 3, 4, 8)  # rank bins: [0], [1], [2], [3], [4, 8), [8, vocab)
+TOKENS = 5  # output positions per run
+SEEDS = 500
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _markov_llama(tokenizer_dir, seed: int, scale: float) -> LoadedModel:
+    """A one-layer Llama whose logits depend on the last token only (attention and MLP outputs zeroed)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, vocab_size=len(tok),
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.get_output_embeddings().weight.mul_(scale)  # peaked: the draft's confidence varies
+    return LoadedModel(model, tok, f"markov-{seed}", "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def toys(bpe_tokenizer_dir):
+    target = _markov_llama(bpe_tokenizer_dir, 0, 20.0)
+    same = LoadedModel(copy.deepcopy(target.model), target.tokenizer, "markov-noisy", "cpu", torch.float32)
+    with torch.no_grad():  # the target's weights plus noise: a good but imperfect draft
+        torch.manual_seed(5)
+        w = same.model.get_output_embeddings().weight
+        w.add_(torch.randn_like(w) * 0.5 * w.std())
+    vocab = target.model.config.vocab_size
+    with torch.no_grad():
+        logits = target.model(torch.arange(vocab)[:, None]).logits[:, 0].double()
+    T = warp(logits, SamplingParams(temperature=1.0))  # [vocab, vocab]: T[a] = p(next | a)
+    ranks = torch.argsort(torch.argsort(T, dim=-1, descending=True), dim=-1)  # rank of each token per row
+    with torch.no_grad():
+        Q = warp(same.model(torch.arange(vocab)[:, None]).logits[:, 0].double(), SamplingParams(temperature=1.0))
+    # the target is Markov: only the prompt's last token matters; the text before it gives the
+    # bridged drafter a context to re-encode
+    # (a word token: a lone UTF-8 byte would be held back by the bridge)
+    words = torch.tensor([(w := piece.replace("\u0120", "")).isascii() and w.isalnum()
+                          for piece in target.tokenizer.convert_ids_to_tokens(list(range(vocab)))])
+    prompt = target.tokenizer.encode("def add(a, b):\n    return a + b\n") + [_sharpest_prompt(T, Q, words)]
+    return {"target": target, "same": same, "T": T, "ranks": ranks, "prompt": prompt}
+
+
+def _sharpest_prompt(T: torch.Tensor, Q: torch.Tensor, allowed: torch.Tensor, cut: float = 0.3) -> int:
+    """The prompt token after which a gate that keeps only one-token sampled chains (the old rule's
+    worst case: chains stop after a token with ``q < cut``) distorts the first token most (the
+    expected chi-square per run). The fixed rule must hold there too; the control needs the power.
+    """
+    low = torch.where(Q < cut, Q, torch.zeros_like(Q))  # [vocab, vocab] draws that end the chain
+    p_low = low.sum(-1, keepdim=True)  # [vocab, 1] chance a chain ends after one token
+    kept = low / p_low.clamp_min(1e-12)  # the law of the tokens the old gate let through
+    accept = kept * torch.clamp(T / Q.clamp_min(1e-300), max=1.0)  # accepted as if drawn from Q
+    residual = torch.clamp(T - Q, min=0.0)
+    residual = residual / residual.sum(-1, keepdim=True).clamp_min(1e-300)
+    out = p_low * (accept + (1 - accept.sum(-1, keepdim=True)) * residual) + (1 - p_low) * T
+    distortion = ((out - T) ** 2 / T.clamp_min(1e-12)).sum(-1)
+    return int(torch.argmax(torch.where(allowed, torch.nan_to_num(distortion, nan=0.0), -1.0)))
+
+
+class PinnedCost(VerifyCost):
+    """t(n) = 1 + slope * (n - 1) seconds (or ``table[n]`` where given), whatever the clock says: the
+    gate's decisions are then a function of the run alone (deterministic per seed), and they bite."""
+
+    def __init__(self, slope: float, table: dict[int, float] | None = None) -> None:
+        super().__init__()
+        self.slope = slope
+        self.table = table or {}
+
+    def observe(self, inputs: int, seconds: float) -> None:
+        pass
+
+    def estimate(self, inputs: int) -> float:
+        return self.table.get(inputs, 1.0 + self.slope * (inputs - 1))
+
+
+def _bin(rank: int) -> int:
+    return int(np.searchsorted(BINS, rank, side="right")) - 1
+
+
+def _exact_bins(T: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+    """[vocab, bins]: mass of each rank bin in each row of T."""
+    edges = list(BINS) + [T.shape[1]]
+    return torch.stack([(T * ((ranks >= lo) & (ranks < hi))).sum(-1)
+                        for lo, hi in zip(edges[:-1], edges[1:], strict=True)], -1)
+
+
+def _pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    dof = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+
+def _first_token_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square of the first token over the whole vocabulary (cells expected under 5 pooled)."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    return _pvalue(np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum()))
+
+
+def _run_seeds(toys, proposers, cost: VerifyCost, seeds: int = SEEDS, tokens: int = TOKENS
+               ) -> tuple[list[float], dict]:
+    """p-values (the first token over the vocabulary, then the rank-bin test per position), and counts (drafted, accepted, gate passes/skips)."""
+    engine = Engine(toys["target"])
+    engine.verify_cost = cost
+    engine.proposers = proposers
+    T, ranks = toys["T"], toys["ranks"]
+    mass = _exact_bins(T, ranks).numpy()  # [vocab, bins]
+    prompt = toys["prompt"]
+    observed = np.zeros((tokens, len(BINS)))
+    expected = np.zeros((tokens, len(BINS)))
+    first = np.zeros(T.shape[0])  # token counts at position 0 (its exact law is T[prompt[-1]])
+    counts = {"drafted": 0, "accepted": 0, "passed": 0, "skipped": 0}
+    worth = DraftGate.worth
+
+    def counting_worth(self, nodes, score):  # the real rule, counted
+        ok = worth(self, nodes, score)
+        counts["passed" if ok else "skipped"] += 1
+        return ok
+
+    DraftGate.worth = counting_worth
+    try:
+        for seed in range(seeds):
+            res = engine.generate(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=tokens,
+                                                         ignore_eos=True), SpeculationConfig(adaptive=True))
+            prev = prompt[-1]
+            first[res.token_ids[0]] += 1
+            for j, tok in enumerate(res.token_ids):
+                observed[j, _bin(int(ranks[prev, tok]))] += 1
+                expected[j] += mass[prev]
+                prev = tok
+            counts["drafted"] += res.stats.drafted_tokens
+            counts["accepted"] += res.stats.accepted_tokens
+    finally:
+        DraftGate.worth = worth
+    return [_first_token_pvalue(first, T[prompt[-1]].numpy())] + [_pvalue(observed[j], expected[j])
+                                                                    for j in range(tokens)], counts
+
+
+def _same_vocab(toys):
+    return [DraftModelProposer(toys["same"], target_vocab_size=toys["T"].shape[0])]
+
+
+def _intersection(toys):
+    # the bridged proposer's intersection code path (map_q, its own sampling, length and score);
+    # the noisy same-vocabulary draft, so its q is close enough to p for tokens to be accepted
+    return [BridgedDraftProposer(toys["same"], toys["target"].tokenizer, target_vocab_size=toys["T"].shape[0],
+                                 mode="intersection")]
+
+
+def _merged(toys):
+    # the random tree's tokens are the target's likeliest ones, so merged nodes are often shared
+    pool = torch.topk(toys["T"].sum(0), 12).indices.tolist()
+    return [*_same_vocab(toys), RandomTreeProposer(pool, seed=3, max_nodes=4)]
+
+
+DRAFTERS = {"same-vocabulary": _same_vocab, "intersection": _intersection, "merged": _merged}
+# pinned verify costs: steep enough that the gate skips some drafts and verifies others (asserted)
+COSTS = {"same-vocabulary": lambda: PinnedCost(0.45), "intersection": lambda: PinnedCost(0.45),
+         "merged": lambda: PinnedCost(0.3)}
+# the controls' costs, where the old rule verified only short sampled chains: the same-vocabulary
+# draft scores its planned length, so any growing cost does it; the old intersection score grew
+# with the sampled length, so only a cost that grows faster than linearly (as measured ones do
+# past a few nodes) does it
+CONTROL_COSTS = {"same-vocabulary": lambda: PinnedCost(1.5), "intersection": lambda: PinnedCost(0.8, {2: 1.4}),
+                 "merged": lambda: PinnedCost(2.0)}
+
+
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_sampled_drafts_keep_the_target_law_with_gates_on(toys, kind):
+    pvalues, counts = _run_seeds(toys, DRAFTERS[kind](toys), COSTS[kind]())
+    assert counts["passed"] > 0 and counts["skipped"] > 0, counts  # the gate bites, and lets drafts through
+    assert counts["accepted"] > 0.1 * SEEDS, counts
+    assert min(pvalues) > 1e-3, (kind, pvalues, counts)
+
+
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
+    """The old rule (the gate judged ``len(draft)``, what was sampled) fails the same test."""
+    monkeypatch.setattr(Draft, "gate_size", lambda self: len(self))
+    intersection = BridgedDraftProposer._propose_intersection
+
+    def old_score(self, k, budget):  # the old intersection score: half the sampled length
+        draft = intersection(self, k, budget)
+        draft.score = len(draft) / 2
+        return draft
+
+    monkeypatch.setattr(BridgedDraftProposer, "_propose_intersection", old_score)
+    # three tokens: the first step drafts two nodes, and the gate passes a chain only when it
+    # stopped after one token
+    pvalues, counts = _run_seeds(toys, DRAFTERS[kind](toys), CONTROL_COSTS[kind](), seeds=400, tokens=3)
+    assert counts["passed"] > 0 and counts["skipped"] > 0, counts
+    assert min(pvalues[:2]) < 1e-5, (kind, pvalues, counts)  # the first token's two statistics
