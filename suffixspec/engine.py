@@ -13,9 +13,10 @@ a b c, and x becomes ``last`` for the next step.
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ from .proposers import Proposer, RequestContext
 from .sampling import LogitsProcessor, PositionRNG
 from .stats import RequestStats
 from .verify import verify_tree
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,7 +69,10 @@ def _drafter_of(source: str) -> str:
 class Engine:
     """Generates with a target model, speculating with the given proposers."""
 
-    def __init__(self, target: LoadedModel, proposers: Sequence[Proposer] = (), max_draft_tokens: int = 32) -> None:
+    def __init__(self, target: LoadedModel, proposers: Sequence[Proposer] = (), max_draft_tokens: int = 32,
+                 max_num_seqs: int = 1) -> None:
+        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be a positive integer (1 = one request at a time), got {max_num_seqs!r}")
         self.target = target
         self.model = target.model
         self.tokenizer = target.tokenizer
@@ -83,8 +89,12 @@ class Engine:
         # transformers 5.x renames ``past_key_values`` to ``cache``; accept both generations
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._windows = attention_windows(cfg)  # layer type -> sliding window (None: full); refuses others
-        self._lock = threading.Lock()  # the engine is batch 1; concurrent callers queue here
-        self.verify_cost = VerifyCost()  # forward time by input size, learned across requests
+        self._lock = threading.Lock()  # batch 1: concurrent callers queue here
+        self.verify_cost = VerifyCost()  # forward time by input size, learned across requests (batch 1)
+        self.max_num_seqs = max_num_seqs  # requests stepped together; 1 = one at a time, on the caller's thread
+        self.step_observer: Callable[[int, int], None] | None = None  # called per pass with (rows, inputs)
+        self._scheduler: Any = None  # batch.BatchScheduler, made on the first batched request
+        self._batchable: bool | None = None  # can this model run padded batches? (probed once)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -134,113 +144,80 @@ class Engine:
             sampling=sampling,
             drafters=speculation.drafters,
         )
+        if self.max_num_seqs > 1 and self.batchable:
+            spec = speculation
+            yield from self._batch().stream(
+                lambda proposers: _Sequence(self, request, spec, cancel, proposers, self._scheduler.cost_view),
+                cancel)
+            return
         with self._lock:
             yield from self._run(request, speculation, cancel)
+
+    def close(self) -> None:
+        """Stop the batch thread once its requests are done (a new request starts it again)."""
+        if self._scheduler is not None:
+            self._scheduler.close()
+
+    def _batch(self) -> Any:
+        with self._lock:
+            if self._scheduler is None:
+                from .batch import BatchScheduler
+
+                self._scheduler = BatchScheduler(self, self.max_num_seqs)
+            return self._scheduler
+
+    @property
+    def batchable(self) -> bool:
+        """Whether the target can run padded batches (``batch.SlotCache``); probed on first use.
+
+        Sliding-window attention (the mask would have to forget old positions) and models whose
+        batched logits differ from their batch-1 logits run one request at a time, said in the log."""
+        if self._batchable is None:
+            from .batch import batch_problem
+
+            problem = batch_problem(self)
+            self._batchable = problem is None
+            if problem is not None:
+                log.warning("%s cannot be batched (%s); serving one request at a time", self.model_name, problem)
+        return self._batchable
 
     # ----------------------------------------------------------------- decode loop
     def _run(self, request: RequestContext, spec: SpeculationConfig, cancel: threading.Event | None
              ) -> Iterator[StreamEvent]:
-        sampling = request.sampling
-        stats = RequestStats()
-        start = time.perf_counter()
-        proposers = self.proposers if spec.enabled and spec.max_draft_tokens > 0 else []
-        for p in proposers:
-            p.begin(request)
-        processor = LogitsProcessor(sampling, self.vocab_size, self.device)
-        rng = PositionRNG(sampling.seed)
-        tracker = TextTracker(self.tokenizer, sampling.stop)
-        stop_ids = set() if sampling.ignore_eos else self.eos_ids | set(sampling.stop_token_ids)
-        output: list[int] = []
-        sources: list[str] = []
-        logprobs: list[dict] | None = [] if sampling.logprobs is not None else None
-        finish = None
-        ema_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step
-        copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
-        copy_sources: set[str] = set()  # the sources of that path
-        gate = DraftGate(self.verify_cost)
-        proposer_gate = ProposerGate(self.verify_cost) if spec.adaptive else None
+        """One request alone (batch 1): its own DynamicCache, today's loop."""
+        seq = _Sequence(self, request, spec, cancel, self.proposers, self.verify_cost)
+        seq.begin()
         try:
             cache = self._new_cache()
             t = time.perf_counter()
             self._prefill(request.prompt_ids[:-1], cache)
-            stats.time_prefill_s = time.perf_counter() - t
-            last = request.prompt_ids[-1]
-            past = len(request.prompt_ids) - 1
-            while finish is None:
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                room = self.max_context - past - 1  # positions left after ``last``
-                remaining = sampling.max_tokens - len(output)
-                if room < 0:
-                    finish = "length"
-                    break
-                budget = min(spec.max_draft_tokens, remaining - 1, room)
-                if spec.adaptive:  # a fully accepted draft (copying) may double; a miss falls back to the mean
-                    budget = min(budget, max(4, round(4 + 2 * ema_accepted), 2 * copy_run + 2))
+            seq.stats.time_prefill_s = time.perf_counter() - t
+            while True:
                 t = time.perf_counter()
-                draft, calls = self._propose(proposers, request.prompt_ids, output, budget, request.drafters,
-                                             proposer_gate, copy_sources)
-                exploring = proposer_gate is not None and proposer_gate.exploring
-                if spec.adaptive and len(draft) and not exploring and not gate.worth(draft.gate_size(), draft.score):
-                    # judged by gate_size(): a sampled draft's planned size, never what it sampled
+                planned = seq.plan()
+                if planned is None:
+                    break
+                draft, calls, exploring = planned
+                gated = seq.spec.adaptive and len(draft) and not exploring
+                # judged by gate_size(): a sampled draft's planned size, never what it sampled
+                if gated and not seq.gate.worth(draft.gate_size(), draft.score):
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
-                logits = self._forward([last, *draft.tokens], cache, draft.parents, past)
+                past = seq.past
+                logits = self._forward([seq.last, *draft.tokens], cache, draft.parents, past)
                 self.verify_cost.observe(1 + len(draft), time.perf_counter() - t_proposed)
-                outcome = verify_tree(draft, logits, processor, rng, position=len(output))
+                if self.step_observer is not None:
+                    self.step_observer(1, 1 + len(draft))
+                outcome = verify_tree(draft, logits, seq.processor, seq.rng, position=len(seq.output))
                 t_verified = time.perf_counter()
                 keep_accepted(cache, past, [0] + [i + 1 for i in outcome.accepted])
-                past += 1 + len(outcome.accepted)
-                last = outcome.token
-                new = [draft.tokens[i] for i in outcome.accepted] + [outcome.token]
-                new_sources = [draft.sources[i] for i in outcome.accepted] + [SOURCE_TARGET]
-                committed = 0
-                for tok, src in zip(new, new_sources, strict=True):
-                    output.append(tok)
-                    sources.append(src)
-                    processor.observe(tok)
-                    committed += 1
-                    if tok in stop_ids:
-                        finish = "stop"
-                    elif tracker.push(tok, src):
-                        finish = "stop"
-                    elif len(output) >= sampling.max_tokens:
-                        finish = "length"
-                    if finish:
-                        break
-                step_logprobs = None
-                if logprobs is not None:
-                    step_logprobs = [_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0)
-                                     for k in range(committed)]
-                    logprobs.extend(step_logprobs)
-                kept_sources = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
-                depths = draft.depths()
-                stats.record_step(draft.sources, depths, kept_sources)
-                stats.output_tokens = len(output)
-                ema_accepted = 0.7 * ema_accepted + 0.3 * len(kept_sources)
-                copy_run = len(kept_sources) if len(draft) and len(kept_sources) == max(depths) else 0
-                copy_sources = set(kept_sources) if copy_run else set()
-                if len(draft):
-                    gate.observe(draft.score, len(kept_sources))
-                if proposer_gate is not None:
-                    for i, seconds, own in calls:
-                        proposer_gate.observe(i, seconds, sum(1 for src in kept_sources if src in own), own)
-                for p in proposers:
-                    p.update(new[:committed])
-                pieces = tracker.release(final=finish is not None)
-                stats.time_propose_s += t_proposed - t
-                stats.time_verify_s += t_verified - t_proposed
-                stats.time_update_s += time.perf_counter() - t_verified
-                yield StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed],
-                                  step_logprobs)
-        finally:
-            for p in proposers:
-                p.end(output)
-        stats.time_total_s = time.perf_counter() - start
-        pieces = tracker.release(final=True)
-        result = GenerationResult(tracker.text, output, request.prompt_ids, finish, sources, logprobs, stats)
-        yield StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
+                yield seq.commit(draft, calls, outcome, t_proposed - t, t_verified - t_proposed, t_verified)
+                if seq.finish is not None:
+                    break
+        except BaseException:
+            seq.end_proposers()
+            raise
+        yield seq.close()
 
     def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
                  allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None, copying: set[str]
@@ -286,6 +263,138 @@ class Engine:
                                                                              self._windows)
         out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **kwargs)
         return out.logits[0].float()
+
+
+class _Sequence:
+    """One request's decode state: its drafters, sampler, RNG, stop rules, gates and output.
+
+    Nothing here is shared with another request, so a request gives the same tokens alone
+    (``Engine._run``) and in a batch (``batch.BatchScheduler``), which both drive it the same way:
+    ``begin``, then per step ``plan`` -> one forward pass -> ``verify_tree`` -> ``commit``, then ``close``.
+    """
+
+    def __init__(self, engine: Engine, request: RequestContext, spec: SpeculationConfig,
+                 cancel: threading.Event | None, proposers: Sequence[Proposer], cost: Any) -> None:
+        sampling = request.sampling
+        self.engine = engine
+        self.request = request
+        self.spec = spec
+        self.sampling = sampling
+        self.cancel = cancel  # set -> the request ends with finish "cancelled" at its next step
+        self.stats = RequestStats()
+        self.start = time.perf_counter()
+        self.proposers = list(proposers) if spec.enabled and spec.max_draft_tokens > 0 else []
+        self.processor = LogitsProcessor(sampling, engine.vocab_size, engine.device)
+        self.rng = PositionRNG(sampling.seed)
+        self.tracker = TextTracker(engine.tokenizer, sampling.stop)
+        self.stop_ids = set() if sampling.ignore_eos else engine.eos_ids | set(sampling.stop_token_ids)
+        self.output: list[int] = []
+        self.sources: list[str] = []
+        self.logprobs: list[dict] | None = [] if sampling.logprobs is not None else None
+        self.finish: str | None = None
+        self.ema_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step
+        self.copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
+        self.copy_sources: set[str] = set()  # the sources of that path
+        self.cost_view = cost  # the verify cost the gates judge by (a BatchCost in a batch)
+        self.gate = DraftGate(cost)
+        self.proposer_gate = ProposerGate(cost) if spec.adaptive else None
+        self.batch_skipped = 0  # steps in a row whose draft a batched pass did not verify
+        self._ended = False
+
+    @property
+    def past(self) -> int:
+        """Tokens in the KV cache: every committed token but the last."""
+        return len(self.request.prompt_ids) - 1 + len(self.output)
+
+    @property
+    def last(self) -> int:
+        """The last committed token (the root of the next draft)."""
+        return self.output[-1] if self.output else self.request.prompt_ids[-1]
+
+    def begin(self) -> None:
+        for p in self.proposers:
+            p.begin(self.request)
+
+    def plan(self) -> tuple[Draft, list[tuple[int, float, set[str]]], bool] | None:
+        """(draft, proposer calls, exploring) for the next step, or None when the request ends here."""
+        spec = self.spec
+        if self.cancel is not None and self.cancel.is_set():
+            self.finish = "cancelled"
+            return None
+        room = self.engine.max_context - self.past - 1  # positions left after ``last``
+        if room < 0:
+            self.finish = "length"
+            return None
+        budget = min(spec.max_draft_tokens, self.sampling.max_tokens - len(self.output) - 1, room)
+        if spec.adaptive:  # a fully accepted draft (copying) may double; a miss falls back to the mean
+            budget = min(budget, max(4, round(4 + 2 * self.ema_accepted), 2 * self.copy_run + 2))
+        draft, calls = self.engine._propose(self.proposers, self.request.prompt_ids, self.output, budget,
+                                            self.request.drafters, self.proposer_gate, self.copy_sources)
+        exploring = self.proposer_gate is not None and self.proposer_gate.exploring
+        return draft, calls, exploring
+
+    def commit(self, draft: Draft, calls: list[tuple[int, float, set[str]]], outcome: Any, propose_s: float,
+               verify_s: float, t_verified: float) -> StreamEvent:
+        """Append the accepted path and the target's token; feed stops, gates and proposers."""
+        sampling = self.sampling
+        new = [draft.tokens[i] for i in outcome.accepted] + [outcome.token]
+        new_sources = [draft.sources[i] for i in outcome.accepted] + [SOURCE_TARGET]
+        committed = 0
+        for tok, src in zip(new, new_sources, strict=True):
+            self.output.append(tok)
+            self.sources.append(src)
+            self.processor.observe(tok)
+            committed += 1
+            if tok in self.stop_ids:
+                self.finish = "stop"
+            elif self.tracker.push(tok, src):
+                self.finish = "stop"
+            elif len(self.output) >= sampling.max_tokens:
+                self.finish = "length"
+            if self.finish:
+                break
+        step_logprobs = None
+        if self.logprobs is not None:
+            step_logprobs = [_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0)
+                             for k in range(committed)]
+            self.logprobs.extend(step_logprobs)
+        kept_sources = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
+        depths = draft.depths()
+        stats = self.stats
+        stats.record_step(draft.sources, depths, kept_sources)
+        stats.output_tokens = len(self.output)
+        self.ema_accepted = 0.7 * self.ema_accepted + 0.3 * len(kept_sources)
+        self.copy_run = len(kept_sources) if len(draft) and len(kept_sources) == max(depths) else 0
+        self.copy_sources = set(kept_sources) if self.copy_run else set()
+        if len(draft):
+            self.gate.observe(draft.score, len(kept_sources))
+        if self.proposer_gate is not None:
+            for i, seconds, own in calls:
+                self.proposer_gate.observe(i, seconds, sum(1 for src in kept_sources if src in own), own)
+        for p in self.proposers:
+            p.update(new[:committed])
+        pieces = self.tracker.release(final=self.finish is not None)
+        stats.time_propose_s += propose_s
+        stats.time_verify_s += verify_s
+        stats.time_update_s += time.perf_counter() - t_verified
+        return StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed],
+                           step_logprobs)
+
+    def end_proposers(self) -> None:
+        """Tell the proposers the request ended (once)."""
+        if not self._ended:
+            self._ended = True
+            for p in self.proposers:
+                p.end(self.output)
+
+    def close(self) -> StreamEvent:
+        """End the request: the final event, carrying the result."""
+        self.end_proposers()
+        self.stats.time_total_s = time.perf_counter() - self.start
+        pieces = self.tracker.release(final=True)
+        result = GenerationResult(self.tracker.text, self.output, self.request.prompt_ids, self.finish,
+                                  self.sources, self.logprobs, self.stats)
+        return StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
 
 
 def _logprob_entry(processed: torch.Tensor, token: int, top_n: int) -> dict:

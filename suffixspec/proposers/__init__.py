@@ -15,6 +15,7 @@ Lifecycle for one request::
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,14 @@ class Proposer(ABC):
 
     def end(self, output_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """The request finished with these output ids."""
+
+    def fork(self) -> Proposer:
+        """A twin for another request running at the same time (continuous batching).
+
+        It shares what serves every request (models, document index, output history) and owns
+        the per-request state that ``begin`` resets. The default is a shallow copy, right for
+        proposers whose per-request state is only reassigned in ``begin``/``update``."""
+        return copy.copy(self)
 
 
 PROPOSER_NAMES = ("suffix", "draft_model", "oracle", "wrong", "random")

@@ -22,6 +22,7 @@ Worked example (draft length 3, greedy)::
 
 from __future__ import annotations
 
+import copy
 import inspect
 import random
 from collections.abc import Sequence
@@ -327,6 +328,15 @@ class ModelDrafter(Proposer):
 
     def end(self, output_ids: Sequence[int]) -> None:
         self._chain = []
+
+    def fork(self) -> ModelDrafter:
+        """A twin sharing the draft model's weights, with its own KV cache, length and RNG."""
+        twin = copy.copy(self)
+        twin.runner = copy.copy(self.runner)
+        twin.runner.reset()
+        twin.length = copy.copy(self.length)
+        twin._gen = torch.Generator(device=self.runner.device)
+        return twin
 
     def _sample(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs.float(), 1, generator=self._gen))

@@ -26,6 +26,7 @@ parents ``[-1, 0, 0]`` and score 2.67.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -114,6 +115,7 @@ class SuffixProposer(Proposer):
             raise ValueError("SuffixProposer with a database needs the target tokenizer (tokenizer=...) "
                              "or its fingerprint (fingerprint=index.fingerprint.tokenizer_fingerprint(tok))")
         self.documents = documents
+        self._origin: SuffixProposer | None = None  # set on forks: the proposer whose documents they share
         self._docs_version = -1
         if self.store is not None and documents is None:
             self.reload_documents()
@@ -132,6 +134,10 @@ class SuffixProposer(Proposer):
     # ----- corpus ------------------------------------------------------------------------------------
     def reload_documents(self) -> None:
         """Pick up documents added or removed since the last load (cheap when nothing changed)."""
+        if self._origin is not None:  # a fork reads its origin's index (loaded once per process)
+            self._origin.reload_documents()
+            self.documents = self._origin.documents
+            return
         if self.store is None:
             return
         version = self.store.docs_version()
@@ -139,6 +145,12 @@ class SuffixProposer(Proposer):
             self.documents = self.store.document_index(self.tokenizer if self.tokenizer is not None
                                                        else self.fingerprint)
             self._docs_version = version
+
+    def fork(self) -> SuffixProposer:
+        """A twin for a concurrent request: the same history and document index, its own request index."""
+        twin = copy.copy(self)
+        twin._origin = self._origin or self
+        return twin
 
     # ----- lifecycle ---------------------------------------------------------------------------------
     def begin(self, request: RequestContext) -> None:

@@ -1,0 +1,540 @@
+"""Continuous batching: several requests' draft trees verified in ONE target forward pass.
+
+A :class:`BatchScheduler` owns one thread that steps every running request together. Each step:
+
+1. every row (request) proposes its own draft (its own proposers, budget and gates);
+2. :func:`choose_drafts` decides which drafts the pass verifies, from the cost of a batched pass;
+3. ONE forward over ``[B, W]`` inputs (row ``r``: its last committed token, its draft nodes, then
+   padding up to the widest row ``W``) with a 4D mask that joins each row's own cached positions
+   and its tree mask, and per-row position ids;
+4. every row walks its own tree (``verify_tree``) and commits its accepted path, then its cache row
+   is compacted; finished and cancelled rows leave, waiting requests join (their prompt is
+   prefilled in a pass of its own) before the next step.
+
+The keys and values live in a :class:`SlotCache`: one preallocated buffer per layer, row ``r``
+holding request ``r``'s tokens at positions ``0 .. length[r] - 1``. A step writes row ``r``'s new
+block at ``length[r] ..``, so rows of different lengths need no copying, and compaction moves only
+a row's accepted entries. Worked example (two rows, lengths 3 and 1, widths 2 and 1, padded to 2)::
+
+    row 0: cache a b c | new x y     mask row "y": 1 1 1 1 1    (a b c, x its parent, itself)
+    row 1: cache d . . | new z pad   mask row "z": 1 0 0 1 0    (d, itself; the gap is masked)
+    position ids: row 0 [3, 4], row 1 [1, 1]
+
+Masked entries add ``finfo.min`` before the softmax, so they weigh exactly zero: a row's logits are
+those of the row run alone up to float rounding of the batched matmuls (the tests check greedy and
+seeded outputs token for token).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .budget import VerifyCost
+from .draft import Draft
+from .verify import verify_tree
+
+if TYPE_CHECKING:
+    from .engine import Engine, _Sequence
+
+log = logging.getLogger(__name__)
+
+
+class SlotCache:
+    """Keys and values of up to ``rows`` requests, row ``r`` valid at positions ``< lengths[r]``.
+
+    The model sees it through ``update`` (the ``transformers`` cache call of each attention layer):
+    the new block of row ``r`` is written at ``lengths[r] + offsets``, and the layer attends to the
+    buffer's first ``kv_len`` positions of the active rows (the mask hides what a row does not own).
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.keys: list[torch.Tensor] = []  # per layer [rows, kv_heads, capacity, head_dim]
+        self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []  # valid positions per active row
+        self.capacity = capacity  # positions allocated per row (grows by doubling)
+        self._rows = 0  # rows allocated in the buffers
+        self._first = 0  # first row of the current forward (prefill of a joining row)
+        self._width = 0  # positions each row of the current forward writes
+        self._kv_len = 0  # positions the current forward attends to
+
+    @property
+    def size(self) -> int:
+        """Active rows."""
+        return len(self.lengths)
+
+    def reserve(self, rows: int, positions: int) -> None:
+        """Make room for ``rows`` rows of ``positions`` each (copies only when growing)."""
+        if positions > self.capacity:
+            self.capacity = max(positions, 2 * self.capacity)
+        if rows <= self._rows and positions <= (self.keys[0].shape[2] if self.keys else 0):
+            return
+        self._rows = max(rows, self._rows)
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            self.keys[layer] = _grown(k, self._rows, self.capacity)
+            self.values[layer] = _grown(v, self._rows, self.capacity)
+
+    def begin(self, first: int, width: int) -> None:
+        """The next forward writes ``width`` positions for each row from ``first`` to the last."""
+        self._first, self._width = first, width
+        self._kv_len = max(self.lengths[first:]) + width
+        self.reserve(self.size, self._kv_len)
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a layer's new keys/values [rows, heads, width, dim]; return what the layer attends to."""
+        if layer_idx == len(self.keys):  # first forward: shapes and dtype come from the model
+            shape = (self._rows, key.shape[1], self.capacity, key.shape[3])
+            self.keys.append(torch.zeros(shape, dtype=key.dtype, device=key.device))
+            self.values.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        first, width = self._first, key.shape[2]
+        for i in range(key.shape[0]):
+            start = self.lengths[first + i]
+            keys[first + i, :, start : start + width] = key[i]
+            values[first + i, :, start : start + width] = value[i]
+        last = first + key.shape[0]
+        return keys[first:last, :, : self._kv_len], values[first:last, :, : self._kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths, default=0)
+
+    def add_row(self) -> int:
+        """A new empty row at the end; returns its index."""
+        self.lengths.append(0)
+        self.reserve(self.size, self.capacity)
+        return self.size - 1
+
+    def keep(self, row: int, start: int, keep: list[int]) -> None:
+        """After a pass that wrote row ``row`` at ``start``: keep the new-block offsets ``keep`` (in
+        order) at ``start, start + 1, ...``; the row's length becomes ``start + len(keep)``."""
+        if keep != list(range(len(keep))):
+            idx = torch.tensor([start + k for k in keep], device=self.keys[0].device if self.keys else "cpu")
+            for buf in (*self.keys, *self.values):
+                buf[row, :, start : start + len(keep)] = buf[row].index_select(-2, idx)
+        self.lengths[row] = start + len(keep)
+
+    def remove_row(self, row: int) -> None:
+        """Drop row ``row``: the last row moves into its place (rows stay ``0 .. size - 1``)."""
+        last = self.size - 1
+        if row != last:
+            n = self.lengths[last]
+            for buf in (*self.keys, *self.values):
+                buf[row, :, :n] = buf[last, :, :n]
+            self.lengths[row] = n
+        self.lengths.pop()
+
+
+def _grown(buf: torch.Tensor, rows: int, positions: int) -> torch.Tensor:
+    if buf.shape[0] >= rows and buf.shape[2] >= positions:
+        return buf
+    out = torch.zeros((rows, buf.shape[1], positions, buf.shape[3]), dtype=buf.dtype, device=buf.device)
+    out[: buf.shape[0], :, : buf.shape[2]] = buf
+    return out
+
+
+def batch_inputs(rows: list[tuple[list[int], list[int], int]], kv_len: int, dtype: torch.dtype,
+                 device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids [B, W], 4D additive mask [B, 1, W, kv_len], position ids [B, W]) for one pass.
+
+    ``rows[r] = (ids, parents, past)``: row ``r`` feeds ``ids`` (its root then its draft nodes, whose
+    parents are ``parents``) after ``past`` cached positions; its block is written at ``past``.
+    Padding (up to the widest row) repeats the root and attends to itself only.
+    """
+    width = max(len(ids) for ids, _, _ in rows)
+    allowed = np.zeros((len(rows), width, kv_len), dtype=bool)
+    positions = np.zeros((len(rows), width), dtype=np.int64)
+    input_ids = np.zeros((len(rows), width), dtype=np.int64)
+    for r, (ids, parents, past) in enumerate(rows):
+        n = len(ids)
+        input_ids[r, :n] = ids
+        input_ids[r, n:] = ids[0]
+        allowed[r, :n, :past] = True  # every real input sees the row's cache
+        depth = [0] * n
+        allowed[r, 0, past] = True
+        for i, par in enumerate(parents):  # ancestors-or-self over the new block (parents come first)
+            k, pk = i + 1, par + 1
+            allowed[r, k, past : past + n] = allowed[r, pk, past : past + n]
+            allowed[r, k, past + k] = True
+            depth[k] = depth[pk] + 1
+        positions[r, :n] = np.asarray(depth) + past
+        positions[r, n:] = past
+        for k in range(n, width):
+            allowed[r, k, past + k] = True
+    mask = torch.zeros((len(rows), 1, width, kv_len), dtype=dtype, device=device)
+    mask.masked_fill_(torch.from_numpy(~allowed).to(device)[:, None], torch.finfo(dtype).min)
+    return torch.from_numpy(input_ids).to(device), mask, torch.from_numpy(positions).to(device)
+
+
+@torch.inference_mode()
+def prefill_row(engine: Engine, cache: SlotCache, row: int, ids: list[int]) -> None:
+    """Feed a joining request's prompt (all but its last token) into its empty row, alone."""
+    if not ids:
+        return
+    cache.begin(row, len(ids))
+    dtype = engine.model.dtype
+    mask = torch.full((len(ids), len(ids)), torch.finfo(dtype).min, dtype=dtype, device=engine.device)
+    kwargs: dict[str, Any] = {engine._cache_kw: cache, "attention_mask": mask.triu_(1)[None, None],  # causal
+                              "position_ids": torch.arange(len(ids), device=engine.device)[None]}
+    if engine._prefill_keeps_one:
+        kwargs["logits_to_keep"] = 1
+    engine.model(input_ids=torch.tensor([ids], device=engine.device), use_cache=True, **kwargs)
+    cache.lengths[row] = len(ids)
+
+
+@torch.inference_mode()
+def forward_rows(engine: Engine, cache: SlotCache, rows: list[tuple[int, Draft]]) -> torch.Tensor:
+    """Logits [B, W, vocab] (float32) of one pass over every row's ``[last] + draft`` (row r = cache row r)."""
+    inputs = [([last, *draft.tokens], draft.parents, cache.lengths[r]) for r, (last, draft) in enumerate(rows)]
+    cache.begin(0, max(len(ids) for ids, _, _ in inputs))
+    ids, mask, positions = batch_inputs(inputs, cache._kv_len, engine.model.dtype, engine.device)
+    out = engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                       **{engine._cache_kw: cache})
+    return out.logits.float()
+
+
+def batch_problem(engine: Engine) -> str | None:
+    """Why the target cannot run padded batches, or None when it can.
+
+    Besides sliding-window attention, one probe compares a batched pass (two rows of different
+    lengths, a tree draft in one) with the batch-1 path's logits: a model whose attention ignores
+    the 4D mask or the per-row positions fails it."""
+    cfg = engine.model.config
+    if any("sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ()) or (
+            getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)):
+        return "sliding-window attention"
+    vocab = engine.vocab_size
+    prompts = [[(7 * i + 3) % vocab for i in range(9)], [(5 * i + 1) % vocab for i in range(4)]]
+    drafts = [Draft([11 % vocab, 12 % vocab, 13 % vocab], [-1, 0, 0], ["prompt"] * 3), Draft()]
+    try:
+        alone = []
+        for ids, draft in zip(prompts, drafts, strict=True):
+            dyn = engine._new_cache()
+            engine._prefill(ids[:-1], dyn)
+            alone.append(engine._forward([ids[-1], *draft.tokens], dyn, draft.parents, len(ids) - 1))
+        cache = SlotCache(capacity=16)
+        for ids in prompts:
+            prefill_row(engine, cache, cache.add_row(), ids[:-1])
+        batched = forward_rows(engine, cache, [(ids[-1], d) for ids, d in zip(prompts, drafts, strict=True)])
+    except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
+        return f"a batched pass failed: {type(e).__name__}: {e}"
+    for r, ref in enumerate(alone):
+        diff = float((batched[r, : ref.shape[0]] - ref).abs().max())
+        if diff > 1e-3 * max(1.0, float(ref.abs().max())):
+            return f"batched logits differ from batch-1 logits by {diff:.3g}"
+    return None
+
+
+class PassCost(VerifyCost):
+    """Forward time by total inputs, for passes of any batch size (the smallest measured size,
+    not necessarily 1, anchors the estimate: a batch of 8 never runs a 1-input pass)."""
+
+    def estimate(self, inputs: int) -> float | None:
+        if inputs in self.times or not self.times:
+            return self.times.get(inputs)
+        sizes = sorted(self.times)
+        i = bisect.bisect_left(sizes, inputs)
+        if 0 < i < len(sizes):  # interpolate between measured neighbours
+            lo, hi = sizes[i - 1], sizes[i]
+            w = (inputs - lo) / (hi - lo)
+            return (1 - w) * self.times[lo] + w * self.times[hi]
+        small, large = sizes[0], sizes[-1]
+        if large > small:
+            slope = max(0.0, (self.times[large] - self.times[small]) / (large - small))
+        else:
+            slope = self.times[small] * self.prior_slope
+        anchor = large if i else small
+        return max(0.0, self.times[anchor] + slope * (inputs - anchor))
+
+
+class BatchCost:
+    """The verify cost a row's gates see in a batch of ``rows``: ``estimate(k)`` is the measured
+    time of a pass of ``rows x k`` inputs (every row padded to the widest one)."""
+
+    def __init__(self, cost: VerifyCost) -> None:
+        self.cost = cost  # pass time by total inputs (rows x width), shared by every batch size
+        self.rows = 1  # rows of the current step
+
+    def estimate(self, inputs: int) -> float | None:
+        return self.cost.estimate(self.rows * inputs)
+
+    def observe(self, inputs: int, seconds: float) -> None:
+        self.cost.observe(self.rows * inputs, seconds)
+
+
+@dataclass
+class Plan:
+    """One row's proposal for the next step."""
+
+    draft: Draft  # the merged draft (emptied when the step does not verify it)
+    calls: list  # proposer calls, as Engine._propose returns them
+    exploring: bool  # a proposer was called only to re-measure it: verify its draft
+    propose_s: float  # seconds the row spent proposing
+
+
+def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, explore_every: int = 8) -> None:
+    """Empty the drafts a batched pass should not verify (in place).
+
+    A pass of ``rows`` rows padded to width ``W`` costs ``t(rows * W)`` and yields, per row, one token
+    plus its expected accepted tokens (``score x calibration``, its ``DraftGate``) when its draft is
+    verified. The width maximizing tokens per second wins: ``W = 1`` (all plain) costs ``t(rows)``
+    for ``rows`` tokens, ``W = 1 + g`` verifies every draft of planned size ``<= g``. Drafts that
+    must be verified (non-adaptive requests, exploration) set the smallest width.
+
+    Worked example: 4 rows, t(4) = 10 ms, t(20) = 14 ms, t(36) = 20 ms; drafts of planned size 4
+    (expecting 3 tokens) and 8 (expecting 1): W=1 -> 4 / 10 = 0.40; W=5 -> 7 / 14 = 0.50;
+    W=9 -> 8 / 20 = 0.40 -> verify the first draft only. With one row this is exactly the batch-1
+    rule ``(1 + expected) * t(1) >= t(1 + nodes)``.
+
+    A draft's size here is its planned size (``Draft.gate_size()`` when present), never what a
+    sampled draft happened to produce; nothing of another row's sampling reaches a row's tokens.
+    """
+    base = cost.estimate(rows)
+    forced_width = 1
+    optional: list[tuple[int, float, Any, Plan]] = []  # (planned size, expected tokens, seq, plan)
+    for seq, plan in plans:
+        if not len(plan.draft):
+            continue
+        size = _gate_size(plan.draft)
+        if not seq.spec.adaptive or plan.exploring or seq.batch_skipped + 1 >= explore_every:
+            forced_width = max(forced_width, 1 + len(plan.draft))
+            seq.batch_skipped = 0
+            continue
+        optional.append((size, max(0.0, plan.draft.score) * seq.gate.calibration, seq, plan))
+    if base is None:  # the first pass: measure a plain step before judging drafts
+        chosen = 0 if forced_width == 1 else forced_width
+    else:
+        chosen, best = forced_width, -1.0
+        for width in sorted({forced_width, *(1 + s for s, _, _, _ in optional if 1 + s >= forced_width)}):
+            t = cost.estimate(rows * width)
+            gain = rows + sum(e for s, e, _, _ in optional if 1 + s <= width)
+            if t and gain / t > best:
+                chosen, best = width, gain / t
+    for size, _, seq, plan in optional:
+        if 1 + size <= chosen:
+            seq.batch_skipped = 0
+        else:
+            seq.batch_skipped += 1
+            plan.draft, plan.calls = Draft(), []  # not verified: says nothing about the proposers
+
+
+def _gate_size(draft: Draft) -> int:
+    size = getattr(draft, "gate_size", None)
+    return int(size()) if callable(size) else len(draft)
+
+
+@dataclass
+class _Handle:
+    """A request submitted to the scheduler, and the queue its caller reads."""
+
+    make: Callable[[list], _Sequence]  # builds the request's state from the proposer set it is lent
+    cancel: threading.Event  # set by the caller (client gone) or when the caller stops reading
+    seq: _Sequence | None = None  # the request's decode state, once admitted
+    events: queue.Queue = field(default_factory=queue.Queue)  # StreamEvent..., then the final one, or an exception
+    proposers: list | None = None  # the proposer set lent to this request
+
+
+class BatchScheduler:
+    """Steps up to ``max_num_seqs`` requests together on one thread; others wait in line."""
+
+    def __init__(self, engine: Engine, max_num_seqs: int) -> None:
+        self.engine = engine
+        self.max_num_seqs = max_num_seqs
+        self.cost = PassCost()  # pass time by total inputs (rows x width), learned across requests
+        self.cost_view = BatchCost(self.cost)  # what the rows' own gates see (rows set per step)
+        self.cache = SlotCache()
+        self._rows: list[_Handle] = []  # row i of the cache
+        self._waiting: deque[_Handle] = deque()
+        self._cond = threading.Condition()
+        self._pool: list[list] = []  # proposer sets not in use (forks of engine.proposers)
+        self._pool_of: tuple[int, ...] = ()  # ids of the engine proposers the pool was forked from
+        self._forked = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- caller side -----------------------------------------------------------------------------
+    def stream(self, make_seq: Callable[[list], _Sequence], cancel: threading.Event | None) -> Iterator[Any]:
+        """Run a request in the batch; yields its StreamEvents (the last carries the result).
+
+        ``make_seq(proposers)`` builds the request's state once it has a proposer set."""
+        handle = _Handle(make_seq, cancel or threading.Event())
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._waiting.append(handle)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="suffixspec-batch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        finished = False
+        try:
+            while True:
+                ev = handle.events.get()
+                if isinstance(ev, BaseException):
+                    finished = True
+                    raise ev
+                yield ev
+                if ev.result is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # the caller stopped reading: free the row at the next step
+                handle.cancel.set()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    # -- scheduler thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._rows and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._rows and not self._waiting:
+                    self._thread = None
+                    return
+            try:
+                self._admit()
+                if self._rows:
+                    self._step()
+            except Exception as e:  # a failed pass fails its rows, never the thread
+                log.exception("batched decode step failed")
+                for h in list(self._rows):
+                    self._fail(h, e)
+
+    def _proposer_set(self) -> list:
+        current = tuple(id(p) for p in self.engine.proposers)
+        if current != self._pool_of:  # the engine's proposers were replaced: fork the new ones
+            self._pool, self._pool_of, self._forked = [], current, 0
+        if self._pool:
+            return self._pool.pop()
+        self._forked += 1
+        if self._forked == 1:
+            return list(self.engine.proposers)
+        return [p.fork() for p in self.engine.proposers]
+
+    def _admit(self) -> None:
+        while len(self._rows) < self.max_num_seqs:
+            with self._cond:
+                if not self._waiting:
+                    return
+                handle = self._waiting.popleft()
+            handle.proposers = self._proposer_set()
+            try:
+                handle.seq = handle.make(handle.proposers)
+                handle.seq.begin()
+            except Exception as e:
+                self._release(handle)
+                handle.events.put(e)
+                continue
+            row = self.cache.add_row()
+            self._rows.append(handle)
+            if handle.cancel.is_set():  # gone while waiting: it leaves at the next step, unprefilled
+                continue
+            try:
+                self._prefill(row, handle)
+            except Exception as e:
+                log.exception("prefill failed")
+                self._fail(handle, e)
+
+    def _prefill(self, row: int, handle: _Handle) -> None:
+        seq = handle.seq
+        t = time.perf_counter()
+        prefill_row(self.engine, self.cache, row, seq.request.prompt_ids[:-1])
+        seq.stats.time_prefill_s = time.perf_counter() - t
+
+    def _step(self) -> None:
+        plans: dict[int, Plan] = {}
+        for h in list(self._rows):
+            t = time.perf_counter()
+            try:
+                planned = h.seq.plan()
+            except Exception as e:
+                self._fail(h, e)
+                continue
+            if planned is None:  # cancelled, or out of context
+                self._finish(h)
+                continue
+            plans[id(h)] = Plan(planned[0], planned[1], planned[2], time.perf_counter() - t)
+        if not self._rows:
+            return
+        rows = len(self._rows)
+        pairs = [(h.seq, plans[id(h)]) for h in self._rows]
+        for seq, _ in pairs:
+            seq.cost_view.rows = rows
+        choose_drafts(pairs, self.cost, rows)
+        eng = self.engine
+        t_forward = time.perf_counter()
+        logits = forward_rows(eng, self.cache, [(seq.last, p.draft) for seq, p in pairs])  # [B, W, vocab]
+        width = logits.shape[1]
+        elapsed = time.perf_counter() - t_forward
+        self.cost.observe(rows * width, elapsed)
+        if eng.step_observer is not None:
+            eng.step_observer(rows, rows * width)
+        done = []
+        for i, (h, (seq, plan)) in enumerate(zip(list(self._rows), pairs, strict=True)):
+            try:
+                n = 1 + len(plan.draft)
+                t_row = time.perf_counter()
+                outcome = verify_tree(plan.draft, logits[i, :n], seq.processor, seq.rng, position=len(seq.output))
+                t_verified = time.perf_counter()
+                self.cache.keep(i, self.cache.lengths[i], [0] + [k + 1 for k in outcome.accepted])
+                ev = seq.commit(plan.draft, plan.calls, outcome, plan.propose_s, elapsed + t_verified - t_row,
+                                t_verified)
+            except Exception as e:
+                done.append((h, e))
+                continue
+            h.events.put(ev)
+            if seq.finish is not None:
+                done.append((h, None))
+        for h, err in done:
+            if err is None:
+                self._finish(h)
+            else:
+                self._fail(h, err)
+
+    def _remove(self, handle: _Handle) -> None:
+        row = self._rows.index(handle)
+        self.cache.remove_row(row)
+        last = self._rows.pop()
+        if last is not handle:
+            self._rows[row] = last
+        self._release(handle)
+
+    def _release(self, handle: _Handle) -> None:
+        if handle.proposers is not None and tuple(id(p) for p in self.engine.proposers) == self._pool_of:
+            self._pool.append(handle.proposers)
+        handle.proposers = None
+
+    def _finish(self, handle: _Handle) -> None:
+        try:
+            ev = handle.seq.close()
+        except Exception as e:
+            self._remove(handle)
+            handle.events.put(e)
+            return
+        self._remove(handle)
+        handle.events.put(ev)
+
+    def _fail(self, handle: _Handle, err: BaseException) -> None:
+        try:
+            handle.seq.end_proposers()
+        except Exception:
+            log.exception("ending the proposers of a failed request failed")
+        if handle in self._rows:
+            self._remove(handle)
+        else:
+            self._release(handle)
+        handle.events.put(err)
