@@ -16,8 +16,9 @@ server holds (one per process, shared by every route). Worked example::
         print(ev.text, end="", flush=True)
 
 Generation is lossless: with speculation on or off the output is the same (greedy) or has the same
-distribution (sampling). One generation runs at a time (the engine is batch 1); calls from several
-threads wait for each other.
+distribution (sampling). With ``max_num_seqs > 1`` calls from several threads share the target's
+forward passes (continuous batching), each getting exactly the output it would get alone; with 1
+they run one at a time.
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ class SuffixSpec:
             earlier runs do not change what is drafted.
         engine: an already built engine (tests, custom proposers); model, draft_model and db are
             then only used for the document store (``db=False`` for none).
+        max_num_seqs: generations stepped together when called from several threads (1 = one at a
+            time, as ``suffixspec serve --max-num-seqs 1``).
     """
 
     def __init__(self, model: str = DEFAULT_TARGET, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
-                 engine: Any = None, history: bool = True) -> None:
+                 engine: Any = None, history: bool = True, max_num_seqs: int = 1) -> None:
         self._lock = threading.RLock()  # document writes and close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
@@ -88,7 +91,7 @@ class SuffixSpec:
             self.proposers = list(getattr(engine, "proposers", []))
             self.model_name = getattr(engine, "model_name", model)
         else:
-            self.engine = self._build_engine(model, draft_model, device, dtype)
+            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs)
         self.tokenizer = self.engine.tokenizer
         self.suffix = next((p for p in self.proposers if getattr(p, "name", "") == "suffix"), None)
         if self.store is None and self.db_path is not None:  # an engine was given: open the store for documents
@@ -112,13 +115,14 @@ class SuffixSpec:
 
     # -- construction -------------------------------------------------------------------------
 
-    def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None) -> Any:
+    def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None,
+                      max_num_seqs: int = 1) -> Any:
         from .engine import Engine
         from .loading import load_model
 
         target = load_model(model, device=device, dtype=dtype)
         self.proposers = self._build_proposers(target, draft_model, device, dtype)
-        return Engine(target, self.proposers)
+        return Engine(target, self.proposers, max_num_seqs=max_num_seqs)
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:

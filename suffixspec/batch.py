@@ -73,6 +73,7 @@ class SlotCache:
         """Active rows."""
         return len(self.lengths)
 
+    @torch.inference_mode()
     def reserve(self, rows: int, positions: int) -> None:
         """Make room for ``rows`` rows of ``positions`` each (copies only when growing)."""
         if positions > self.capacity:
@@ -115,6 +116,7 @@ class SlotCache:
         self.reserve(self.size, self.capacity)
         return self.size - 1
 
+    @torch.inference_mode()  # the buffers are inference tensors (made inside the forward)
     def keep(self, row: int, start: int, keep: list[int]) -> None:
         """After a pass that wrote row ``row`` at ``start``: keep the new-block offsets ``keep`` (in
         order) at ``start, start + 1, ...``; the row's length becomes ``start + len(keep)``."""
@@ -124,6 +126,7 @@ class SlotCache:
                 buf[row, :, start : start + len(keep)] = buf[row].index_select(-2, idx)
         self.lengths[row] = start + len(keep)
 
+    @torch.inference_mode()
     def remove_row(self, row: int) -> None:
         """Drop row ``row``: the last row moves into its place (rows stay ``0 .. size - 1``)."""
         last = self.size - 1
@@ -347,9 +350,10 @@ class _Handle:
 class BatchScheduler:
     """Steps up to ``max_num_seqs`` requests together on one thread; others wait in line."""
 
-    def __init__(self, engine: Engine, max_num_seqs: int) -> None:
+    def __init__(self, engine: Engine, max_num_seqs: int, threaded: bool = True) -> None:
         self.engine = engine
         self.max_num_seqs = max_num_seqs
+        self.threaded = threaded  # False: the caller drives ``step()`` (tests compose batches step by step)
         self.cost = PassCost()  # pass time by total inputs (rows x width), learned across requests
         self.cost_view = BatchCost(self.cost)  # what the rows' own gates see (rows set per step)
         self.cache = SlotCache()
@@ -363,19 +367,22 @@ class BatchScheduler:
         self._closed = False
 
     # -- caller side -----------------------------------------------------------------------------
-    def stream(self, make_seq: Callable[[list], _Sequence], cancel: threading.Event | None) -> Iterator[Any]:
-        """Run a request in the batch; yields its StreamEvents (the last carries the result).
-
-        ``make_seq(proposers)`` builds the request's state once it has a proposer set."""
+    def submit(self, make_seq: Callable[[list], _Sequence], cancel: threading.Event | None = None) -> _Handle:
+        """Queue a request; ``make_seq(proposers)`` builds its state when it joins the batch."""
         handle = _Handle(make_seq, cancel or threading.Event())
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
             self._waiting.append(handle)
-            if self._thread is None:
+            if self.threaded and self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="suffixspec-batch", daemon=True)
                 self._thread.start()
             self._cond.notify()
+        return handle
+
+    def stream(self, make_seq: Callable[[list], _Sequence], cancel: threading.Event | None) -> Iterator[Any]:
+        """Run a request in the batch; yields its StreamEvents (the last carries the result)."""
+        handle = self.submit(make_seq, cancel)
         finished = False
         try:
             while True:
@@ -388,8 +395,13 @@ class BatchScheduler:
                     finished = True
                     return
         finally:
-            if not finished:  # the caller stopped reading: free the row at the next step
+            if not finished:  # the caller stopped reading: the row leaves at the next step
                 handle.cancel.set()
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch now."""
+        return len(self._rows)
 
     def close(self) -> None:
         with self._cond:
@@ -405,14 +417,18 @@ class BatchScheduler:
                 if self._closed and not self._rows and not self._waiting:
                     self._thread = None
                     return
-            try:
-                self._admit()
-                if self._rows:
-                    self._step()
-            except Exception as e:  # a failed pass fails its rows, never the thread
-                log.exception("batched decode step failed")
-                for h in list(self._rows):
-                    self._fail(h, e)
+            self.step()
+
+    def step(self) -> None:
+        """Admit waiting requests, then run one decode step for the batch (the thread's loop body)."""
+        try:
+            self._admit()
+            if self._rows:
+                self._step()
+        except Exception as e:  # a failed pass fails its rows, never the thread
+            log.exception("batched decode step failed")
+            for h in list(self._rows):
+                self._fail(h, e)
 
     def _proposer_set(self) -> list:
         current = tuple(id(p) for p in self.engine.proposers)

@@ -52,15 +52,18 @@ def model_options(fn):
               help="Comma-separated web origins (https://app.example) whose pages may POST/DELETE here; "
                    "'*' = any. Default: only this server's own web page (cross-site requests get 403).")
 @click.option("--threads", default=16, show_default=True, type=click.IntRange(1, 256),
-              help="waitress worker threads (connections served at once; generation itself is one at a time).")
+              help="waitress worker threads (connections served at once).")
 @click.option("--max-queue", default=32, show_default=True, type=click.IntRange(1, 10_000),
               help="Requests that may wait for the engine; more get 503 with Retry-After.")
+@click.option("--max-num-seqs", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Requests stepped together in one target forward pass (continuous batching); "
+                   "1 serves one request at a time.")
 @click.option("--max-tokens-limit", default=8192, show_default=True, type=click.IntRange(1),
               help="Largest max_tokens a request may ask for.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
 def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, allowed_hosts,
-              allowed_origins, threads, max_queue, max_tokens_limit, max_body_mb):
+              allowed_origins, threads, max_queue, max_num_seqs, max_tokens_limit, max_body_mb):
     """Serve the OpenAI-compatible API (and the web page at /) under waitress.
 
     \b
@@ -90,7 +93,8 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
         allowed_hosts = "*" if host in ("0.0.0.0", "::", "") else host  # bound to a LAN address: clients use it
     cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, api_key=api_key,
                        served_model_name=list(served_model_name) or None, allowed_hosts=allowed_hosts,
-                       allowed_origins=allowed_origins, max_queue=max_queue, max_tokens_limit=max_tokens_limit,
+                       allowed_origins=allowed_origins, max_queue=max_queue, max_num_seqs=max_num_seqs,
+                       max_tokens_limit=max_tokens_limit,
                        max_body_bytes=int(max_body_mb * 1024 * 1024))
     from index.store import StoreError
 

@@ -122,7 +122,22 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                prediction: str | None = None, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
-        """Generate step by step, yielding new text and tokens; the last event carries the result."""
+        """Generate step by step, yielding new text and tokens; the last event carries the result.
+
+        With ``max_num_seqs > 1`` concurrent callers share forward passes (the batch thread steps
+        them together); each gets exactly the tokens it would get alone."""
+        request, spec = self.prepare(prompt, sampling, speculation, references, prediction)
+        if self.max_num_seqs > 1 and self.batchable:
+            scheduler = self._batch()
+            yield from scheduler.stream(self.sequence_maker(request, spec, cancel, scheduler.cost_view), cancel)
+            return
+        with self._lock:
+            yield from self._run(request, spec, cancel)
+
+    def prepare(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
+                speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
+                prediction: str | None = None) -> tuple[RequestContext, SpeculationConfig]:
+        """Check and tokenize a request's arguments (``ValueError`` says what to change)."""
         sampling = sampling or SamplingParams()
         if speculation is None or speculation is True:
             speculation = self.default_speculation
@@ -144,14 +159,12 @@ class Engine:
             sampling=sampling,
             drafters=speculation.drafters,
         )
-        if self.max_num_seqs > 1 and self.batchable:
-            spec = speculation
-            yield from self._batch().stream(
-                lambda proposers: _Sequence(self, request, spec, cancel, proposers, self._scheduler.cost_view),
-                cancel)
-            return
-        with self._lock:
-            yield from self._run(request, speculation, cancel)
+        return request, speculation
+
+    def sequence_maker(self, request: RequestContext, spec: SpeculationConfig, cancel: threading.Event | None,
+                       cost: Any) -> Callable[[list[Proposer]], _Sequence]:
+        """What the batch scheduler calls when the request joins, with the proposer set it lends it."""
+        return lambda proposers: _Sequence(self, request, spec, cancel, proposers, cost)
 
     def close(self) -> None:
         """Stop the batch thread once its requests are done (a new request starts it again)."""

@@ -111,7 +111,7 @@ def test_concurrent_clients_get_exactly_their_own_answers(server):
 
 def test_full_queue_answers_503_with_retry_after_then_recovers(tiny_model_dirs, tmp_path):
     app = create_app({"model": str(tiny_model_dirs["llama"]), "draft_model": None, "db": False, "max_queue": 2,
-                      "retry_after_s": 3})
+                      "retry_after_s": 3, "max_num_seqs": 1})  # one running + 2 queued (test_server_batch: N running)
     st = app.extensions["suffixspec"]
     gate = threading.Event()
     real_stream = st.worker.engine.stream

@@ -76,7 +76,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
         from ..api import SuffixSpec
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
-                          dtype=cfg.dtype)
+                          dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs)
     holder: dict[str, EngineWorker] = {}
     metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)
 
@@ -84,6 +84,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
         wait = (job.started_at - job.submitted_at) if job.started_at else None
         metrics.record_generation(job.endpoint, job.result, wait)
 
+    spec.engine.step_observer = metrics.record_pass  # batch size of every target forward pass
     worker = holder["w"] = EngineWorker(spec.engine, cfg.max_queue, on_result)
     history = getattr(spec, "history_status", None)
     if history is not None:

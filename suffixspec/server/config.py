@@ -25,7 +25,8 @@ class ServerConfig:
     allowed_origins: list[str] | None = None  # browser Origins (besides the page's own) that may POST/DELETE;
     #                                           ["*"] = any
     api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <api_key>`
-    max_queue: int = 32  # requests waiting for the engine beyond the running one; more get 503
+    max_queue: int = 32  # requests waiting for the engine beyond the running ones; more get 503
+    max_num_seqs: int = 8  # requests the engine steps together (continuous batching); 1 = one at a time
     retry_after_s: int = 2  # Retry-After header on a 503 when the queue is full
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
     max_prompt_tokens: int | None = None  # longest prompt accepted; None = the model's context length
@@ -42,6 +43,9 @@ class ServerConfig:
     disconnect_poll_s: float = 0.2  # how often a waiting request checks whether its client went away
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be a positive integer (1 = one request at a time), "
+                             f"got {self.max_num_seqs!r}")
         for name in ("max_queue", "max_body_bytes", "max_tokens_limit", "default_max_tokens",
                      "default_completion_max_tokens", "max_references", "max_stop", "max_json_depth",
                      "max_query_chars"):

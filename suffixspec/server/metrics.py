@@ -54,6 +54,11 @@ class Metrics:
         self.rejected = Counter("suffixspec_rejected_requests", "Requests refused before generation, by reason",
                                 ["reason"], registry=r)
         self.queue_length = Gauge("suffixspec_queue_length", "Requests waiting for the engine", registry=r)
+        self.batch_size = Histogram("suffixspec_batch_size", "Requests verified together in each target forward pass",
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r)
+        self.batch_inputs = Histogram("suffixspec_batch_input_tokens",
+                                      "Input tokens of each target forward pass (rows x padded width)",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
         if queue_length is not None:
             self.queue_length.set_function(queue_length)
         self._lock = threading.Lock()
@@ -89,6 +94,11 @@ class Metrics:
         self.request_latency.observe(total)
         if queue_wait_s is not None:
             self.queue_wait.observe(queue_wait_s)
+
+    def record_pass(self, rows: int, inputs: int) -> None:
+        """One target forward pass of ``rows`` requests and ``inputs`` input tokens (the engine calls it)."""
+        self.batch_size.observe(rows)
+        self.batch_inputs.observe(inputs)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

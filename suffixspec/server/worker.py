@@ -1,12 +1,16 @@
-"""The engine worker: one thread owns the model; requests wait in a bounded queue.
+"""The engine worker: runner threads feed the engine; requests wait in a bounded queue.
+
+With ``max_num_seqs = N > 1`` (and a target that can batch) there are N runner threads: each
+takes a job and streams it from the engine, which steps the running requests together in one
+batch (continuous batching). With N = 1 one thread runs the jobs one at a time.
 
 A route submits a ``Job`` (engine arguments + a cancel event) and reads the job's events: the
 engine's StreamEvents, then ``DONE``, or a ``JobFailed``. A full queue raises ``QueueFull`` before
 anything is sent (the route answers 503 with Retry-After). Setting ``job.cancel`` (the client
 went away) stops the engine at its next step, or skips the job if it has not started.
 
-Shutdown stops taking jobs, cancels the queued ones, lets the running one finish for up to
-``timeout`` seconds, then cancels it and waits for the thread.
+Shutdown stops taking jobs, cancels the queued ones, lets the running ones finish for up to
+``timeout`` seconds, then cancels them and waits for the threads.
 """
 
 from __future__ import annotations
@@ -56,39 +60,49 @@ class Job:
 
 
 class EngineWorker:
-    """A daemon thread that runs jobs one at a time on ``engine.stream``."""
+    """Daemon threads that run jobs on ``engine.stream``, as many at once as the engine batches."""
 
     def __init__(self, engine: Any, max_queue: int, on_result: Callable[[Job], None] | None = None) -> None:
         self.engine = engine
-        self.on_result = on_result  # called in the worker thread with each finished job (metrics)
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, max_queue))
+        self.on_result = on_result  # called in a worker thread with each finished job (metrics)
+        self.max_queue = max(1, max_queue)  # jobs that may wait; more get QueueFull
+        # unbounded underneath, so the shutdown sentinels (one per thread) never block; submit() bounds it
+        self._queue: queue.Queue[Job | None] = queue.Queue()
         self._closing = threading.Event()
-        self._current: Job | None = None
+        self._current: list[Job] = []  # the running jobs
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="suffixspec-engine", daemon=True)
-        self._thread.start()
+        batched = getattr(engine, "max_num_seqs", 1) > 1 and getattr(engine, "batchable", False)
+        self.concurrency = engine.max_num_seqs if batched else 1  # jobs running at once
+        self._threads = [threading.Thread(target=self._run, name=f"suffixspec-engine-{i}", daemon=True)
+                         for i in range(self.concurrency)]
+        for t in self._threads:
+            t.start()
 
     # -- client side ---------------------------------------------------------------------------
 
     def submit(self, job: Job) -> Job:
         if self._closing.is_set():
             raise ShuttingDown("the server is shutting down")
-        try:
+        with self._lock:
+            if self._queue.qsize() >= self.max_queue:
+                raise QueueFull(f"{self.max_queue} requests are already waiting for the engine")
             self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self._queue.maxsize} requests are already waiting for the engine") from None
         return job
 
     def queue_length(self) -> int:
-        """Jobs waiting (not counting the running one)."""
+        """Jobs waiting (not counting the running ones)."""
         return self._queue.qsize()
 
     def busy(self) -> bool:
-        return self._current is not None
+        return bool(self._current)
+
+    def running(self) -> int:
+        """Jobs running now."""
+        return len(self._current)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return all(t.is_alive() for t in self._threads)
 
     # -- worker side ---------------------------------------------------------------------------
 
@@ -98,12 +112,12 @@ class EngineWorker:
             if job is None:  # shutdown sentinel
                 return
             with self._lock:
-                self._current = job
+                self._current.append(job)
             try:
                 self._run_job(job)
             finally:
                 with self._lock:
-                    self._current = None
+                    self._current.remove(job)
 
     def _run_job(self, job: Job) -> None:
         if job.cancel.is_set():
@@ -138,9 +152,9 @@ class EngineWorker:
     # -- shutdown ------------------------------------------------------------------------------
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Refuse new jobs, cancel the queued ones, give the running one ``timeout`` s, then cancel it."""
+        """Refuse new jobs, cancel the queued ones, give the running ones ``timeout`` s, then cancel them."""
         if self._closing.is_set():
-            self._thread.join(timeout)
+            self._join(timeout)
             return
         self._closing.set()
         while True:  # drain the queue: the waiting clients get a 503 "shutting down"
@@ -151,10 +165,19 @@ class EngineWorker:
             if job is not None:
                 job.cancel.set()
                 job.events.put(JobFailed("the server is shutting down", shutdown=True))
-        self._queue.put(None)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        for _ in self._threads:
+            self._queue.put(None)
+        self._join(timeout)
+        if any(t.is_alive() for t in self._threads):
             with self._lock:
-                if self._current is not None:
-                    self._current.cancel.set()
-            self._thread.join(timeout)
+                for job in self._current:
+                    job.cancel.set()
+            self._join(timeout)
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
+    def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,231 @@
+"""Concurrent clients against a real ``suffixspec serve`` on loopback: continuous batching on and off.
+
+Two servers run side by side on the embedded models: ``--max-num-seqs N`` (batching) and
+``--max-num-seqs 1`` (one request at a time, the engine before batching). For each client count
+(1, 2, 4, 8, 16) both servers get the same round, taking turns (the order alternates per round):
+every client sends its requests one after the other (greedy, a mix of code-edit and agentic
+requests from ``bench.workloads``), all clients start together. Reported per round and server:
+total output tokens per second, p50 and p90 request latency, mean batch size per forward pass
+(from ``/metrics``); and whether every output equals the same request served alone (the
+``--max-num-seqs 1`` server runs each request alone).
+
+    python -m bench.bench_concurrency [--clients 1,2,4,8,16] [--max-num-seqs 8] [--per-client 2]
+                                      [--max-tokens 128] [--out bench/published]
+
+Each round uses fresh requests (no round repeats an earlier one, so the output history does not
+turn later rounds into copies of earlier answers). Writes ``concurrency.json``, ``concurrency.md``
+and ``concurrency.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A ``suffixspec serve`` subprocess on 127.0.0.1 (embedded models, a private document store)."""
+
+    def __init__(self, max_num_seqs: int, workdir: Path, threads: int = 40) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.port = _free_port()
+        self.log = open(workdir / f"serve-{max_num_seqs}.log", "w")  # noqa: SIM115 - closed in stop()
+        code = "import sys; from suffixspec.cli import main; sys.exit(main())"
+        cmd = [sys.executable, "-c", code, "serve", "--port", str(self.port), "--db", str(workdir / f"{max_num_seqs}.db"),
+               "--max-num-seqs", str(max_num_seqs), "--threads", str(threads), "--max-queue", "256"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited; see {self.log.name}")
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("the server did not come up within 300 s")
+
+    def get(self, path: str) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+
+    def complete(self, body: dict) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read().decode()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]}")
+        return json.loads(data)
+
+    def passes(self) -> tuple[float, float]:
+        """(forward passes, requests summed over passes) so far, from /metrics."""
+        _, text = self.get("/metrics")
+        count = total = 0.0
+        for line in text.splitlines():
+            if line.startswith("suffixspec_batch_size_count "):
+                count = float(line.split()[-1])
+            elif line.startswith("suffixspec_batch_size_sum "):
+                total = float(line.split()[-1])
+        return count, total
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def requests_pool(n: int, max_tokens: int) -> list[dict]:
+    """``n`` completion bodies, code-edit and agentic requests alternating (greedy)."""
+    from bench.workloads import build
+    from suffixspec.loading import DEFAULT_TARGET, load_tokenizer
+
+    tok = load_tokenizer(DEFAULT_TARGET)
+    edits, _ = build("code_edit", tok, (n + 1) // 2, max_tokens)
+    agent, _ = build("agentic", tok, n // 2 + 1, max_tokens)
+    pool = []
+    for i in range(n):
+        r = edits[i // 2] if i % 2 == 0 else agent[i // 2]
+        pool.append({"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0})
+    return pool
+
+
+def run_round(server: Server, bodies: list[list[dict]]) -> dict:
+    """Every client (one list of bodies each) sends its requests in turn; all start together."""
+    start = threading.Barrier(len(bodies) + 1)
+    results: list[list[tuple[float, dict]]] = [[] for _ in bodies]
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        start.wait()
+        try:
+            for body in bodies[i]:
+                t = time.perf_counter()
+                out = server.complete(body)
+                results[i].append((time.perf_counter() - t, out))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    passes0 = server.passes()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    passes1 = server.passes()
+    lat = sorted(s for r in results for s, _ in r)
+    outs = [out for r in results for _, out in r]
+    tokens = sum(o["usage"]["completion_tokens"] for o in outs)
+    n_pass = passes1[0] - passes0[0]
+    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "p50_s": statistics.median(lat),
+            "p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
+            "mean_batch": (passes1[1] - passes0[1]) / n_pass if n_pass else 0.0,
+            "texts": [o["choices"][0]["text"] for o in outs]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", default="1,2,4,8,16")
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--out", default="bench/published")
+    args = ap.parse_args(argv)
+    counts = [int(c) for c in args.clients.split(",")]
+    pool = requests_pool(sum(counts) * args.per_client + 1, args.max_tokens)
+    workdir = Path(tempfile.mkdtemp(prefix="suffixspec-bench-concurrency-"))
+    servers = {"batched": Server(args.max_num_seqs, workdir), "one_at_a_time": Server(1, workdir)}
+    rows = []
+    try:
+        for s in servers.values():  # warm-up: load, first pass, cost estimates
+            s.complete(pool[-1])
+        used = 0
+        for k, clients in enumerate(counts):
+            bodies = [pool[used + i * args.per_client : used + (i + 1) * args.per_client] for i in range(clients)]
+            used += clients * args.per_client
+            order = list(servers) if k % 2 == 0 else list(servers)[::-1]
+            res = {name: run_round(servers[name], bodies) for name in order}
+            same = res["batched"]["texts"] == res["one_at_a_time"]["texts"]
+            row = {"clients": clients, "requests": clients * args.per_client, "identical": same,
+                   **{f"{name}_{key}": round(v, 4) for name, r in res.items() for key, v in r.items()
+                      if key != "texts"}}
+            row["throughput_ratio"] = round(res["batched"]["tok_s"] / res["one_at_a_time"]["tok_s"], 3)
+            row["p50_ratio"] = round(res["batched"]["p50_s"] / res["one_at_a_time"]["p50_s"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"max_num_seqs": args.max_num_seqs, "per_client": args.per_client, "max_tokens": args.max_tokens,
+            "cpus": os.cpu_count(), "load_avg_end": os.getloadavg()[0], "rows": rows}
+    (out / "concurrency.json").write_text(json.dumps(meta, indent=1))
+    (out / "concurrency.md").write_text(table(rows, args.max_num_seqs))
+    plot(rows, args.max_num_seqs, out / "concurrency.png")
+    print(table(rows, args.max_num_seqs))
+
+
+def table(rows: list[dict], n: int) -> str:
+    lines = [f"| clients | tok/s batched (N={n}) | tok/s one at a time | ratio | p50 s batched | p50 s one at a time "
+             "| mean batch | identical |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['clients']} | {r['batched_tok_s']:.0f} | {r['one_at_a_time_tok_s']:.0f} | "
+                     f"{r['throughput_ratio']:.2f}x | {r['batched_p50_s']:.2f} | {r['one_at_a_time_p50_s']:.2f} | "
+                     f"{r['batched_mean_batch']:.1f} | {'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], n: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["clients"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.plot(x, [r["batched_tok_s"] for r in rows], "o-", label=f"--max-num-seqs {n}")
+    a.plot(x, [r["one_at_a_time_tok_s"] for r in rows], "s--", label="--max-num-seqs 1")
+    a.set_xscale("log", base=2)
+    a.set_xlabel("concurrent clients")
+    a.set_ylabel("output tokens / s (all clients)")
+    a.legend()
+    b.plot(x, [r["batched_p50_s"] for r in rows], "o-", label=f"--max-num-seqs {n}")
+    b.plot(x, [r["one_at_a_time_p50_s"] for r in rows], "s--", label="--max-num-seqs 1")
+    b.set_xscale("log", base=2)
+    b.set_xlabel("concurrent clients")
+    b.set_ylabel("p50 request latency (s)")
+    b.legend()
+    fig.suptitle("suffixspec serve, embedded models, greedy code-edit + agentic requests (CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Continuous batching: every request in a batch gets exactly the tokens it gets alone.
+
+The scheduler is driven step by step (``threaded=False``), so a test composes batches exactly:
+requests join after a given step, leave when done or cancelled, and run side by side with other
+temperatures, penalties, stop rules and drafts. The reference is the request run alone on the
+batch-1 path (plain decoding, its own DynamicCache).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+import torch
+from test_draft_model_proposer import _chi_square_z, _exact_pairs
+
+from suffixspec.batch import (
+    BatchScheduler,
+    PassCost,
+    Plan,
+    SlotCache,
+    batch_inputs,
+    choose_drafts,
+    forward_rows,
+)
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.engine import Engine
+from suffixspec.loading import load_model
+from suffixspec.proposers import Proposer, RequestContext, make_proposer
+from suffixspec.proposers.testing import OracleProposer, RandomTreeProposer
+
+EVERY_DRAFT = SpeculationConfig(adaptive=False)
+PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t", "class Point:", "import os"]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dirs) -> dict[str, Engine]:
+    return {arch: Engine(load_model(str(path))) for arch, path in tiny_model_dirs.items()}
+
+
+class PromptOracle(OracleProposer):
+    """An oracle that knows the plain output of every prompt (each request gets its own fork)."""
+
+    def __init__(self, outputs: dict[tuple[int, ...], list[int]], vocab_size: int, **kw) -> None:
+        super().__init__([], vocab_size, **kw)
+        self.outputs = outputs
+
+    def begin(self, request: RequestContext) -> None:
+        super().begin(request)
+        self.expected = self.outputs.get(tuple(request.prompt_ids), [])
+
+
+def _alone(engine: Engine, prompt: str, sp: SamplingParams):
+    engine.proposers = []
+    return engine.generate(prompt, sp, speculation=False)
+
+
+def _submit(engine: Engine, sched: BatchScheduler, prompt: str, sp: SamplingParams, spec=None,
+            cancel: threading.Event | None = None):
+    request, spc = engine.prepare(prompt, sp, spec)
+    return sched.submit(engine.sequence_maker(request, spc, cancel, sched.cost_view), cancel)
+
+
+def _result(handle):
+    events = []
+    while not handle.events.empty():
+        events.append(handle.events.get())
+    assert events and not isinstance(events[-1], BaseException), events[-1:]
+    assert events[-1].result is not None
+    streamed = [t for ev in events for t in ev.token_ids]
+    assert streamed == events[-1].result.token_ids  # the stream carries every token once
+    return events[-1].result
+
+
+def _drain(sched: BatchScheduler, limit: int = 2000) -> list[int]:
+    sizes = []
+    while (sched.running or sched._waiting) and limit:
+        sched.step()
+        sizes.append(sched.running)
+        limit -= 1
+    return sizes
+
+
+# Side by side in one batch: greedy, seeded with top-p / top-k / penalties / bias, a stop string,
+# logprobs; each with its own max_tokens.
+CASES = [
+    dict(max_tokens=40, ignore_eos=True),
+    dict(max_tokens=33, ignore_eos=True, temperature=1.0, seed=1),
+    dict(max_tokens=25, ignore_eos=True, temperature=0.7, top_p=0.9, seed=2),
+    dict(max_tokens=37, ignore_eos=True, temperature=1.3, top_k=20, seed=3, logprobs=2),
+    dict(max_tokens=30, ignore_eos=True, temperature=1.0, presence_penalty=0.8, frequency_penalty=0.5, seed=4),
+    dict(max_tokens=28, ignore_eos=True, presence_penalty=1.0, logit_bias={5: 3.0}, stop=["\n"]),
+]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("drafter", ["oracle-tree", "random-tree", "suffix"])
+def test_batched_outputs_equal_alone(engines, arch, drafter):
+    """Greedy and seeded requests, joining at different steps, equal their plain runs alone."""
+    engine = engines[arch]
+    assert engine.batchable
+    reqs = [(PROMPTS[i % len(PROMPTS)], SamplingParams(**case)) for i, case in enumerate(CASES)]
+    alone = [_alone(engine, p, sp) for p, sp in reqs]
+    outputs = {tuple(engine.encode(p)): a.token_ids for (p, _), a in zip(reqs, alone, strict=True)}
+    engine.proposers = [{
+        "oracle-tree": lambda: PromptOracle(outputs, engine.vocab_size, corrupt_every=4, branch=True),
+        "random-tree": lambda: RandomTreeProposer(list(range(3, 60)), seed=5),
+        "suffix": lambda: make_proposer("suffix", db=None, tokenizer=engine.tokenizer),
+    }[drafter]()]
+    try:
+        sched = BatchScheduler(engine, 4, threaded=False)
+        handles = [_submit(engine, sched, p, sp, EVERY_DRAFT if i % 2 else None)
+                   for i, (p, sp) in enumerate(reqs[:3])]
+        for _ in range(3):
+            sched.step()
+        handles += [_submit(engine, sched, p, sp) for p, sp in reqs[3:]]  # join mid-generation
+        sizes = _drain(sched)
+    finally:
+        engine.proposers = []
+    assert max(sizes) == 4 and min(sizes) < 4  # the batch was full, then drained as requests left
+    results = [_result(h) for h in handles]
+    for (prompt, sp), ref, res in zip(reqs, alone, results, strict=True):
+        assert res.token_ids == ref.token_ids, (prompt, sp)
+        assert res.text == ref.text and res.finish_reason == ref.finish_reason
+        if sp.logprobs is not None:
+            for a, b in zip(res.logprobs, ref.logprobs, strict=True):
+                assert a["token"] == b["token"] and abs(a["logprob"] - b["logprob"]) < 1e-4
+    if drafter == "oracle-tree":
+        assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_cancel_and_leave_mid_generation(engines):
+    """A cancelled request leaves at once (a prefix of its output alone); the others are unchanged."""
+    engine = engines["llama"]
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    alone = {p: _alone(engine, p, sp) for p in PROMPTS[:4]}
+    engine.proposers = [make_proposer("suffix", db=None, tokenizer=engine.tokenizer)]
+    try:
+        sched = BatchScheduler(engine, 3, threaded=False)
+        cancels = [threading.Event() for _ in range(4)]
+        handles = [_submit(engine, sched, p, sp, cancel=c) for p, c in zip(PROMPTS[:4], cancels, strict=True)]
+        cancels[3].set()  # gone while waiting: never prefilled, finishes "cancelled" with nothing
+        for _ in range(4):
+            sched.step()
+        cancels[1].set()
+        sched.step()
+        assert sched.running == 2  # it left at the step after the cancel
+        _drain(sched)
+    finally:
+        engine.proposers = []
+    results = [_result(h) for h in handles]
+    assert results[1].finish_reason == "cancelled"
+    assert 0 < len(results[1].token_ids) < 40
+    assert results[1].token_ids == alone[PROMPTS[1]].token_ids[: len(results[1].token_ids)]
+    assert results[3].finish_reason == "cancelled" and results[3].token_ids == []
+    for i in (0, 2):
+        assert results[i].token_ids == alone[PROMPTS[i]].token_ids
+
+
+class FixedQDraft(Proposer):
+    """Draws a 2-token chain from a fixed, adversarial q (uniform over a few ids, zero where the
+    target's likely tokens are), per request seeded: a known-q draft for the distribution test."""
+
+    name = "fixed-q"
+
+    def __init__(self, vocab: int, support: list[int]) -> None:
+        self.q = torch.zeros(vocab)
+        self.q[support] = 1.0 / len(support)
+        self.gen = torch.Generator()
+
+    def begin(self, request: RequestContext) -> None:
+        self.gen = torch.Generator().manual_seed(1000 + (request.sampling.seed or 0))
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        k = min(2, budget)
+        toks = torch.multinomial(self.q, k, replacement=True, generator=self.gen).tolist()
+        return Draft.chain(toks, SOURCE_DRAFT_MODEL, q=self.q.expand(k, -1).clone(), score=1.0)
+
+
+def test_batched_known_q_rows_keep_the_target_distribution(engines):
+    """Sampled rows verified in a batch with known-q drafts: (t0, t1) follows plain sampling."""
+    engine = engines["llama"]
+    sp_kw = dict(temperature=1.0, top_k=4, max_tokens=2, ignore_eos=True)
+    ids = engine.encode(PROMPTS[0])
+    expected = _exact_pairs(engine.target, ids, SamplingParams(**sp_kw))
+    likely = sorted({t for pair in expected for t in pair})
+    support = likely[:2] + [t for t in range(3, 40) if t not in likely][:2]  # half overlap, half wrong
+    engine.proposers = [FixedQDraft(engine.vocab_size, support)]
+    n, seen, drafted, accepted = 240, Counter(), 0, 0
+    try:
+        sched = BatchScheduler(engine, 6, threaded=False)
+        for start in range(0, n, 6):
+            handles = [_submit(engine, sched, PROMPTS[0], SamplingParams(seed=s, **sp_kw), EVERY_DRAFT)
+                       for s in range(start, start + 6)]
+            # other rows (greedy, other prompts) share every pass
+            others = [_submit(engine, sched, PROMPTS[2], SamplingParams(max_tokens=3))]
+            _drain(sched)
+            for h in handles:
+                res = _result(h)
+                seen[tuple(res.token_ids)] += 1
+                drafted += res.stats.drafted_tokens
+                accepted += res.stats.accepted_tokens
+            _result(others[0])
+    finally:
+        engine.proposers = []
+    assert drafted > 0 and 0 < accepted < drafted
+    z = _chi_square_z(seen, expected, n)
+    assert z < 3.5, (z, seen.most_common(5))
+
+
+def test_slot_cache_rows_match_fresh_forward(engines):
+    """After passes with rejected branches, rows of other lengths and a removed row, each row's
+    cache equals a fresh prefill of its tokens."""
+    from suffixspec.batch import prefill_row
+
+    engine = engines["llama"]
+    cache = SlotCache(capacity=8)  # small: the buffers grow on the way
+    seqs = [engine.encode(p) for p in PROMPTS[:3]]
+    for ids in seqs:
+        prefill_row(engine, cache, cache.add_row(), ids[:-1])
+    tree = Draft([5, 6, 7, 8], [-1, -1, 1, 2], ["prompt"] * 4)  # 5 | 6 -> 7 -> 8
+    for step in range(4):
+        forward_rows(engine, cache, [(s[-1], tree if r != 1 else Draft()) for r, s in enumerate(seqs)])
+        for r, s in enumerate(seqs):
+            path = [] if r == 1 else [1, 2, 3][: (step + r) % 4]  # accepted nodes: 6, 6 7, 6 7 8 or none
+            cache.keep(r, cache.lengths[r], [0] + [k + 1 for k in path])
+            s.extend([tree.tokens[k] for k in path] + [9 + r])
+    cache.remove_row(0)
+    seqs[0] = seqs.pop()  # the last row moved into row 0
+    for r, s in enumerate(seqs):
+        fresh = engine._new_cache()
+        engine._prefill(s[:-1], fresh)
+        n = len(s) - 1
+        assert cache.lengths[r] == n
+        for layer, keys in enumerate(cache.keys):
+            assert torch.allclose(keys[r, :, :n], fresh.layers[layer].keys[0], atol=1e-5), (r, layer)
+            assert torch.allclose(cache.values[layer][r, :, :n], fresh.layers[layer].values[0], atol=1e-5)
+
+
+def test_batch_inputs_mask_positions():
+    """Two rows: a tree after 2 cached tokens, and a lone root after 1 (padded to width 3)."""
+    ids, mask, pos = batch_inputs([([9, 5, 6], [-1, -1], 2), ([4], [], 1)], kv_len=5, dtype=torch.float32,
+                                  device="cpu")
+    allowed = (mask[:, 0] == 0).int().tolist()
+    assert allowed[0] == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    assert allowed[1] == [[1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0]]  # pads see only themselves
+    assert pos.tolist() == [[2, 3, 3], [1, 1, 1]]
+    assert ids.tolist() == [[9, 5, 6], [4, 4, 4]]
+
+
+class _Seq:
+    def __init__(self, adaptive: bool = True, calibration: float = 1.0) -> None:
+        self.spec = SpeculationConfig(adaptive=adaptive)
+        self.gate = type("G", (), {"calibration": calibration})()
+        self.batch_skipped = 0
+
+
+def _plan(n: int, score: float) -> Plan:
+    return Plan(Draft.chain(list(range(10, 10 + n)), "prompt", score=score), [], False, 0.0)
+
+
+def test_choose_drafts_worked_example():
+    """The docstring's example: 4 rows; the width that maximizes tokens per second wins."""
+    cost = PassCost()
+    for inputs, t in ((4, 0.010), (20, 0.014), (36, 0.020)):
+        cost.observe(inputs, t)
+    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
+    choose_drafts(rows, cost, 4)
+    assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
+    assert rows[1][0].batch_skipped == 1
+    # cheap wide passes (a GPU): both drafts go
+    flat = PassCost()
+    for inputs in (4, 20, 36):
+        flat.observe(inputs, 0.010)
+    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0))]
+    choose_drafts(rows, flat, 4)
+    assert [len(p.draft) for _, p in rows] == [4, 8]
+    # a non-adaptive row's draft is always verified, and sets the width the others may use
+    rows = [(_Seq(adaptive=False), _plan(8, 0.0)), (_Seq(), _plan(2, 0.1))]
+    choose_drafts(rows, cost, 4)
+    assert [len(p.draft) for _, p in rows] == [8, 2]
+
+
+def test_sliding_window_model_falls_back_to_batch_1(tiny_model_dirs, caplog):
+    target = load_model(str(tiny_model_dirs["qwen2"]))
+    target.model.config.use_sliding_window = True
+    target.model.config.sliding_window = 4
+    engine = Engine(target, max_num_seqs=4)
+    with caplog.at_level("WARNING"):
+        assert not engine.batchable
+    assert "cannot be batched (sliding-window attention)" in caplog.text
+    res = engine.generate("def add(a, b):", SamplingParams(max_tokens=5, ignore_eos=True))
+    assert len(res.token_ids) == 5 and engine._scheduler is None
+
+
+def test_threaded_engine_concurrent_generate(engines, tiny_model_dirs):
+    """Engine.generate from several threads with max_num_seqs > 1 shares passes; outputs equal alone."""
+    engine = Engine(load_model(str(tiny_model_dirs["llama"])), max_num_seqs=4)
+    reqs = [(PROMPTS[i % 5], SamplingParams(**CASES[i % len(CASES)])) for i in range(6)]
+    alone = [_alone(engines["llama"], p, sp) for p, sp in reqs]
+    rows: list[int] = []
+    engine.step_observer = lambda n, inputs: rows.append(n)
+    out: list = [None] * len(reqs)
+    gate = threading.Barrier(len(reqs))
+
+    def run(i: int) -> None:
+        gate.wait()
+        out[i] = engine.generate(reqs[i][0], reqs[i][1])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.close()
+    assert [r.token_ids for r in out] == [a.token_ids for a in alone]
+    assert rows and max(rows) <= 4

@@ -1,0 +1,141 @@
+"""The HTTP service with continuous batching (max_num_seqs > 1): concurrent clients share passes and
+each gets the response it gets alone; the queue limit (503), disconnects and metrics still hold."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+from test_server_worker import WAIT, GateProposer, in_thread, metric, post, submitted_signal
+
+from suffixspec.api import SuffixSpec
+from suffixspec.config import SamplingParams
+from suffixspec.engine import Engine
+from suffixspec.loading import load_model
+from suffixspec.proposers import make_proposer
+from suffixspec.server import create_app
+from suffixspec.server.serve import BackgroundServer
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t", "class Point:"]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dirs):
+    return load_model(str(tiny_model_dirs["llama"]))
+
+
+def test_concurrent_clients_get_their_alone_output(target):
+    alone_engine = Engine(target)
+    bodies = []
+    for i in range(8):
+        body = {"prompt": PROMPTS[i % 4], "max_tokens": 24 + 3 * i, "ignore_eos": True, "stream": i % 2 == 1}
+        if i % 3 == 1:
+            body.update(temperature=0.9, seed=i, top_p=0.95)
+        else:
+            body["temperature"] = 0
+        bodies.append(body)
+    alone = [alone_engine.generate(b["prompt"], SamplingParams(
+        max_tokens=b["max_tokens"], ignore_eos=True, temperature=b["temperature"], seed=b.get("seed"),
+        top_p=b.get("top_p", 1.0)), speculation=False).text for b in bodies]
+    engine = Engine(target, [make_proposer("suffix", db=None, tokenizer=target.tokenizer)], max_num_seqs=4)
+    app = create_app({"max_queue": 8}, spec=SuffixSpec(engine=engine, db=False))
+    with BackgroundServer(app, threads=16) as srv:
+        assert srv.app.extensions["suffixspec"].worker.concurrency == 4
+        start = threading.Barrier(len(bodies))
+
+        def client(body):
+            start.wait(WAIT)
+            return post(srv, "/v1/completions", body)
+
+        threads = [in_thread(client, b) for b in bodies]
+        for t, _ in threads:
+            t.join(WAIT)
+        for body, want, (_, out) in zip(bodies, alone, threads, strict=True):
+            status, _, data = out[0]
+            assert status == 200, data
+            if body["stream"]:
+                chunks = [json.loads(line[6:]) for line in data.splitlines()
+                          if line.startswith("data: {")]
+                text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+            else:
+                text = json.loads(data)["choices"][0]["text"]
+            assert text == want, body
+        passes = metric(srv, "suffixspec_batch_size_count")
+        single = metric(srv, "suffixspec_batch_size_bucket", le="1.0")
+        assert passes > 0 and single < passes  # some passes verified several requests together
+
+
+@pytest.fixture
+def gated_batch(target):
+    """(server, gate): a batching server (max_num_seqs=2, max_queue=1) whose engine waits at the gate."""
+    gate = GateProposer()
+    spec = SuffixSpec(engine=Engine(target, [gate], max_num_seqs=2), db=False)
+    app = create_app({"max_queue": 1, "disconnect_poll_s": 0.05, "shutdown_timeout_s": WAIT}, spec=spec)
+    srv = BackgroundServer(app, threads=8)
+    yield srv, gate
+    gate.open()
+    srv.close()
+
+
+def test_queue_limit_counts_waiting_requests_beyond_the_batch(gated_batch):
+    """max_num_seqs requests run, max_queue wait, the next one gets 503."""
+    srv, gate = gated_batch
+    worker = srv.app.extensions["suffixspec"].worker
+    queued = submitted_signal(srv)
+    body = {"prompt": "def add(a, b):", "max_tokens": 5, "temperature": 0}
+    running = []
+    for _ in range(2):
+        queued.clear()
+        running.append(in_thread(post, srv, "/v1/completions", body))
+        assert queued.wait(WAIT)
+    assert gate.entered.wait(WAIT)
+    while worker.running() < 2:  # both taken by the runner threads (they wait on a step, not on sleep)
+        assert running[0][0].is_alive()
+        threading.Event().wait(0.01)
+    queued.clear()
+    waiting = in_thread(post, srv, "/v1/completions", body)
+    assert queued.wait(WAIT) and worker.queue_length() == 1
+    status, headers, data = post(srv, "/v1/completions", body)
+    assert status == 503 and headers["retry-after"].isdigit()
+    assert json.loads(data)["error"]["code"] == "queue_full"
+    gate.open()
+    texts = set()
+    for t, out in [*running, waiting]:
+        t.join(WAIT)
+        assert out[0][0] == 200
+        texts.add(json.loads(out[0][2])["choices"][0]["text"])
+    assert len(texts) == 1  # the same prompt gives the same text whoever shared its passes
+
+
+def test_disconnect_in_a_batch_frees_the_row(gated_batch):
+    """A streaming client that goes away leaves the batch; its neighbour finishes normally."""
+    srv, gate = gated_batch
+    host, port = srv.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "import os", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+                       "stream": True}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=WAIT)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert gate.entered.wait(WAIT)
+    neighbour = in_thread(post, srv, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 30,
+                                                          "ignore_eos": True, "temperature": 0})
+    sock.settimeout(0.5)
+    received = b""
+    for _ in range(100):  # one decode step at a time until a chunk with text came through
+        gate.permits.release()
+        try:
+            received += sock.recv(65536)
+        except TimeoutError:
+            continue
+        if b"data: " in received:
+            break
+    assert b"200 OK" in received
+    sock.close()
+    gate.open()
+    neighbour[0].join(WAIT)
+    assert neighbour[1][0][0] == 200
+    assert json.loads(neighbour[1][0][2])["usage"]["completion_tokens"] == 30
+    assert sorted(gate.outputs)[-1] < 400  # the streamed request stopped early
+    assert metric(srv, "suffixspec_generations_total", endpoint="completions", finish_reason="cancelled") == 1
