@@ -75,12 +75,13 @@ class SlotCache:
 
     @torch.inference_mode()
     def reserve(self, rows: int, positions: int) -> None:
-        """Make room for ``rows`` rows of ``positions`` each (copies only when growing)."""
-        if positions > self.capacity:
-            self.capacity = max(positions, 2 * self.capacity)
-        if rows <= self._rows and positions <= (self.keys[0].shape[2] if self.keys else 0):
+        """Make room for ``rows`` rows of ``positions`` each. Growing copies the buffers, so rows come
+        in the scheduler's full count at once and positions double (zeroed: masked garbage must be finite)."""
+        if rows <= self._rows and positions <= self.capacity:
             return
         self._rows = max(rows, self._rows)
+        while self.capacity < positions:
+            self.capacity *= 2
         for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             self.keys[layer] = _grown(k, self._rows, self.capacity)
             self.values[layer] = _grown(v, self._rows, self.capacity)
@@ -113,7 +114,7 @@ class SlotCache:
     def add_row(self) -> int:
         """A new empty row at the end; returns its index."""
         self.lengths.append(0)
-        self.reserve(self.size, self.capacity)
+        self.reserve(self.size, 0)
         return self.size - 1
 
     @torch.inference_mode()  # the buffers are inference tensors (made inside the forward)
@@ -196,17 +197,87 @@ def prefill_row(engine: Engine, cache: SlotCache, row: int, ids: list[int]) -> N
 
 
 @torch.inference_mode()
-def forward_rows(engine: Engine, cache: SlotCache, rows: list[tuple[int, Draft]]) -> torch.Tensor:
-    """Logits [B, W, vocab] (float32) of one pass over every row's ``[last] + draft`` (row r = cache row r)."""
+def forward_rows(engine: Engine, cache: SlotCache, rows: list[tuple[int, Draft]], lean: Any = None) -> torch.Tensor:
+    """Logits [B, W, vocab] (float32) of one pass over every row's ``[last] + draft`` (row r = cache row r).
+
+    ``lean``: a :class:`LeanBatch` of the target (Llama-style models) runs the pass without the
+    ``transformers`` call machinery; otherwise the model's own forward runs it."""
     inputs = [([last, *draft.tokens], draft.parents, cache.lengths[r]) for r, (last, draft) in enumerate(rows)]
     cache.begin(0, max(len(ids) for ids, _, _ in inputs))
     ids, mask, positions = batch_inputs(inputs, cache._kv_len, engine.model.dtype, engine.device)
+    if lean is not None:
+        return lean(ids, positions, mask, cache)
     out = engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                        **{engine._cache_kw: cache})
     return out.logits.float()
 
 
-def batch_problem(engine: Engine) -> str | None:
+class LeanBatch:
+    """The target's batched verify pass for Llama-style models, in a handful of tensor operations.
+
+    A ``transformers`` forward call spends ~7 ms of CPU time in Python per pass on the embedded
+    5-layer target (hooks, output classes, per-layer bookkeeping), several times the compute of a
+    pass over a few tokens; a batch pays it once, and this pays almost none of it. The numerics
+    follow ``modeling_llama`` op for op (RMSNorm in float32, rotary embedding, SDPA with the 4D
+    mask, SiLU-gated MLP) on the weights of :class:`~suffixspec.proposers.draft_model.LeanLlama`;
+    :func:`batch_problem`'s probe and the equality tests compare it with the batch-1 path.
+    """
+
+    def __init__(self, model: Any) -> None:
+        from .proposers.draft_model import LeanLlama
+
+        cfg = model.config
+        self.w = LeanLlama(model, int(getattr(cfg, "max_position_embeddings", 2048)))
+
+    @staticmethod
+    def supports(model: Any) -> bool:
+        from .proposers.draft_model import LeanLlama
+
+        return LeanLlama.supports(model)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.w.eps)
+        return weight * h.to(x.dtype)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: SlotCache
+                 ) -> torch.Tensor:
+        """Logits [B, W, vocab] (float32); ``ids``/``positions`` [B, W], ``mask`` [B, 1, W, kv_len]."""
+        w, lin = self.w, torch.nn.functional.linear
+        b, t = ids.shape
+        h_q, h_kv, d = w.n_heads, w.n_kv, w.head_dim
+        half, rep = d // 2, h_q // h_kv
+        x = w.embed[ids]  # [B, W, hidden]
+        cos, sin = w.cos[positions][:, :, None], w.sin[positions][:, :, None]  # [B, W, 1, d]
+        for i, (w_in, w_qkv, b_qkv, wo, bo, w_post, w_gu, wd) in enumerate(w.layers):
+            qkv = lin(self._rms(x, w_in), w_qkv, b_qkv).view(b, t, h_q + 2 * h_kv, d)
+            qk, v = qkv[:, :, : h_q + h_kv], qkv[:, :, h_q + h_kv :]
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
+            q = qk[:, :, :h_q].transpose(1, 2)  # [B, heads, W, d]
+            keys, values = cache.update(qk[:, :, h_q:].transpose(1, 2), v.transpose(1, 2), i)  # [B, kv, L, d]
+            if rep > 1:
+                keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+            a = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=w.scale)
+            x = x + lin(a.transpose(1, 2).reshape(b, t, h_q * d), wo, bo)
+            gate, up = lin(self._rms(x, w_post), w_gu).chunk(2, dim=-1)
+            x = x + lin(torch.nn.functional.silu(gate) * up, wd)
+        return lin(self._rms(x, w.norm), w.head).float()
+
+
+def lean_forward(engine: Engine) -> LeanBatch | None:
+    """A :class:`LeanBatch` of the target when it supports one and passes the batching probe."""
+    if not LeanBatch.supports(engine.model):
+        return None
+    lean = LeanBatch(engine.model)
+    problem = batch_problem(engine, lean)
+    if problem is not None:
+        log.warning("the lean batched forward is off for %s (%s)", engine.model_name, problem)
+        return None
+    return lean
+
+
+def batch_problem(engine: Engine, lean: LeanBatch | None = None) -> str | None:
     """Why the target cannot run padded batches, or None when it can.
 
     Besides sliding-window attention, one probe compares a batched pass (two rows of different
@@ -228,7 +299,7 @@ def batch_problem(engine: Engine) -> str | None:
         cache = SlotCache(capacity=16)
         for ids in prompts:
             prefill_row(engine, cache, cache.add_row(), ids[:-1])
-        batched = forward_rows(engine, cache, [(ids[-1], d) for ids, d in zip(prompts, drafts, strict=True)])
+        batched = forward_rows(engine, cache, [(ids[-1], d) for ids, d in zip(prompts, drafts, strict=True)], lean)
     except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
         return f"a batched pass failed: {type(e).__name__}: {e}"
     for r, ref in enumerate(alone):
@@ -357,6 +428,8 @@ class BatchScheduler:
         self.cost = PassCost()  # pass time by total inputs (rows x width), learned across requests
         self.cost_view = BatchCost(self.cost)  # what the rows' own gates see (rows set per step)
         self.cache = SlotCache()
+        self.cache.reserve(max_num_seqs, 0)  # every row at once: adding a row then never copies
+        self.lean = lean_forward(engine)  # the lean verify pass, or None: the model's own forward
         self._rows: list[_Handle] = []  # row i of the cache
         self._waiting: deque[_Handle] = deque()
         self._cond = threading.Condition()
@@ -493,7 +566,7 @@ class BatchScheduler:
         choose_drafts(pairs, self.cost, rows)
         eng = self.engine
         t_forward = time.perf_counter()
-        logits = forward_rows(eng, self.cache, [(seq.last, p.draft) for seq, p in pairs])  # [B, W, vocab]
+        logits = forward_rows(eng, self.cache, [(seq.last, p.draft) for seq, p in pairs], self.lean)  # [B, W, vocab]
         width = logits.shape[1]
         elapsed = time.perf_counter() - t_forward
         self.cost.observe(rows * width, elapsed)
