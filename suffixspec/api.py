@@ -351,7 +351,8 @@ class SuffixSpec:
             if self._closed:
                 return
             self._closed = True
-            calls = [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
+            calls = [getattr(self.engine, "close", None)]  # the batch thread, if one runs
+            calls += [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
             calls += [s.close for s in (self._writer, self.store) if s is not None]
             for fn in calls:
                 if callable(fn):

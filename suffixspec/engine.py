@@ -167,9 +167,10 @@ class Engine:
         return lambda proposers: _Sequence(self, request, spec, cancel, proposers, cost)
 
     def close(self) -> None:
-        """Stop the batch thread once its requests are done (a new request starts it again)."""
-        if self._scheduler is not None:
-            self._scheduler.close()
+        """Let the batch thread end once its requests are done (a later request starts a new one)."""
+        scheduler, self._scheduler = self._scheduler, None  # no lock: a batch-1 generation may hold it
+        if scheduler is not None:
+            scheduler.close()
 
     def _batch(self) -> Any:
         with self._lock:
