@@ -165,7 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default="bench/published")
+    ap.add_argument("--replot", action="store_true", help="redraw the table and plot from --out's concurrency.json")
     args = ap.parse_args(argv)
+    if args.replot:
+        meta = json.loads((Path(args.out) / "concurrency.json").read_text())
+        plot(meta["rows"], meta["max_num_seqs"], Path(args.out) / "concurrency.png")
+        (Path(args.out) / "concurrency.md").write_text(table(meta["rows"], meta["max_num_seqs"]))
+        return
     counts = [int(c) for c in args.clients.split(",")]
     pool = requests_pool(sum(counts) * args.per_client + 1, args.max_tokens)
     workdir = Path(tempfile.mkdtemp(prefix="suffixspec-bench-concurrency-"))
@@ -221,19 +227,16 @@ def plot(rows: list[dict], n: int, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     x = [r["clients"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
-    a.plot(x, [r["batched_tok_s"] for r in rows], "o-", label=f"--max-num-seqs {n}")
-    a.plot(x, [r["one_at_a_time_tok_s"] for r in rows], "s--", label="--max-num-seqs 1")
-    a.set_xscale("log", base=2)
-    a.set_xlabel("concurrent clients")
-    a.set_ylabel("output tokens / s (all clients)")
-    a.legend()
-    b.plot(x, [r["batched_p50_s"] for r in rows], "o-", label=f"--max-num-seqs {n}")
-    b.plot(x, [r["one_at_a_time_p50_s"] for r in rows], "s--", label="--max-num-seqs 1")
-    b.set_xscale("log", base=2)
-    b.set_xlabel("concurrent clients")
-    b.set_ylabel("p50 request latency (s)")
-    b.legend()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    panels = (("tok_s", "output tokens / s (all clients)"), ("tok_per_cpu_s", "output tokens per server CPU-second"),
+              ("p50_s", "p50 request latency (s)"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.plot(x, [r[f"batched_{key}"] for r in rows], "o-", label=f"--max-num-seqs {n}")
+        ax.plot(x, [r[f"one_at_a_time_{key}"] for r in rows], "s--", label="--max-num-seqs 1")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.legend()
     fig.suptitle("suffixspec serve, embedded models, greedy code-edit + agentic requests (CPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
