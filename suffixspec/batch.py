@@ -283,9 +283,7 @@ def batch_problem(engine: Engine, lean: LeanBatch | None = None) -> str | None:
     Besides sliding-window attention, one probe compares a batched pass (two rows of different
     lengths, a tree draft in one) with the batch-1 path's logits: a model whose attention ignores
     the 4D mask or the per-row positions fails it."""
-    cfg = engine.model.config
-    if any("sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ()) or (
-            getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)):
+    if any(window is not None for window in engine._windows.values()):
         return "sliding-window attention"
     vocab = engine.vocab_size
     prompts = [[(7 * i + 3) % vocab for i in range(9)], [(5 * i + 1) % vocab for i in range(4)]]
@@ -370,8 +368,8 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
     W=9 -> 8 / 20 = 0.40 -> verify the first draft only. With one row this is exactly the batch-1
     rule ``(1 + expected) * t(1) >= t(1 + nodes)``.
 
-    A draft's size here is its planned size (``Draft.gate_size()`` when present), never what a
-    sampled draft happened to produce; nothing of another row's sampling reaches a row's tokens.
+    A draft's size here is its planned size (``Draft.gate_size()``), never what a sampled draft
+    happened to produce; nothing of another row's sampling reaches a row's tokens.
     """
     base = cost.estimate(rows)
     forced_width = 1
@@ -379,7 +377,7 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
     for seq, plan in plans:
         if not len(plan.draft):
             continue
-        size = _gate_size(plan.draft)
+        size = plan.draft.gate_size()
         if not seq.spec.adaptive or plan.exploring or seq.batch_skipped + 1 >= explore_every:
             forced_width = max(forced_width, 1 + len(plan.draft))
             seq.batch_skipped = 0
@@ -400,11 +398,6 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
         else:
             seq.batch_skipped += 1
             plan.draft, plan.calls = Draft(), []  # not verified: says nothing about the proposers
-
-
-def _gate_size(draft: Draft) -> int:
-    size = getattr(draft, "gate_size", None)
-    return int(size()) if callable(size) else len(draft)
 
 
 @dataclass
