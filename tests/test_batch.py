@@ -284,14 +284,16 @@ def test_choose_drafts_worked_example():
     assert [len(p.draft) for _, p in rows] == [8, 2]
 
 
-def test_sliding_window_model_falls_back_to_batch_1(tiny_model_dirs, caplog):
-    target = load_model(str(tiny_model_dirs["qwen2"]))
-    target.model.config.use_sliding_window = True
-    target.model.config.sliding_window = 4
-    engine = Engine(target, max_num_seqs=4)
+def test_sliding_window_model_falls_back_to_batch_1(tiny_dir, bpe_tokenizer_dir, caplog):
+    """A Mistral with a 16-token window: no batching (the slot cache has no windows), said in the log,
+    and generation runs one request at a time on the batch-1 path, which handles the window."""
+    from test_sliding_window import _build
+
+    path = _build("mistral", bpe_tokenizer_dir, tiny_dir / "tiny-mistral-window-batch")
+    engine = Engine(load_model(str(path), device="cpu"), max_num_seqs=4)
     with caplog.at_level("WARNING"):
         assert not engine.batchable
-    assert "cannot be batched (sliding-window attention)" in caplog.text
+    assert "cannot be batched (sliding-window attention); serving one request at a time" in caplog.text
     res = engine.generate("def add(a, b):", SamplingParams(max_tokens=5, ignore_eos=True))
     assert len(res.token_ids) == 5 and engine._scheduler is None
 
