@@ -19,12 +19,8 @@ from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT
 from suffixspec.loading import load_model
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
-from suffixspec.proposers.draft_model import (
-    AdaptiveLength,
-    DraftModelProposer,
-    DraftRunner,
-    make_draft_proposer,
-)
+from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
+from suffixspec.proposers.model_drafter import AdaptiveLength, DraftRunner
 
 PROMPTS = ["def add(a, b):\n", "The quick brown fox", "for i in range(10):\n\tprint(", "你好 🙂 wörld"]
 
@@ -429,3 +425,18 @@ def test_draft_prefilled_in_begin(models, kind):
     assert full - 2 <= seen < full
     p.propose(ids, 4)
     assert p.runner.ids[:seen] == (p.ctx.ids if hasattr(p, "ctx") else ids)[:seen]
+
+
+def test_model_drafters_depend_one_way():
+    """model_drafter <- bridged_draft <- draft_model: a fresh interpreter importing the bridged
+    drafter loads neither draft_model nor anything that imports it back (issue 17, item 20)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import suffixspec.proposers.bridged_draft; "
+            "print('suffixspec.proposers.draft_model' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from suffixspec.proposers import bridged_draft, draft_model, model_drafter
+
+    assert bridged_draft.ModelDrafter is model_drafter.ModelDrafter is draft_model.ModelDrafter

@@ -47,7 +47,7 @@ from tokenizer_bridge import BoundaryLattice, DraftContext, TokenBridge
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
 from . import RequestContext
-from .draft_model import AdaptiveLength, ModelDrafter, draft_probs
+from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel

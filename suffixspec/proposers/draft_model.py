@@ -1,16 +1,12 @@
-"""Same-vocabulary draft model (classic speculative decoding), plus the pieces every model drafter shares.
+"""Same-vocabulary draft model (classic speculative decoding), and the factory of model drafters.
 
-- :class:`DraftRunner` runs a small causal LM with its own KV cache. Given the ids the draft should
-  have seen, it crops the cache to the longest common prefix with what it has already seen and
-  feeds only the rest, so after the target rejects a draft suffix the cache is back in step with
-  one short forward pass.
-- :class:`AdaptiveLength` grows the draft length after a fully accepted draft and shrinks it
-  after an early rejection.
-- :class:`DraftModelProposer` drafts a chain with a model that shares the target's vocabulary.
+- :class:`DraftModelProposer` drafts a chain with a model that shares the target's vocabulary
+  (the runner, adaptive length and request bookkeeping come from :mod:`.model_drafter`).
   Greedy requests: argmax tokens, no ``q``. Sampling requests: tokens are sampled from the draft's
   processed distribution (temperature, top-k, top-p) and that distribution is reported as
   ``Draft.q`` (one row per node, over the target vocabulary), so verification applies
   ``min(1, p/q)``.
+- :func:`make_draft_proposer` picks it or :class:`~.bridged_draft.BridgedDraftProposer`.
 
 Worked example (draft length 3, greedy)::
 
@@ -22,353 +18,31 @@ Worked example (draft length 3, greedy)::
 
 from __future__ import annotations
 
-import copy
-import inspect
-import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import SamplingParams
 from ..draft import SOURCE_DRAFT_MODEL, Draft
-from ..sampling import warp
 from . import Proposer, RequestContext
+from .bridged_draft import BridgedDraftProposer
+from .model_drafter import (
+    AdaptiveLength,
+    DraftRunner,
+    LeanCache,
+    LeanLlama,
+    ModelDrafter,
+    common_prefix,
+    draft_probs,
+    fit_width,
+)
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class LeanCache:
-    """Preallocated KV cache of :class:`LeanLlama`: ``k[layer]``, ``v[layer]`` are [kv_heads, max_positions,
-    head_dim]; the first ``length`` positions are filled. Cropping moves ``length`` (no copy)."""
-
-    def __init__(self, layers: int, kv_heads: int, positions: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.k = [torch.zeros(kv_heads, positions, head_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros_like(k) for k in self.k]
-        self.length = 0
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def crop(self, n: int) -> None:
-        """Keep the first ``n`` positions; a negative ``n`` drops that many (as ``DynamicCache.crop``)."""
-        self.length = max(0, self.length + n if n < 0 else min(n, self.length))
-
-
-class LeanLlama:
-    """The forward pass of a small Llama-style decoder (Llama, Qwen2, Mistral without sliding window)
-    written with a handful of tensor operations, for draft models.
-
-    A draft of a few million parameters spends most of a ``transformers`` forward call in Python
-    (module hooks, output classes, mask and cache bookkeeping): on the embedded 2 x 96 draft, about
-    2 ms per call against ~0.3 ms here, for a model called one to five times per step. The numerics
-    follow ``modeling_llama`` (RMSNorm in float32, rotary embedding, scaled dot-product attention,
-    SiLU-gated MLP); a draft's logits only choose what to propose, so verification stays lossless
-    either way. :meth:`supports` says which models it runs; the others keep the ``transformers`` path.
-    """
-
-    TYPES = ("llama", "qwen2", "mistral")
-
-    @classmethod
-    def supports(cls, model: Any) -> bool:
-        cfg = getattr(model, "config", None)
-        if cfg is None or getattr(cfg, "model_type", None) not in cls.TYPES:
-            return False
-        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
-        inner = getattr(model, "model", None)
-        windowed = getattr(cfg, "use_sliding_window", False) or (
-            cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None))
-        return (rope_type == "default" and getattr(cfg, "hidden_act", None) == "silu"
-                and getattr(cfg, "pretraining_tp", 1) == 1 and not windowed
-                and inner is not None and hasattr(inner, "layers") and hasattr(inner, "rotary_emb"))
-
-    def __init__(self, model: Any, max_positions: int) -> None:
-        cfg = model.config
-        inner = model.model
-        self.n_heads = int(cfg.num_attention_heads)
-        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
-        self.scale = self.head_dim ** -0.5
-        self.eps = float(cfg.rms_norm_eps)
-        self.embed = inner.embed_tokens.weight
-        self.dtype = self.embed.dtype
-        self.device = self.embed.device
-        self.layers = []
-        cat = torch.cat
-        for layer in inner.layers:  # q, k, v fused into one matrix, gate and up into another
-            att, mlp = layer.self_attn, layer.mlp
-            projs = (att.q_proj, att.k_proj, att.v_proj)
-            bias = None
-            if any(p.bias is not None for p in projs):
-                bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
-                                                                            device=self.device) for p in projs])
-            self.layers.append((
-                layer.input_layernorm.weight, cat([p.weight for p in projs]), bias, att.o_proj.weight,
-                att.o_proj.bias, layer.post_attention_layernorm.weight,
-                cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight))
-        self.norm = inner.norm.weight
-        self.head = model.get_output_embeddings().weight
-        self.max_positions = max_positions
-        inv_freq = inner.rotary_emb.inv_freq.float().to(self.device)
-        freqs = torch.arange(max_positions, dtype=torch.float, device=self.device)[:, None] * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scaling = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
-        self.cos = (emb.cos() * scaling).to(self.dtype)  # [positions, head_dim]
-        self.sin = (emb.sin() * scaling).to(self.dtype)
-
-    def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers), self.n_kv, self.max_positions, self.head_dim, self.dtype, self.device)
-
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if self.dtype == torch.float32 and hasattr(torch.nn.functional, "rms_norm"):
-            return torch.nn.functional.rms_norm(x, w.shape, w, self.eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * h.to(self.dtype)
-
-    @torch.inference_mode()
-    def __call__(self, ids: Sequence[int], cache: LeanCache) -> torch.Tensor:
-        """Logits [vocab] after feeding ``ids`` at the cache's end (the cache grows by ``len(ids)``)."""
-        lin = torch.nn.functional.linear
-        start, t = cache.length, len(ids)
-        end = start + t
-        if end > self.max_positions:
-            raise ValueError(f"the draft model holds {self.max_positions} positions, asked for {end}")
-        x = self.embed[torch.tensor(ids, device=self.device)]  # [t, hidden]
-        cos, sin = self.cos[start:end, None], self.sin[start:end, None]  # [t, 1, head_dim]
-        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
-        half, rep = d // 2, h_q // h_kv
-        mask = None
-        if t > 1:  # causal among the new tokens, all of the cached ones visible
-            mask = torch.full((t, end), float("-inf"), dtype=self.dtype, device=self.device).triu(start + 1)
-        for i, (w_in, w_qkv, b_qkv, wo, bo, w_post, w_gu, wd) in enumerate(self.layers):
-            qkv = lin(self._rms(x, w_in), w_qkv, b_qkv).view(t, h_q + 2 * h_kv, d)
-            qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
-            cache.k[i][:, start:end] = qk[:, h_q:].transpose(0, 1)
-            cache.v[i][:, start:end] = v.transpose(0, 1)
-            keys, values = cache.k[i][:, :end], cache.v[i][:, :end]  # [kv_heads, end, d]
-            if rep > 1:
-                keys, values = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
-            scores = torch.matmul(qk[:, :h_q].transpose(0, 1), keys.transpose(1, 2)) * self.scale  # [heads, t, end]
-            if mask is not None:
-                scores = scores + mask
-            a = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float).to(self.dtype), values)  # [heads, t, d]
-            x = x + lin(a.transpose(0, 1).reshape(t, h_q * d), wo, bo)
-            gate, up = lin(self._rms(x, w_post), w_gu).chunk(2, dim=-1)
-            x = x + lin(torch.nn.functional.silu(gate) * up, wd)
-        cache.length = end
-        return lin(self._rms(x[-1], self.norm), self.head).float()
-
-
-class DraftRunner:
-    """A draft model with its own KV cache, kept in step with a token sequence that may be rewritten.
-
-    Llama-style drafts run through :class:`LeanLlama` (``lean=True``, the default, when supported);
-    other models through their ``transformers`` forward with a ``DynamicCache``.
-    """
-
-    def __init__(self, loaded: LoadedModel, lean: bool = True) -> None:
-        self.model = loaded.model
-        self.device = torch.device(loaded.device)
-        cfg = self.model.config
-        self.max_positions = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keep_one = "logits_to_keep" in params
-        self.lean = LeanLlama(self.model, self.max_positions) if lean and LeanLlama.supports(self.model) else None
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache: Any = None
-        self.ids: list[int] = []  # what the cache (plus ``_last``) holds
-        self._last: torch.Tensor | None = None  # [vocab] logits after ``ids``
-
-    @torch.inference_mode()
-    def logits_after(self, ids: Sequence[int]) -> torch.Tensor:
-        """Next-token logits [vocab] (float32) after ``ids``, feeding only what the cache lacks."""
-        if not ids:
-            raise ValueError("the draft model needs at least one context token")
-        n = common_prefix(self.ids, ids)
-        if n == len(ids) == len(self.ids) and self._last is not None:
-            return self._last
-        n = min(n, len(ids) - 1)  # feed at least one token to get logits
-        if self.lean is not None:
-            if self.cache is None:
-                self.cache = self.lean.new_cache()
-            self.cache.crop(n)
-            self._last = self.lean(ids[n:], self.cache)
-            self.ids = list(ids)
-            return self._last
-        if self.cache is None or n == 0:
-            from ..kv import new_cache
-
-            self.cache = new_cache(self.model.config)  # every position kept, so crop works past a window
-            n = 0
-        elif self.cache.get_seq_length() > n:
-            self.cache.crop(n - self.cache.get_seq_length())  # negative: drop that many (any transformers)
-        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
-        if self._keep_one:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=torch.tensor([list(ids[n:])], device=self.device), **kwargs)
-        self.ids = list(ids)
-        self._last = out.logits[0, -1].float()
-        return self._last
-
-    def extend(self, token: int) -> torch.Tensor:
-        """Logits after appending ``token`` to the current ids."""
-        return self.logits_after([*self.ids, token])
-
-    def room(self) -> int:
-        return self.max_positions - len(self.ids) - 1
-
-
-def draft_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """The draft's sampling distribution [vocab] (float64), processed like the target's (``sampling.warp``).
-
-    Any distribution would keep verification lossless as long as it is the one the token was
-    drawn from; processing it like the target's makes it closer to ``p`` (higher acceptance).
-    """
-    return warp(logits.double(), sampling)
-
-
-def fit_width(row: torch.Tensor, width: int) -> torch.Tensor:
-    """Pad with zeros or cut a distribution row to ``width`` entries, renormalized."""
-    if row.shape[-1] > width:
-        row = row[..., :width]
-    elif row.shape[-1] < width:
-        row = torch.nn.functional.pad(row, (0, width - row.shape[-1]))
-    return row / row.sum(-1, keepdim=True).clamp_min(1e-300)
-
-
-class AdaptiveLength:
-    """Draft length that grows by one after full acceptance and shrinks after early rejection.
-
-    ``4`` drafted, ``4`` accepted -> 5; ``4`` drafted, ``1`` accepted (less than half) -> 3.
-    """
-
-    def __init__(self, start: int = 4, low: int = 1, high: int = 16) -> None:
-        if not 1 <= low <= start <= high:
-            raise ValueError(f"need 1 <= low <= start <= high, got low={low} start={start} high={high}")
-        self.start, self.low, self.high = start, low, high
-        self.value = start
-
-    def reset(self) -> None:
-        self.value = self.start
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        if accepted >= drafted:
-            self.value = min(self.high, self.value + 1)
-        elif accepted * 2 < drafted:
-            self.value = max(self.low, self.value - 1)
-
-
-class ModelDrafter(Proposer):
-    """Shared bookkeeping of model drafters: request state, allowed sources, adaptive length."""
-
-    name = "draft_model"
-
-    def __init__(self, draft: LoadedModel, length: AdaptiveLength | None = None, seed_offset: int = 0,
-                 min_confidence: float = 0.3, context_window: int | None = None) -> None:
-        if not 0.0 <= min_confidence < 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
-        if context_window is not None and context_window < 16:
-            raise ValueError(f"context_window must be at least 16 tokens, got {context_window}")
-        self.draft = draft
-        self.runner = DraftRunner(draft)
-        self.length = length or AdaptiveLength()
-        # stop drafting after a token the draft itself gives less than this probability (each
-        # further token would cost a draft forward pass for a likely rejection)
-        self.min_confidence = min_confidence
-        # the draft sees at most this many tokens (a small draft trained on short contexts drafts
-        # better from a recent window); default: the model's position limit
-        self.context_window = min(context_window or self.runner.max_positions, self.runner.max_positions)
-        self.sampling = SamplingParams()
-        self.enabled = True
-        self._chain: list[int] = []  # tokens of the last proposed chain (for acceptance feedback)
-        self._gen = torch.Generator(device=self.runner.device)
-        self._seed_offset = seed_offset
-
-    def begin(self, request: RequestContext) -> None:
-        self.sampling = request.sampling
-        self.enabled = request.drafters is None or SOURCE_DRAFT_MODEL in request.drafters
-        self.length.reset()
-        self._chain = []
-        seed = request.sampling.seed if request.sampling.seed is not None else random.randrange(2**62)
-        # the draft's own randomness: reproducible for seeded requests, independent of the target's
-        self._gen.manual_seed((seed * 7919 + 12345 + self._seed_offset) % 2**63)
-
-    def _prefill(self, ids: Sequence[int], keep: int = 0) -> None:
-        """Feed the prompt to the draft model now (all but its last token, which the first
-        ``propose`` feeds), so a request's first draft costs one short forward pass like every
-        other, and the engine's proposer gate measures a drafter by its per-step cost."""
-        ids = self._window(ids, self.length.value, keep)
-        if self.enabled and len(ids) > max(1, keep + 1):
-            self.runner.logits_after(ids[:-1])
-
-    def update(self, new_tokens: Sequence[int]) -> None:
-        if self._chain and new_tokens:
-            accepted = common_prefix(self._chain, list(new_tokens)[:-1])
-            self.length.observe(len(self._chain), accepted)
-        self._chain = []
-
-    def end(self, output_ids: Sequence[int]) -> None:
-        self._chain = []
-
-    def fork(self) -> ModelDrafter:
-        """A twin sharing the draft model's weights, with its own KV cache, length and RNG."""
-        twin = copy.copy(self)
-        twin.runner = copy.copy(self.runner)
-        twin.runner.reset()
-        twin.length = copy.copy(self.length)
-        twin._gen = torch.Generator(device=self.runner.device)
-        return twin
-
-    def _sample(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs.float(), 1, generator=self._gen))
-
-    def _window(self, ids: Sequence[int], k: int, keep: int = 0) -> list[int]:
-        """The draft's input: ``ids`` cut so ``k`` more tokens fit in ``context_window``.
-
-        The cut moves in steps of a quarter window, so the KV cache is rebuilt only when it moves;
-        the first ``keep`` ids (a BOS) stay.
-        """
-        limit = self.context_window - max(k, self.length.high) - 1  # fixed, so the cut does not jitter with k
-        if len(ids) <= limit:
-            return list(ids)
-        step = max(1, self.context_window // 4)
-        start = keep + ((len(ids) - limit) // step + 1) * step
-        return list(ids[:keep]) + list(ids[start:])
-
-    def _unsure(self, probs: torch.Tensor, token: int) -> bool:
-        """The draft gave ``token`` less than ``min_confidence``: draft no further.
-
-        Lossless for sampled chains too: the test decides whether node ``i + 1`` is drawn, from
-        nodes ``1..i`` only (a stopping time). Node ``i``'s accept test uses ``q_i`` and nothing
-        after it, and given the accepted path node ``i + 1`` is either absent (the target samples
-        ``p``) or a fresh draw from ``q_{i+1}``. What would not be lossless is a cut that looks at
-        a node itself or at later ones, such as keeping a chain only when it is short: that keeps
-        node 1 only when it was unlikely (``q(x_1) < min_confidence``). Hence the planned size
-        that :class:`~suffixspec.draft.Draft` carries for the engine's gate.
-
-        Worked example: ``min_confidence = 0.3``, sampled ``x_1`` with ``q(x_1) = 0.2`` -> stop; the
-        chain ``[x_1]`` still reaches verification (``planned = k``), whatever its length.
-        """
-        return float(probs[token]) < self.min_confidence
+# the shared pieces lived here before model_drafter.py; importers of this module still find them
+__all__ = ["AdaptiveLength", "BridgedDraftProposer", "DraftModelProposer", "DraftRunner", "LeanCache", "LeanLlama",
+           "ModelDrafter", "common_prefix", "draft_probs", "fit_width", "make_draft_proposer"]
 
 
 class DraftModelProposer(ModelDrafter):
@@ -427,8 +101,6 @@ def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "au
     ``"intersection"`` (bridged, token-level intersection with a known ``q``).
     """
     from tokenizer_bridge import TokenBridge
-
-    from .bridged_draft import BridgedDraftProposer
 
     width = int(target.model.get_output_embeddings().weight.shape[0])
     if mode not in ("auto", "same", "text", "intersection"):

@@ -48,7 +48,14 @@ def build_spec(cfg: Any, model_id: str, max_context: int) -> dict[str, Any]:
         "temperature": {**num, "minimum": 0, "maximum": 2},
         "top_p": {**num, "exclusiveMinimum": 0, "maximum": 1},
         "top_k": {"type": "integer", "minimum": -1},
-        "seed": {"type": ["integer", "null"]},
+        "seed": {"type": ["integer", "null"], "minimum": 0, "description": (
+            "fixes the sampled tokens. With the model-free drafters (prompt, history, documents, "
+            "references, prediction), a text-mode bridged draft model or a same-vocabulary draft model that "
+            "does not sample, the output equals speculation off (`speculation: false`) token for token, up to "
+            "float rounding at a boundary of the cumulative distribution; with a draft model that samples "
+            "(same vocabulary, or token-level intersection) the distribution is the same but the tokens are "
+            "not those of speculation off, and may vary run to run (which drafts get verified follows measured "
+            "timings). Greedy (temperature 0) output is always identical")},
         "presence_penalty": {**num, "minimum": -2, "maximum": 2},
         "frequency_penalty": {**num, "minimum": -2, "maximum": 2},
         "stop": {"oneOf": [{"type": "string", "minLength": 1},
