@@ -38,7 +38,7 @@ def server(tiny_model_dirs, tmp_path_factory):
 def call(server, method: str, path: str, body=None, headers: dict | None = None, raw: bytes | None = None):
     """(status, lowercased headers, parsed JSON or text) of one request on a fresh connection."""
     host, port = server.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)  # a busy shared CPU is slow
     h = dict(headers or {})
     data = raw
     if body is not None:
@@ -270,7 +270,7 @@ def test_generation_survives_a_database_that_refuses_writes(server):
         try:
             for i in range(2):
                 status, _, resp = call(server, "POST", "/v1/completions",
-                                       {"prompt": f"def g{i}(y):", "max_tokens": 400, "temperature": 0,
+                                       {"prompt": f"def g{i}(y):", "max_tokens": 40, "temperature": 0,
                                         "ignore_eos": True})
                 assert status == 200, resp
             health = call(server, "GET", "/health")[2]
