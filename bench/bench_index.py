@@ -645,6 +645,63 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 5
             "generate_during_add_max_ms": max(g for _, g in during) * 1e3}
 
 
+def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5) -> dict:
+    """On the database a ``scale`` run left in ``workdir``: run the merges the current policy plans,
+    then time speculate (the segment set and its largest segment alone, interleaved), adding one
+    document until a reader drafts from it, and deleting it (``rounds`` times each, medians)."""
+    import resource
+
+    db = workdir / "scale.db"
+    store = IndexStore(db, auto_merge=False)
+    t = time.perf_counter()
+    merges = store.merge_pending()
+    res: dict = {"merges": merges, "merge_s": time.perf_counter() - t}
+    index = store.document_index(tokenizer)
+    res["tokens"] = index.num_tokens
+    res["segments"] = [s.num_tokens for s in index.segments]
+    seqs = [np.asarray(s) for s in _sample_sequences(index, 400)]
+    ctxs = contexts(seqs, n_lookups, 64, seed=5)
+    rng = random.Random(6)
+    for c in ctxs[::2]:
+        c[rng.randrange(0, 60)] = 1
+    params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
+    largest = index.segments[0]
+    for c in ctxs:  # warm the mapped pages once
+        index.speculate(c, params)
+    both: dict[str, list[float]] = {"segments": [], "largest_segment_alone": []}
+    for c in ctxs:
+        for name, idx in (("segments", index), ("largest_segment_alone", largest)):
+            t0 = time.perf_counter()
+            idx.speculate(c, params)
+            both[name].append(time.perf_counter() - t0)
+    for name, v in both.items():
+        res[f"{name}_speculate_median_us"] = statistics.median(v) * 1e6
+    adds, dels = [], []
+    reader = IndexStore(db, auto_merge=False)
+    reader.document_index(tokenizer)
+    for i in range(rounds):
+        marker = f"def reopen_marker_{i}(alpha, beta):\n    return alpha * {i} + beta - 17\n" * 3
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        half = len(ids) // 2
+        t = time.perf_counter()
+        store.add_documents([DocInput(marker, f"reopen-{i}.py")], tokenizer)
+        ok = reader.document_index(tokenizer).speculate(ids[:half], params).token_ids[:4] == ids[half:half + 4]
+        adds.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        store.remove([f"reopen-{i}.py"])
+        gone = reader.document_index(tokenizer).count(ids[:half]) == 0
+        dels.append(time.perf_counter() - t)
+        assert ok and gone
+    res["add_one_until_drafted_median_s"] = statistics.median(adds)
+    res["delete_one_median_s"] = statistics.median(dels)
+    res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    st = store.stats()
+    res["disk_per_text_byte"] = st["bytes_on_disk"] / st["document_bytes"]
+    reader.close()
+    store.close()
+    return res
+
+
 # ----- report -----------------------------------------------------------------------------------------
 def report(results: dict) -> None:
     m = results.get("micro")
@@ -703,6 +760,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default="micro,corpus,history",
                     help="comma-separated: micro, corpus, history, lookup (segments vs main's array at --tokens), "
                          "concurrent (listing and generation during an add of ~--tokens tokens), "
+                         "reopen (merges, lookups, add/delete one on the database of a scale run in --workdir), "
                          "scale (streamed add up to --scale-tokens; run alone, niced, in the background)")
     ap.add_argument("--scale-tokens", default="25000000,50000000,100000000,200000000",
                     help="cumulative stages of the scale section")
@@ -727,6 +785,9 @@ def main(argv: list[str] | None = None) -> None:
     if "lookup" in sections:
         results["lookup"] = bench_lookup_vs_main(tokenizer, texts, args.tokens, args.contexts, args.main_root)
         print(json.dumps(results["lookup"]), flush=True)
+    if "reopen" in sections:
+        results["reopen"] = bench_reopen(tokenizer, Path(args.workdir), args.contexts)
+        print(json.dumps(results["reopen"]), flush=True)
     if "concurrent" in sections:
         results["concurrent"] = bench_concurrent(texts, args.tokens * 3)
         print(json.dumps(results["concurrent"]), flush=True)
