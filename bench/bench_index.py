@@ -1,4 +1,4 @@
-"""Benchmark of the suffix index (index/): append, speculate, memory, a 5M-token corpus, history growth.
+"""Benchmark of the suffix index (index/): append, speculate, memory, corpora up to 200M tokens, history growth.
 
 Run: ``python -m bench.bench_index [--tokens 5000000] [--tokenizer NAME_OR_PATH] [--json out.json]``
 
@@ -17,6 +17,21 @@ Sections:
 3. **history** — a repetitive workload (similar templated requests in sequence): the mean accepted
    length per request, with a perfect-oracle verifier (the "target" output is known), grows as the
    output history fills.
+
+4. **lookup** — speculate latency at ``--tokens`` (5M): today's single suffix array (the code in
+   ``--main-root``), the same corpus as segments, and as one array here, interleaved.
+5. **scale** — the standard library's and every installed package's ``.py`` sources, repeated, streamed
+   through ``IndexStore.add_documents`` in cumulative stages (``--scale-tokens``, default 25M..200M):
+   time, peak RSS of the process (``ru_maxrss``), disk per text byte, speculate latency, adding one
+   document until a reader drafts from it, deleting it. Tokenizing 200M tokens takes most of an hour
+   on 2 shared cores: run it once, niced, in the background, with ``--workdir`` and a log::
+
+       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir /tmp/scale > /tmp/scale.log &
+
+6. **reopen** — on the database a scale run left: the merges the policy plans now, speculate of the
+   segment set vs its largest segment, add/delete one document (medians).
+7. **concurrent** — listing documents and a 16-token generation (embedded models) alone and while
+   another thread adds documents, alternating.
 
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
