@@ -348,12 +348,14 @@ class SuffixArray:
             return self.match(context[len(context) - kmax + bad_at + 1:], max_depth, hint, at_least)
         w = self.width
         good, bad = 0, kmax + 1
+        guesses = [kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
         if at_least > 0:
             lo, hi = self._range(pat[w * (kmax - at_least):], exists_only=True)
             if hi <= lo:
                 return 0, 0, 0
             good = at_least
-        guesses = [kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
+            # another segment matched exactly ``at_least``: this one most often does too (one probe more)
+            guesses = [at_least + 1, kmax]
         for g in guesses:  # repetitive text usually matches the whole tail, or the hinted length
             if not good < g < bad:
                 continue
