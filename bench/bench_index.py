@@ -1,4 +1,4 @@
-"""Benchmark of the suffix index (index/): append, speculate, memory, a 5M-token corpus, history growth.
+"""Benchmark of the suffix index (index/): append, speculate, memory, corpora up to 200M tokens, history growth.
 
 Run: ``python -m bench.bench_index [--tokens 5000000] [--tokenizer NAME_OR_PATH] [--json out.json]``
 
@@ -17,6 +17,21 @@ Sections:
 3. **history** — a repetitive workload (similar templated requests in sequence): the mean accepted
    length per request, with a perfect-oracle verifier (the "target" output is known), grows as the
    output history fills.
+
+4. **lookup** — speculate latency at ``--tokens`` (5M): today's single suffix array (the code in
+   ``--main-root``), the same corpus as segments, and as one array here, interleaved.
+5. **scale** — the standard library's and every installed package's ``.py`` sources, repeated, streamed
+   through ``IndexStore.add_documents`` in cumulative stages (``--scale-tokens``, default 25M..200M):
+   time, peak RSS of the process (``ru_maxrss``), disk per text byte, speculate latency, adding one
+   document until a reader drafts from it, deleting it. Tokenizing 200M tokens takes most of an hour
+   on 2 shared cores: run it once, niced, in the background, with ``--workdir`` and a log::
+
+       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir /tmp/scale > /tmp/scale.log &
+
+6. **reopen** — on the database a scale run left: the merges the policy plans now, speculate of the
+   segment set vs its largest segment, add/delete one document (medians).
+7. **concurrent** — listing documents and a 16-token generation (embedded models) alone and while
+   another thread adds documents, alternating.
 
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
@@ -43,7 +58,7 @@ import numpy as np
 from index.incremental import IncrementalIndex
 from index.speculate import SpecParams
 from index.store import DocInput, IndexStore
-from index.suffix_array import SEP, SuffixArray
+from index.suffix_array import SuffixArray
 
 ARCTIC_PYTHON = "/work/arctic-venv/bin/python"
 PEERS = {"append_us_per_token": "1.1-1.5", "speculate_us_per_call": 92.0, "speculate_us_per_drafted_token": 5.8,
@@ -335,10 +350,10 @@ def bench_corpus(tokenizer, texts: list[tuple[str, str]], limit: int, n_lookups:
         for c in ctxs[::2]:  # half the contexts do not occur verbatim: the match is shorter than 64
             c[rng.randrange(0, 60)] = 1
         lookups, matches = [], []
-        sa.match(ctxs[0])
+        sa.node(ctxs[0])
         for c in ctxs:
             t0 = time.perf_counter()
-            L, _, _ = sa.match(c)
+            L, _ = sa.node(c)
             lookups.append(time.perf_counter() - t0)
             matches.append(L)
         res["lookup_median_us"] = statistics.median(lookups) * 1e6
@@ -420,6 +435,288 @@ def bench_history(tokenizer, n_requests: int) -> dict:
             "mean_accepted_length_by_request": buckets, "history_tokens": proposer.history.num_tokens}
 
 
+# ----- 4. scale: a corpus of source code, streamed, in segments -------------------------------------------
+def source_files() -> list[Path]:
+    """The standard library's and every installed package's Python sources (the corpus of ``scale``)."""
+    roots = [Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])]
+    seen, out = set(), []
+    for root in roots:
+        for p in sorted(root.rglob("*.py")):
+            if p not in seen:
+                seen.add(p)
+                out.append(p)
+    return out
+
+
+def stream_docs(files: list[Path], max_tokens_hint: int, bytes_per_token: float = 3.6):
+    """Documents read lazily from ``files``, repeated (each pass under another path) until about
+    ``max_tokens_hint`` tokens' worth of bytes were yielded."""
+    budget = max_tokens_hint * bytes_per_token
+    total, rep = 0, 0
+    while total < budget:
+        for p in files:
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            if not text or len(text) > 2_000_000:
+                continue
+            total += len(text.encode("utf-8", "surrogatepass"))
+            yield DocInput(text, f"{p}#{rep}")
+            if total >= budget:
+                return
+        rep += 1
+
+
+def _timed_lookups(index, ctxs, params) -> dict:
+    specs = []
+    index.speculate(ctxs[0], params)
+    for c in ctxs:
+        t0 = time.perf_counter()
+        index.speculate(c, params)
+        specs.append(time.perf_counter() - t0)
+    return {"speculate_median_us": statistics.median(specs) * 1e6,
+            "speculate_p90_us": sorted(specs)[int(0.9 * len(specs))] * 1e6}
+
+
+def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log=print) -> list[dict]:
+    """Index ``stages`` (cumulative token counts) of source code with ``suffixspec``'s streaming add,
+    merging after each; at each stage: peak memory of this process so far, disk per text byte, the time
+    to add one document until it is drafted from and to delete one, and the speculate latency from
+    64-token contexts. Run it in a process of its own (``--sections scale``): ``ru_maxrss`` is that
+    process' peak."""
+    import resource
+
+    files = source_files()
+    db = workdir / "scale.db"
+    store = IndexStore(db, auto_merge=False)
+    out = []
+    done_tokens, text_bytes = 0, 0
+    docs = stream_docs(files, stages[-1])
+    t_all = time.perf_counter()
+    for target in stages:
+        t = time.perf_counter()
+
+        def take(limit=target):
+            nonlocal done_tokens
+            for d in docs:
+                yield d
+                if done_tokens >= limit:
+                    return
+
+        def progress(n_docs, n_tok, n_bytes):
+            nonlocal done_tokens, text_bytes
+            done_tokens += n_tok
+            text_bytes += n_bytes
+
+        store.add_documents(take(), tokenizer, progress=progress)
+        add_s = time.perf_counter() - t
+        t = time.perf_counter()
+        merges = store.merge_pending()
+        merge_s = time.perf_counter() - t
+        st = store.stats()
+        fp = next(iter(st["tokenizers"]))
+        index = store.document_index(tokenizer)
+        seqs = [np.asarray(s) for s in _sample_sequences(index, 400)]
+        ctxs = contexts(seqs, n_lookups, 64, seed=2)
+        rng = random.Random(3)
+        for c in ctxs[::2]:  # half the contexts do not occur verbatim: the match is shorter than 64
+            c[rng.randrange(0, 60)] = 1
+        params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
+        res = {"tokens": index.num_tokens, "text_bytes": st["document_bytes"], "add_s": add_s,
+               "merge_s": merge_s, "merges": merges, "segments": len(st["tokenizers"][fp]["segments"]),
+               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "disk_bytes": st["bytes_on_disk"], "disk_per_text_byte": st["bytes_on_disk"] / st["document_bytes"],
+               **_timed_lookups(index, ctxs, params)}
+        # one new document, until a reader drafts from it; then its deletion
+        marker = f"def scale_marker_{target}(alpha, beta):\n    return alpha * {target} + beta - 17\n" * 3
+        reader = IndexStore(db, auto_merge=False)
+        reader.document_index(tokenizer)
+        t = time.perf_counter()
+        store.add_documents([DocInput(marker, f"marker-{target}.py")], tokenizer)
+        fresh = reader.document_index(tokenizer)
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        half = len(ids) // 2
+        drafted = fresh.speculate(ids[:half], params)
+        res["add_one_until_drafted_s"] = time.perf_counter() - t
+        res["add_one_drafts_it"] = drafted.token_ids[:4] == ids[half:half + 4]
+        t = time.perf_counter()
+        store.remove([f"marker-{target}.py"])
+        gone = reader.document_index(tokenizer).count(ids[:half])
+        res["delete_one_s"] = time.perf_counter() - t
+        res["deleted_is_gone"] = gone == 0
+        reader.close()
+        res["elapsed_s"] = time.perf_counter() - t_all
+        log(json.dumps(res))
+        out.append(res)
+    store.close()
+    return out
+
+
+def _sample_sequences(index, n: int) -> list[list[int]]:
+    """Up to ``n`` live sequences spread over the segments (contexts for the lookups)."""
+    out = []
+    for seg in index.segments:
+        starts = seg.starts
+        step = max(1, len(starts) // max(1, n // len(index.segments)))
+        text = np.asarray(seg.text)
+        for k in range(0, len(starts), step):
+            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg._n - 1
+            if end - starts[k] > 80:
+                out.append(text[starts[k]:end].astype(np.int64))
+    return out
+
+
+def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root: str) -> dict:
+    """Speculate latency at ``limit`` tokens: today's single suffix array (the code at ``main_root``)
+    and the segmented index (here), same contexts, interleaved in one run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("main_sa", Path(main_root) / "index" / "suffix_array.py",
+                                                  submodule_search_locations=None)
+    seqs = tokenize(tokenizer, texts, limit)
+    res: dict = {"tokens": int(sum(len(s) for s in seqs))}
+    old = None
+    if spec is not None and Path(spec.origin).exists():
+        import types
+
+        pkg = types.ModuleType("main_index")
+        pkg.__path__ = [str(Path(main_root) / "index")]
+        sys.modules["main_index"] = pkg
+        mod = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+            "main_index.suffix_array", Path(main_root) / "index" / "suffix_array.py"))
+        sys.modules["main_index.suffix_array"] = mod
+        mod.__spec__.loader.exec_module(mod)
+        old = mod.SuffixArray.build(seqs)
+    with tempfile.TemporaryDirectory() as d:
+        store = IndexStore(Path(d) / "i.db", auto_merge=False, flush_tokens=1 << 21)
+        store.add_documents([DocInput(t, p) for (p, t), _ in zip(texts, seqs, strict=False)], tokenizer)
+        res["segments_before_merge"] = len(store.segment_infos(next(iter(store.stats()["tokenizers"]))))
+        store.merge_pending()
+        new = store.document_index(tokenizer)
+        res["segments"] = len(new.segments)
+        one = SuffixArray.build(seqs)
+        ctxs = contexts([np.asarray(s) for s in seqs], n_lookups, 64, seed=2)
+        rng = random.Random(3)
+        for c in ctxs[::2]:
+            c[rng.randrange(0, 60)] = 1
+        params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
+        systems = {"main_single_array": old, "segments": new, "one_array_here": one}
+        times: dict[str, list[float]] = {k: [] for k, v in systems.items() if v is not None}
+        same = True
+        for c in ctxs:  # interleaved: the machine's load hits every system alike
+            drafts = {}
+            for k in times:
+                t0 = time.perf_counter()
+                drafts[k] = systems[k].speculate(c, params)
+                times[k].append(time.perf_counter() - t0)
+            same &= drafts["segments"].token_ids == drafts["one_array_here"].token_ids
+        for k, v in times.items():
+            res[f"{k}_speculate_median_us"] = statistics.median(v) * 1e6
+        res["segments_equal_one_array"] = bool(same)
+        store.close()
+    return res
+
+
+def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 5) -> dict:
+    """``GET /v1/index/documents`` (``list_documents``) and a short greedy generation with the embedded
+    models, timed alone and while another thread adds ``n_chars`` of documents (what a server's
+    POST does), alternating, in one process."""
+    import threading
+
+    from suffixspec.api import SuffixSpec
+
+    def probe(spec) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        spec.list_documents(limit=20)
+        t1 = time.perf_counter()
+        spec.generate("def area(r):", max_tokens=16, temperature=0)
+        return t1 - t0, time.perf_counter() - t1
+
+    big, total = [], 0
+    for p, t in texts:
+        big.append({"text": t, "source": p + "#big"})
+        total += len(t)
+        if total >= n_chars:
+            break
+    with tempfile.TemporaryDirectory() as d, SuffixSpec(db=Path(d) / "i.db") as spec:
+        spec.add_documents([{"text": t, "source": p} for p, t in texts[:20]])
+        probe(spec)
+        alone = [probe(spec) for _ in range(rounds)]
+        adder = threading.Thread(target=spec.add_documents, args=(big,))
+        t = time.perf_counter()
+        adder.start()
+        during = []
+        while adder.is_alive():
+            during.append(probe(spec))
+        adder.join()
+        add_s = time.perf_counter() - t
+    med = statistics.median
+    return {"add_chars": total, "add_s": add_s, "probes_during_add": len(during),
+            "list_alone_ms": med(a for a, _ in alone) * 1e3, "list_during_add_ms": med(a for a, _ in during) * 1e3,
+            "list_during_add_max_ms": max(a for a, _ in during) * 1e3,
+            "generate_alone_ms": med(g for _, g in alone) * 1e3,
+            "generate_during_add_ms": med(g for _, g in during) * 1e3,
+            "generate_during_add_max_ms": max(g for _, g in during) * 1e3}
+
+
+def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5) -> dict:
+    """On the database a ``scale`` run left in ``workdir``: run the merges the current policy plans,
+    then time speculate (the segment set and its largest segment alone, interleaved), adding one
+    document until a reader drafts from it, and deleting it (``rounds`` times each, medians)."""
+    import resource
+
+    db = workdir / "scale.db"
+    store = IndexStore(db, auto_merge=False)
+    t = time.perf_counter()
+    merges = store.merge_pending()
+    res: dict = {"merges": merges, "merge_s": time.perf_counter() - t}
+    index = store.document_index(tokenizer)
+    res["tokens"] = index.num_tokens
+    res["segments"] = [s.num_tokens for s in index.segments]
+    seqs = [np.asarray(s) for s in _sample_sequences(index, 400)]
+    ctxs = contexts(seqs, n_lookups, 64, seed=5)
+    rng = random.Random(6)
+    for c in ctxs[::2]:
+        c[rng.randrange(0, 60)] = 1
+    params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
+    largest = index.segments[0]
+    for c in ctxs:  # warm the mapped pages once
+        index.speculate(c, params)
+    both: dict[str, list[float]] = {"segments": [], "largest_segment_alone": []}
+    for c in ctxs:
+        for name, idx in (("segments", index), ("largest_segment_alone", largest)):
+            t0 = time.perf_counter()
+            idx.speculate(c, params)
+            both[name].append(time.perf_counter() - t0)
+    for name, v in both.items():
+        res[f"{name}_speculate_median_us"] = statistics.median(v) * 1e6
+    adds, dels = [], []
+    reader = IndexStore(db, auto_merge=False)
+    reader.document_index(tokenizer)
+    for i in range(rounds):
+        marker = f"def reopen_marker_{i}(alpha, beta):\n    return alpha * {i} + beta - 17\n" * 3
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        half = len(ids) // 2
+        t = time.perf_counter()
+        store.add_documents([DocInput(marker, f"reopen-{i}.py")], tokenizer)
+        ok = reader.document_index(tokenizer).speculate(ids[:half], params).token_ids[:4] == ids[half:half + 4]
+        adds.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        store.remove([f"reopen-{i}.py"])
+        gone = reader.document_index(tokenizer).count(ids[:half]) == 0
+        dels.append(time.perf_counter() - t)
+        assert ok and gone
+    res["add_one_until_drafted_median_s"] = statistics.median(adds)
+    res["delete_one_median_s"] = statistics.median(dels)
+    res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    st = store.stats()
+    res["disk_per_text_byte"] = st["bytes_on_disk"] / st["document_bytes"]
+    reader.close()
+    store.close()
+    return res
+
+
 # ----- report -----------------------------------------------------------------------------------------
 def report(results: dict) -> None:
     m = results.get("micro")
@@ -475,7 +772,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: demo-target or a trained BPE)")
     ap.add_argument("--arctic-python", default=ARCTIC_PYTHON if os.path.exists(ARCTIC_PYTHON) else None,
                     help="python of a venv with arctic-inference (default /work/arctic-venv if present)")
-    ap.add_argument("--sections", default="micro,corpus,history")
+    ap.add_argument("--sections", default="micro,corpus,history",
+                    help="comma-separated: micro, corpus, history, lookup (segments vs main's array at --tokens), "
+                         "concurrent (listing and generation during an add of ~--tokens tokens), "
+                         "reopen (merges, lookups, add/delete one on the database of a scale run in --workdir), "
+                         "scale (streamed add up to --scale-tokens; run alone, niced, in the background)")
+    ap.add_argument("--scale-tokens", default="25000000,50000000,100000000,200000000",
+                    help="cumulative stages of the scale section")
+    ap.add_argument("--main-root", default="/work/main", help="checkout of today's code for the lookup section")
+    ap.add_argument("--workdir", default=None, help="where the scale section keeps its database (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -492,11 +797,29 @@ def main(argv: list[str] | None = None) -> None:
         results["corpus"] = bench_corpus(tokenizer, texts, args.tokens, args.contexts)
     if "history" in sections:
         results["history"] = bench_history(tokenizer, args.requests)
+    if "lookup" in sections:
+        results["lookup"] = bench_lookup_vs_main(tokenizer, texts, args.tokens, args.contexts, args.main_root)
+        print(json.dumps(results["lookup"]), flush=True)
+    if "reopen" in sections:
+        results["reopen"] = bench_reopen(tokenizer, Path(args.workdir), args.contexts)
+        print(json.dumps(results["reopen"]), flush=True)
+    if "concurrent" in sections:
+        results["concurrent"] = bench_concurrent(texts, args.tokens * 3)
+        print(json.dumps(results["concurrent"]), flush=True)
+    if "scale" in sections:
+        stages = [int(x) for x in args.scale_tokens.split(",")]
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            results["scale"] = bench_scale(tokenizer, stages, args.contexts, Path(args.workdir),
+                                           log=lambda s: print(s, flush=True))
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                results["scale"] = bench_scale(tokenizer, stages, args.contexts, Path(d),
+                                               log=lambda s: print(s, flush=True))
     results["wall_s"] = time.perf_counter() - t
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    assert SEP == 0xFFFFFFFF
 
 
 if __name__ == "__main__":

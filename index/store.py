@@ -3,34 +3,51 @@
 Tables::
 
     documents   id, path (unique), content_hash, text, metadata (JSON), n_bytes, added_at
-    doc_tokens  (doc_id, fingerprint) -> n_tokens, ids (uint32 little-endian blob)
+    doc_tokens  (doc_id, fingerprint) -> n_tokens, segment (the segment holding the live version);
+                ids (uint32 blob) only in databases of earlier versions, until their first load
+    segments    id, fingerprint, name, width, n_tokens, n_seqs, dead (tombstone file), dead_seqs,
+                dead_tokens, created_at
     tokenizers  fingerprint -> name, added_at
     history     id, fingerprint, n_tokens, ids (blob), created_at      (finished outputs, oldest first)
-    meta        key -> value: "docs_version"; "arrays:<fingerprint>" -> JSON of the current arrays
+    meta        key -> value: "docs_version" (bumped by every change of the document index)
 
-Beside ``index.db`` lives ``index.db.arrays/``: per fingerprint, the suffix array of all documents
-(``<fp>-<gen>.tokens.npy``, ``.sa.npy``, ``.starts.npy``, ``.docids.npy``), memory-mapped at start-up.
+Beside ``index.db`` lives ``index.db.arrays/``: per tokenizer fingerprint, the document index in
+segments (:mod:`index.segments`): ``<name>.tok`` (the token ids, 16-bit where the vocabulary allows),
+``<name>.sa`` (int32 suffix array), ``.starts.npy``, ``.buckets.npy``, ``.docids.npy`` and, once
+documents in it were deleted or replaced, ``<name>.dead-<tag>.npz`` (tombstones). The token ids live
+there only: 6 bytes per token with the suffix array, besides the text.
 
-Atomic writes, short write lock: an add / remove first reads a snapshot of the store (a read
-transaction: it blocks nobody), tokenizes, and builds the new arrays under a fresh generation name
-*outside* the write lock; then, in one ``BEGIN IMMEDIATE`` transaction, it checks that ``docs_version``
-is still the snapshot's, writes the rows and points ``meta`` at the new arrays, and COMMITs. If another
-writer committed in between, the built files are deleted and the work is planned again on the new
-state (after ``OPTIMISTIC_ATTEMPTS`` tries it is done under the write lock, as a plain transaction).
-A crash or Ctrl-C before COMMIT leaves the database as it was; the unreferenced array files are
-deleted (Ctrl-C) or removed by the next writer (kill -9). Writers hold a shared ``flock`` on the arrays
-directory while their uncommitted files exist; garbage collection runs only when it can take it
-exclusively, so it never deletes a generation that is about to be committed. Readers are never
-blocked (WAL) and keep the arrays they mapped.
+Writes:
+
+- an add streams its documents (tokenized in batches) into a fresh segment file, sorts it with no lock
+  held, then commits the document rows and the segment in one short ``BEGIN IMMEDIATE`` transaction;
+  a large add commits a segment every ``flush_tokens`` tokens, so memory stays bounded. Replaced
+  documents get tombstones in their old segments (one pass over that segment's suffix array);
+- a remove deletes the rows and writes tombstones, in one transaction;
+- merges (:class:`~index.segments.MergePolicy`) rewrite several segments into one with the tombstoned
+  documents left out; they run after adds in a background thread (``auto_merge``) or on request
+  (:meth:`IndexStore.merge_pending`), and commit only if no input changed meanwhile.
+
+Readers never wait: they read the segment list in one WAL snapshot and memory-map immutable files; a
+new segment becomes visible when its transaction commits, a crash or Ctrl-C before that leaves the
+previous state (uncommitted files are deleted, or collected by the next writer after a kill -9).
+Writers hold a shared ``flock`` on the arrays directory while their uncommitted files exist; garbage
+collection runs only when it can take it exclusively.
+
+A database whose arrays are missing (copied without its ``.arrays`` folder) or that an earlier version
+wrote is repaired on load: the missing segments are rebuilt from the token ids still in the database,
+or from the text with the tokenizer at hand, with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,11 +64,16 @@ except ImportError:  # Windows: no flock; garbage collection then trusts that wr
     fcntl = None  # type: ignore[assignment]
 
 from .fingerprint import encode_texts, tokenizer_fingerprint, tokenizer_name
+from .segments import MergePolicy, SegmentInfo, SegmentSet, SegmentWriter, sequence_bounds, tombstone_ranks
 from .suffix_array import DEFAULT_SORT_DEPTH, SuffixArray
 
 DB_ENV = "SUFFIXSPEC_DB"
 TOKENIZE_BATCH_CHARS = 2_000_000  # text per tokenizer batch: parallel enough, memory bounded
 TOKENIZE_BATCH_DOCS = 512
+FLUSH_TOKENS = 16 << 20  # an add commits a segment at least every this many tokens (~10 bytes/token to sort)
+log = logging.getLogger("suffixspec.index")
+
+ProgressFn = Callable[[int, int, int], None]  # (documents, tokens, bytes) done since the last call
 
 
 class StoreError(RuntimeError):
@@ -108,33 +130,6 @@ def encode_batched(tokenizer: Any, texts: Sequence[str], progress: Callable[[int
 
 
 @dataclass
-class _Plan:
-    """One write, planned on a snapshot: the documents after it, the sequences to index per fingerprint,
-    and the row changes to run under the write lock (``apply`` None: nothing to write)."""
-
-    result: Any = None
-    doc_ids: list[int] = field(default_factory=list)
-    seqs: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    apply: Callable[[sqlite3.Connection], None] | None = None
-
-
-def _insert_tokens(conn: sqlite3.Connection, doc_id: int, fp: str, ids: np.ndarray) -> None:
-    conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, ids) VALUES (?, ?, ?, ?)",
-                 [doc_id, fp, len(ids), np.asarray(ids, dtype="<u4").tobytes()])
-
-
-def _insert_extra(conn: sqlite3.Connection, extra: dict[str, dict[int, np.ndarray]]) -> None:
-    for fp, per_doc in extra.items():
-        for doc_id, ids in per_doc.items():
-            _insert_tokens(conn, doc_id, fp, ids)
-
-
-def _unlink(paths: Iterable[Path]) -> None:
-    for p in paths:
-        p.unlink(missing_ok=True)
-
-
-@dataclass
 class DocInput:
     """A document to add."""
 
@@ -162,28 +157,59 @@ class AddSummary:
                 "skipped": self.skipped, "tokens": self.tokens, "ids": self.ids}
 
 
+class _Conflict(Exception):
+    """Another writer changed a merge's inputs: the merge is dropped (planned again later)."""
+
+
+@dataclass
+class _Staged:
+    """A document tokenized into the segment being written, waiting for its commit."""
+
+    doc: DocInput
+    hash: str
+    n_tokens: int
+    superseded: bool = False  # a later document of this add has the same key
+
+
 class IndexStore:
-    """Documents, their token ids per tokenizer fingerprint, and the output history, in one SQLite file."""
+    """Documents, their segmented suffix index per tokenizer fingerprint, and the output history."""
 
-    OPTIMISTIC_ATTEMPTS = 2  # plans built outside the write lock before one is built under it
-
-    def __init__(self, path: str | os.PathLike | None = None, sort_depth: int = DEFAULT_SORT_DEPTH) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, sort_depth: int = DEFAULT_SORT_DEPTH, *,
+                 readonly: bool = False, auto_merge: bool = True, policy: MergePolicy | None = None,
+                 flush_tokens: int = FLUSH_TOKENS) -> None:
         self.path = Path(path).expanduser() if path else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.arrays_dir = Path(str(self.path) + ".arrays")
         self.sort_depth = sort_depth
+        self.readonly = readonly  # open without writing anything (a worker of another program, a copy)
+        self.auto_merge = auto_merge and not readonly  # merge segments in a background thread after writes
+        self.policy = policy or MergePolicy()
+        self.flush_tokens = flush_tokens
+        self._cache: dict[str, SuffixArray] = {}  # segment name -> mapped arrays (no tombstones)
+        self._dead_cache: dict[str, np.ndarray] = {}  # tombstone file -> ranks
+        self._merger: threading.Thread | None = None
+        self._stop = threading.Event()
+        if readonly:
+            if not self.path.exists():
+                raise StoreError(f"no index database at {self.path}")
+            uri = f"file:{self.path}?mode=ro"
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            uri = str(self.path)
         try:
-            conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(uri, timeout=60.0, check_same_thread=False, isolation_level=None, uri=readonly)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open the index database {self.path}: {e}") from None
         self.db = sqlite_utils.Database(conn)
         try:
             self.db.execute("PRAGMA busy_timeout = 60000")
             self._check_schema()
-            if self.db.journal_mode != "wal":
-                self.db.enable_wal()
-            self.db.execute("PRAGMA foreign_keys = ON")
-            self._create_schema()
+            if not readonly:
+                if self.db.journal_mode != "wal":
+                    self.db.enable_wal()
+                # a segment commit writes its text to the WAL; once checkpointed, the file shrinks back
+                self.db.execute(f"PRAGMA journal_size_limit = {4 << 20}")
+                self.db.execute("PRAGMA foreign_keys = ON")
+                self._create_schema()
         except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
             conn.close()
             raise StoreError(f"{self.path} is not a usable suffixspec index database ({e}); "
@@ -193,6 +219,10 @@ class IndexStore:
             raise
 
     def close(self) -> None:
+        """Wait for a background merge to reach a safe point (it stops after its current merge), close."""
+        self._stop.set()
+        if self._merger is not None:
+            self._merger.join()
         self.db.conn.close()
 
     def __enter__(self) -> IndexStore:
@@ -226,7 +256,8 @@ class IndexStore:
             db["documents"].create_index(["path"], unique=True, if_not_exists=True)
             db["documents"].create_index(["content_hash"], if_not_exists=True)
         if "doc_tokens" not in db.table_names():
-            db["doc_tokens"].create({"doc_id": int, "fingerprint": str, "n_tokens": int, "ids": bytes},
+            db["doc_tokens"].create({"doc_id": int, "fingerprint": str, "n_tokens": int, "ids": bytes,
+                                     "segment": int},
                                     pk=("doc_id", "fingerprint"), foreign_keys=[("doc_id", "documents", "id")],
                                     if_not_exists=True)
         if "tokenizers" not in db.table_names():
@@ -238,6 +269,14 @@ class IndexStore:
             db["history"].create_index(["fingerprint", "id"], if_not_exists=True)
         if "meta" not in db.table_names():
             db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+        if "segments" not in db.table_names():
+            db["segments"].create({"id": int, "fingerprint": str, "name": str, "width": int, "n_tokens": int,
+                                   "n_seqs": int, "dead": str, "dead_seqs": int, "dead_tokens": int,
+                                   "created_at": float}, pk="id", if_not_exists=True)
+            db["segments"].create_index(["fingerprint"], if_not_exists=True)
+        if "segment" not in {c.name for c in db["doc_tokens"].columns}:  # a database of an earlier version
+            db.execute("ALTER TABLE doc_tokens ADD COLUMN segment INTEGER")
+        db["doc_tokens"].create_index(["segment"], if_not_exists=True)
 
     # ----- small helpers -------------------------------------------------------------------------
     @contextmanager
@@ -274,92 +313,167 @@ class IndexStore:
         fp = tokenizer_fingerprint(tokenizer)
         if self.db.execute("SELECT 1 FROM tokenizers WHERE fingerprint = ?", [fp]).fetchone():
             return fp  # known: no write, so no wait behind another writer
+        if self.readonly:
+            return fp
         self.db.execute("INSERT OR IGNORE INTO tokenizers (fingerprint, name, added_at) VALUES (?, ?, ?)",
                         [fp, tokenizer_name(tokenizer), time.time()])
         return fp
 
     # ----- documents -----------------------------------------------------------------------------
-    def add_documents(self, docs: Iterable[DocInput], tokenizer: Any,
-                      progress: Callable[[int], None] | None = None) -> AddSummary:
-        """Add or replace documents atomically; unchanged ones (same path, same hash) are left alone.
+    def add_documents(self, docs: Iterable[DocInput], tokenizer: Any, progress: ProgressFn | None = None,
+                      status: Callable[[str], None] | None = None) -> AddSummary:
+        """Add or replace documents; unchanged ones (same path, same hash) are left alone.
 
-        ``progress(n)`` is called as documents are tokenized (batches of about ``TOKENIZE_BATCH_CHARS``
-        characters, encoded in parallel by a fast tokenizer). Returns counts of what happened.
+        ``docs`` may be a generator: documents are tokenized in batches of about ``TOKENIZE_BATCH_CHARS``
+        characters (in parallel by a fast tokenizer) and streamed into a segment file, committed every
+        ``flush_tokens`` tokens and at the end, so memory is bounded by one segment, not the corpus.
+        An add that fits one segment is atomic; a larger one that is interrupted keeps the segments it
+        committed (whole documents; a rerun skips them as unchanged). ``progress(docs, tokens, bytes)``
+        is called as documents are read and tokenized; ``status(text)`` when a segment is sorted.
         """
-        docs = list(docs)
-        base = AddSummary()
+        if self.readonly:
+            raise StoreError(f"{self.path} was opened read-only")
+        summary = AddSummary()
         fp = self.register_tokenizer(tokenizer)
         existing = {row[0]: row[1] for row in self.db.execute("SELECT path, content_hash FROM documents")}
-        todo: dict[str, tuple[DocInput, str]] = {}
-        for d in docs:
-            h = content_hash(d.text)
-            if existing.get(d.key()) == h:
-                base.unchanged += 1
-                if progress:
-                    progress(1)
-            else:
-                todo[d.key()] = (d, h)  # the last version of a repeated path wins
-        if not todo:
-            return base
-        # tokenize before any transaction: nothing is locked, Ctrl-C changes nothing
-        keys = list(todo)
-        token_ids = dict(zip(keys, encode_batched(tokenizer, [todo[k][0].text for k in keys], progress),
-                             strict=True))
+        batch: list[tuple[DocInput, str]] = []
+        batch_chars = 0
+        staged: list[_Staged] = []
+        by_key: dict[str, _Staged] = {}
+        writer: SegmentWriter | None = None
 
-        def plan(conn: sqlite3.Connection) -> _Plan:
-            summary = AddSummary(unchanged=base.unchanged)
-            current = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT path, id, content_hash FROM documents")}
-            doc_ids = {r[0] for r in current.values()}
-            next_id = max(doc_ids, default=0) + 1  # what INTEGER PRIMARY KEY would pick
-            rows: list[tuple[int | None, str, DocInput, str]] = []  # (id to update or None, key, doc, hash)
-            mine: dict[int, np.ndarray] = {}
-            for key in keys:
-                d, h = todo[key]
-                old = current.get(key)
-                if old is not None and old[1] == h:  # another writer added this very content meanwhile
-                    summary.unchanged += 1
-                    continue
+        def tokenize_batch() -> None:
+            nonlocal writer, batch, batch_chars
+            if not batch:
+                return
+            ids = encode_batched(tokenizer, [d.text for d, _ in batch])
+            if writer is None:
+                writer = SegmentWriter(self._new_prefix(fp))
+            for (d, h), arr in zip(batch, ids, strict=True):
+                writer.add(arr)
+                st = _Staged(d, h, len(arr))
+                old = by_key.get(d.key())
                 if old is not None:
-                    doc_id = old[0]
-                    rows.append((doc_id, key, d, h))
-                    summary.updated += 1
-                else:
-                    doc_id, next_id = next_id, next_id + 1
-                    rows.append((None, key, d, h))
-                    summary.added += 1
-                doc_ids.add(doc_id)
-                mine[doc_id] = token_ids[key]
-                summary.tokens += len(token_ids[key])
-                summary.ids.append(doc_id)
-            if not rows:
-                return _Plan(result=summary)
-            ordered = sorted(doc_ids)
-            replaced = {r[0] for r in rows if r[0] is not None}
-            seqs, extra = self._plan_arrays(conn, ordered, {fp: mine}, replaced, {fp: tokenizer})
+                    old.superseded = True  # the last version of a repeated path wins
+                by_key[d.key()] = st
+                staged.append(st)
+            if progress:
+                progress(len(batch), int(sum(len(a) for a in ids)), sum(_nbytes(d.text) for d, _ in batch))
+            batch, batch_chars = [], 0
 
-            def apply(conn: sqlite3.Connection) -> None:
+        with self._build_guard():
+            try:
+                for d in docs:
+                    h = content_hash(d.text)
+                    if existing.get(d.key()) == h and d.key() not in by_key:
+                        summary.unchanged += 1
+                        if progress:
+                            progress(1, 0, _nbytes(d.text))
+                        continue
+                    batch.append((d, h))
+                    batch_chars += len(d.text)
+                    if batch_chars >= TOKENIZE_BATCH_CHARS or len(batch) >= TOKENIZE_BATCH_DOCS:
+                        tokenize_batch()
+                        if writer is not None and writer.num_tokens >= self.flush_tokens:
+                            self._commit_new_segment(fp, writer, staged, summary, status)
+                            writer, staged, by_key = None, [], {}
+                tokenize_batch()
+                if writer is not None:
+                    self._commit_new_segment(fp, writer, staged, summary, status)
+                    writer = None
+            except BaseException:
+                if writer is not None:
+                    writer.abort()
+                raise
+        self._collect_garbage()
+        self._kick_merges()
+        return summary
+
+    def _new_prefix(self, fp: str) -> Path:
+        self.arrays_dir.mkdir(parents=True, exist_ok=True)
+        return self.arrays_dir / f"{fp[:12]}-{int(time.time())}-{os.getpid()}-{secrets.token_hex(4)}"
+
+    def _commit_new_segment(self, fp: str, writer: SegmentWriter, staged: list[_Staged], summary: AddSummary,
+                            status: Callable[[str], None] | None = None) -> None:
+        """Sort the segment (no lock held), then commit its documents and it in one transaction."""
+        if status:
+            status(f"sorting {writer.num_tokens} tokens")
+        try:
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        docids_path = Path(writer.prefix + ".docids.npy")
+        try:
+            with self._write_txn() as written:
+                written.extend([*writer.files, docids_path])
+                conn = self.db.conn
+                seg_id = self._insert_segment(conn, fp, writer)
+                docids = np.full(len(staged), -1, dtype=np.int64)
+                touched: set[int] = set()
                 now = time.time()
-                for (old_id, key, d, h), doc_id in zip(rows, summary.ids, strict=True):
+                for k, st in enumerate(staged):
+                    if st.superseded:
+                        continue
+                    d, key = st.doc, st.doc.key()
+                    row = conn.execute("SELECT id, content_hash FROM documents WHERE path = ?", [key]).fetchone()
+                    if row is not None and row[1] == st.hash:  # another writer added this very content meanwhile
+                        summary.unchanged += 1
+                        continue
                     meta = json.dumps(d.metadata, ensure_ascii=False, default=str)
-                    nbytes = len(d.text.encode("utf-8"))
-                    if old_id is not None:
+                    if row is not None:
+                        doc_id = row[0]
+                        touched.update(r[0] for r in conn.execute(
+                            "SELECT segment FROM doc_tokens WHERE doc_id = ? AND segment IS NOT NULL", [doc_id]))
                         conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
                         conn.execute("UPDATE documents SET content_hash = ?, text = ?, metadata = ?, n_bytes = ?, "
-                                     "added_at = ? WHERE id = ?", [h, d.text, meta, nbytes, now, doc_id])
+                                     "added_at = ? WHERE id = ?", [st.hash, d.text, meta, _nbytes(d.text), now, doc_id])
+                        summary.updated += 1
                     else:
-                        conn.execute("INSERT INTO documents (id, path, content_hash, text, metadata, n_bytes, "
-                                     "added_at) VALUES (?, ?, ?, ?, ?, ?, ?)", [doc_id, key, h, d.text, meta, nbytes, now])
-                    _insert_tokens(conn, doc_id, fp, mine[doc_id])
-                _insert_extra(conn, extra)
+                        doc_id = conn.execute("INSERT INTO documents (path, content_hash, text, metadata, n_bytes, "
+                                              "added_at) VALUES (?, ?, ?, ?, ?, ?)",
+                                              [key, st.hash, d.text, meta, _nbytes(d.text), now]).lastrowid
+                        summary.added += 1
+                    conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, segment) VALUES (?, ?, ?, ?)",
+                                 [doc_id, fp, st.n_tokens, seg_id])
+                    docids[k] = doc_id
+                    summary.tokens += st.n_tokens
+                    summary.ids.append(doc_id)
+                _save_synced(docids_path, docids)
+                if (docids < 0).any():
+                    touched.add(seg_id)
+                for sid in sorted(touched):
+                    self._update_tombstones(conn, sid, written)
+                self._bump()
+        except BaseException:
+            _unlink([*writer.files, docids_path])
+            raise
+        self._checkpoint()
 
-            return _Plan(result=summary, doc_ids=ordered, seqs=seqs, apply=apply)
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database (a large add would otherwise keep its text there twice);
+        PASSIVE: it never waits for readers or writers, and what it cannot copy now goes later."""
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.OperationalError:
+            pass
 
-        return self._mutate(plan)
+    def _insert_segment(self, conn: sqlite3.Connection, fp: str, writer: SegmentWriter) -> int:
+        return conn.execute("INSERT INTO segments (fingerprint, name, width, n_tokens, n_seqs, dead, dead_seqs, "
+                            "dead_tokens, created_at) VALUES (?, ?, ?, ?, ?, NULL, 0, 0, ?)",
+                            [fp, Path(writer.prefix).name, writer.width, writer.num_tokens, len(writer.starts),
+                             time.time()]).lastrowid
+
+    def _bump(self) -> None:
+        self._set_meta("docs_version", str(self.docs_version() + 1))
 
     def remove(self, keys: Sequence[int | str]) -> int:
-        """Remove documents by id or exact path; returns how many were removed."""
-
-        def plan(conn: sqlite3.Connection) -> _Plan:
+        """Remove documents by id or exact path; returns how many were removed. Their tokens become
+        tombstones (a segment left with no live document is dropped at once)."""
+        if self.readonly:
+            raise StoreError(f"{self.path} was opened read-only")
+        with self._build_guard(), self._write_txn() as written:
+            conn = self.db.conn
             ids: list[int] = []
             for k in keys:
                 row = None
@@ -373,19 +487,19 @@ class IndexStore:
                 if row is not None and row[0] not in ids:
                     ids.append(row[0])
             if not ids:
-                return _Plan(result=0)
-            gone = set(ids)
-            ordered = [r[0] for r in conn.execute("SELECT id FROM documents ORDER BY id") if r[0] not in gone]
-            seqs, _ = self._plan_arrays(conn, ordered, {}, set(), {})
-
-            def apply(conn: sqlite3.Connection) -> None:
-                for doc_id in ids:
-                    conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
-                    conn.execute("DELETE FROM documents WHERE id = ?", [doc_id])
-
-            return _Plan(result=len(ids), doc_ids=ordered, seqs=seqs, apply=apply)
-
-        return self._mutate(plan)
+                return 0
+            touched: set[int] = set()
+            for doc_id in ids:
+                touched.update(r[0] for r in conn.execute(
+                    "SELECT segment FROM doc_tokens WHERE doc_id = ? AND segment IS NOT NULL", [doc_id]))
+                conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
+                conn.execute("DELETE FROM documents WHERE id = ?", [doc_id])
+            for sid in sorted(touched):
+                self._update_tombstones(conn, sid, written)
+            self._bump()
+        self._collect_garbage()
+        self._kick_merges()
+        return len(ids)
 
     def list_documents(self) -> list[dict[str, Any]]:
         """id, path, content_hash, n_bytes, added_at, metadata, and tokens per fingerprint."""
@@ -407,104 +521,311 @@ class IndexStore:
         return {"id": row[0], "path": row[1], "content_hash": row[2], "text": row[3],
                 "metadata": json.loads(row[4] or "{}"), "n_bytes": row[5], "added_at": row[6]}
 
-    # ----- arrays ----------------------------------------------------------------------------------
-    def _plan_arrays(self, conn: sqlite3.Connection, doc_ids: list[int], new_tokens: dict[str, dict[int, np.ndarray]],
-                     replaced: set[int], complete_with: dict[str, Any]
-                     ) -> tuple[dict[str, list[np.ndarray]], dict[str, dict[int, np.ndarray]]]:
-        """The token sequences (in ``doc_ids`` order) of every fingerprint whose ids will be complete once
-        ``new_tokens`` are written; documents missing ids for a fingerprint in ``complete_with`` are
-        tokenized now with that tokenizer (returned as the second value, to be written too). ``replaced``:
-        documents whose stored ids are about to be deleted. Fingerprints still incomplete are left out:
-        their arrays stay stale until a process with that tokenizer completes them (``document_index``)."""
-        seqs: dict[str, list[np.ndarray]] = {}
-        extra: dict[str, dict[int, np.ndarray]] = {}
-        for (fp,) in conn.execute("SELECT fingerprint FROM tokenizers ORDER BY added_at").fetchall():
-            mine = new_tokens.get(fp, {})
-            have = {d: b for d, b in conn.execute("SELECT doc_id, ids FROM doc_tokens WHERE fingerprint = ?", [fp])
-                    if d not in replaced}
-            missing = [d for d in doc_ids if d not in mine and d not in have]
-            if missing and fp in complete_with:
-                texts = [conn.execute("SELECT text FROM documents WHERE id = ?", [d]).fetchone()[0] for d in missing]
-                extra[fp] = dict(zip(missing, encode_batched(complete_with[fp], texts), strict=True))
-                missing = []
-            if missing:
+    # ----- segments ----------------------------------------------------------------------------------
+    def segment_infos(self, fingerprint: str) -> list[SegmentInfo]:
+        """The committed segments of one tokenizer."""
+        if "segments" not in self.db.table_names():  # a read-only database of an earlier version
+            return []
+        return [SegmentInfo(id=r[0], name=r[1], tokens=r[2], dead_tokens=r[3], sequences=r[4], dead_sequences=r[5],
+                            width=r[6], dead_file=r[7])
+                for r in self.db.execute("SELECT id, name, n_tokens, dead_tokens, n_seqs, dead_seqs, width, dead "
+                                         "FROM segments WHERE fingerprint = ? ORDER BY id", [fingerprint])]
+
+    def _segment(self, name: str) -> SuffixArray:
+        sa = self._cache.get(name)
+        if sa is None:
+            sa = self._cache[name] = SuffixArray.load(self.arrays_dir / name, self.sort_depth)
+        return sa
+
+    def _tombstones(self, dead_file: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """(dead ranks, dead sequence numbers) of a tombstone file."""
+        if dead_file is None:
+            return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
+        with np.load(self.arrays_dir / dead_file) as z:
+            return z["ranks"], z["seqs"]
+
+    def _load(self, info: SegmentInfo) -> SuffixArray:
+        sa = self._segment(info.name)
+        if info.dead_file is None:
+            return sa
+        ranks = self._dead_cache.get(info.dead_file)
+        if ranks is None:
+            ranks = self._dead_cache[info.dead_file] = self._tombstones(info.dead_file)[0]
+        return sa.with_dead(ranks)
+
+    def _update_tombstones(self, conn: sqlite3.Connection, seg_id: int, written: list[Path]) -> None:
+        """Inside a write transaction: mark the documents of segment ``seg_id`` that are no longer live
+        in it (deleted, replaced, or never committed) as tombstones; drop the segment when none is left."""
+        name, old_file, n_seqs = conn.execute("SELECT name, dead, n_seqs FROM segments WHERE id = ?",
+                                              [seg_id]).fetchone()
+        live = np.array([r[0] for r in conn.execute("SELECT doc_id FROM doc_tokens WHERE segment = ?", [seg_id])],
+                        dtype=np.int64)
+        if len(live) == 0:
+            conn.execute("DELETE FROM segments WHERE id = ?", [seg_id])
+            return
+        docids = np.load(self.arrays_dir / f"{name}.docids.npy")
+        dead_seqs = np.flatnonzero(~np.isin(docids, live))
+        old_ranks, old_seqs = self._tombstones(old_file)
+        new_seqs = np.setdiff1d(dead_seqs, old_seqs)
+        if len(new_seqs) == 0 and len(dead_seqs) == len(old_seqs):
+            return
+        sa = self._segment(name)
+        ranks = np.union1d(old_ranks, tombstone_ranks(sa, new_seqs)).astype(np.int32)
+        starts, ends = sequence_bounds(sa.starts, sa._n)
+        dead_tokens = int((ends[dead_seqs] - starts[dead_seqs] - 1).sum())
+        path = self.arrays_dir / f"{name}.dead-{secrets.token_hex(4)}.npz"
+        written.append(path)
+        with open(path, "wb") as f:
+            np.savez(f, ranks=ranks, seqs=dead_seqs)
+            f.flush()
+            os.fsync(f.fileno())
+        conn.execute("UPDATE segments SET dead = ?, dead_seqs = ?, dead_tokens = ? WHERE id = ?",
+                     [path.name, len(dead_seqs), dead_tokens, seg_id])
+
+    def document_index(self, fingerprint_or_tokenizer: str | Any) -> SegmentSet | None:
+        """The document index for this tokenizer: its segments, memory-mapped (None if no documents).
+
+        Given a tokenizer (not just a fingerprint), documents that have no segment for it (added under
+        another tokenizer, or whose arrays are missing) are tokenized now and indexed once; given a
+        fingerprint, such documents are indexed from stored token ids when there are some, else left out.
+        """
+        if isinstance(fingerprint_or_tokenizer, str):
+            fp, tokenizer = fingerprint_or_tokenizer, None
+        else:
+            tokenizer = fingerprint_or_tokenizer
+            fp = tokenizer_fingerprint(tokenizer)
+        if not self.readonly:
+            self._repair(fp, tokenizer)
+        for _ in range(5):  # a merge may replace the files between reading the list and opening them
+            infos = self.segment_infos(fp)
+            if not infos:
+                return None
+            try:
+                segs = [self._load(i) for i in infos]
+            except FileNotFoundError:
+                self._cache.clear()
+                if self.readonly:
+                    log.warning("%s: segment files are missing from %s; documents are served without them",
+                                self.path, self.arrays_dir)
+                    return None
+                self._repair(fp, tokenizer)
                 continue
-            more = extra.get(fp, {})
-            seqs[fp] = [mine[d] if d in mine else more[d] if d in more else np.frombuffer(have[d], dtype="<u4")
-                        for d in doc_ids]
-        return seqs, extra
+            names = {i.name for i in infos}
+            self._cache = {k: v for k, v in self._cache.items() if k in names}
+            files = {i.dead_file for i in infos}
+            self._dead_cache = {k: v for k, v in self._dead_cache.items() if k in files}
+            return SegmentSet(segs, sum(i.live_tokens for i in infos),
+                              sum(i.sequences - i.dead_sequences for i in infos))
+        raise RuntimeError(f"could not open the arrays of {self.path}; is a writer stuck?")
 
-    def _mutate(self, make_plan: Callable[[sqlite3.Connection], _Plan]) -> Any:
-        """Plan on a read snapshot, build the arrays with no lock held, then commit in a short write
-        transaction if no other writer committed meanwhile; else plan again (see the module docstring)."""
-        conn = self.db.conn
-        for _ in range(self.OPTIMISTIC_ATTEMPTS):
-            conn.execute("BEGIN")  # deferred: a read snapshot (WAL), blocks no writer
-            try:
-                base_version = self.docs_version()
-                plan = make_plan(conn)
-            finally:
-                conn.execute("COMMIT")
-            if plan.apply is None:
-                return plan.result
-            files: list[Path] = []
-            try:
-                with self._build_guard():
-                    built = self._build_arrays(plan, base_version + 1, files)
-                    with self._write_txn() as written:
-                        fresh = self.docs_version() == base_version
-                        if fresh:
-                            written.extend(files)
-                            plan.apply(conn)
-                            self._rebuild_arrays_locked(written, plan, built)
-            except BaseException:
-                _unlink(files)
-                raise
-            if fresh:
-                self._collect_garbage()
-                return plan.result
-            _unlink(files)  # another writer got in first: plan again on its state
-        # contended: plan, build and commit under the write lock
-        with self._build_guard(), self._write_txn() as written:
-            plan = make_plan(conn)
-            if plan.apply is not None:
-                plan.apply(conn)
-                self._rebuild_arrays_locked(written, plan)
-        self._collect_garbage()
-        return plan.result
-
-    def _build_arrays(self, plan: _Plan, version: int, files: list[Path]) -> dict[str, dict[str, Any]]:
-        """Build and write (fsync'ed) the arrays of ``plan`` under fresh generation names; every path is
-        appended to ``files`` before it is created, so the caller can delete them. Returns the ``meta``
-        value per fingerprint."""
-        self.arrays_dir.mkdir(parents=True, exist_ok=True)
-        out = {}
-        for fp, seqs in plan.seqs.items():
-            sa = SuffixArray.build(seqs, self.sort_depth)
-            name = f"{fp[:16]}-{version}-{os.getpid()}-{secrets.token_hex(4)}"
-            prefix = self.arrays_dir / name
-            paths = [Path(str(prefix) + ext) for ext in (".tokens.npy", ".sa.npy", ".starts.npy", ".docids.npy")]
-            files.extend(paths)
-            sa.save(prefix)
-            np.save(paths[-1], np.asarray(plan.doc_ids, dtype=np.int64))
-            for p in paths:
-                with open(p, "rb+") as f:
-                    os.fsync(f.fileno())
-            out[fp] = {"name": name, "docs_version": version, "n_tokens": sa.num_tokens, "n_docs": len(plan.doc_ids)}
+    def _missing_segments(self, fp: str) -> list[SegmentInfo]:
+        out = []
+        for info in self.segment_infos(fp):
+            files = [f"{info.name}{ext}" for ext in (".tok", ".sa", ".starts.npy", ".buckets.npy", ".docids.npy")]
+            if info.dead_file:
+                files.append(info.dead_file)
+            if not all((self.arrays_dir / f).exists() for f in files):
+                out.append(info)
         return out
 
-    def _rebuild_arrays_locked(self, written: list[Path], plan: _Plan,
-                               built: dict[str, dict[str, Any]] | None = None) -> None:
-        """Inside the write transaction: bump ``docs_version`` and point ``meta`` at the arrays of ``plan``,
-        those already ``built`` outside the lock, or built now (their files go to ``written`` first, so a
-        rollback deletes them)."""
-        version = self.docs_version() + 1
-        self._set_meta("docs_version", str(version))
-        if built is None:
-            built = self._build_arrays(plan, version, written)
-        for fp, info in built.items():
-            assert info["docs_version"] == version
-            self._set_meta(f"arrays:{fp}", json.dumps(info))
+    def _repair(self, fp: str, tokenizer: Any) -> None:
+        """Index the documents that have no live segment for ``fp``: a copy without its arrays folder, a
+        database of an earlier version (token ids in the database), documents added under another tokenizer."""
+        missing = self._missing_segments(fp)
+        if missing:
+            log.warning("%s: %d segment(s) of the document index are missing from %s (copied without it?); "
+                        "rebuilding them from the database", self.path, len(missing), self.arrays_dir)
+            with self._write_txn():
+                for info in missing:
+                    self.db.execute("UPDATE doc_tokens SET segment = NULL WHERE segment = ?", [info.id])
+                    self.db.execute("DELETE FROM segments WHERE id = ?", [info.id])
+                self._bump()
+        rows = self.db.execute(
+            "SELECT d.id, d.content_hash, t.ids IS NOT NULL FROM documents d LEFT JOIN doc_tokens t "
+            "ON t.doc_id = d.id AND t.fingerprint = ? WHERE t.segment IS NULL ORDER BY d.id", [fp]).fetchall()
+        if not rows:
+            return
+        need_text = [r[0] for r in rows if not r[2]]
+        if need_text and tokenizer is None:
+            if not hasattr(self, "_warned_untokenized"):
+                self._warned_untokenized = True
+                log.warning("%s: %d document(s) have no token ids for tokenizer %s; open the index with the "
+                            "tokenizer itself to index them", self.path, len(need_text), fp[:12])
+            rows = [r for r in rows if r[2]]
+            if not rows:
+                return
+        if tokenizer is not None:
+            self.register_tokenizer(tokenizer)
+        elif not self.db.execute("SELECT 1 FROM tokenizers WHERE fingerprint = ?", [fp]).fetchone():
+            return
+        if not missing:
+            log.info("%s: indexing %d document(s) for tokenizer %s", self.path, len(rows), fp[:12])
+        with self._build_guard():
+            self._index_existing(fp, tokenizer, [(r[0], r[1]) for r in rows])
+        self._collect_garbage()
+
+    def _index_existing(self, fp: str, tokenizer: Any, docs: list[tuple[int, str]]) -> None:
+        """Build segments (``flush_tokens`` at most each) for stored documents ``(id, content_hash)``,
+        from their stored ids or their text; commit each, skipping documents changed meanwhile."""
+        i = 0
+        while i < len(docs):
+            writer = SegmentWriter(self._new_prefix(fp))
+            part: list[tuple[int, str, int]] = []
+            try:
+                while i < len(docs) and writer.num_tokens < self.flush_tokens:
+                    chunk = docs[i:i + TOKENIZE_BATCH_DOCS]
+                    i += len(chunk)
+                    got = []
+                    texts = []
+                    for doc_id, h in chunk:
+                        row = self.db.execute("SELECT ids FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
+                                              [doc_id, fp]).fetchone()
+                        if row is not None and row[0] is not None:
+                            got.append((doc_id, h, np.frombuffer(row[0], dtype="<u4")))
+                        elif tokenizer is not None:
+                            text = self.db.execute("SELECT text FROM documents WHERE id = ?", [doc_id]).fetchone()
+                            if text is not None:
+                                texts.append((doc_id, h, text[0]))
+                    if texts:
+                        ids = encode_batched(tokenizer, [t for _, _, t in texts])
+                        got += [(d, h, a) for (d, h, _), a in zip(texts, ids, strict=True)]
+                    for doc_id, h, arr in got:
+                        writer.add(arr)
+                        part.append((doc_id, h, len(arr)))
+                if not part:
+                    writer.abort()
+                    continue
+                writer.finish()
+            except BaseException:
+                writer.abort()
+                raise
+            docids_path = Path(writer.prefix + ".docids.npy")
+            try:
+                with self._write_txn() as written:
+                    written.extend([*writer.files, docids_path])
+                    conn = self.db.conn
+                    seg_id = self._insert_segment(conn, fp, writer)
+                    docids = np.full(len(part), -1, dtype=np.int64)
+                    for k, (doc_id, h, n) in enumerate(part):
+                        row = conn.execute("SELECT content_hash FROM documents WHERE id = ?", [doc_id]).fetchone()
+                        seg = conn.execute("SELECT segment FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
+                                           [doc_id, fp]).fetchone()
+                        if row is None or row[0] != h or (seg is not None and seg[0] is not None):
+                            continue  # removed, changed or indexed by another process meanwhile
+                        conn.execute("INSERT OR REPLACE INTO doc_tokens (doc_id, fingerprint, n_tokens, ids, segment) "
+                                     "VALUES (?, ?, ?, NULL, ?)", [doc_id, fp, n, seg_id])
+                        docids[k] = doc_id
+                    _save_synced(docids_path, docids)
+                    if (docids < 0).any():
+                        self._update_tombstones(conn, seg_id, written)
+                    self._bump()
+            except BaseException:
+                _unlink([*writer.files, docids_path])
+                raise
+
+    # ----- merges ------------------------------------------------------------------------------------
+    def pending_merges(self, fingerprint: str | None = None) -> dict[str, list[list[int]]]:
+        """Planned merges per fingerprint: groups of segment ids (see :class:`~index.segments.MergePolicy`)."""
+        fps = [fingerprint] if fingerprint else [r[0] for r in self.db.execute(
+            "SELECT DISTINCT fingerprint FROM segments")] if "segments" in self.db.table_names() else []
+        out = {}
+        for fp in fps:
+            plan = self.policy.plan(self.segment_infos(fp))
+            if plan:
+                out[fp] = plan
+        return out
+
+    def merge_pending(self, progress: Callable[[int], None] | None = None,
+                      status: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> int:
+        """Run the planned merges (and those they make due) until none is left; returns how many were done.
+        ``progress(tokens)`` as tokens are copied; ``status(text)`` before each merge."""
+        done = 0
+        failed: set[tuple[int, ...]] = set()
+        while not (stop is not None and stop.is_set()):
+            plans = [(fp, g) for fp, groups in self.pending_merges().items() for g in groups
+                     if tuple(g) not in failed]
+            if not plans:
+                break
+            fp, group = plans[0]
+            if self.merge(fp, group, progress, status):
+                done += 1
+            else:
+                failed.add(tuple(group))
+        return done
+
+    def merge(self, fp: str, seg_ids: Sequence[int], progress: Callable[[int], None] | None = None,
+              status: Callable[[str], None] | None = None) -> bool:
+        """Rewrite segments ``seg_ids`` as one, tombstoned documents left out; False (nothing changed) if
+        another writer touched one of them before the commit."""
+        infos = {i.id: i for i in self.segment_infos(fp)}
+        if not all(s in infos for s in seg_ids):
+            return False
+        inputs = [infos[s] for s in seg_ids]
+        if status:
+            status(f"merging {len(inputs)} segments ({sum(i.live_tokens for i in inputs)} tokens)")
+        with self._build_guard():
+            writer = SegmentWriter(self._new_prefix(fp), width=min(i.width for i in inputs))
+            docmap: list[int] = []
+            try:
+                for info in inputs:
+                    sa = self._segment(info.name)
+                    docids = np.load(self.arrays_dir / f"{info.name}.docids.npy")
+                    dead = set(self._tombstones(info.dead_file)[1].tolist())
+                    starts, ends = sequence_bounds(sa.starts, sa._n)
+                    text = np.asarray(sa.text)
+                    for k in range(len(docids)):
+                        if k in dead or docids[k] < 0:
+                            continue
+                        writer.add(text[starts[k]:ends[k] - 1])
+                        docmap.append(int(docids[k]))
+                        if progress:
+                            progress(int(ends[k] - starts[k] - 1))
+                writer.finish()
+            except BaseException:
+                writer.abort()
+                raise
+            docids_path = Path(writer.prefix + ".docids.npy")
+            try:
+                with self._write_txn() as written:
+                    written.extend([*writer.files, docids_path])
+                    conn = self.db.conn
+                    for info in inputs:
+                        row = conn.execute("SELECT dead FROM segments WHERE id = ?", [info.id]).fetchone()
+                        if row is None or row[0] != info.dead_file:
+                            raise _Conflict
+                    seg_id = self._insert_segment(conn, fp, writer)
+                    marks = ",".join("?" * len(inputs))
+                    conn.execute(f"UPDATE doc_tokens SET segment = ? WHERE segment IN ({marks})",
+                                 [seg_id, *[i.id for i in inputs]])
+                    conn.execute(f"DELETE FROM segments WHERE id IN ({marks})", [i.id for i in inputs])
+                    _save_synced(docids_path, np.asarray(docmap, dtype=np.int64))
+                    self._bump()
+            except _Conflict:
+                return False
+            except BaseException:
+                _unlink([*writer.files, docids_path])
+                raise
+        self._checkpoint()
+        self._collect_garbage()
+        return True
+
+    def _kick_merges(self) -> None:
+        """Start the background merge thread when merges are due (``auto_merge``)."""
+        if not self.auto_merge or (self._merger is not None and self._merger.is_alive()):
+            return
+        if not self.pending_merges():
+            return
+        self._stop.clear()
+        self._merger = threading.Thread(target=self._merge_in_background, name="suffixspec-merge", daemon=True)
+        self._merger.start()
+
+    def _merge_in_background(self) -> None:
+        try:
+            with IndexStore(self.path, self.sort_depth, auto_merge=False, policy=self.policy,
+                            flush_tokens=self.flush_tokens) as other:
+                other.merge_pending(stop=self._stop)
+        except Exception as e:  # never take the process down; the merges are planned again after the next write
+            log.warning("%s: background merge failed: %s", self.path, e)
 
     @contextmanager
     def _build_guard(self) -> Iterator[None]:
@@ -520,15 +841,18 @@ class IndexStore:
         finally:
             os.close(fd)  # releases the lock
 
-    def _referenced_names(self) -> set[str]:
-        names = set()
-        for (value,) in self.db.execute("SELECT value FROM meta WHERE key LIKE 'arrays:%'"):
-            names.add(json.loads(value)["name"])
-        return names
+    def referenced_files(self) -> set[str]:
+        """Names of the files the committed segments use."""
+        keep = set()
+        for name, dead in self.db.execute("SELECT name, dead FROM segments"):
+            keep.update(f"{name}{ext}" for ext in (".tok", ".sa", ".starts.npy", ".buckets.npy", ".docids.npy"))
+            if dead:
+                keep.add(dead)
+        return keep
 
     def _collect_garbage(self) -> None:
-        """Delete array files no generation refers to (old versions, leftovers of a killed writer).
-        Skipped while another writer holds uncommitted files (it or a later writer collects them)."""
+        """Delete array files no segment refers to (merged or replaced ones, leftovers of a killed writer,
+        arrays of earlier versions). Skipped while another writer holds uncommitted files."""
         if not self.arrays_dir.exists():
             return
         fd = os.open(self.arrays_dir, os.O_RDONLY) if fcntl is not None else None
@@ -538,55 +862,13 @@ class IndexStore:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     return
-            keep = self._referenced_names()
+            keep = self.referenced_files()
             for p in self.arrays_dir.iterdir():
-                if p.name.split(".", 1)[0] not in keep:
+                if p.name not in keep:
                     p.unlink(missing_ok=True)
         finally:
             if fd is not None:
                 os.close(fd)
-
-    def document_index(self, fingerprint_or_tokenizer: str | Any) -> SuffixArray | None:
-        """The memory-mapped suffix array over all documents for this tokenizer (None if no documents).
-
-        Given a tokenizer (not just a fingerprint), documents added under another tokenizer are
-        tokenized now and the arrays rebuilt once; given a fingerprint, the latest arrays are used.
-        """
-        if isinstance(fingerprint_or_tokenizer, str):
-            fp, tokenizer = fingerprint_or_tokenizer, None
-        else:
-            tokenizer = fingerprint_or_tokenizer
-            fp = tokenizer_fingerprint(tokenizer)
-        n_docs = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
-        if n_docs == 0:
-            return None
-        info = self._meta(f"arrays:{fp}")
-        if self._stale(info) and tokenizer is not None:
-            self.register_tokenizer(tokenizer)
-
-            def plan(conn: sqlite3.Connection) -> _Plan:
-                if not self._stale(self._meta(f"arrays:{fp}")):
-                    return _Plan(result=None)  # another process rebuilt them meanwhile
-                ordered = [r[0] for r in conn.execute("SELECT id FROM documents ORDER BY id")]
-                seqs, extra = self._plan_arrays(conn, ordered, {}, set(), {fp: tokenizer})
-                return _Plan(result=None, doc_ids=ordered, seqs=seqs, apply=lambda c: _insert_extra(c, extra))
-
-            self._mutate(plan)
-            info = self._meta(f"arrays:{fp}")
-        if info is None:
-            return None
-        for _ in range(5):  # a writer may replace the files between reading meta and opening them
-            name = json.loads(info)["name"]
-            try:
-                return SuffixArray.load(self.arrays_dir / name, self.sort_depth)
-            except FileNotFoundError:
-                info = self._meta(f"arrays:{fp}")
-                if info is None:
-                    return None
-        raise RuntimeError(f"could not open the arrays of {self.path}; is a writer stuck?")
-
-    def _stale(self, info: str | None) -> bool:
-        return info is None or json.loads(info)["docs_version"] != self.docs_version()
 
     # ----- output history --------------------------------------------------------------------------
     def history_append(self, fingerprint: str, ids: Sequence[int], budget_tokens: int | None = None) -> None:
@@ -643,26 +925,52 @@ class IndexStore:
 
     # ----- stats -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Counts, sizes on disk and an estimate of the memory the arrays take when loaded."""
+        """Counts, segments, pending merges, sizes on disk and an estimate of the memory the arrays map."""
         n_docs, n_bytes = self.db.execute("SELECT count(*), coalesce(sum(n_bytes), 0) FROM documents").fetchone()
+        pending = self.pending_merges()
         per_fp = {}
         for fp, name in self.db.execute("SELECT fingerprint, name FROM tokenizers"):
-            n_tok, n_tok_docs = self.db.execute("SELECT coalesce(sum(n_tokens), 0), count(*) FROM doc_tokens "
-                                                "WHERE fingerprint = ?", [fp]).fetchone()
+            n_tok, n_tok_docs, n_unindexed = self.db.execute(
+                "SELECT coalesce(sum(n_tokens), 0), count(*), coalesce(sum(segment IS NULL), 0) FROM doc_tokens "
+                "WHERE fingerprint = ?", [fp]).fetchone()
             h_tok, h_n = self.db.execute("SELECT coalesce(sum(n_tokens), 0), count(*) FROM history "
                                          "WHERE fingerprint = ?", [fp]).fetchone()
-            info = self._meta(f"arrays:{fp}")
-            fresh = info is not None and json.loads(info)["docs_version"] == self.docs_version()
-            per_fp[fp] = {"tokenizer": name, "document_tokens": n_tok, "documents_tokenized": n_tok_docs,
-                          "history_outputs": h_n, "history_tokens": h_tok, "arrays_current": fresh,
-                          # tokens + suffix array (4 + 4 bytes per token, separators included); the token
-                          # history lives in an incremental index of ~12 bytes per token plus dict entries
-                          "memory_estimate_bytes": 8 * (n_tok + n_tok_docs) + 16 * h_tok}
+            segs = self.segment_infos(fp)
+            mapped = sum((s.width + 4) * (s.tokens + s.sequences) for s in segs)
+            per_fp[fp] = {"tokenizer": name, "document_tokens": n_tok, "documents_tokenized": n_tok_docs - n_unindexed,
+                          "history_outputs": h_n, "history_tokens": h_tok,
+                          "arrays_current": n_unindexed == 0 and n_tok_docs - n_unindexed == n_docs,
+                          "segments": [{"id": s.id, "tokens": s.tokens, "live_tokens": s.live_tokens,
+                                        "documents": s.sequences - s.dead_sequences,
+                                        "deleted_documents": s.dead_sequences, "bytes_per_token": s.width + 4}
+                                       for s in segs],
+                          "pending_merges": [{"segments": g} for g in pending.get(fp, [])],
+                          # tokens + suffix array, mapped; the token history lives in an incremental index
+                          # of ~12 bytes per token plus dict entries
+                          "memory_estimate_bytes": mapped + 16 * h_tok}
         disk = sum(p.stat().st_size for p in [self.path, Path(str(self.path) + "-wal"), Path(str(self.path) + "-shm")]
                    if p.exists())
         arrays = sum(p.stat().st_size for p in self.arrays_dir.iterdir()) if self.arrays_dir.exists() else 0
         return {"db": str(self.path), "documents": n_docs, "document_bytes": n_bytes,
                 "tokens": {fp: v["document_tokens"] for fp, v in per_fp.items()},
+                "segments": sum(len(v["segments"]) for v in per_fp.values()),
+                "pending_merges": sum(len(v["pending_merges"]) for v in per_fp.values()),
                 "bytes_on_disk": disk + arrays, "db_bytes": disk, "arrays_bytes": arrays,
                 "memory_estimate_bytes": sum(v["memory_estimate_bytes"] for v in per_fp.values()),
                 "tokenizers": per_fp}
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _save_synced(path: Path, arr: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, arr)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _unlink(paths: Iterable[Path]) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)

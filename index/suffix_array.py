@@ -1,9 +1,11 @@
-"""A static suffix array over many token sequences: built once with numpy, memory-mapped, searched with bisect.
+"""A static suffix array over many token sequences: built once (libdivsufsort), memory-mapped, searched with bisect.
 
-Layout: the sequences are concatenated, each followed by the separator ``SEP = 2**32 - 1``; tokens are
-stored as big-endian uint32, so comparing raw bytes compares token sequences (a match never crosses a
-separator because no real token equals ``SEP``). ``sa`` lists the suffix start positions sorted by
-their first ``sort_depth`` tokens (prefix doubling with ``np.argsort``). 8 bytes per indexed token.
+Layout: the sequences are concatenated, each followed by a separator; tokens are stored big-endian,
+2 bytes each when every id is below ``SEP16 = 0xFFFF`` (the separator then), else 4 bytes with
+``SEP = 2**32 - 1``. Comparing raw bytes compares token sequences (a match never crosses a separator
+because no real token equals it). ``sa`` lists every suffix start in sorted order as int32: 6 bytes
+per indexed token with 16-bit ids, 8 with 32-bit ones. It is built by libdivsufsort over the bytes
+(:func:`sort_suffixes`), about 10 bytes of memory per token at the peak for 16-bit ids.
 
 Lookups run ``bisect`` over ``sa`` with a key that slices the token bytes, so every comparison is a
 C-level ``memcmp``. The suffixes starting with a pattern form one contiguous range of ``sa``; inside
@@ -19,6 +21,7 @@ node covers the 2 suffixes starting with ``5 6``, and its children are ``7`` (co
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
@@ -28,76 +31,119 @@ import numpy as np
 
 from .speculate import SpecParams, SpecResult, speculate_from
 
-SEP = 0xFFFFFFFF  # sequence separator; never a real token id
+SEP = 0xFFFFFFFF  # sequence separator of 32-bit arrays; never a real token id
+SEP16 = 0xFFFF  # the separator of 16-bit arrays (vocabularies of fewer than 65535 ids)
 _SEP_BYTES = b"\xff\xff\xff\xff"
-DEFAULT_SORT_DEPTH = 256  # suffixes are ordered by this many tokens; match + draft depth stays below it
+DEFAULT_SORT_DEPTH = 256  # lookups compare at most this many tokens; match + draft depth stays below it
 _BUCKET_CAP = 1 << 18  # first-token bucket table entries (2 MiB); an id of 4e9 must not allocate 32 GB
+_COMPACT_CHUNK = 1 << 22  # entries per step when the byte-level suffix array is cut down to token starts
 
 
-def pack_be(tokens: Sequence[int]) -> bytes:
-    """Token ids as big-endian uint32 bytes (byte order = token order)."""
-    return struct.pack(f">{len(tokens)}I", *tokens)
+def pack_be(tokens: Sequence[int], width: int = 4) -> bytes:
+    """Token ids as big-endian bytes, ``width`` (2 or 4) per token (byte order = token order)."""
+    return struct.pack(f">{len(tokens)}{'H' if width == 2 else 'I'}", *tokens)
 
 
-def concat_with_separators(seqs: Sequence[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate sequences, each followed by SEP. Returns (text uint32, start offset per sequence)."""
-    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-    starts = np.zeros(len(seqs), dtype=np.int64)
-    if len(seqs):
+def width_for(max_id: int) -> int:
+    """Bytes per stored token: 2 when every id (and the separator 0xFFFF) fits, else 4."""
+    return 2 if max_id < SEP16 else 4
+
+
+def concat_with_separators(seqs: Sequence[Sequence[int] | np.ndarray],
+                           width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate sequences, each followed by the separator. Returns (text as big-endian uint16 or
+    uint32, start offset per sequence); ``width`` None picks 2 bytes when the ids allow it."""
+    arrs = [np.asarray(s, dtype=np.int64) for s in seqs]
+    for arr in arrs:
+        if len(arr) and (arr.min() < 0 or arr.max() >= SEP):
+            raise ValueError("token ids must be in [0, 2**32 - 1)")
+    if width is None:
+        width = width_for(max((int(a.max()) for a in arrs if len(a)), default=0))
+    sep = SEP16 if width == 2 else SEP
+    lengths = np.fromiter((len(a) for a in arrs), dtype=np.int64, count=len(arrs))
+    starts = np.zeros(len(arrs), dtype=np.int64)
+    if len(arrs):
         starts[1:] = np.cumsum(lengths + 1)[:-1]
-    text = np.full(int(lengths.sum() + len(seqs)), SEP, dtype=np.uint32)
-    for s, st, ln in zip(seqs, starts, lengths, strict=True):
-        if ln:
-            arr = np.asarray(s, dtype=np.int64)
-            if arr.min() < 0 or arr.max() >= SEP:
-                raise ValueError("token ids must be in [0, 2**32 - 1)")
-            text[st:st + ln] = arr
+    text = np.full(int(lengths.sum() + len(arrs)), sep, dtype=f">u{width}")
+    for arr, st in zip(arrs, starts, strict=True):
+        if len(arr):
+            if arr.max() >= sep:
+                raise ValueError(f"token id {int(arr.max())} does not fit a {8 * width}-bit array")
+            text[st:st + len(arr)] = arr
     return text, starts
 
 
-def build_suffix_array(text: np.ndarray, sort_depth: int = DEFAULT_SORT_DEPTH) -> np.ndarray:
-    """Suffix start positions sorted by their first ``sort_depth`` tokens (prefix doubling).
+def sort_suffixes(raw: np.ndarray, width: int) -> np.ndarray:
+    """Token start positions sorted by their suffixes: ``raw`` is the text as writable uint8 bytes
+    (big-endian tokens of ``width`` bytes). Returns int32 positions in tokens.
 
-    Round ``h`` sorts by the pair (rank of the first ``h`` tokens, rank of the next ``h``), so after
-    ``log2(sort_depth)`` rounds suffixes are ordered by ``sort_depth`` tokens; it stops early once all
-    ranks are distinct. Suffixes equal in their first ``sort_depth`` tokens keep an arbitrary order.
+    libdivsufsort (pydivsufsort) sorts every byte offset; byte order is token order for big-endian
+    tokens, so the offsets that are multiples of ``width``, divided by it, are the token suffix array.
+    They are packed in place into the front of libdivsufsort's output: 4 * width bytes per token at
+    the peak, besides the text. Worked example (width 2): tokens ``[1, 0]`` are bytes ``00 01 00 00``;
+    the byte suffixes sort as offsets ``2 3 0 1``; the even ones are ``2 0``: tokens ``[1, 0]``.
     """
-    n = len(text)
+    from pydivsufsort import divsufsort  # C (libdivsufsort): 9x faster than numpy prefix doubling here
+
+    n = len(raw) // width
     if n == 0:
         return np.zeros(0, dtype=np.int32)
-    if n >= 2**31:
-        raise ValueError("the suffix array holds at most 2**31 - 1 tokens")
-    _, rank = np.unique(text, return_inverse=True)
-    rank = rank.astype(np.int64) + 1  # 0 is kept for "past the end"
-    sa = np.argsort(rank, kind="stable")
-    h = 1
-    while h < sort_depth:
-        second = np.zeros(n, dtype=np.int64)
-        second[: n - h] = rank[h:]
-        key = rank * (n + 2) + second
-        sa = np.argsort(key, kind="stable")
-        sk = key[sa]
-        new_rank = np.empty(n, dtype=np.int64)
-        bumps = np.empty(n, dtype=np.int64)
-        bumps[0] = 1
-        np.not_equal(sk[1:], sk[:-1], out=bumps[1:])
-        np.cumsum(bumps, out=bumps)
-        new_rank[sa] = bumps
-        rank = new_rank
-        h *= 2
-        if bumps[-1] == n:  # all suffixes distinct: fully sorted
-            break
-    return sa.astype(np.int32)
+    if len(raw) >= 2**31:
+        raise ValueError("a suffix array segment holds at most 2**31 - 1 bytes of tokens")
+    out = divsufsort(raw)
+    shift = width.bit_length() - 1
+    w = 0
+    for a in range(0, len(out), _COMPACT_CHUNK):
+        chunk = out[a:a + _COMPACT_CHUNK]
+        keep = chunk[(chunk & (width - 1)) == 0] >> shift
+        out[w:w + len(keep)] = keep
+        w += len(keep)
+    assert w == n
+    return out[:n]
+
+
+def build_suffix_array(text: np.ndarray, sort_depth: int = DEFAULT_SORT_DEPTH) -> np.ndarray:
+    """Suffix start positions of ``text`` (big-endian uint16 / uint32 tokens) in sorted order (int32).
+
+    Suffixes are fully sorted (``sort_depth`` is kept for callers; lookups compare at most that many
+    tokens, so any order of suffixes equal that far would do).
+    """
+    text = np.asarray(text)
+    if text.dtype.byteorder != ">" and text.dtype.itemsize > 1:
+        text = text.astype(f">u{text.dtype.itemsize}")
+    raw = np.frombuffer(bytearray(text.tobytes()), dtype=np.uint8)
+    return np.array(sort_suffixes(raw, text.dtype.itemsize))
+
+
+def first_token_buckets(counts: np.ndarray, width: int) -> np.ndarray:
+    """The bucket table from the count of each (non-separator) token id: ``b[t]`` = suffixes whose first
+    token is below ``t`` (real suffixes sort before separators, so they start the array)."""
+    vocab = len(counts)
+    if width == 4:
+        vocab = min(vocab, _BUCKET_CAP)
+    b = np.zeros(vocab + 1, dtype=np.int64)
+    np.cumsum(counts[:vocab], out=b[1:])
+    return b
+
+
+def token_counts(text: np.ndarray, sep: int) -> np.ndarray:
+    """Occurrences of each token id below the bucket cap (separators excluded)."""
+    t = np.asarray(text)
+    t = t[t != sep]
+    if t.dtype.itemsize == 4:
+        t = t[t < _BUCKET_CAP]
+    return np.bincount(t.astype(np.int64), minlength=0) if len(t) else np.zeros(0, dtype=np.int64)
 
 
 class _SANode:
-    """Implicit suffix-tree node: the ``sa[lo:hi]`` suffixes share their first ``depth`` tokens."""
+    """Implicit suffix-tree node: the ``sa[lo:hi]`` suffixes share their first ``depth`` tokens;
+    ``count`` leaves out the suffixes of deleted documents (tombstones)."""
 
     __slots__ = ("owner", "lo", "hi", "depth", "count")
 
     def __init__(self, owner: SuffixArray, lo: int, hi: int, depth: int) -> None:
         self.owner, self.lo, self.hi, self.depth = owner, lo, hi, depth
-        self.count = hi - lo
+        self.count = owner._live(lo, hi)
 
     def children(self, min_count: int) -> list[tuple[int, int, _SANode]]:
         return self.owner._children(self, min_count)
@@ -105,32 +151,78 @@ class _SANode:
     def chain(self, max_len: int) -> tuple[list[int], _SANode]:
         return self.owner._chain(self, max_len)
 
+    def child(self, tok: int) -> _SANode | None:
+        """The child for token ``tok`` (None when no live suffix continues with it)."""
+        return self.owner._child(self, tok)
+
 
 class SuffixArray:
-    """Static suffix index over a corpus of token sequences (documents, or a history snapshot)."""
+    """Static suffix index over a corpus of token sequences (documents, or one segment of them).
+
+    ``dead``: sorted ``sa`` ranks of suffixes that belong to deleted documents (tombstones); lookups
+    count and draft as if those documents were not there.
+    """
 
     def __init__(self, text: np.ndarray, sa: np.ndarray, starts: np.ndarray | None = None,
-                 sort_depth: int = DEFAULT_SORT_DEPTH, *, _buf=None, _base: int = 0, _sa_view=None) -> None:
-        self.text = text  # uint32 tokens with SEP after each sequence (big-endian on disk)
-        self.sa = sa  # int32 suffix starts
+                 sort_depth: int = DEFAULT_SORT_DEPTH, *, _buf=None, _base: int = 0, _sa_view=None,
+                 buckets: np.ndarray | None = None, dead: np.ndarray | None = None) -> None:
+        self.text = text  # big-endian uint16 / uint32 tokens with a separator after each sequence
+        self.sa = sa  # int32 suffix starts, sorted
         self.starts = starts if starts is not None else np.zeros(0, dtype=np.int64)  # start of each sequence
         self.sort_depth = sort_depth
-        self._buf = _buf if _buf is not None else np.asarray(text, dtype=">u4").tobytes()
+        self.width = np.asarray(text).dtype.itemsize if len(text) else 4  # bytes per token: 2 or 4
+        if self.width not in (2, 4):
+            raise ValueError("token arrays are big-endian uint16 or uint32")
+        self.sep = SEP16 if self.width == 2 else SEP
+        self._sep_bytes = _SEP_BYTES[:self.width]
+        self._fmt = ">H" if self.width == 2 else ">I"
+        self._shift = 4 if self.width == 2 else 5  # bits per token, log2
+        self._buf = _buf if _buf is not None else np.asarray(text, dtype=f">u{self.width}").tobytes()
         self._base = _base  # byte offset of token 0 inside _buf
         self._sa = _sa_view if _sa_view is not None else memoryview(np.ascontiguousarray(sa, dtype=np.int32)).cast("B").cast("i")
         self._n = len(sa)
-        self._buckets = self._first_token_buckets()
+        self._n_real = self._n - len(self.starts)
+        self.dead = np.zeros(0, dtype=np.int32) if dead is None else np.asarray(dead, dtype=np.int32)
+        self._dead = memoryview(np.ascontiguousarray(self.dead)).cast("B").cast("i") if len(self.dead) else None
+        if buckets is None:
+            buckets = first_token_buckets(token_counts(text, self.sep), self.width)
+        # every first token inside the table? else ids >= the cap are found by bisect
+        self._bucketed = int(buckets[-1]) == self._n_real
+        self._buckets = memoryview(np.ascontiguousarray(buckets, dtype=np.int64)).cast("B").cast("q")
 
-    def _first_token_buckets(self) -> memoryview:
-        """``sa`` range of the suffixes starting with token ``t`` is ``[b[t], b[t + 1])``: bisects start narrow."""
-        n = self._n
-        real = np.asarray(self.text)[np.asarray(self.sa)[: n - len(self.starts)]] if n else np.zeros(0, np.uint32)
-        vocab = int(real[-1]) + 1 if len(real) else 0  # sorted: the last real suffix has the largest first token
-        self._n_real = len(real)
-        self._bucketed = vocab <= _BUCKET_CAP  # else ids >= the cap are found by bisect (table stays small)
-        vocab = min(vocab, _BUCKET_CAP)
-        b = np.searchsorted(real, np.arange(vocab + 1, dtype=np.uint32)).astype(np.int64)
-        return memoryview(b).cast("B").cast("q")
+    def with_dead(self, dead: np.ndarray | None) -> SuffixArray:
+        """The same arrays with another tombstone set (no copy of the mapped files)."""
+        return SuffixArray(self.text, self.sa, self.starts, self.sort_depth, _buf=self._buf, _base=self._base,
+                           _sa_view=self._sa, buckets=np.frombuffer(self._buckets, dtype=np.int64), dead=dead)
+
+    def _live(self, lo: int, hi: int) -> int:
+        d = self._dead
+        if d is None or hi <= lo:
+            return max(0, hi - lo)
+        return hi - lo - (bisect_left(d, hi) - bisect_left(d, lo))
+
+    def _first_live(self, lo: int, hi: int) -> int:
+        """The first rank in ``[lo, hi)`` that is not a tombstone (``hi`` if none)."""
+        d = self._dead
+        if d is None:
+            return lo
+        i = bisect_left(d, lo)
+        while i < len(d) and d[i] == lo and lo < hi:
+            lo += 1
+            i += 1
+        return lo
+
+    def _last_live(self, lo: int, hi: int) -> int:
+        """The last rank in ``[lo, hi)`` that is not a tombstone (``lo - 1`` if none)."""
+        d = self._dead
+        p = hi - 1
+        if d is None:
+            return p
+        i = bisect_left(d, hi) - 1
+        while i >= 0 and d[i] == p and p >= lo:
+            p -= 1
+            i -= 1
+        return p
 
     def _bucket(self, tok: int) -> tuple[int, int]:
         b = self._buckets
@@ -138,47 +230,58 @@ class SuffixArray:
             return b[tok], b[tok + 1]
         if self._bucketed:
             return 0, 0
-        pat, buf, base = tok.to_bytes(4, "big"), self._buf, self._base
+        pat, buf, base, w = tok.to_bytes(4, "big"), self._buf, self._base, self.width
 
         def key(i: int) -> bytes:
-            return buf[base + 4 * i:base + 4 * i + 4]
+            return buf[base + w * i:base + w * i + w]
 
         lo = bisect_left(self._sa, pat, b[len(b) - 1], self._n_real, key=key)
         return lo, bisect_right(self._sa, pat, lo, self._n_real, key=key)
 
     # ----- construction and persistence -------------------------------------------------------
     @classmethod
-    def build(cls, seqs: Sequence[Sequence[int] | np.ndarray], sort_depth: int = DEFAULT_SORT_DEPTH) -> SuffixArray:
-        text, starts = concat_with_separators(seqs)
+    def build(cls, seqs: Sequence[Sequence[int] | np.ndarray], sort_depth: int = DEFAULT_SORT_DEPTH,
+              width: int | None = None) -> SuffixArray:
+        text, starts = concat_with_separators(seqs, width)
         return cls(text, build_suffix_array(text, sort_depth), starts, sort_depth)
 
     def save(self, prefix: str | Path) -> list[Path]:
-        """Write ``prefix.tokens.npy`` (big-endian uint32), ``prefix.sa.npy``, ``prefix.starts.npy``."""
+        """Write ``prefix.tok`` (raw big-endian tokens), ``prefix.sa`` (raw int32), ``prefix.starts.npy``
+        and ``prefix.buckets.npy``; :meth:`load` maps them."""
         prefix = str(prefix)
-        paths = [Path(prefix + ".tokens.npy"), Path(prefix + ".sa.npy"), Path(prefix + ".starts.npy")]
-        for path, arr in zip(paths, (np.asarray(self.text, dtype=">u4"), np.asarray(self.sa, dtype=np.int32),
-                                     np.asarray(self.starts, dtype=np.int64)), strict=True):
-            with open(path, "wb") as f:
-                np.save(f, arr)
-                f.flush()
+        paths = [Path(prefix + ".tok"), Path(prefix + ".sa"), Path(prefix + ".starts.npy"),
+                 Path(prefix + ".buckets.npy")]
+        with open(paths[0], "wb") as f:
+            f.write(self._buf[self._base:self._base + self.width * self._n])
+        with open(paths[1], "wb") as f:
+            f.write(np.asarray(self.sa, dtype="<i4").tobytes())
+        np.save(paths[2], np.asarray(self.starts, dtype=np.int64))
+        np.save(paths[3], np.frombuffer(self._buckets, dtype=np.int64))
         return paths
 
     @classmethod
-    def load(cls, prefix: str | Path, sort_depth: int = DEFAULT_SORT_DEPTH) -> SuffixArray:
+    def load(cls, prefix: str | Path, sort_depth: int = DEFAULT_SORT_DEPTH,
+             dead: np.ndarray | None = None) -> SuffixArray:
         """Memory-map arrays written by :meth:`save` (no rebuild; pages load on demand)."""
         prefix = str(prefix)
-        text = np.load(prefix + ".tokens.npy", mmap_mode="r")
-        sa = np.load(prefix + ".sa.npy", mmap_mode="r")
         starts = np.load(prefix + ".starts.npy")
-        buf, base = _mmap_bytes(prefix + ".tokens.npy", text)
-        sa_buf, sa_base = _mmap_bytes(prefix + ".sa.npy", sa)
-        sa_view = memoryview(sa_buf)[sa_base:sa_base + 4 * len(sa)].cast("i") if len(sa) else memoryview(b"").cast("i")
-        return cls(text, sa, starts, sort_depth, _buf=buf, _base=base, _sa_view=sa_view)
+        buckets = np.load(prefix + ".buckets.npy")
+        tok_bytes = os.path.getsize(prefix + ".tok")
+        n = os.path.getsize(prefix + ".sa") // 4
+        if n == 0:
+            return cls(np.zeros(0, dtype=">u2"), np.zeros(0, dtype=np.int32), starts, sort_depth, buckets=buckets)
+        width = tok_bytes // n
+        buf = _mmap_file(prefix + ".tok")
+        sa_buf = _mmap_file(prefix + ".sa")
+        text = np.frombuffer(buf, dtype=f">u{width}")
+        sa = np.frombuffer(sa_buf, dtype="<i4")
+        return cls(text, sa, starts, sort_depth, _buf=buf, _base=0, _sa_view=memoryview(sa_buf).cast("i"),
+                   buckets=buckets, dead=dead)
 
     # ----- facts ---------------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:
-        """Indexed tokens, separators excluded."""
+        """Indexed tokens, separators excluded (tombstoned ones included)."""
         return self._n - len(self.starts)
 
     @property
@@ -186,141 +289,193 @@ class SuffixArray:
         return len(self.starts)
 
     def nbytes(self) -> int:
-        return int(self.text.nbytes + self.sa.nbytes + self.starts.nbytes)
+        return int(self.text.nbytes + self.sa.nbytes + self.starts.nbytes + self.dead.nbytes)
+
+    def pack(self, tokens: Sequence[int]) -> bytes | None:
+        """``tokens`` as this array's bytes; None if one of them cannot occur here."""
+        try:
+            pat = pack_be(tokens, self.width)
+        except struct.error:
+            return None
+        if self.width == 2 and SEP16 in tokens:
+            return None
+        return pat
 
     # ----- lookup --------------------------------------------------------------------------------
     def _range(self, pattern: bytes, exists_only: bool = False) -> tuple[int, int]:
-        """``sa[lo:hi]`` range of suffixes starting with ``pattern`` (big-endian bytes, >= 1 token).
-
-        With ``exists_only`` the range is ``(lo, lo + 1)`` when the pattern occurs (one bisect, not two).
-        """
-        buf, base, m, sa = self._buf, self._base, len(pattern), self._sa
-        lo, hi = self._bucket(int.from_bytes(pattern[:4], "big"))
-        if m == 4 or hi <= lo:
+        """``sa[lo:hi]`` range of suffixes starting with ``pattern`` (big-endian bytes, >= 1 token); empty
+        when every occurrence is a tombstone. With ``exists_only`` (and no tombstones) the range is
+        ``(lo, lo + 1)`` when the pattern occurs (one bisect, not two)."""
+        buf, base, m, sa, w = self._buf, self._base, len(pattern), self._sa, self.width
+        lo, hi = self._bucket(int.from_bytes(pattern[:w], "big"))
+        if m == w or hi <= lo:
+            if self._dead is not None and self._live(lo, hi) == 0:
+                return lo, lo
             return lo, hi
 
         def key(i: int) -> bytes:
-            s = base + 4 * i
+            s = base + w * i
             return buf[s:s + m]
 
         lo = bisect_left(sa, pattern, lo, hi, key=key)
         if lo >= hi or key(sa[lo]) != pattern:
             return lo, lo
-        if exists_only:
+        if exists_only and self._dead is None:
             return lo, lo + 1
-        return lo, bisect_right(sa, pattern, lo, hi, key=key)
+        hi = bisect_right(sa, pattern, lo, hi, key=key)
+        if self._dead is not None and self._live(lo, hi) == 0:
+            return lo, lo
+        return lo, hi
 
-    def match(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None) -> tuple[int, int, int]:
+    def match(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None,
+              at_least: int = 0) -> tuple[int, int, int]:
         """Longest suffix of ``context`` (at most ``max_depth`` tokens) in the corpus: (match_len, lo, hi).
 
         ``hint``: a guess of the match length (for example the previous step's match plus the tokens
         appended since), tried first; a right guess costs two probes instead of a binary search.
+        ``at_least``: lengths below it are of no interest (another segment already matched that far):
+        ``(0, 0, 0)`` unless a match of at least that length exists here.
         """
         kmax = min(max_depth, len(context), self.sort_depth)
-        if kmax <= 0 or self._n == 0:
+        if kmax <= 0 or self._n == 0 or at_least > kmax:
             return 0, 0, 0
         tail = context[-kmax:]
-        try:
-            pat = pack_be(tail)
-        except struct.error:  # a negative or huge id: no match past it
-            bad_at = max(i for i, t in enumerate(tail) if not 0 <= t < SEP)
+        pat = self.pack(tail)
+        if pat is None:  # a negative or huge id: no match past it
+            bad_at = max(i for i, t in enumerate(tail) if not 0 <= t < self.sep)
             if bad_at == kmax - 1:
                 return 0, 0, 0
-            return self.match(context[len(context) - kmax + bad_at + 1:], max_depth, hint)
+            return self.match(context[len(context) - kmax + bad_at + 1:], max_depth, hint, at_least)
+        w = self.width
         good, bad = 0, kmax + 1
         guesses = [kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
+        if at_least > 0:
+            lo, hi = self._range(pat[w * (kmax - at_least):], exists_only=True)
+            if hi <= lo:
+                return 0, 0, 0
+            good = at_least
+            # another segment matched exactly ``at_least``: this one most often does too (one probe more)
+            guesses = [at_least + 1, kmax]
         for g in guesses:  # repetitive text usually matches the whole tail, or the hinted length
             if not good < g < bad:
                 continue
-            lo, hi = self._range(pat[4 * (kmax - g):], exists_only=True)
+            lo, hi = self._range(pat[w * (kmax - g):], exists_only=True)
             if hi > lo:
                 good = g
             else:
                 bad = g
         while bad - good > 1:  # occurrence is monotone in the suffix length
             mid = (good + bad) // 2
-            lo, hi = self._range(pat[4 * (kmax - mid):], exists_only=True)
+            lo, hi = self._range(pat[w * (kmax - mid):], exists_only=True)
             if hi > lo:
                 good = mid
             else:
                 bad = mid
         if good == 0:
             return 0, 0, 0
-        lo, hi = self._range(pat[4 * (kmax - good):])
+        lo, hi = self._range(pat[w * (kmax - good):])
         return good, lo, hi
+
+    def node(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None,
+             at_least: int = 0) -> tuple[int, _SANode | None]:
+        """The match of :meth:`match` as a node: (match_len, node or None)."""
+        L, lo, hi = self.match(context, max_depth, hint, at_least)
+        return (L, _SANode(self, lo, hi, L)) if L else (0, None)
 
     def count(self, pattern: Sequence[int]) -> int:
         """Occurrences of ``pattern`` (at most ``sort_depth`` tokens long)."""
-        lo, hi = self._range(pack_be(pattern))
-        return hi - lo
+        pat = self.pack(pattern)
+        if pat is None or not pattern or self._n == 0:
+            return 0
+        lo, hi = self._range(pat)
+        return self._live(lo, hi)
 
     def continuations(self, context: Sequence[int], max_depth: int = 64) -> list[tuple[int, int]]:
         """Next tokens after the longest matched suffix, as ``(token, count)`` ranked by count."""
-        L, lo, hi = self.match(context, max_depth)
-        if L == 0:
+        L, node = self.node(context, max_depth)
+        if node is None:
             return []
-        kids = _SANode(self, lo, hi, L).children(1)
-        return sorted(((t, c) for t, c, _ in kids), key=lambda tc: (-tc[1], tc[0]))
+        return sorted(((t, c) for t, c, _ in node.children(1)), key=lambda tc: (-tc[1], tc[0]))
 
     def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64,
                   hint: int | None = None) -> SpecResult:
         """Draft continuing ``context`` from its longest match (see :mod:`index.speculate`)."""
-        L, lo, hi = self.match(context, max_depth, hint)
-        if L == 0:
+        L, node = self.node(context, max_depth, hint)
+        if node is None:
             return SpecResult()
-        return speculate_from(_SANode(self, lo, hi, L), L, params)
+        return speculate_from(node, L, params)
 
     def _token_at(self, pos: int) -> bytes:
-        s = self._base + 4 * pos
-        return self._buf[s:s + 4]
+        s = self._base + self.width * pos
+        return self._buf[s:s + self.width]
 
     def _chain(self, node: _SANode, max_len: int) -> tuple[list[int], _SANode]:
-        """The run shared by all suffixes of ``node``: sorted order makes it the common prefix of the first
-        and the last suffix (past the node's depth), cut at the first separator."""
-        lo, hi, d = node.lo, node.hi, node.depth
+        """The run shared by all live suffixes of ``node``: sorted order makes it the common prefix of the
+        first and the last one (past the node's depth), cut at the first separator."""
+        lo, hi, d, w = node.lo, node.hi, node.depth, self.width
         k = min(max_len, self.sort_depth - d)
-        if k <= 0 or hi <= lo:
+        if k <= 0 or node.count <= 0:
             return [], node
         buf, base, sa = self._buf, self._base, self._sa
-        s1 = base + 4 * (sa[lo] + d)
-        first = buf[s1:s1 + 4 * k]
-        if hi - lo > 1:
-            s2 = base + 4 * (sa[hi - 1] + d)
-            last = buf[s2:s2 + 4 * k]
+        a, z = self._first_live(lo, hi), self._last_live(lo, hi)
+        lo, hi = a, z + 1  # tombstones at the edges may not share the run: the node keeps the live span
+        s1 = base + w * (sa[a] + d)
+        first = buf[s1:s1 + w * k]
+        if z > a:
+            s2 = base + w * (sa[z] + d)
+            last = buf[s2:s2 + w * k]
             if len(last) != len(first):  # one of them runs into the end of the text
                 m = min(len(first), len(last))
                 first, last = first[:m], last[:m]
             x = int.from_bytes(first, "big") ^ int.from_bytes(last, "big")
             if x:
-                common = (len(first) * 8 - x.bit_length()) >> 5
-                first = first[:4 * common]
+                common = (len(first) * 8 - x.bit_length()) >> self._shift
+                first = first[:w * common]
         if not first:
             return [], node
-        run = list(struct.unpack(f">{len(first) >> 2}I", first))
-        if SEP in run:
-            run = run[:run.index(SEP)]
+        run = list(struct.unpack(f">{len(first) // w}{self._fmt[1]}", first))
+        if self.sep in run:
+            run = run[:run.index(self.sep)]
         return run, (_SANode(self, lo, hi, d + len(run)) if run else node)
 
+    def _child(self, node: _SANode, tok: int) -> _SANode | None:
+        lo, hi, d, w = node.lo, node.hi, node.depth, self.width
+        if hi <= lo or d >= self.sort_depth or not 0 <= tok < self.sep:
+            return None
+        buf, base, sa = self._buf, self._base, self._sa
+        t = tok.to_bytes(w, "big")
+
+        def key(i: int) -> bytes:
+            s = base + w * (i + d)
+            return buf[s:s + w]
+
+        a = bisect_left(sa, t, lo, hi, key=key)
+        b = bisect_right(sa, t, a, hi, key=key)
+        if self._live(a, b) <= 0:
+            return None
+        return _SANode(self, a, b, d + 1)
+
     def _children(self, node: _SANode, min_count: int) -> list[tuple[int, int, _SANode]]:
-        """Children of ``node`` with at least ``min_count`` occurrences (others may be omitted).
+        """Children of ``node`` with at least ``min_count`` occurrences (others may be omitted), in token order.
 
         The token after the node's prefix is sorted across ``sa[lo:hi]``. A child run of length
         ``>= stride`` must contain one of the sampled positions ``lo, lo + stride, ...``, so the
         sampled tokens are all the candidates; each run's bounds come from two bisects.
         """
-        lo, hi, d = node.lo, node.hi, node.depth
-        if hi <= lo or d >= self.sort_depth:
+        lo, hi, d, w = node.lo, node.hi, node.depth, self.width
+        if node.count <= 0 or d >= self.sort_depth:
             return []
         sa, buf, base = self._sa, self._buf, self._base
-        first = self._token_at(sa[lo] + d)
-        if hi - lo == 1 or first == self._token_at(sa[hi - 1] + d):  # one child (the common case deep down)
-            if first == _SEP_BYTES:
-                return []
-            return [(int.from_bytes(first, "big"), hi - lo, _SANode(self, lo, hi, d + 1))]
+        a, z = self._first_live(lo, hi), self._last_live(lo, hi)
+        first = self._token_at(sa[a] + d)
+        if z == a or first == self._token_at(sa[z] + d):  # one child (the common case deep down)
+            if first == self._sep_bytes:
+                return []  # tombstones at the edges may not share the token: the child keeps the live span
+            return [(int.from_bytes(first, "big"), node.count, _SANode(self, a, z + 1, d + 1))]
 
         def key(i: int) -> bytes:
-            s = base + 4 * (i + d)
-            return buf[s:s + 4]
+            s = base + w * (i + d)
+            return buf[s:s + w]
 
         out: list[tuple[int, int, _SANode]] = []
         stride = max(1, min_count)
@@ -329,18 +484,17 @@ class SuffixArray:
             tok = key(sa[pos])
             start = pos if stride == 1 or pos == lo else bisect_left(sa, tok, lo, pos + 1, key=key)
             end = bisect_right(sa, tok, pos, hi, key=key)
-            if tok != _SEP_BYTES and end - start >= min_count:
-                out.append((int.from_bytes(tok, "big"), end - start, _SANode(self, start, end, d + 1)))
+            if tok != self._sep_bytes:
+                child = _SANode(self, start, end, d + 1)
+                if child.count >= min_count and child.count > 0:
+                    out.append((int.from_bytes(tok, "big"), child.count, child))
             # next sample point at or after the end of this run
             nxt = lo + ((end - lo + stride - 1) // stride) * stride
             pos = max(nxt, end) if stride > 1 else end
         return out
 
 
-def _mmap_bytes(path: str, arr: np.ndarray) -> tuple[object, int]:
-    """A read-only mmap of ``path`` (slicing gives bytes) and the byte offset of ``arr``'s data in it."""
-    if arr.nbytes == 0:
-        return b"", 0
+def _mmap_file(path: str) -> mmap.mmap:
+    """A read-only mmap of a whole (non-empty) file."""
     with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return mm, int(arr.offset)
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

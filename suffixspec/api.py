@@ -286,24 +286,38 @@ class SuffixSpec:
         with self._lock:
             return self._writer_store().remove(list(ids))
 
+    def _reader_store(self) -> Any:
+        """This thread's own read connection: listings read a WAL snapshot and never wait for a writer
+        (an add holds ``_lock`` and the writer connection while it tokenizes and sorts)."""
+        if self.db_path is None:
+            raise RuntimeError("this SuffixSpec runs without a document store (db=False); "
+                               "give db=PATH to add documents")
+        local = self.__dict__.setdefault("_readers", threading.local())
+        store = getattr(local, "store", None)
+        if store is None:
+            from index.store import IndexStore
+
+            store = local.store = IndexStore(self.db_path, auto_merge=False)
+            self.__dict__.setdefault("_reader_stores", []).append(store)
+        return store
+
     def list_documents(self, limit: int = 20, offset: int = 0, query: str | None = None) -> dict:
         """``{"data": [records], "total": N}``, newest first; ``query`` filters by source or text."""
-        with self._lock:
-            store = self._writer_store()
-            where, args = "", []
-            if query:
-                where, args = "WHERE path LIKE ? OR text LIKE ? OR metadata LIKE ?", [f"%{query}%"] * 3
-            total = store.db.execute(f"SELECT count(*) FROM documents {where}", args).fetchone()[0]
-            ids = [r[0] for r in store.db.execute(f"SELECT id FROM documents {where} ORDER BY id DESC "
-                                                  "LIMIT ? OFFSET ?", [*args, limit, offset])]
-            return {"data": [self._record(store.get_document(i)) for i in ids], "total": total}
+        store = self._reader_store()  # no lock: a reader of its own
+        where, args = "", []
+        if query:
+            where, args = "WHERE path LIKE ? OR text LIKE ? OR metadata LIKE ?", [f"%{query}%"] * 3
+        total = store.db.execute(f"SELECT count(*) FROM documents {where}", args).fetchone()[0]
+        ids = [r[0] for r in store.db.execute(f"SELECT id FROM documents {where} ORDER BY id DESC "
+                                              "LIMIT ? OFFSET ?", [*args, limit, offset])]
+        return {"data": [self._record(store.get_document(i), store=store) for i in ids], "total": total}
 
-    def _record(self, doc: dict, status: str | None = None) -> dict:
+    def _record(self, doc: dict, status: str | None = None, store: Any = None) -> dict:
         from index.fingerprint import tokenizer_fingerprint
 
         fp = getattr(self, "_fp", None) or tokenizer_fingerprint(self.tokenizer)
         self._fp = fp
-        row = self._writer_store().db.execute("SELECT n_tokens FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
+        row = (store or self._writer_store()).db.execute("SELECT n_tokens FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
                                               [doc["id"], fp]).fetchone()
         path = doc["path"]
         meta = doc.get("metadata") or {}
@@ -319,8 +333,7 @@ class SuffixSpec:
 
     def index_stats(self) -> dict:
         """Corpus statistics of the store, plus what this process holds in memory."""
-        with self._lock:
-            stats = dict(self._writer_store().stats())
+        stats = dict(self._reader_store().stats())
         if self.suffix is not None:
             hist = getattr(self.suffix, "history", None)
             docs = getattr(self.suffix, "documents", None)
@@ -353,7 +366,8 @@ class SuffixSpec:
             self._closed = True
             calls = [getattr(self.engine, "close", None)]  # the batch thread, if one runs
             calls += [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
-            calls += [s.close for s in (self._writer, self.store) if s is not None]
+            calls += [s.close for s in (self._writer, self.store, *self.__dict__.get("_reader_stores", []))
+                      if s is not None]
             for fn in calls:
                 if callable(fn):
                     try:

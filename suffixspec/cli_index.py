@@ -15,11 +15,11 @@ _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffi
             "i.e. ~/.local/share/suffixspec/index.db)")
 
 
-def _open_store(db: str | None):
+def _open_store(db: str | None, **kw):
     from index.store import IndexStore, StoreError
 
     try:
-        return IndexStore(db)
+        return IndexStore(db, **kw)
     except StoreError as e:  # corrupt or foreign file: one clear line, not a traceback
         raise click.ClickException(str(e)) from None
 
@@ -43,6 +43,7 @@ def index_group() -> None:
       suffixspec index list
       suffixspec index remove 3 docs/old.md
       suffixspec index stats
+      suffixspec index merge
       SUFFIXSPEC_DB=/tmp/test.db suffixspec index stats
     """
 
@@ -58,17 +59,20 @@ def index_group() -> None:
               help="Skip files larger than N bytes (default 2 MiB).")
 @click.option("--follow-links", is_flag=True,
               help="Also index files that symlinks point to outside PATHS (skipped by default).")
+@click.option("--no-merge", is_flag=True, help="Leave segment merges for later (`index merge`, or a server).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no per-file warnings.")
 def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, tokenizer: str,
-            max_bytes: int | None, follow_links: bool, quiet: bool) -> None:
+            max_bytes: int | None, follow_links: bool, no_merge: bool, quiet: bool) -> None:
     """Index text files under PATHS (directories are walked recursively).
 
     Binary files (judged from their first 8 KiB), files over --max-bytes, FIFOs and devices,
     dangling or looping symlinks and symlinks out of PATHS are skipped: each is named in a warning
     and counted in the summary. Hidden directories, __pycache__ and node_modules are not walked.
-    Re-adding an unchanged file changes nothing; a changed file replaces its old version. The add
-    is atomic: if it is interrupted, the previous corpus stays intact. Exits with status 1 when
-    there is nothing to index.
+    Re-adding an unchanged file changes nothing; a changed file replaces its old version. Files are
+    read and tokenized as they are streamed into the index (memory stays bounded whatever the corpus
+    size); every ~16M tokens a segment is committed, and segments are merged at the end (--no-merge:
+    later). Interrupted, the index keeps the segments committed so far (whole files; a rerun skips
+    them as unchanged) and nothing half-built. Exits with status 1 when there is nothing to index.
 
     \b
     Examples:
@@ -87,46 +91,97 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
         candidates = list(walk(paths, globs, follow_links=follow_links))
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from e
-    docs: list[DocInput] = []
     skipped: Counter[str] = Counter()  # skip kind -> files
-    for cand in tqdm(candidates, desc="reading", unit="file", disable=quiet or not candidates, leave=False):
-        ft = read_text(cand, limit)
-        if ft.text is None:
-            skipped[ft.skip_kind or "unreadable"] += 1
-            if not quiet:
-                tqdm.write(f"warning: skipped {ft.path}: {ft.skip_reason}", file=sys.stderr)
-            continue
-        docs.append(DocInput(ft.text, str(ft.path), {"size": cand.size}))
-    why = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
-    if not docs:  # nothing to index is a mistake to point out, not a success with zeros
+    total = sum(min(c.size, limit) for c in candidates)
+    bar = tqdm(total=total, desc="indexing", unit="B", unit_scale=True, disable=quiet or not candidates)
+    tokens = 0
+
+    def read_all():
+        """Indexable documents, read one at a time (skipped files are warned about and counted)."""
+        for cand in candidates:
+            ft = read_text(cand, limit)
+            if ft.text is None:
+                skipped[ft.skip_kind or "unreadable"] += 1
+                bar.update(min(cand.size, limit))
+                if not quiet:
+                    tqdm.write(f"warning: skipped {ft.path}: {ft.skip_reason}", file=sys.stderr)
+                continue
+            yield DocInput(ft.text, str(ft.path), {"size": cand.size})
+
+    def why() -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    docs = read_all()
+    first = next(docs, None)  # read up to the first indexable file before loading the tokenizer
+    if first is None:  # nothing to index is a mistake to point out, not a success with zeros
+        bar.close()
         where = " ".join(paths) + (f" matching {' or '.join(repr(g) for g in globs)}" if globs else "")
         if not candidates:
             hint = ("hidden directories, __pycache__ and node_modules are not walked"
                     + ("; --glob matches file names, e.g. '*.md'" if globs else ""))
             raise click.ClickException(f"nothing to index: no files found under {where} ({hint})")
         raise click.ClickException(f"nothing to index: all {len(candidates)} file(s) under {where} were "
-                                   f"skipped ({why})" + ("" if quiet else "; see the warnings above"))
+                                   f"skipped ({why()})" + ("" if quiet else "; see the warnings above"))
+
+    def stream():
+        yield first
+        yield from docs
+
+    def progress(n_docs: int, n_tokens: int, n_bytes: int) -> None:
+        nonlocal tokens
+        tokens += n_tokens
+        bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
+        bar.update(n_bytes)
+
+    def status(text: str) -> None:
+        bar.set_postfix_str(f"{tokens:,} tokens, {text}")
+
     tok = _load_tokenizer(tokenizer)
-    store = _open_store(db)
+    store = _open_store(db, auto_merge=False)
     try:
-        with tqdm(total=len(docs), desc="tokenizing", unit="file", disable=quiet or not docs) as bar:
-
-            def progress(n: int) -> None:
-                bar.update(n)
-                if bar.n >= len(docs):  # what is left: the suffix array (seconds per million tokens)
-                    bar.set_description("building the suffix array")
-
-            summary = store.add_documents(docs, tok, progress=progress)
+        with bar:
+            summary = store.add_documents(stream(), tok, progress=progress, status=status)
+        merged = 0 if no_merge else _merge(store, quiet)
     except KeyboardInterrupt:
-        click.echo("interrupted: nothing was changed", err=True)
+        bar.close()
+        n = store.db.execute("SELECT count(*) FROM documents").fetchone()[0]
+        click.echo(f"interrupted: the index keeps what was committed ({n} documents); rerun to add the rest",
+                   err=True)
         raise SystemExit(130) from None
     finally:
         store.close()
     summary.skipped = sum(skipped.values())
     click.echo(f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
-               f"skipped {summary.skipped}, tokens {summary.tokens}  ({store.path})")
+               f"skipped {summary.skipped}, tokens {summary.tokens}"
+               + (f", {merged} merge(s)" if merged else "") + f"  ({store.path})")
     if skipped:
-        click.echo(f"skipped: {why}", err=True)
+        click.echo(f"skipped: {why()}", err=True)
+
+
+def _merge(store, quiet: bool) -> int:
+    """Run the pending segment merges with a progress bar in tokens."""
+    from tqdm import tqdm
+
+    pending = store.pending_merges()
+    if not pending:
+        return 0
+    with tqdm(desc="merging segments", unit="tok", unit_scale=True, disable=quiet, leave=False) as bar:
+        return store.merge_pending(progress=bar.update, status=bar.set_postfix_str)
+
+
+@index_group.command("merge")
+@click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def merge_cmd(db: str | None, quiet: bool) -> None:
+    """Run the pending segment merges now (an add runs them itself unless --no-merge).
+
+    \b
+    Example:
+      suffixspec index merge
+    """
+    with _open_store(db, auto_merge=False) as store:
+        n = _merge(store, quiet)
+    click.echo(f"{n} merge(s) done")
 
 
 def _load_tokenizer(name: str):
@@ -176,7 +231,7 @@ def remove_cmd(keys: tuple[str, ...], db: str | None) -> None:
     Example:
       suffixspec index remove 3 /home/me/docs/old.md
     """
-    with _open_store(db) as store:
+    with _open_store(db, auto_merge=False) as store:
         n = store.remove(list(keys))
     click.echo(f"removed {n} document(s)")
     if n < len(keys):
@@ -187,7 +242,7 @@ def remove_cmd(keys: tuple[str, ...], db: str | None) -> None:
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 def stats_cmd(db: str | None, as_json: bool) -> None:
-    """Documents, tokens per tokenizer, bytes on disk and an estimate of the memory to serve them.
+    """Documents, tokens per tokenizer, segments and pending merges, bytes on disk, memory to serve them.
 
     \b
     Example:
@@ -205,7 +260,14 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
     for fp, info in st["tokenizers"].items():
         click.echo(f"tokenizer {fp[:12]} ({info['tokenizer']}): {info['document_tokens']} document tokens, "
                    f"{info['history_tokens']} history tokens in {info['history_outputs']} outputs"
-                   + ("" if info["arrays_current"] else "  [arrays stale: rebuilt on next load]"))
+                   + ("" if info["arrays_current"] else "  [some documents not indexed yet: done on next load]"))
+        segs = info["segments"]
+        if segs:
+            sizes = ", ".join(f"{s['live_tokens']:,}" + (f" ({s['deleted_documents']} deleted)"
+                                                         if s["deleted_documents"] else "") for s in segs)
+            click.echo(f"  segments:      {len(segs)} ({sizes} tokens)")
+            pending = info["pending_merges"]
+            click.echo(f"  pending merges: {len(pending)}" + ("  (run `suffixspec index merge`)" if pending else ""))
     click.echo(f"bytes on disk:   {_human(st['bytes_on_disk'])} (database {_human(st['db_bytes'])}, "
                f"arrays {_human(st['arrays_bytes'])})")
     click.echo(f"memory estimate: {_human(st['memory_estimate_bytes'])}")

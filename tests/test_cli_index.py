@@ -219,3 +219,22 @@ def test_nothing_to_index_is_an_error_with_a_hint(tmp_path, bpe_tokenizer_dir):
     assert res.exit_code == 0 and "added 1" in res.output
     res = run(["add", str(empty), "--tokenizer", str(bpe_tokenizer_dir), "-q"], db)  # unchanged is no error
     assert res.exit_code == 0 and "added 0, updated 0, unchanged 1, skipped 2" in res.output
+
+
+def test_stats_shows_segments_and_pending_merges_and_merge_runs_them(tree, tmp_path, bpe_tokenizer_dir):
+    db = tmp_path / "index.db"
+    tok = ["--tokenizer", str(bpe_tokenizer_dir), "-q"]
+    for i in range(4):  # four adds: four small segments (the CLI merges at the end unless --no-merge)
+        (tree / f"new{i}.md").write_text(f"note number {i}\n")
+        assert run(["add", str(tree / f"new{i}.md"), *tok, "--no-merge"], db).exit_code == 0
+    out = run(["stats"], db).output
+    assert "segments:      4" in out and "pending merges: 1" in out and "suffixspec index merge" in out
+    stats = json.loads(run(["stats", "--json"], db).output)
+    assert stats["segments"] == 4 and stats["pending_merges"] == 1
+    assert "1 merge(s) done" in run(["merge"], db).output
+    out = run(["stats"], db).output
+    assert "segments:      1" in out and "pending merges: 0" in out
+    # an add merges by itself: progress and summary stay on one line each
+    (tree / "more.md").write_text("more words\n")
+    res = run(["add", str(tree), "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 0 and "added 5, updated 0, unchanged 4" in res.output

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 from index.fingerprint import tokenizer_fingerprint
 from index.history import OutputHistory
+from index.segments import SegmentWriter
 from index.store import DB_ENV, DocInput, IndexStore, default_db_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,14 +121,14 @@ def test_persistence_round_trip_loads_arrays_without_rebuild(tmp_path):
     tok = ByteTok()
     with IndexStore(path) as s:
         s.add_documents([DocInput("persistent words here", "p.txt")], tok)
-        name = json.loads(s._meta(f"arrays:{tok.fingerprint}"))["name"]
+        names = [i.name for i in s.segment_infos(tok.fingerprint)]
         hist = OutputHistory(budget_tokens=100, store=s, fingerprint=tok.fingerprint)
         hist.add([5, 6, 7, 8])
         hist.add([5, 6, 9])
     files_before = _array_files(tmp_path)
     with IndexStore(path) as s:
         sa = s.document_index(tok)  # with the tokenizer: still no rebuild, the arrays are current
-        assert json.loads(s._meta(f"arrays:{tok.fingerprint}"))["name"] == name
+        assert [i.name for i in s.segment_infos(tok.fingerprint)] == names
         assert sa.count(ids("words")) == 1
         hist = OutputHistory(budget_tokens=100, store=s, fingerprint=tok.fingerprint)
         assert hist.num_outputs == 2 and hist.index.continuations([5, 6]) == [(7, 1), (9, 1)]
@@ -168,13 +168,13 @@ _WRITER = textwrap.dedent("""
             return list(text.encode())
 
     MODE = sys.argv[2]
-    if MODE == "transaction":   # rows inserted and new arrays written, COMMIT not yet reached
-        original = IndexStore._rebuild_arrays_locked
-        def paused(self, written, *args, **kwargs):
-            original(self, written, *args, **kwargs)
+    if MODE == "transaction":   # rows inserted, segment and tombstones written, COMMIT not yet reached
+        original = IndexStore._bump
+        def paused(self):
+            original(self)
             print("PAUSED", flush=True)
             sys.stdin.readline()
-        IndexStore._rebuild_arrays_locked = paused
+        IndexStore._bump = paused
     store = IndexStore(sys.argv[1])
     docs = [DocInput(f"new document number {i} " * 20, f"new{i}.txt") for i in range(10)]
     docs.append(DocInput("old zero was changed", "old0.txt"))
@@ -242,8 +242,7 @@ def test_killed_add_leaves_old_state_intact(tmp_path, mode, sig):
     # the next successful write collects any leftovers of the killed writer
     with IndexStore(db) as s:
         s.add_documents([DocInput("after the crash", "after.txt")], ByteTok())
-        keep = s._referenced_names()
-        assert {p.name.split(".", 1)[0] for p in (tmp_path / "index.db.arrays").iterdir()} == keep
+        assert {p.name for p in (tmp_path / "index.db.arrays").iterdir()} == s.referenced_files()
         assert s.document_index("bytes+0").count(ids("old zero")) == 1
 
 
@@ -266,76 +265,78 @@ def test_history_write_does_not_wait_for_a_long_add(tmp_path):
 
 # ----- arrays built outside the write lock ------------------------------------------------------------
 def _assert_consistent(s: IndexStore, fp: str) -> None:
-    """The committed arrays exist, list the committed documents in id order, and nothing else is left."""
-    info = json.loads(s._meta(f"arrays:{fp}"))
-    assert info["docs_version"] == s.docs_version()
+    """The committed segments hold each committed document once (live), and no other file is left."""
     import numpy as np
 
-    doc_ids = np.load(s.arrays_dir / f"{info['name']}.docids.npy").tolist()
-    assert doc_ids == [d["id"] for d in s.list_documents()]
-    assert {p.name.split(".", 1)[0] for p in s.arrays_dir.iterdir()} == s._referenced_names()
+    live = []
+    for info in s.segment_infos(fp):
+        docids = np.load(s.arrays_dir / f"{info.name}.docids.npy")
+        dead = set(s._tombstones(info.dead_file)[1].tolist())
+        live += [int(d) for k, d in enumerate(docids) if k not in dead]
+    assert sorted(live) == [d["id"] for d in s.list_documents()]
+    assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
 
 
 def test_write_lock_is_free_while_the_arrays_are_built(tmp_path, monkeypatch):
     db = tmp_path / "index.db"
     tok = ByteTok()
     seen = []
-    with IndexStore(db) as s, IndexStore(db) as other:
+    with IndexStore(db, auto_merge=False) as s, IndexStore(db) as other:
         s.add_documents([DocInput("first text", "a.txt")], tok)
-        original = IndexStore._build_arrays
+        original = SegmentWriter.finish
 
         def build(self, *args, **kwargs):
-            out = original(self, *args, **kwargs)
-            if self is s:  # another writer (history of a serving process) gets the lock at once
-                other.history_append_many("fp", [[1, 2, 3]], timeout_s=0.2)
-                seen.append(other.list_documents())  # and readers still see the old corpus
+            out = original(self, *args, **kwargs)  # the suffixes are sorted with no lock held:
+            other.history_append_many("fp", [[1, 2, 3]], timeout_s=0.2)  # another writer goes ahead at once
+            seen.append(other.list_documents())  # and readers still see the old corpus
             return out
 
-        monkeypatch.setattr(IndexStore, "_build_arrays", build)
+        monkeypatch.setattr(SegmentWriter, "finish", build)
         s.add_documents([DocInput("second text", "b.txt")], tok)
         assert [d["path"] for d in seen[0]] == ["a.txt"]
         assert s.remove(["a.txt"]) == 1
-        assert len(seen) == 2 and [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3]] * 2
+        assert len(seen) == 1 and [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3]]
         assert s.document_index(tok.fingerprint).count(ids("second")) == 1
         _assert_consistent(s, tok.fingerprint)
 
 
-@pytest.mark.parametrize("attempts", [2, 1])  # 1: the retry is planned and built under the write lock
-def test_a_writer_committing_during_the_build_is_not_lost(tmp_path, monkeypatch, attempts):
+def test_a_writer_committing_during_the_build_is_not_lost(tmp_path, monkeypatch):
     db = tmp_path / "index.db"
     tok = ByteTok()
-    monkeypatch.setattr(IndexStore, "OPTIMISTIC_ATTEMPTS", attempts)
-    with IndexStore(db) as s, IndexStore(db) as other:
+    with IndexStore(db, auto_merge=False) as s, IndexStore(db, auto_merge=False) as other:
         s.add_documents([DocInput("old text", "old.txt"), DocInput("doomed text", "doomed.txt")], tok)
-        original = IndexStore._build_arrays
+        original = SegmentWriter.finish
         calls = []
 
         def build(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
-            calls.append(self is s)
-            if self is s and calls.count(True) == 1:
-                # while s's new arrays wait for the lock, another writer commits (and collects garbage:
-                # it must not delete s's uncommitted files)
-                other.add_documents([DocInput("concurrent text", "concurrent.txt")], tok)
+            calls.append(self.prefix)
+            if len(calls) == 1:
+                # while s's new segment waits for the lock, another writer commits (and collects garbage:
+                # it must not delete s's uncommitted files); it adds "mine text" too
+                other.add_documents([DocInput("concurrent text", "concurrent.txt"),
+                                     DocInput("mine text", "mine.txt")], tok)
                 other.remove(["doomed.txt"])
             return out
 
-        monkeypatch.setattr(IndexStore, "_build_arrays", build)
-        summary = s.add_documents([DocInput("mine text", "mine.txt"), DocInput("old text", "old.txt")], tok)
-        assert (summary.added, summary.unchanged) == (1, 1)
-        assert calls.count(True) == 2  # the first build was discarded, the second committed
+        monkeypatch.setattr(SegmentWriter, "finish", build)
+        summary = s.add_documents([DocInput("mine text", "mine.txt"), DocInput("old text", "old.txt"),
+                                   DocInput("new text", "new.txt")], tok)
+        # the commit re-checked the rows under the lock: "mine" arrived meanwhile with the same content
+        assert (summary.added, summary.unchanged) == (1, 2)
         paths = [d["path"] for d in s.list_documents()]
-        assert paths == ["old.txt", "concurrent.txt", "mine.txt"]
+        assert paths == ["old.txt", "concurrent.txt", "mine.txt", "new.txt"]
         assert summary.ids == [s.list_documents()[-1]["id"]]
         sa = s.document_index(tok.fingerprint)
-        assert [sa.count(ids(t)) for t in ("old text", "concurrent", "mine", "doomed")] == [1, 1, 1, 0]
+        # "mine text" is in two segments but live in one: counted once (a tombstone in s's segment)
+        assert [sa.count(ids(t)) for t in ("old text", "concurrent", "mine", "doomed", "new")] == [1, 1, 1, 0, 1]
         _assert_consistent(s, tok.fingerprint)
 
 
 def test_garbage_collection_waits_for_uncommitted_builds(store):
     tok = ByteTok()
     store.add_documents([DocInput("some text", "a.txt")], tok)
-    stray = store.arrays_dir / "0123456789abcdef-9-1-00000000.tokens.npy"
+    stray = store.arrays_dir / "0123456789ab-9-1-00000000.tok"
     stray.write_bytes(b"")
     with store._build_guard():  # a writer with uncommitted files
         store._collect_garbage()
@@ -369,13 +370,14 @@ _BUILDER = textwrap.dedent("""
         def encode(self, text):
             return list(text.encode())
 
-    original = IndexStore._build_arrays
-    def paused(self, *args, **kwargs):   # new arrays written, no lock held, nothing committed
+    from index.segments import SegmentWriter
+    original = SegmentWriter.finish
+    def paused(self, *args, **kwargs):   # new segment written, no lock held, nothing committed
         out = original(self, *args, **kwargs)
         print("PAUSED", flush=True)
         sys.stdin.readline()
         return out
-    IndexStore._build_arrays = paused
+    SegmentWriter.finish = paused
     store = IndexStore(sys.argv[1])
     docs = [DocInput(f"new document number {i} " * 20, f"new{i}.txt") for i in range(10)]
     docs.append(DocInput("old zero was changed", "old0.txt"))
@@ -401,3 +403,155 @@ def test_killed_while_building_outside_the_lock(tmp_path, sig):
         s.add_documents([DocInput("after the crash", "after.txt")], ByteTok())
         _assert_consistent(s, "bytes+0")
         assert s.document_index("bytes+0").count(ids("old zero")) == 1
+
+
+# ----- segments --------------------------------------------------------------------------------------
+def test_adds_make_segments_deletes_make_tombstones_merges_drop_them(tmp_path):
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    with IndexStore(tmp_path / "index.db", auto_merge=False,
+                    policy=MergePolicy(fanout=3, floor_tokens=1000, max_tokens=10000)) as s:
+        s.add_documents([DocInput("document 0 about segments", "0.txt"),
+                         DocInput("document 1 about segments", "1.txt")], tok)
+        for i in (2, 3):
+            s.add_documents([DocInput(f"document {i} about segments", f"{i}.txt")], tok)
+        assert len(s.segment_infos(tok.fingerprint)) == 3  # one fresh segment per add
+        assert s.stats()["pending_merges"] == 1
+        s.add_documents([DocInput("document 1 was rewritten", "1.txt")], tok)
+        assert s.remove(["2.txt"]) == 1
+        infos = s.segment_infos(tok.fingerprint)
+        # 2.txt's segment had nothing else: dropped; 1.txt's old version is a tombstone in the first one
+        assert len(infos) == 3 and [i.dead_sequences for i in infos] == [1, 0, 0]
+        idx = s.document_index(tok)
+        assert idx.count(ids("document 1 about")) == 0 and idx.count(ids("document 1 was")) == 1
+        assert idx.count(ids("document ")) == 3 and idx.num_tokens == 2 * len("document 0 about segments") + len(
+            "document 1 was rewritten")
+        assert s.merge_pending() == 1
+        (merged,) = s.segment_infos(tok.fingerprint)
+        assert (merged.sequences, merged.dead_sequences) == (3, 0)  # the tombstoned version is gone
+        assert s.document_index(tok).count(ids("document ")) == 3
+        assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
+        st = s.stats()
+        assert st["segments"] == 1 and st["pending_merges"] == 0
+
+
+def test_background_merge_after_adds(tmp_path):
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    with IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=2, floor_tokens=10, max_tokens=1000)) as s:
+        s.add_documents([DocInput("first of two", "a.txt")], tok)
+        s.add_documents([DocInput("second of two", "b.txt")], tok)  # a merge is due: a thread runs it
+        s._merger.join(timeout=60)
+        assert len(s.segment_infos(tok.fingerprint)) == 1
+        assert s.document_index(tok).count(ids(" of two")) == 2
+
+
+def test_sixteen_bit_tokens_widen_when_an_id_does_not_fit(tmp_path):
+    tok = ByteTok(offset=70000)  # ids above 65535: the segment stores 4 bytes per token
+    small = ByteTok()
+    with IndexStore(tmp_path / "index.db", auto_merge=False) as s:
+        s.add_documents([DocInput("wide ids", "w.txt")], tok)
+        s.add_documents([DocInput("narrow ids", "n.txt")], small)
+        assert [i.width for i in s.segment_infos(tok.fingerprint)] == [4]
+        assert [i.width for i in s.segment_infos(small.fingerprint)] == [2]
+        assert s.document_index(tok).count(ids("ids", 70000)) == 2  # the other document indexed for it now
+        assert s.document_index(small).count(ids("ids")) == 2
+        assert sorted(i.width for i in s.segment_infos(tok.fingerprint)) == [4, 4]
+
+
+def test_database_copied_without_its_arrays_is_rebuilt_with_a_message(tmp_path, caplog):
+    import shutil
+
+    tok = ByteTok()
+    src = tmp_path / "src" / "index.db"
+    with IndexStore(src) as s:
+        s.add_documents([DocInput("copied corpus text", "a.txt"), DocInput("more text", "b.txt")], tok)
+        s.remove(["b.txt"])
+    dst = tmp_path / "dst" / "index.db"
+    dst.parent.mkdir()
+    shutil.copy(src, dst)  # the database alone, as a user copies it
+    with IndexStore(dst) as s, caplog.at_level("WARNING", logger="suffixspec.index"):
+        assert s.document_index(tok.fingerprint) is None  # ids gone with the arrays: needs the tokenizer
+        idx = s.document_index(tok)  # with it: rebuilt from the text in the database
+        assert idx.count(ids("copied corpus")) == 1 and idx.count(ids("more text")) == 0
+        assert "missing" in caplog.text and "rebuilding them from the database" in caplog.text
+        assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
+    with IndexStore(dst) as s:  # and it stays rebuilt
+        assert s.document_index(tok.fingerprint).count(ids("copied corpus")) == 1
+
+
+def test_database_of_the_previous_version_is_indexed_from_its_token_ids(tmp_path, caplog):
+    """Earlier versions kept the ids in ``doc_tokens.ids`` and one array set: served without the tokenizer."""
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.executescript("""
+        CREATE TABLE documents (id INTEGER PRIMARY KEY, path TEXT, content_hash TEXT, text TEXT, metadata TEXT,
+                                n_bytes INTEGER, added_at FLOAT);
+        CREATE TABLE doc_tokens (doc_id INTEGER, fingerprint TEXT, n_tokens INTEGER, ids BLOB,
+                                 PRIMARY KEY (doc_id, fingerprint));
+        CREATE TABLE tokenizers (fingerprint TEXT PRIMARY KEY, name TEXT, added_at FLOAT);
+        CREATE TABLE history (id INTEGER PRIMARY KEY, fingerprint TEXT, n_tokens INTEGER, ids BLOB, created_at FLOAT);
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+        INSERT INTO tokenizers VALUES ('bytes+0', 'bytes', 0);
+        INSERT INTO documents VALUES (1, 'a.txt', 'h', 'old format words', '{}', 16, 0);
+    """)
+    import numpy as np
+
+    conn.execute("INSERT INTO doc_tokens VALUES (1, 'bytes+0', 16, ?)",
+                 [np.asarray(ids("old format words"), dtype="<u4").tobytes()])
+    conn.commit()
+    conn.close()
+    with IndexStore(db) as s:
+        assert s.document_index("bytes+0").count(ids("format")) == 1
+
+
+def test_read_only_store_never_writes(tmp_path):
+    tok = ByteTok()
+    db = tmp_path / "index.db"
+    with IndexStore(db) as s:
+        s.add_documents([DocInput("read only please", "r.txt")], tok)
+    os.chmod(tmp_path, 0o555)
+    try:
+        with IndexStore(db, readonly=True) as r:
+            assert r.document_index(tok.fingerprint).count(ids("only")) == 1
+            with pytest.raises(Exception, match="read-only"):
+                r.add_documents([DocInput("x", "x.txt")], tok)
+    finally:
+        os.chmod(tmp_path, 0o755)
+
+
+def test_listing_and_stats_do_not_wait_for_an_add(tmp_path, tiny_model_dirs, monkeypatch):
+    """GET /v1/index/documents and /v1/index/stats read while a long POST (an add) holds the writer."""
+    import threading
+
+    from suffixspec.api import SuffixSpec
+
+    with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=tmp_path / "index.db") as spec:
+        spec.add_documents([{"text": "already here", "source": "here.txt"}])
+        entered, release = threading.Event(), threading.Event()
+        original = SegmentWriter.finish
+
+        def slow_finish(self, *a, **kw):  # the add is sorting its segment: hold it there
+            entered.set()
+            release.wait(60)
+            return original(self, *a, **kw)
+
+        monkeypatch.setattr(SegmentWriter, "finish", slow_finish)
+        adder = threading.Thread(target=spec.add_documents, args=([{"text": "a big new document"}],))
+        adder.start()
+        try:
+            assert entered.wait(60)
+            got = {}
+            reader = threading.Thread(target=lambda: got.update(page=spec.list_documents(), stats=spec.index_stats()))
+            reader.start()
+            reader.join(20)
+            assert not reader.is_alive(), "the listing waited for the add"
+            assert got["page"]["total"] == 1 and got["stats"]["documents"] == 1
+        finally:
+            release.set()
+            adder.join(60)
+        assert spec.list_documents()["total"] == 2
