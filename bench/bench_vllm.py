@@ -101,6 +101,9 @@ def run_worker(python: str, system: str, plan: dict[str, Any], workdir: Path, en
     plan_path.write_text(json.dumps(plan))
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 **(env or {})}
+    # that environment's tools first (the caller may run inside another virtual environment)
+    full_env["PATH"] = os.pathsep.join([str(Path(python).parent), full_env.get("PATH", "")])
+    full_env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run([python, "-m", "bench.bench_vllm", "worker", "--system", system, "--plan", str(plan_path),
                            "--out", str(out)], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout_s)

@@ -37,7 +37,8 @@ Only tensor-parallel rank 0 writes history (every rank sees the same requests).
 Settings: ``SUFFIXSPEC_DB`` (the index database; unset = no documents, history in memory only),
 ``SUFFIXSPEC_VLLM_CONFIG`` (JSON object of :class:`~suffixspec.proposers.suffix.SuffixConfig`
 fields, e.g. ``{"max_depth": 32, "history_tokens": 200000}``), ``SUFFIXSPEC_VLLM_RELOAD_S`` (how
-often the watcher checks for new documents, seconds; default 5; 0 = never).
+often the watcher checks for new documents, seconds; default 5; 0 = never), ``SUFFIXSPEC_VLLM_SOURCES``
+(comma-separated subset of ``prompt,history,documents``; default all).
 
 Imports stay light: numpy, sqlite, the index package and the proposer; no Flask, no draft models
 (``transformers`` only to fingerprint the tokenizer when a database is used; vLLM has loaded it).
@@ -72,6 +73,8 @@ log = logging.getLogger("suffixspec.vllm")
 ENV_DB = "SUFFIXSPEC_DB"
 ENV_CONFIG = "SUFFIXSPEC_VLLM_CONFIG"
 ENV_RELOAD = "SUFFIXSPEC_VLLM_RELOAD_S"
+ENV_SOURCES = "SUFFIXSPEC_VLLM_SOURCES"
+SOURCES = ("prompt", "history", "documents")  # what a vLLM request can draft from
 _KEY = 16  # leading tokens that key a request (its prompt's start)
 _EDGE = 8  # trailing tokens compared to confirm that a slot still holds the same request
 
@@ -110,12 +113,13 @@ class _Request:
     n: int  # tokens known
     prompt_len: int  # tokens before the first sampled one (the output starts here)
     committed: int  # tokens[prompt_len:committed] are already in the output history
-    key: bytes  # its first (up to _KEY) tokens, to find it again when it moves to another slot or resumes
+    key: bytes  # its first key_len tokens, to find it again when it moves to another slot or resumes
+    key_len: int  # _KEY, or fewer for a request that started shorter
 
     def holds(self, row: np.ndarray, n: int) -> bool:
         """Whether a slot with ``row[:n]`` still holds this request (cheap: start and end compared)."""
         m = self.n
-        if n < m or row[:len(self.key) // 4].tobytes() != self.key:
+        if n < m or row[:self.key_len].tobytes() != self.key:
             return False
         lo = max(0, m - _EDGE)
         return bool(np.array_equal(row[lo:m], self.tokens[lo:m]))
@@ -151,6 +155,18 @@ def _suffix_config() -> SuffixConfig:
     return SuffixConfig(**{**base, **given})
 
 
+def _sources() -> tuple[str, ...]:
+    """The sources requests draft from: ``SUFFIXSPEC_VLLM_SOURCES`` or all."""
+    raw = os.environ.get(ENV_SOURCES, "").strip()
+    if not raw:
+        return SOURCES
+    given = tuple(s.strip() for s in raw.split(",") if s.strip())
+    bad = [s for s in given if s not in SOURCES]
+    if bad or not given:
+        raise ValueError(f"{ENV_SOURCES}: unknown source(s) {bad}; give a comma-separated subset of {','.join(SOURCES)}")
+    return given
+
+
 def _tp_rank() -> int:
     try:
         from vllm.distributed import get_tensor_model_parallel_rank
@@ -170,7 +186,8 @@ class SuffixSpecProposer:
     def __init__(self, vllm_config: Any = None, *, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, max_num_seqs: int | None = None,
                  db: str | os.PathLike | None = None, tokenizer: Any = None,
-                 config: SuffixConfig | None = None, write_history: bool | None = None) -> None:
+                 config: SuffixConfig | None = None, sources: tuple[str, ...] | None = None,
+                 write_history: bool | None = None) -> None:
         spec = getattr(vllm_config, "speculative_config", None)
         model_cfg = getattr(vllm_config, "model_config", None)
         sched = getattr(vllm_config, "scheduler_config", None)
@@ -178,6 +195,7 @@ class SuffixSpecProposer:
         self.max_model_len = int(max_model_len or getattr(model_cfg, "max_model_len", 0) or 1 << 30)
         max_seqs = int(max_num_seqs or getattr(sched, "max_num_seqs", 0) or 256)
         self.config = config or _suffix_config()
+        self.sources = sources or _sources()
         self.max_parked = 4 * max_seqs  # departed requests kept for a resume (their output is saved already)
         self.db = os.fspath(db) if db is not None else (os.environ.get(ENV_DB) or None)
         self.fingerprint: str | None = None
@@ -370,13 +388,14 @@ class SuffixSpecProposer:
         prompt_len = n - n_sampled
         drafter = SuffixProposer(config=self.config, documents=self._documents, history=False)
         drafter.history = self._history  # shared by every request of this worker
-        drafter.begin(RequestContext(prompt_ids=row[:prompt_len].tolist()))
+        drafter.begin(RequestContext(prompt_ids=row[:prompt_len].tolist(), drafters=self.sources))
         drafter.update(row[prompt_len:n].tolist())
         tokens = np.empty(max(64, 2 * n), dtype=np.int32)
         tokens[:n] = row[:n]
-        req = _Request(drafter, tokens, n, prompt_len, prompt_len, row[:min(n, _KEY)].tobytes())
+        key_len = min(n, _KEY)
+        req = _Request(drafter, tokens, n, prompt_len, prompt_len, row[:key_len].tobytes(), key_len)
         self._by_key.setdefault(req.key, []).append(req)
-        self._key_lens.add(min(n, _KEY))
+        self._key_lens.add(key_len)
         return req
 
     def _forget(self, req: _Request) -> None:

@@ -12,7 +12,6 @@ Two parts:
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 
 from index.store import DocInput, IndexStore
 from suffixspec.proposers.suffix import SuffixConfig
-from suffixspec.vllm import ENV_CONFIG, SuffixSpecProposer, _suffix_config
+from suffixspec.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -254,6 +253,18 @@ def test_settings_from_the_environment(monkeypatch):
         _suffix_config()
 
 
+def test_sources_from_the_environment(monkeypatch):
+    monkeypatch.setenv(ENV_SOURCES, "documents, history")
+    assert _sources() == ("documents", "history")
+    monkeypatch.setenv(ENV_SOURCES, "documents,prediction")
+    with pytest.raises(ValueError, match="unknown source.*prediction"):
+        _sources()
+    # prompt switched off: a request that repeats itself gets no draft
+    p, b = _proposer(sources=("history",)), Batch()
+    b.add("a", LOOP + LOOP, LOOP, slot=0)
+    assert b.step(p)[0] == []
+
+
 def test_import_stays_light():
     code = ("import sys, suffixspec.vllm; bad = [m for m in ('torch', 'transformers', 'flask', 'ahocorasick') "
             "if m in sys.modules]; print(bad)")
@@ -283,14 +294,19 @@ PROMPTS = [
     "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n",
     "    def __repr__(self):\n        return",
 ]
-DOC_PROMPT = "def parse_header_line(line, strict=False):\n"
-HISTORY_PROMPT = "class Counter(dict):\n    \"\"\"Dict subclass for counting hashable items.\"\"\"\n"
+# prompts whose greedy answers re-tokenize to the same ids (a document is stored as text)
+DOC_PROMPT = 'def _read_config(path):\n    """Read the configuration file."""\n    with open(path) as f:\n'
+HISTORY_PROMPT = "def quote(s, safe='/'):\n    \"\"\"Quote a string.\"\"\"\n    return"
 
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory):
     """Two engine start-ups: vLLM without speculation, then with SuffixSpecProposer over a database
-    whose document (indexed before the start) holds the plain engine's answer to DOC_PROMPT."""
+    whose document (indexed before the start) holds the plain engine's answer to DOC_PROMPT.
+
+    The demo target copies a lot from its prompt, so our engine drafts only from the documents and
+    the history here (SUFFIXSPEC_VLLM_SOURCES): every accepted token then proves those sources work.
+    """
     python = _need_vllm()
     from transformers import AutoTokenizer
 
@@ -298,50 +314,53 @@ def vllm_runs(tmp_path_factory):
     from bench.bench_vllm import run_worker
 
     tok = AutoTokenizer.from_pretrained(str(MODEL))
-    ids = [tok(p)["input_ids"] for p in PROMPTS]
     doc_ids, hist_ids = tok(DOC_PROMPT)["input_ids"], tok(HISTORY_PROMPT)["input_ids"]
+    batch = [tok(p)["input_ids"] for p in PROMPTS] + [doc_ids, hist_ids]
     work = tmp_path_factory.mktemp("vllm")
     base = {"model": str(MODEL), "max_tokens": 48, "k": 8, "max_model_len": 1024}
     plain = run_worker(python, "plain", {**base, "phases": [
-        {"name": "batch", "prompts": ids}, {"name": "doc", "prompts": [doc_ids]},
-        {"name": "history", "prompts": [hist_ids]}]}, work)
-    # the document: the prompt's answer (only a document can tell it: the prompt does not hold it)
-    doc_answer = plain["phases"][1]["outputs"][0]
+        {"name": "doc", "prompts": [doc_ids]}, {"name": "history", "prompts": [hist_ids]},
+        {"name": "batch", "prompts": batch}]}, work)
+    # the document: the prompt's answer (only a document can tell it before it is generated)
+    doc_answer = plain["phases"][0]["outputs"][0]
+    doc_text = DOC_PROMPT + tok.decode(doc_answer)
+    assert tok(doc_text)["input_ids"] == doc_ids + doc_answer, "pick a DOC_PROMPT whose answer re-tokenizes alike"
     db = work / "index.db"
     with IndexStore(db) as store:
-        store.add_documents([DocInput(DOC_PROMPT + tok.decode(doc_answer), "parse.py")], tok)
+        store.add_documents([DocInput(doc_text, "config.py")], tok)
     ours = run_worker(python, "suffixspec", {**base, "phases": [
-        {"name": "batch", "prompts": ids}, {"name": "doc", "prompts": [doc_ids]},
-        {"name": "history", "prompts": [hist_ids]}, {"name": "history again", "prompts": [hist_ids]}]},
-        work, env={"SUFFIXSPEC_DB": str(db)})
-    return {"plain": plain, "ours": ours, "db": db, "tok": tok}
+        {"name": "doc", "prompts": [doc_ids]}, {"name": "history", "prompts": [hist_ids]},
+        {"name": "history again", "prompts": [hist_ids]}, {"name": "batch", "prompts": batch}]},
+        work, env={"SUFFIXSPEC_DB": str(db), "SUFFIXSPEC_VLLM_SOURCES": "documents,history"})
+    return {"plain": plain["phases"], "ours": ours["phases"], "db": db, "tok": tok}
 
 
 def test_vllm_greedy_output_with_the_proposer_equals_no_speculation(vllm_runs):
-    plain, ours = vllm_runs["plain"]["phases"], vllm_runs["ours"]["phases"]
-    assert ours[0]["outputs"] == plain[0]["outputs"]  # several prompts in one batch
-    assert ours[1]["outputs"] == plain[1]["outputs"]
-    assert ours[2]["outputs"] == ours[3]["outputs"] == plain[2]["outputs"]
-    assert all(len(o) > 0 for o in plain[0]["outputs"])
-    assert ours[0]["spec"]["drafts"] > 0  # speculation really ran
+    plain, ours = vllm_runs["plain"], vllm_runs["ours"]
+    assert ours[0]["outputs"] == plain[0]["outputs"]
+    assert ours[1]["outputs"] == ours[2]["outputs"] == plain[1]["outputs"]
+    assert ours[3]["outputs"] == plain[2]["outputs"]  # six prompts in one batch
+    assert all(len(o) > 0 for o in plain[2]["outputs"])
+    # in the batch, the two prompts seen before were drafted (from the history) and accepted
+    assert ours[3]["spec"]["accepted"] >= len(ours[3]["outputs"][-1]), ours[3]["spec"]
 
 
 def test_vllm_drafts_from_documents_indexed_before_start(vllm_runs):
-    doc = vllm_runs["ours"]["phases"][1]
+    doc = vllm_runs["ours"][0]
     n_out = len(doc["outputs"][0])
-    # vLLM's own counters: most of the answer came as accepted draft tokens (from the document)
+    # vLLM's own counters: most of the answer came as accepted draft tokens
     assert doc["spec"]["accepted"] >= 0.6 * n_out, doc["spec"]
 
 
 def test_vllm_history_grows_across_requests(vllm_runs):
-    first, again = vllm_runs["ours"]["phases"][2], vllm_runs["ours"]["phases"][3]
+    first, again = vllm_runs["ours"][1], vllm_runs["ours"][2]
     n_out = len(again["outputs"][0])
     assert again["spec"]["accepted"] >= 0.6 * n_out, again["spec"]
-    assert again["spec"]["accepted"] > first["spec"]["accepted"]
-    # the worker's writer thread persisted the finished outputs
-    with IndexStore(vllm_runs["db"]) as store:
-        from index.fingerprint import tokenizer_fingerprint
+    assert again["spec"]["accepted"] > first["spec"]["accepted"] + 0.3 * n_out
+    # the worker's writer thread persisted the finished outputs (the last ones at its exit)
+    from index.fingerprint import tokenizer_fingerprint
 
+    with IndexStore(vllm_runs["db"]) as store:
         saved = [s.tolist() for s in store.history_load(tokenizer_fingerprint(vllm_runs["tok"]))]
-    assert first["outputs"][0] in saved or any(first["outputs"][0] == s[-len(first["outputs"][0]):] for s in saved)
-    assert len(saved) >= 3, json.dumps([len(s) for s in saved])
+    assert first["outputs"][0] in saved
+    assert len(saved) == 3 + 6, [len(s) for s in saved]
