@@ -91,7 +91,9 @@ def worker(system: str, plan: dict[str, Any], out: Path) -> None:
                        "outputs": [list(r.outputs[0].token_ids) for r in res],
                        "spec": _delta(_spec_counters(llm), before)})
     out.write_text(json.dumps({"system": system, "startup_s": startup_s, "phases": phases}))
-    del llm  # shuts the engine down; our proposer saves the outputs it still holds on exit
+    if system == "suffixspec":
+        time.sleep(3.0)  # an idle engine: the proposer saves the last outputs to the history (after 1 s)
+    del llm
 
 
 def run_worker(python: str, system: str, plan: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,

@@ -27,6 +27,8 @@ leaves again) and the state is parked for a possible resume. Worked example::
     call 4: slot 0 = [1 2 3 3], slot 1 = [5 6 7 8 9 4 2]   B; A resumed from its parked state
 
 A wrong guess costs draft quality only, never correctness: vLLM verifies every drafted token.
+When the engine goes idle (no call for ``IDLE_S``), the outputs of the requests seen last are saved
+too: no later call will show them gone.
 
 Storage. With ``SUFFIXSPEC_DB`` set (vLLM's speculative config accepts no extra fields), the
 documents that ``suffixspec index add`` stored are drafted from, the output history is loaded at
@@ -77,6 +79,7 @@ ENV_SOURCES = "SUFFIXSPEC_VLLM_SOURCES"
 SOURCES = ("prompt", "history", "documents")  # what a vLLM request can draft from
 _KEY = 16  # leading tokens that key a request (its prompt's start)
 _EDGE = 8  # trailing tokens compared to confirm that a slot still holds the same request
+IDLE_S = 1.0  # no propose call for this long: the engine is idle, the live requests' outputs are saved
 
 
 class _Context(Sequence):
@@ -187,7 +190,7 @@ class SuffixSpecProposer:
                  max_model_len: int | None = None, max_num_seqs: int | None = None,
                  db: str | os.PathLike | None = None, tokenizer: Any = None,
                  config: SuffixConfig | None = None, sources: tuple[str, ...] | None = None,
-                 write_history: bool | None = None) -> None:
+                 write_history: bool | None = None, idle_s: float = IDLE_S) -> None:
         spec = getattr(vllm_config, "speculative_config", None)
         model_cfg = getattr(vllm_config, "model_config", None)
         sched = getattr(vllm_config, "scheduler_config", None)
@@ -210,6 +213,9 @@ class SuffixSpecProposer:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._persist = False  # the writer thread runs: finished outputs go to SQLite
+        self._lock = threading.Lock()  # propose vs. the writer's idle commit
+        self._last_call = time.monotonic()  # when propose was last called
+        self.idle_s = idle_s  # no call for this long: save the live outputs
         self.calls = 0  # propose calls (tests, logs)
         if self.db is not None:
             self._open_store(model_cfg, write_history if write_history is not None else _tp_rank() == 0)
@@ -263,7 +269,11 @@ class SuffixSpecProposer:
         store = IndexStore(self.db)
         try:
             while True:
-                item = self._writes.get()
+                try:
+                    item = self._writes.get(timeout=min(self.idle_s / 4, 1.0))
+                except queue.Empty:
+                    self._commit_when_idle()  # queues the outputs it takes; written next round
+                    continue
                 batch = [] if item is None else list(item)
                 done = item is None
                 while not self._writes.empty():  # group what queued up meanwhile into one transaction
@@ -282,6 +292,19 @@ class SuffixSpecProposer:
                     return
         finally:
             store.close()
+
+    def _commit_when_idle(self) -> None:
+        """The engine stopped calling (no request left, or shutting down): save the live outputs now.
+
+        vLLM tells a proposer nothing when a request finishes; the next call shows it gone. When no
+        call comes for ``idle_s``, the outputs of the requests seen last are saved here instead (a
+        request that goes on later adds the rest when it leaves)."""
+        if time.monotonic() - self._last_call < self.idle_s:
+            return
+        with self._lock:
+            if time.monotonic() - self._last_call >= self.idle_s:
+                for req in self._slots.values():
+                    self._commit(req)
 
     def _watcher(self, every_s: float) -> None:
         """Swap in the document arrays when ``index add`` / ``remove`` changed the corpus."""
@@ -305,8 +328,9 @@ class SuffixSpecProposer:
         """Save the outputs of requests still known and stop the threads (idempotent)."""
         if self._stop.is_set():
             return
-        for req in list(self._slots.values()):
-            self._commit(req)
+        with self._lock:
+            for req in list(self._slots.values()):
+                self._commit(req)
         self._stop.set()
         if self._persist:
             self._writes.put(None)
@@ -320,6 +344,12 @@ class SuffixSpecProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
         """One chain draft (at most ``num_speculative_tokens``) per batch slot; ``[]`` for no draft."""
+        with self._lock:  # the writer thread may save live outputs while the engine is idle
+            self._last_call = time.monotonic()
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def _propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                 token_ids_cpu: np.ndarray) -> list[list[int]]:
         self.calls += 1
         rows = len(sampled_token_ids)
         found: dict[int, _Request] = {}
