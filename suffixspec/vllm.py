@@ -219,7 +219,7 @@ class SuffixSpecProposer:
         self.calls = 0  # propose calls (tests, logs)
         if self.db is not None:
             self._open_store(model_cfg, write_history if write_history is not None else _tp_rank() == 0)
-        # outputs of requests still running at exit are saved too (vLLM's workers exit normally)
+        # outputs of requests still running are saved when the process exits normally
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
 
