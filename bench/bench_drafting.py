@@ -232,6 +232,34 @@ def search_arctic(traces: dict[str, list[Trace]], log=print) -> list[tuple[int, 
     return results
 
 
+def propose_cost(model: str, traces: dict[str, list[Trace]], rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Median propose time per step (µs) of the longest-match proposer (before the match-length rule:
+    ``match_lengths=0``, factor 1, 128 candidates), today's default, and Arctic's best setting,
+    interleaved round by round on the same replays (so machine load hits all alike)."""
+    import statistics
+
+    from suffixspec.loading import load_tokenizer
+    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+
+    from . import arctic
+
+    tok = load_tokenizer(model)
+    makers: dict[str, Callable[[], Proposer]] = {
+        "ours, longest match only": lambda: SuffixProposer(tokenizer=tok, config=SuffixConfig(
+            match_lengths=0, max_spec_factor=1.0, max_candidates=128)),
+        "ours (default)": lambda: SuffixProposer(tokenizer=tok),
+    }
+    if arctic.available():
+        makers["arctic_suffix_best"] = lambda: arctic.ArcticSuffixProposer(arctic.ARCTIC_BEST)
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in makers}
+    for _ in range(rounds):
+        for w, trs in traces.items():
+            for name, make in makers.items():
+                r = replay(make(), trs)
+                times[name].setdefault(w, []).append(1e6 * r.propose_s / max(1, r.steps))
+    return {name: {w: round(statistics.median(v), 1) for w, v in ws.items()} for name, ws in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="suffixspec/demo-target")
@@ -241,6 +269,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("bench/results/drafting_outputs.json"),
                     help="greedy outputs, recorded once and reused")
     ap.add_argument("--search", action="store_true", help="grid-search Arctic's settings first")
+    ap.add_argument("--cost", action="store_true", help="only time propose(): before / now / Arctic, interleaved")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -250,6 +279,14 @@ def main() -> None:
 
     wl = tuple(args.workloads.split(","))
     traces = record(args.model, wl, args.requests, args.max_tokens, args.cache)
+    if args.cost:
+        cost = propose_cost(args.model, traces)
+        print("| proposer | " + " | ".join(wl) + " |\n|---|" + "---:|" * len(wl))
+        for name, row in cost.items():
+            print(f"| {name} | " + " | ".join(f"{row[w]:.0f} µs" for w in wl) + " |")
+        if args.json:
+            args.json.write_text(json.dumps({"propose_us_per_step": cost}, indent=2))
+        return
     if args.search:
         if not arctic.available():
             raise SystemExit("--search needs arctic-inference (see PEERS.md)")
