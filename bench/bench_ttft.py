@@ -7,6 +7,9 @@
   request sent as soon as the port accepts connections (the request waits for the model to load),
   and to the end of that first response.
 
+Both also report the CPU seconds the process used (user + system, from the kernel's accounting of
+finished children): on a loaded machine wall time mostly measures the other jobs, CPU time does not.
+
 Each is run ``--repeats`` times (medians and ranges); the store is a fresh SQLite file in a
 temporary folder, so no earlier output history is loaded.
 
@@ -19,6 +22,7 @@ import argparse
 import http.client
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -45,9 +49,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, float]:
-    """Seconds from spawn to the first text byte on stdout and to exit."""
+    """Seconds from spawn to the first text byte on stdout and to exit; CPU seconds of the process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cpu = _children_cpu()
     t = time.perf_counter()
     proc = subprocess.Popen([*_cli(), "generate", PROMPT, "--max-tokens", str(max_tokens), "--stream",
                              "--draft-model", draft_model, "--db", str(tmp / "gen.db")],
@@ -60,12 +71,14 @@ def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, flo
     t_exit = time.perf_counter() - t
     if code != 0 or not first:
         raise RuntimeError(f"suffixspec generate failed (exit {code}): {(first + rest)[-500:]!r}")
-    return {"first_token_s": t_first, "exit_s": t_exit}
+    return {"first_token_s": t_first, "exit_s": t_exit, "cpu_s": _children_cpu() - cpu}
 
 
 def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 300.0) -> dict[str, float]:
-    """Seconds from spawning the server to the first streamed token of the first request."""
+    """Seconds from spawning the server to the first streamed token of the first request; CPU seconds of
+    the server process (start, first request, shutdown)."""
     port = _free_port()
+    cpu = _children_cpu()
     t = time.perf_counter()
     proc = subprocess.Popen([*_cli(), "serve", "--port", str(port), "--draft-model", draft_model,
                              "--db", str(tmp / "serve.db")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -98,15 +111,17 @@ def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 
                     t_first = time.perf_counter() - t
         t_done = time.perf_counter() - t
         conn.close()
-        return {"port_open_s": t_accept, "first_token_s": t_first if t_first is not None else t_done,
-                "response_done_s": t_done}
+        out = {"port_open_s": t_accept, "first_token_s": t_first if t_first is not None else t_done,
+               "response_done_s": t_done}
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    out["cpu_s"] = _children_cpu() - cpu
+    return out
 
 
 def run(repeats: int = 3, max_tokens: int = 16, draft_model: str = "auto", log=print) -> dict[str, Any]:
@@ -129,7 +144,7 @@ def run(repeats: int = 3, max_tokens: int = 16, draft_model: str = "auto", log=p
 
 def markdown(result: dict[str, Any]) -> str:
     names = {"first_token_s": "first token", "exit_s": "process exit", "port_open_s": "port open",
-             "response_done_s": "first response complete"}
+             "response_done_s": "first response complete", "cpu_s": "CPU seconds used (user + system)"}
     lines = ["| command | event (seconds from spawn) | median | min–max |", "|---|---|---:|---:|"]
     for kind, rows in result.items():
         for k, r in rows.items():
