@@ -2,7 +2,7 @@
 
 A PROJECTION, not a measurement of speedup. For random-weight Llama models of about 10M, 100M and
 500M parameters (weights do not change the time of a forward pass), it measures on this machine
-the time of one forward pass over ``1 + k`` tokens with the tree mask (a chain draft), k = 0
+the CPU time (one thread) of one forward pass over ``1 + k`` tokens with the tree mask (a chain draft), k = 0
 (a plain decode step) .. 32, at a fixed context length, rounds interleaved so that machine load
 hits every k alike, medians. Then, for each workload's measured drafting figures (mean accepted
 length ``a`` = new tokens per verify step, mean draft size ``k`` = nodes verified per step, from
@@ -53,7 +53,11 @@ def random_llama(size: str, vocab: int = 8192, max_positions: int = 2048) -> Any
 
 def verify_costs(model: Any, context_len: int = 512, ks: tuple[int, ...] = KS, seconds: float = 60.0,
                  min_rounds: int = 3, max_rounds: int = 15) -> dict[str, Any]:
-    """Median seconds of one forward over ``1 + k`` tokens after ``context_len`` cached tokens."""
+    """Median CPU seconds of one forward over ``1 + k`` tokens after ``context_len`` cached tokens.
+
+    Torch runs on one thread and the forward is timed by that thread's CPU clock: on a shared,
+    loaded machine wall time measures the other jobs (and idle intra-op threads spin-waiting for a
+    descheduled sibling), CPU time measures the work."""
     import torch
     from transformers import DynamicCache
 
@@ -70,10 +74,10 @@ def verify_costs(model: Any, context_len: int = 512, ks: tuple[int, ...] = KS, s
         if k:
             kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(list(range(-1, k - 1)), context_len,
                                                                            model.dtype, "cpu")
-        t = time.perf_counter()
+        t = time.thread_time()
         with torch.inference_mode():
             model(input_ids=torch.tensor([ids]), **kwargs)
-        dt = time.perf_counter() - t
+        dt = time.thread_time() - t
         keep_accepted(cache, context_len, [])
         return dt
 
@@ -144,23 +148,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10M,100M,500M")
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--seconds", type=float, default=60.0, help="time budget per model (at least 3 rounds)")
+    ap.add_argument("--seconds", type=float, default=60.0, help="time budget per model (at least --rounds rounds)")
+    ap.add_argument("--rounds", type=int, default=3, help="fewest rounds of every k per model")
     ap.add_argument("--drafting", type=Path, default=None, help="bench_drafting --json output (for the projection)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
     import torch
 
+    torch.set_num_threads(1)  # see verify_costs
     costs: dict[str, Any] = {}
     for size in args.sizes.split(","):
         model = random_llama(size)
         params = sum(p.numel() for p in model.parameters())
-        c = verify_costs(model, args.context, seconds=args.seconds)
+        c = verify_costs(model, args.context, seconds=args.seconds, min_rounds=args.rounds)
         c["params"] = params
         costs[size] = c
         print(f"  {size}: {params / 1e6:.1f}M parameters, plain step {c['plain_step_ms']:.1f} ms, "
               f"{c['rounds']} rounds, relative {c['relative']}", flush=True)
         del model
+        _write(args, costs)  # after every model, so a run cut short keeps what it measured
+
+
+def _write(args: argparse.Namespace, costs: dict[str, Any]) -> None:
+    import torch
+
     drafting = drafting_figures(args.drafting)
     projection = project(costs, drafting) if drafting else {}
     print(f"({torch.get_num_threads()} threads, context {args.context})")

@@ -74,7 +74,7 @@ def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, flo
     return {"first_token_s": t_first, "exit_s": t_exit, "cpu_s": _children_cpu() - cpu}
 
 
-def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 300.0) -> dict[str, float]:
+def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 900.0) -> dict[str, float]:
     """Seconds from spawning the server to the first streamed token of the first request; CPU seconds of
     the server process (start, first request, shutdown)."""
     port = _free_port()
