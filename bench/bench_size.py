@@ -133,7 +133,7 @@ def markdown(costs: dict[str, Any], projection: dict[str, dict[str, float]], dra
              "|---|---:|---:|" + "---:|" * len(ks)]
     for size, c in costs.items():
         lines.append(f"| random Llama {size} | {c['params'] / 1e6:.0f}M | {c['plain_step_ms']:.1f} | "
-                     + " | ".join(f"{c['relative'][k]:.2f}" for k in ks) + " |")
+                     + " | ".join(f"{c['relative'].get(k, c['relative'].get(str(k), 0.0)):.2f}" for k in ks) + " |")
     if projection:
         ws = list(drafting)
         lines += ["", "| model | " + " | ".join(f"{w} (a={drafting[w]['mean_accepted_length']:.1f}, "
