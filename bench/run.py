@@ -6,7 +6,10 @@ Systems (same target model, same draft model, same prompts, same process):
 - ``hf_prompt_lookup``: its prompt lookup decoding (``prompt_lookup_num_tokens=10``);
 - ``hf_assisted``: its universal assisted generation with the different-tokenizer draft model;
 - ``ours_<drafter>``: suffixspec with one drafter (prompt, history, documents, references,
-  draft_model) and ``ours_all`` with every drafter.
+  draft_model) and ``ours_all`` with every drafter;
+- ``arctic_suffix`` / ``arctic_suffix_best``: ArcticInference's ``SuffixDecodingCache`` (vLLM's
+  ``suffix`` method) as the only drafter in our engine, with its default settings and with the
+  best of a grid (:mod:`bench.arctic`); skipped with a note when ``arctic-inference`` is missing.
 
 For each workload and system: tokens/s, speedup over ``hf_plain`` per request (median, min, max),
 target forward passes (counted with a hook on the target model for every system, prefill
@@ -31,7 +34,8 @@ from .workloads import WORKLOADS, Request, build
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 OUR_DRAFTERS = ("prompt", "history", "documents", "references", "draft_model")
 OUR_SYSTEMS = tuple(f"ours_{d}" for d in OUR_DRAFTERS) + ("ours_all",)
-SYSTEMS = HF_SYSTEMS + OUR_SYSTEMS
+ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
+SYSTEMS = HF_SYSTEMS + OUR_SYSTEMS + ARCTIC_SYSTEMS
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
 
 
@@ -87,11 +91,16 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
 
 
 def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
+    """One request through our engine; ``suffix`` is the system's suffix proposer (ours or Arctic's)."""
     from suffixspec.config import SamplingParams, SpeculationConfig
 
-    drafter = system.removeprefix("ours_")
-    bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
-    spec = SpeculationConfig(drafters=None if drafter == "all" else (drafter,))
+    if system.startswith("arctic_"):
+        bench.engine.proposers = [suffix]
+        spec = SpeculationConfig()
+    else:
+        drafter = system.removeprefix("ours_")
+        bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
+        spec = SpeculationConfig(drafters=None if drafter == "all" else (drafter,))
     calls = bench.forwards.calls
     t = time.perf_counter()
     res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
@@ -100,10 +109,16 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     return Run(seconds, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict())
 
 
-def _suffix_proposer(bench: Bench, documents: Any) -> Any:
-    from suffixspec.proposers.suffix import SuffixProposer
+def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all", periodic: bool = True) -> Any:
+    """A fresh drafter for ``system``: our suffix proposer, or Arctic's for the ``arctic_*`` systems."""
+    if system in ARCTIC_SYSTEMS:
+        from .arctic import ARCTIC_BEST, ARCTIC_DEFAULT, ArcticSuffixProposer
 
-    return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents)
+        return ArcticSuffixProposer(ARCTIC_BEST if system == "arctic_suffix_best" else ARCTIC_DEFAULT)
+    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+
+    return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents,
+                          config=SuffixConfig(periodic=periodic))
 
 
 def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any:
@@ -117,7 +132,7 @@ def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any
 
 
 def run_workload(bench: Bench, name: str, systems: tuple[str, ...], n: int, max_tokens: int,
-                 log=print) -> dict[str, list[Run]]:
+                 log=print, periodic: bool = True) -> dict[str, list[Run]]:
     """Every system serves each request in turn (request-major), so a system and its baseline run
     seconds apart rather than minutes: load changes on a shared machine hit both alike. Each of our
     systems keeps its own suffix proposer, so its output history sees the requests in order."""
@@ -127,7 +142,7 @@ def run_workload(bench: Bench, name: str, systems: tuple[str, ...], n: int, max_
               and not (s == "ours_draft_model" and bench.draft_proposer is None)]
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
-        suffixes = {s: _suffix_proposer(bench, documents) for s in active if s.startswith("ours_")}
+        suffixes = {s: _suffix_proposer(bench, documents, s, periodic) for s in active if not s.startswith("hf_")}
         runs: dict[str, list[Run]] = {s: [] for s in active}
         for req in requests:
             for system in active:
@@ -225,14 +240,24 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
-        requests: int | None = None, max_tokens: int | None = None, log=print) -> dict[str, Any]:
-    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``."""
+        requests: int | None = None, max_tokens: int | None = None, log=print,
+        periodic: bool = True) -> dict[str, Any]:
+    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
+
+    ``periodic=False`` switches our proposer's periodic-continuation rule off (judges the drafts on
+    output that is not a loop)."""
     from suffixspec.loading import load_model
+
+    from .arctic import available
 
     systems = systems or (QUICK_SYSTEMS if quick else SYSTEMS)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+    skipped = [s for s in systems if s in ARCTIC_SYSTEMS and not available()]
+    if skipped:
+        log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (see PEERS.md / README)")
+        systems = tuple(s for s in systems if s not in skipped)
     if "hf_plain" not in systems:
         systems = ("hf_plain", *systems)
     n = requests or (2 if quick else 5)
@@ -246,11 +271,12 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     all_runs = {}
     started = time.perf_counter()
     for w in workloads:
-        all_runs[w] = run_workload(bench, w, systems, n, max_tokens, log)
+        all_runs[w] = run_workload(bench, w, systems, n, max_tokens, log, periodic)
     summary = summarize(all_runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"model": model, "draft_model": draft_model, "requests_per_workload": n, "max_tokens": max_tokens,
-            "quick": quick, "seconds": round(time.perf_counter() - started, 1)}
+            "quick": quick, "periodic": periodic, "skipped": skipped,
+            "seconds": round(time.perf_counter() - started, 1)}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": summary}, indent=2))
     table = markdown(summary)
     (out_dir / "results.md").write_text(table)

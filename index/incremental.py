@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .speculate import SpecParams, SpecResult, speculate_from
+from .speculate import SpecParams, SpecResult, speculate_from, speculate_lengths
 from .suffix_array import SEP, pack_be
 
 _M = (1 << 21) - 1  # tokens are folded to 21 bits in the trigram key; collisions are verified away
@@ -314,7 +314,35 @@ class IncrementalIndex:
             best, ends = self._walk(self._head1[((tail[-1] * _GOLD) & _M64) >> shift], self._prev1, a, m)
         return best, ends
 
-    def _walk(self, q: int, prev: array, a: int, m: int) -> tuple[int, list[int]]:
+    def match_lengths(self, context: Sequence[int], max_depth: int = 64) -> list[tuple[int, int]]:
+        """Every examined occurrence as ``(common suffix length with context, continuation position)``.
+
+        The candidates of :meth:`match` (the chain of the context's last trigram, or of its last
+        token when no trigram matches), not only the longest: an occurrence whose match is shorter
+        may continue further (the longest often runs into the live end of a looping output).
+        """
+        m = min(max_depth, len(context))
+        if m <= 0 or self._n == 0:
+            return []
+        tail = context[-m:]
+        try:
+            a = int.from_bytes(pack_be(tail), "big")
+        except struct.error:
+            return []
+        found: list[tuple[int, int]] = []
+        shift = self._shift
+        if m >= 3:
+            t1, t2, t3 = tail[-3], tail[-2], tail[-1]
+            k3 = ((t1 & _M) << 42) | ((t2 & _M) << 21) | (t3 & _M)
+            self._walk(self._head3[((k3 * _GOLD) & _M64) >> shift], self._prev3, a, m, found)
+        if not any(ml >= 3 for ml, _ in found):
+            found = []
+            self._walk(self._head1[((tail[-1] * _GOLD) & _M64) >> shift], self._prev1, a, m, found)
+        return found
+
+    def _walk(self, q: int, prev: array, a: int, m: int, found: list[tuple[int, int]] | None = None
+              ) -> tuple[int, list[int]]:
+        """Longest match along one chain; with ``found``, also every candidate's ``(length, end)``."""
         buf, n = self._buf, self._n
         best, ends = 0, []
         seen = 0
@@ -333,6 +361,8 @@ class IncrementalIndex:
                     best, ends = ml, [end]
                 elif ml == best and ml > 0:
                     ends.append(end)
+                if found is not None and ml > 0:
+                    found.append((ml, end))
             q = prev[q]
         return best, ends
 
@@ -349,8 +379,14 @@ class IncrementalIndex:
         kids = _DynNode(self, ends).children(1)
         return sorted(((t, c) for t, c, _ in kids), key=lambda tc: (-tc[1], tc[0]))
 
-    def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64) -> SpecResult:
-        """Draft continuing ``context`` from its longest match (see :mod:`index.speculate`)."""
+    def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64, lengths: int = 0
+                  ) -> SpecResult:
+        """Draft continuing ``context`` from its longest match (see :mod:`index.speculate`); with
+        ``lengths > 0``, also from up to that many shorter match lengths, keeping the best-scoring draft
+        (:func:`~index.speculate.speculate_lengths`)."""
+        if lengths > 0:
+            return speculate_lengths(self.match_lengths(context, max_depth), lambda ends: _DynNode(self, ends),
+                                     params, self._n, tries=lengths)
         L, ends = self.match(context, max_depth)
         if L == 0:
             return SpecResult()

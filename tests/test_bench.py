@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.run import run
 
 
@@ -28,3 +30,77 @@ def test_bench_runs_all_systems_and_writes_reports(tiny_model_dirs, tiny_draft_d
     assert saved["results"] == rows and saved["meta"]["max_tokens"] == 12
     assert "| rag | ours_all |" in (out / "results.md").read_text()
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arctic_suffix_drafts_in_our_engine_losslessly(tiny_model_dirs, tmp_path):
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    result = run(str(tiny_model_dirs["llama"]), None, tmp_path / "bench", workloads=("code_edit", "rag"),
+                 systems=("hf_plain", "ours_all", "arctic_suffix", "arctic_suffix_best"), requests=1, max_tokens=16,
+                 log=lambda msg: None, periodic=False)
+    assert result["meta"]["periodic"] is False and result["meta"]["skipped"] == []
+    for workload, rows in result["results"].items():
+        for system in ("arctic_suffix", "arctic_suffix_best"):
+            row = rows[system]
+            assert row["identical"], (workload, system)  # same verification: the same greedy tokens
+            assert row["mean_accepted_length"] >= 1.0 and row["forward_passes"] <= rows["hf_plain"]["forward_passes"] + 2
+
+
+def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
+    from bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
+    from suffixspec.draft import Draft
+    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+
+    # the module's worked example: draft [5, 6, 9] against output [5, 6, 7, 8] accepts 5 6
+    assert accepted_path(Draft([5, 6, 9], [-1, 0, 1], ["prompt"] * 3), [5, 6, 7, 8]) == 2
+    assert accepted_path(Draft([5, 9, 6, 7], [-1, -1, 0, 2], ["prompt"] * 4), [5, 6, 7, 8]) == 3  # tree path
+    loop = [1, 2, 3, 4] * 12
+    trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=loop, reference_ids=[], prediction_ids=None)
+    oracle = replay(OracleDrafter([trace]), [trace])
+    # the engine's budget starts at 32 and stays there while drafts are accepted: 48 tokens = 33 + 15
+    assert (oracle.steps, oracle.tokens, oracle.requests) == (2, 48, 1)
+    ours = replay(SuffixProposer(config=SuffixConfig(periodic=False), history=False), [trace])
+    assert ours.tokens == 48 and oracle.steps <= ours.steps < 48  # drafts from the loop itself
+    longest_only = replay(SuffixProposer(config=SuffixConfig(periodic=False, match_lengths=0), history=False), [trace])
+    assert ours.steps <= longest_only.steps
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
+    from bench.bench_sampled import on_off, proposers_for
+    from bench.workloads import Request
+    from suffixspec.config import SamplingParams
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model
+
+    target, draft = load_model(str(tiny_model_dirs["llama"])), load_model(str(tiny_draft_dir))
+    engine = Engine(target)
+    prompt = "def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 1\n\ndef f(x):\n"
+    for seed in (1, 2):
+        r = on_off(engine, proposers_for(target, draft, None), Request(prompt, 24),
+                   SamplingParams(max_tokens=24, temperature=temperature, top_p=0.95, seed=seed))
+        assert r.identical and r.tokens > 0 and r.forwards >= 2
+
+
+def test_context_prompts_grow_to_the_asked_length(bpe_tokenizer_dir):
+    from bench.bench_context import build_at
+    from suffixspec.loading import load_tokenizer
+
+    tok = load_tokenizer(str(bpe_tokenizer_dir))
+    for name in ("code_edit", "rag"):
+        short = build_at(name, tok, 1, 256, 16)[0][0]
+        long = build_at(name, tok, 1, 1024, 16)[0][0]
+        n_short, n_long = len(tok.encode(short.prompt)), len(tok.encode(long.prompt))
+        assert 150 <= n_short <= 300 and 800 <= n_long <= 1100, (name, n_short, n_long)
+        assert bool(long.references) == (name == "rag")
+
+
+def test_size_projection_arithmetic():
+    from bench.bench_size import project, relative_at
+
+    rel = {1: 1.2, 2: 1.3, 4: 1.5, 8: 2.0}
+    assert relative_at(rel, 0) == 1.0 and relative_at(rel, 3) == pytest.approx(1.4)
+    assert relative_at(rel, 100) == 2.0  # past the largest measured size (drafts never are: 32 = the budget)
+    # 10 tokens per step from drafts of 6 nodes, which cost 1.75 plain steps: 10 / 1.75
+    got = project({"10M": {"relative": {"1": 1.2, "2": 1.3, "4": 1.5, "8": 2.0}}},
+                  {"code_edit": {"mean_accepted_length": 10.0, "mean_draft": 6.0}})
+    assert got == {"10M": {"code_edit": pytest.approx(10 / 1.75, abs=0.01)}}

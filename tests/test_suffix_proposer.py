@@ -27,7 +27,7 @@ def docs_example() -> SuffixArray:
 
 
 def test_worked_example_merges_prompt_and_documents():
-    p = SuffixProposer(documents=docs_example())
+    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(max_spec_factor=1.0))
     p.begin(RequestContext(prompt_ids=[7, 8, 9, 10, 3, 7, 8]))
     d = p.propose([7, 8, 9, 10, 3, 7, 8], 3)
     assert (d.tokens, d.parents, d.sources) == ([9, 10, 11], [-1, 0, 0], [SOURCE_PROMPT, SOURCE_PROMPT,
@@ -36,7 +36,7 @@ def test_worked_example_merges_prompt_and_documents():
 
 
 def test_pick_mode_takes_the_best_scoring_source():
-    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(merge=False))
+    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(merge=False, max_spec_factor=1.0))
     p.begin(RequestContext(prompt_ids=[7, 8, 9, 10, 3, 7, 8]))
     d = p.propose([7, 8, 9, 10, 3, 7, 8], 8)
     # prompt: [9, 10], score 2 beats documents: [9, 11], score 4/3 (match "7 8" caps drafts at 2 nodes)
@@ -196,7 +196,7 @@ def test_extend_periodic_worked_example_and_refusals():
 @pytest.mark.parametrize("periodic,expected", [(True, [3, 4, 1, 2, 3, 4]), (False, [3, 4, 1, 2])])
 def test_looping_output_drafts_past_the_live_end(periodic, expected):
     loop = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # match "1 2 3 4 1 2" (6 tokens) ends 4 tokens back
-    p = SuffixProposer(config=SuffixConfig(periodic=periodic), history=False)
+    p = SuffixProposer(config=SuffixConfig(periodic=periodic, max_spec_factor=1.0), history=False)
     p.begin(RequestContext(prompt_ids=loop))
     assert p.propose(loop, 16).tokens == expected
 
@@ -229,7 +229,7 @@ def test_merge_gives_the_copied_source_the_budget_first():
 
 def test_copy_regime_grows_the_draft_past_its_match_and_ends_at_a_miss():
     prompt = list(range(10, 60))
-    p = SuffixProposer(config=SuffixConfig(copy_growth=2.0), history=False)
+    p = SuffixProposer(config=SuffixConfig(copy_growth=2.0, max_spec_factor=1.0), history=False)
     p.begin(RequestContext(prompt_ids=prompt))
     context = prompt + [10, 11]  # the output starts copying the prompt: match "10 11"
     assert p.propose(context, 32).tokens == [12, 13]  # match_len 2 -> 2 tokens
@@ -242,3 +242,66 @@ def test_copy_regime_grows_the_draft_past_its_match_and_ends_at_a_miss():
     p.update([10, 11])
     context += [10, 11]
     assert p.propose(context, 32).tokens == [12, 13]
+
+
+def test_shorter_match_drafts_past_the_live_end_of_a_loop():
+    from index.incremental import IncrementalIndex
+    from index.speculate import SpecParams
+
+    loop = [1, 2, 3, 4] * 3 + [1, 2]
+    idx = IncrementalIndex()
+    idx.extend(loop)
+    params = SpecParams(16, 4.0, 0.0, 0.1, True)
+    # the longest match (the 10 tokens before the last period) continues 3 4 1 2 and reaches the live end
+    assert idx.speculate(loop, params).token_ids == [3, 4, 1, 2]
+    # its 6-token suffix also ends a period earlier, 8 tokens before the live end: one of its two
+    # occurrences goes on
+    res = idx.speculate(loop, params, lengths=2)
+    assert (res.token_ids, res.match_len) == ([3, 4, 1, 2, 3, 4, 1, 2], 6)
+    assert res.probs == pytest.approx([1.0] * 4 + [0.5] * 4) and res.score == pytest.approx(6.0)
+    # the proposer uses it with the periodic rule off: a copy of the loop, not a copy of the draft
+    p = SuffixProposer(config=SuffixConfig(periodic=False), history=False)
+    p.begin(RequestContext(prompt_ids=loop))
+    assert p.propose(loop, 16).tokens == [3, 4, 1, 2, 3, 4, 1, 2]
+    p = SuffixProposer(config=SuffixConfig(periodic=False, match_lengths=0), history=False)
+    p.begin(RequestContext(prompt_ids=loop))
+    assert p.propose(loop, 16).tokens == [3, 4, 1, 2]
+    with pytest.raises(ValueError, match="match_lengths"):
+        SuffixConfig(match_lengths=-1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_match_lengths_pick_the_best_score_of_every_length(seed):
+    """With every length allowed, the draft scores as well as the best single match length would
+    (SuffixDecoding's rule), checked against a brute-force count over the sequences."""
+    import random
+
+    from test_suffix_tree import ref_match_len, ref_tree
+
+    from index.incremental import IncrementalIndex
+    from index.speculate import SpecParams
+
+    rng = random.Random(seed)
+    alphabet = rng.randint(2, 4)
+    seqs = [[rng.randrange(alphabet) for _ in range(rng.randint(5, 40))] for _ in range(rng.randint(1, 4))]
+    idx = IncrementalIndex.from_sequences(seqs, max_candidates=10_000)
+    for _ in range(30):
+        ctx = [rng.randrange(alphabet) for _ in range(rng.randint(3, 12))]
+        params = SpecParams(rng.choice([4, 8, 16]), rng.choice([1.0, 4.0]), 0.0, rng.choice([0.05, 0.2]), True)
+        longest = ref_match_len(seqs, ctx)
+        if longest == 0:
+            continue
+        # below the trigram, lengths come from the trigram's occurrences only when there are some
+        shortest = 3 if longest >= 3 else 1
+
+        best = max(sum(sorted(ref_tree(seqs, ctx[-n:], params).values(), reverse=True)[:params.limit(n)])
+                   for n in range(shortest, longest + 1))
+        res = idx.speculate(ctx, params, lengths=64)
+        assert res.score == pytest.approx(best), (seqs, ctx)
+        assert res.score >= idx.speculate(ctx, params).score - 1e-9
+        # and the draft is that match length's own tree
+        tree = ref_tree(seqs, ctx[-res.match_len:], params)
+        paths: list[tuple[int, ...]] = []
+        for tok, par in zip(res.token_ids, res.parents, strict=True):
+            paths.append((paths[par] if par >= 0 else ()) + (tok,))
+        assert all(tree[path] == pytest.approx(prob) for path, prob in zip(paths, res.probs, strict=True))

@@ -1,0 +1,152 @@
+"""Sampling, honestly: speculation on vs off at temperature 0.7 and 1.0 (top-p 0.95, fixed seeds).
+
+Randomness is keyed by output position (DESIGN.md, "Lossless verification"): with deterministic
+drafts (suffix index, text-bridged draft model) a seeded request gives the same tokens with
+speculation on and off, so the only difference is speed. Each request runs off, then on, seconds
+apart (interleaved), with the engine's cost gates on; the table gives, per workload and
+temperature, whether every output is identical, tokens per target forward pass, and the speed
+ratio on/off per request (median, min-max). Above 1 is a gain; below 1 is the overhead of
+drafting where little can be drafted (the gates should keep it within 5%).
+
+    python -m bench.bench_sampled [--requests 2] [--max-tokens 128] [--json out.json]
+
+The on-runs keep one suffix proposer per cell (its output history sees the requests in order; no
+request is repeated within a cell); off-runs call no proposer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .workloads import Request, build
+
+TEMPERATURES = (0.7, 1.0)
+SAMPLED_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
+
+
+@dataclass
+class OnOff:
+    """One request run with speculation off and on."""
+
+    off_s: float  # seconds, speculation off (prefill included)
+    on_s: float  # seconds, speculation on
+    off_cpu_s: float  # CPU seconds of this process, speculation off (what other jobs' load leaves out)
+    on_cpu_s: float  # CPU seconds, speculation on
+    identical: bool  # same token ids
+    tokens: int  # tokens generated (on)
+    forwards: int  # target forward passes with speculation on (verify steps + prefill)
+
+
+def proposers_for(target: Any, draft: Any, documents: Any, history: bool = True) -> list[Any]:
+    """Our drafters as ``ours_all`` runs them: the suffix proposer, then the draft model if any."""
+    from suffixspec.proposers.draft_model import make_draft_proposer
+    from suffixspec.proposers.suffix import SuffixProposer
+
+    out: list[Any] = [SuffixProposer(tokenizer=target.tokenizer, documents=documents, history=history)]
+    if draft is not None:
+        out.append(make_draft_proposer(draft, target))
+    return out
+
+
+def on_off(engine: Any, proposers: list[Any], req: Request, sampling: Any) -> OnOff:
+    """Run ``req`` with speculation off, then on (same sampling settings and seed)."""
+    engine.proposers = []
+    t, c = time.perf_counter(), time.process_time()
+    off = engine.generate(engine.encode(req.prompt), sampling, False)
+    off_s, off_cpu = time.perf_counter() - t, time.process_time() - c
+    engine.proposers = proposers
+    t, c = time.perf_counter(), time.process_time()
+    on = engine.generate(engine.encode(req.prompt), sampling, True, references=req.references or None,
+                         prediction=req.prediction)
+    on_s, on_cpu = time.perf_counter() - t, time.process_time() - c
+    return OnOff(off_s, on_s, off_cpu, on_cpu, off.token_ids == on.token_ids, len(on.token_ids),
+                 on.stats.steps + 1)
+
+
+def summarize(runs: list[OnOff]) -> dict[str, Any]:
+    ratios = [r.off_s / r.on_s for r in runs]
+    cpu = [r.off_cpu_s / r.on_cpu_s for r in runs]
+    return {"identical": all(r.identical for r in runs), "requests": len(runs),
+            "speedup_cpu_median": round(statistics.median(cpu), 3),
+            "tokens": sum(r.tokens for r in runs),
+            "tokens_per_forward": round(sum(r.tokens for r in runs) / max(1, sum(r.forwards for r in runs)), 3),
+            "speedup_median": round(statistics.median(ratios), 3), "speedup_min": round(min(ratios), 3),
+            "speedup_max": round(max(ratios), 3)}
+
+
+def document_index(target: Any, docs: list[tuple[str, str]], tmp: Path) -> Any:
+    if not docs:
+        return None
+    from index.store import DocInput, IndexStore
+
+    store = IndexStore(tmp / "docs.db")
+    store.add_documents([DocInput(text, path=rel) for rel, text in docs], target.tokenizer)
+    return store.document_index(target.tokenizer)
+
+
+def run(model: str, draft_model: str | None, workloads: tuple[str, ...] = SAMPLED_WORKLOADS,
+        temperatures: tuple[float, ...] = TEMPERATURES, n: int = 2, max_tokens: int = 128, top_p: float = 0.95,
+        log=print) -> dict[str, Any]:
+    from suffixspec.config import SamplingParams
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model
+
+    target = load_model(model)
+    draft = load_model(draft_model) if draft_model else None
+    engine = Engine(target)
+    warm = engine.encode("def main():\n    return 0\n")
+    engine.generate(warm, SamplingParams(max_tokens=8), False)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in workloads:
+            requests, docs = build(w, target.tokenizer, n, max_tokens)
+            documents = document_index(target, docs, Path(tmp) / w) if docs else None
+            for temp in temperatures:
+                proposers = proposers_for(target, draft, documents)
+                runs = [on_off(engine, proposers, req,
+                               SamplingParams(max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=1000 + i))
+                        for i, req in enumerate(requests)]
+                row = summarize(runs)
+                results.setdefault(w, {})[str(temp)] = row
+                log(f"  {w:12s} T={temp:<4} identical={row['identical']} tokens/forward={row['tokens_per_forward']:.2f} "
+                    f"on/off speed={row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f})")
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| workload | temperature | identical on/off | tokens/forward (on) | speed on/off, wall (median, min–max) | "
+             "speed on/off, CPU time |", "|---|---:|:---:|---:|---:|---:|"]
+    for w, rows in results.items():
+        for temp, r in rows.items():
+            lines.append(f"| {w} | {temp} | {'yes' if r['identical'] else 'NO'} | {r['tokens_per_forward']:.2f} | "
+                         f"{r['speedup_median']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | "
+                         f"{r['speedup_cpu_median']:.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="suffixspec/demo-target")
+    ap.add_argument("--draft-model", default="suffixspec/demo-draft", help="'none' for the suffix index alone")
+    ap.add_argument("--workloads", default=",".join(SAMPLED_WORKLOADS))
+    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    draft = None if args.draft_model in ("", "none") else args.draft_model
+    results = run(args.model, draft, tuple(args.workloads.split(",")), n=args.requests, max_tokens=args.max_tokens)
+    print(markdown(results))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()
