@@ -135,7 +135,7 @@ def test_disconnect_mid_stream_frees_the_engine(gated):
     body = json.dumps({"prompt": "import os", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
                        "stream": True}).encode()
     sock = socket.create_connection((host, int(port)), timeout=WAIT)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     assert gate.entered.wait(WAIT)
     sock.settimeout(0.5)
