@@ -14,14 +14,14 @@ documents      the corpus added with ``index add``      persistent (SQLite + mem
 
 Every allowed source speculates from the longest suffix of the context it contains (path or tree,
 SuffixDecoding's rules, see :mod:`index.speculate`); the request, reference and history indexes
-also try a few shorter match lengths and keep the best-scoring draft (``match_lengths``). The drafts are then either *merged* (default):
-one tree keyed by token paths, each node keeping its best probability and the source that gave it,
-cut to the budget best-first; or *picked*: the single draft with the highest score (expected
-accepted tokens).
+also try a few shorter match lengths and keep the best-scoring draft (``match_lengths``). The
+drafts are then either *merged* (default): one tree keyed by token paths, each node keeping its
+best probability and the source that gave it, cut to the budget best-first; or *picked*: the
+single draft with the highest score (expected accepted tokens).
 
-Worked example (``max_spec_factor=1``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once (node probs 1, 1) and the
-documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9, 2/3 for 11, 1/3 for 5).
-Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
+Worked example (``max_spec_factor=1``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
+(node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9,
+2/3 for 11, 1/3 for 5). Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
 parents ``[-1, 0, 0]`` and score 2.67.
 """
 
