@@ -256,9 +256,10 @@ def target_config(tok, args):
 
 
 def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tuple:
-    """The circuit installed, then plain code (loss everywhere) with copy examples mixed in: per batch of
-    ``--target-batch`` sequences, one is a code window copied after a separator or in a chat turn (3 in
-    4) or random full-vocabulary copies (1 in 4, loss on the copies), the rest plain code.
+    """The circuit installed, then plain code (loss everywhere) with copy examples mixed in: in a
+    ``--copy-batches`` fraction of the batches of ``--target-batch`` sequences, one sequence is a code
+    window copied after a separator or in a chat turn (3 in 4) or random full-vocabulary copies (1 in
+    4, loss on the copies), the rest plain code.
 
     Two phases (warmup-stable-decay): ``target`` trains at the peak learning rate for
     ``--target-minutes`` (resume it for as long as there is time), ``anneal`` starts from its last
@@ -281,7 +282,8 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
         return mk.code_copy() if mk.rng.random() < 0.75 else mk.random_copy(None, 2)
 
     def parts(progress: float):
-        return [(mk.code_lm, args.target_batch - 1), (copy_example, 1)]
+        copies = 1 if args.copy_batches >= 1 or mk.rng.random() < args.copy_batches else 0
+        return [(mk.code_lm, args.target_batch - copies), (copy_example, copies)]
 
     common = {"lr": args.lr, "after_step": after_step, "maker": mk, "ckpt_minutes": args.ckpt_minutes,
               "probe": lambda: probe(model), "probe_minutes": args.probe_minutes}
@@ -534,6 +536,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target-heads", type=int, default=4)
     ap.add_argument("--target-inter", type=int, default=768)
     ap.add_argument("--target-batch", type=int, default=4)
+    ap.add_argument("--copy-batches", type=float, default=1.0,
+                    help="fraction of the target's batches that hold one copy example (the rest: plain code)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--draft-hidden", type=int, default=96)
