@@ -35,7 +35,7 @@ SKIP = [
     (r"^python -m pytest\b", "the test suite itself"),
     (r"^suffixspec bench\b(?!.*--help)", "benchmarks take minutes (--quick too); tests/test_bench.py runs one on tiny models"),
     (r"^python -m bench\.", "benchmarks take minutes"),
-    (r"train_default_models", "retrains the embedded models (about 36 minutes)"),
+    (r"train_default_models", "retrains the embedded models (an hour or more)"),
 ]
 
 
