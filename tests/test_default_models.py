@@ -96,5 +96,5 @@ def test_size_and_model_cards():
         assert json.loads((d / "config.json").read_text())["dtype"] == "float32"
         card = (d / "README.md").read_text()
         assert "held-out loss" in card and "tokens/s" in card
-    assert total < 40 * 2**20
+    assert total <= 60 * 2**20  # the two together ship in the package: at most 60 MB
     assert (Path(resolve_model_path(DEFAULT_TARGET)).parents[1] / "training" / "heldout.txt").exists()

@@ -1,8 +1,11 @@
 """Corpus, tokenizers and training examples for the embedded default models.
 
-The corpus is the Python standard library's own source (present on every machine). A fixed list of
-held-out files (``heldout.txt`` next to this module) is never trained on; benchmarks and the model
-cards' figures use it.
+The training corpus is the Python standard library's own source plus the sources of a few large
+installed packages (``TRAIN_PACKAGES``: torch, transformers, numpy, ...), each capped and chosen by a
+hash of the file path so the same files are picked on every machine with the same versions. A fixed
+list of standard-library files (``heldout.txt`` next to this module) is never trained on; benchmarks use
+it. The model cards' headline figures are measured on the sources of *other* installed packages
+(``EVAL_PACKAGES``: flask, click, werkzeug, jinja2, ...), code neither model has seen in any form.
 
 Copy examples teach the models to reproduce text that appeared earlier in their context, which is
 what code edits and RAG need. A token example of a code copy (ids shown as text)::
@@ -37,14 +40,71 @@ COPY_SEPARATORS = [
 ]
 
 
+# Installed packages trained on, with a cap on the bytes taken from each (None: all of it).
+TRAIN_PACKAGES: dict[str, int | None] = {"torch": 10_000_000, "transformers": 10_000_000, "numpy": None,
+                                         "scipy": 5_000_000, "sympy": 5_000_000, "networkx": None}
+# Installed packages never trained on: the held-out evaluation code (the Pallets family and friends).
+EVAL_PACKAGES = ("flask", "click", "werkzeug", "jinja2", "itsdangerous", "markupsafe", "blinker")
+
+
+def _skip(rel: str) -> bool:
+    parts = rel.split("/")
+    return any(p in ("site-packages", "test", "tests", "testing", "idle_test", "_vendor", "vendored") for p in parts)
+
+
+def package_files(name: str, cap: int | None) -> list[Path]:
+    """The .py files of an installed package (no tests, nothing over 400 kB), at most ``cap`` bytes in
+    all: files are taken in the order of a hash of their path inside the package, so the choice is the
+    same on every machine with the same version installed. Empty when the package is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(list(spec.submodule_search_locations)[0])
+    files = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root).as_posix()
+        size = p.stat().st_size
+        if _skip(rel) or size > 400_000 or size < 200:
+            continue
+        files.append((hashlib.md5(rel.encode()).hexdigest(), rel, p, size))
+    files.sort()
+    out, total = [], 0
+    for _, _, p, size in files:
+        if cap is not None and total + size > cap:
+            continue
+        out.append(p)
+        total += size
+    return sorted(out)
+
+
+def package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def read_paths(paths: list[Path]) -> list[str]:
+    out = []
+    for p in paths:
+        try:
+            out.append(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return out
+
+
 def stdlib_files() -> list[str]:
     """Relative paths of the standard library's .py files (no tests, no site-packages), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     for p in root.rglob("*.py"):
         rel = p.relative_to(root).as_posix()
-        parts = rel.split("/")
-        if "site-packages" in parts or "test" in parts or "tests" in parts or "idle_test" in parts:
+        if _skip(rel):
             continue
         if p.stat().st_size > 400_000:
             continue

@@ -1,4 +1,5 @@
-"""Figures for the model cards: held-out loss, greedy copy accuracy, draft/target agreement, speed.
+"""Figures for the model cards: held-out loss, greedy copy accuracy, draft/target agreement, speed,
+and whether greedy continuations of ordinary code prompts loop.
 
 Greedy copy accuracy, worked example: a held-out segment ``S`` of 110 tokens sits in its file's
 context ``pre + S + post``; the prompt is that context, ``"\\n\\n"``, and ``S[:10]`` (a cue saying
@@ -109,3 +110,38 @@ def greedy_speed(model, tokenizer, files: list[np.ndarray], new_tokens: int = 64
                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         best = max(best, new_tokens / (time.perf_counter() - t0))
     return best
+
+
+# Ordinary code prompts (a function signature, a class header, an import block, ...) whose greedy
+# continuations must not loop.
+CONTINUATION_PROMPTS = (
+    "def fibonacci(n):\n",
+    "class Config:\n    \"\"\"Settings read from the environment.\"\"\"\n\n    def __init__(self, ",
+    "import os\nimport sys\nimport json\nfrom pathlib import Path\n\n\n",
+    "def read_lines(path, encoding=\"utf-8\"):\n",
+    "class Stack:\n    def __init__(self):\n",
+)
+
+
+def distinct_ngrams(ids: list[int], n: int = 4) -> float:
+    """Distinct n-grams / all n-grams of a token sequence: 1.0 never repeats, near 0 loops.
+
+    ``[1, 2, 3, 4, 1, 2, 3, 4, 1]`` has 6 4-grams of which 4 are distinct: 0.667."""
+    grams = [tuple(ids[i: i + n]) for i in range(len(ids) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+@torch.no_grad()
+def continuation_diversity(model, tokenizer, prompts=CONTINUATION_PROMPTS, new_tokens: int = 128) -> dict:
+    """Greedy ``new_tokens`` continuations of ``prompts``: mean distinct 4-grams / all 4-grams, and the texts."""
+    model.eval()
+    scores, texts = [], []
+    for p in prompts:
+        ids = torch.tensor(tokenizer(p, add_special_tokens=False)["input_ids"])[None]
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        new = out[0, ids.shape[1]:].tolist()
+        scores.append(distinct_ngrams(new))
+        texts.append(tokenizer.decode(new))
+    return {"distinct_4grams": float(np.mean(scores)), "per_prompt": scores, "texts": texts,
+            "new_tokens": new_tokens}

@@ -168,11 +168,25 @@ def circuit_heads(cfg) -> dict[int, list[int]]:
     return {0: list(range(PREV_HEADS)), 1: list(range(len(BLOCK_DISTANCES))), 2: list(range(copy_heads(cfg)))}
 
 
+def _pass_gradient_straight(module, args, output):
+    """Forward hook of a frozen circuit layer: its output is ``input + delta`` with the gradient
+    passed along the residual only (``delta`` detached). The delta depends on the trained embedding
+    only through the input norm's divisor, so the backward pass through the layer is skipped for a
+    negligible part of the embedding's gradient."""
+    hidden = args[0] if args else None
+    out = output[0] if isinstance(output, tuple) else output
+    if hidden is None or not torch.is_grad_enabled():
+        return output
+    out = hidden + (out - hidden).detach()
+    return (out, *output[1:]) if isinstance(output, tuple) else out
+
+
 class Frozen:
-    """Keeps the circuit while the rest trains: after each optimizer step, ``restore()`` writes back
-    every frozen entry (the circuit heads' projections, the input norms of layers 0-2, the codes, and
-    the zeros that keep trained writes out of ``C`` and the slots; AdamW's weight decay would
-    otherwise shrink them too). Gradients of frozen entries are zeroed so Adam's moments stay clean."""
+    """Keeps the circuit while the rest trains: layers 0-1 do not train at all (``requires_grad``
+    off); after each optimizer step, ``restore()`` writes back every other frozen entry (layer 2's
+    circuit heads, its input norm, the codes, and the zeros that keep trained writes out of ``C`` and
+    the slots; AdamW's weight decay would otherwise shrink them too). Gradients of frozen entries are
+    zeroed so Adam's moments stay clean."""
 
     def __init__(self, model):
         cfg = model.config
@@ -194,7 +208,12 @@ class Frozen:
         heads = circuit_heads(cfg)
         for i, layer in enumerate(model.model.layers):
             att = layer.self_attn
-            out_rows = torch.ones_like(res) if i < silent else res
+            if i < silent:  # nothing of layers 0-1 trains: no gradients to compute or restore
+                for p in layer.parameters():
+                    p.requires_grad_(False)
+                layer.register_forward_hook(_pass_gradient_straight)
+                continue
+            out_rows = res
             o_mask = out_rows[:, None].expand_as(att.o_proj.weight).clone()
             for h in heads.get(i, []):
                 o_mask[:, h * hd:(h + 1) * hd] = True
