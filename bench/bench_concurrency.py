@@ -104,8 +104,9 @@ class Server:
 
 def requests_pool(n: int, max_tokens: int) -> list[dict]:
     """``n`` completion bodies, code-edit and agentic requests alternating (greedy)."""
-    from bench.workloads import build
     from suffixspec.loading import DEFAULT_TARGET, load_tokenizer
+
+    from .workloads import build  # relative: bench/ installs as suffixspec.bench
 
     tok = load_tokenizer(DEFAULT_TARGET)
     edits, _ = build("code_edit", tok, (n + 1) // 2, max_tokens)
