@@ -177,7 +177,7 @@ class FixedQDraft(Proposer):
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         k = min(2, budget)
         toks = torch.multinomial(self.q, k, replacement=True, generator=self.gen).tolist()
-        return Draft.chain(toks, SOURCE_DRAFT_MODEL, q=self.q.expand(k, -1).clone(), score=1.0)
+        return Draft.chain(toks, SOURCE_DRAFT_MODEL, q=self.q.expand(k, -1).clone(), score=1.0, planned=k)
 
 
 def test_batched_known_q_rows_keep_the_target_distribution(engines):
