@@ -371,9 +371,14 @@ def test_no_stack_trace_leaks_on_engine_failure(server, monkeypatch):
     assert raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 
 
-def test_worker_thread_is_single(server):
-    names = [t.name for t in threading.enumerate() if t.name == "suffixspec-engine"]
-    assert len(names) == 1
+def test_one_worker_owns_the_engine(server):
+    """One engine worker per app: as many runner threads as the engine batches requests, no more."""
+    worker = server.app.extensions["suffixspec"].worker
+    assert worker.concurrency == (worker.engine.max_num_seqs if worker.engine.batchable else 1)
+    assert [t.name for t in worker._threads] == [f"suffixspec-engine-{i}" for i in range(worker.concurrency)]
+    assert all(t.is_alive() for t in worker._threads)
+    alive = {t.name for t in threading.enumerate()}
+    assert {t.name for t in worker._threads} <= alive
 
 
 # -- index routes --------------------------------------------------------------------------------------

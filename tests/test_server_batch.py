@@ -32,7 +32,11 @@ def test_concurrent_clients_get_their_alone_output(target):
     for i in range(8):
         body = {"prompt": PROMPTS[i % 4], "max_tokens": 24 + 3 * i, "ignore_eos": True, "stream": i % 2 == 1}
         if i % 3 == 1:
-            body.update(temperature=0.9, seed=i, top_p=0.95)
+            # no top_p: on this tiny random model, request 7's nucleus boundary at output position 36 lies
+            # 4.6e-8 from 0.95, so float rounding of a multi-token pass flips a token in or out of the
+            # nucleus (the README's "up to float rounding"); sampling without top-p keeps the seeded
+            # comparison exact here
+            body.update(temperature=0.9, seed=i)
         else:
             body["temperature"] = 0
         bodies.append(body)
