@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .speculate import SpecParams, SpecResult, speculate_from
+from .speculate import LongestMatchLookups
 from .suffix_array import (
     DEFAULT_SORT_DEPTH,
     SEP,
@@ -226,7 +226,7 @@ class _MultiNode:
                                    for p, (_, q) in zip(self.parts, chained, strict=True)])
 
 
-class SegmentSet:
+class SegmentSet(LongestMatchLookups):
     """The document index of one tokenizer: several segments looked up as one (see the module docstring).
 
     Same lookup interface as :class:`~index.suffix_array.SuffixArray` (``match``-free: ``speculate``,
@@ -275,20 +275,6 @@ class SegmentSet:
 
     def count(self, pattern: Sequence[int]) -> int:
         return sum(s.count(pattern) for s in self.segments)
-
-    def continuations(self, context: Sequence[int], max_depth: int = 64) -> list[tuple[int, int]]:
-        L, node = self.node(context, max_depth)
-        if node is None:
-            return []
-        return sorted(((t, c) for t, c, _ in node.children(1)), key=lambda tc: (-tc[1], tc[0]))
-
-    def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64,
-                  hint: int | None = None) -> SpecResult:
-        """Draft continuing ``context`` from its longest match over all segments."""
-        L, node = self.node(context, max_depth, hint)
-        if node is None:
-            return SpecResult()
-        return speculate_from(node, L, params)
 
     def sequences(self) -> list[list[int]]:
         """Every live sequence (tests, small corpora): per segment in file order, tombstones left out."""

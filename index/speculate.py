@@ -23,7 +23,7 @@ ends with ``1 2``. The match ``1 2`` occurs 3 times (count 3); its children are 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -97,6 +97,35 @@ def speculate_from(node: MatchNode | None, match_len: int, params: SpecParams) -
         res = _path(node, limit, params.min_token_prob)
     res.match_len = match_len
     return res
+
+
+class LongestMatchLookups:
+    """``continuations`` and ``speculate`` for an index whose ``node(context, max_depth, hint)`` returns
+    ``(match_len, node)`` of the longest suffix of ``context`` it holds (one suffix array, or a set of
+    segments whose counts are combined).
+
+    Example: the index holds ``a b c a b d``; ``node([x, a, b])`` is ``(2, node of "a b")`` with children
+    ``c`` (1) and ``d`` (1), so ``continuations([x, a, b]) == [(c, 1), (d, 1)]`` (ties by token id).
+    """
+
+    def node(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None
+             ) -> tuple[int, MatchNode | None]:
+        raise NotImplementedError
+
+    def continuations(self, context: Sequence[int], max_depth: int = 64) -> list[tuple[int, int]]:
+        """Next tokens after the longest matched suffix, as ``(token, count)`` ranked by count."""
+        _, node = self.node(context, max_depth)
+        if node is None:
+            return []
+        return sorted(((t, c) for t, c, _ in node.children(1)), key=lambda tc: (-tc[1], tc[0]))
+
+    def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64,
+                  hint: int | None = None) -> SpecResult:
+        """Draft continuing ``context`` from its longest match (see :func:`speculate_from`)."""
+        L, node = self.node(context, max_depth, hint)
+        if node is None:
+            return SpecResult()
+        return speculate_from(node, L, params)
 
 
 def speculate_lengths(found: list[tuple[int, int]], node_of: Callable[[list[int]], MatchNode],

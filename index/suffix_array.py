@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .speculate import SpecParams, SpecResult, speculate_from
+from .speculate import LongestMatchLookups
 
 SEP = 0xFFFFFFFF  # sequence separator of 32-bit arrays; never a real token id
 SEP16 = 0xFFFF  # the separator of 16-bit arrays (vocabularies of fewer than 65535 ids)
@@ -156,7 +156,7 @@ class _SANode:
         return self.owner._child(self, tok)
 
 
-class SuffixArray:
+class SuffixArray(LongestMatchLookups):
     """Static suffix index over a corpus of token sequences (documents, or one segment of them).
 
     ``dead``: sorted ``sa`` ranks of suffixes that belong to deleted documents (tombstones); lookups
@@ -389,21 +389,6 @@ class SuffixArray:
             return 0
         lo, hi = self._range(pat)
         return self._live(lo, hi)
-
-    def continuations(self, context: Sequence[int], max_depth: int = 64) -> list[tuple[int, int]]:
-        """Next tokens after the longest matched suffix, as ``(token, count)`` ranked by count."""
-        L, node = self.node(context, max_depth)
-        if node is None:
-            return []
-        return sorted(((t, c) for t, c, _ in node.children(1)), key=lambda tc: (-tc[1], tc[0]))
-
-    def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64,
-                  hint: int | None = None) -> SpecResult:
-        """Draft continuing ``context`` from its longest match (see :mod:`index.speculate`)."""
-        L, node = self.node(context, max_depth, hint)
-        if node is None:
-            return SpecResult()
-        return speculate_from(node, L, params)
 
     def _token_at(self, pos: int) -> bytes:
         s = self._base + self.width * pos
