@@ -4,11 +4,10 @@ each gets the response it gets alone; the queue limit (503), disconnects and met
 from __future__ import annotations
 
 import json
-import socket
 import threading
 
 import pytest
-from test_server_worker import WAIT, GateProposer, in_thread, metric, post, submitted_signal
+from test_server_worker import WAIT, GateProposer, in_thread, metric, open_long_stream, post, submitted_signal
 
 from suffixspec.api import SuffixSpec
 from suffixspec.config import SamplingParams
@@ -116,12 +115,7 @@ def test_queue_limit_counts_waiting_requests_beyond_the_batch(gated_batch):
 def test_disconnect_in_a_batch_frees_the_row(gated_batch):
     """A streaming client that goes away leaves the batch; its neighbour finishes normally."""
     srv, gate = gated_batch
-    host, port = srv.url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": "import os", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
-                       "stream": True}).encode()
-    sock = socket.create_connection((host, int(port)), timeout=WAIT)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock = open_long_stream(srv)
     assert gate.entered.wait(WAIT)
     neighbour = in_thread(post, srv, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 30,
                                                           "ignore_eos": True, "temperature": 0})

@@ -78,6 +78,17 @@ def post(srv, path: str, body: dict) -> tuple[int, dict, str]:
     return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
 
 
+def open_long_stream(srv) -> socket.socket:
+    """A raw socket that has sent a streaming request for 400 tokens (the test hangs up on it later)."""
+    host, port = srv.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "import os", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+                       "stream": True}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=WAIT)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
 def in_thread(fn, *args) -> tuple[threading.Thread, list]:
     out: list = []
     t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
@@ -131,12 +142,7 @@ def test_full_queue_answers_503_with_retry_after(gated):
 
 def test_disconnect_mid_stream_frees_the_engine(gated):
     srv, gate = gated
-    host, port = srv.url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": "import os", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
-                       "stream": True}).encode()
-    sock = socket.create_connection((host, int(port)), timeout=WAIT)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock = open_long_stream(srv)
     assert gate.entered.wait(WAIT)
     sock.settimeout(0.5)
     received = b""
