@@ -270,16 +270,28 @@ class SuffixSpec:
                 out.append(self._record(store.get_document(row[0]), status))
         return out
 
-    def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = ()) -> list[dict]:
-        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``)."""
-        from index.files import read_text, walk
+    def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = (), follow_links: bool = False,
+                  max_bytes: int | None = None) -> list[dict]:
+        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``).
 
-        docs = []
-        for cand in walk([str(p) for p in paths], tuple(globs)):
-            ft = read_text(cand)
+        Skips what ``suffixspec index add`` skips (binary files, files over ``max_bytes`` = 2 MiB by
+        default, FIFOs and devices, dangling or looping symlinks, and symlinks out of ``paths`` unless
+        ``follow_links``). Returns one record per file: the added ones as ``add_documents`` gives them,
+        each skipped one as ``{"object": "document", "id": None, "source", "status": "skipped",
+        "reason"}`` (also logged as a warning). A path that does not exist raises FileNotFoundError.
+        """
+        from index.files import DEFAULT_MAX_BYTES, read_text, walk
+
+        docs, skipped = [], []
+        for cand in walk([str(p) for p in paths], tuple(globs), follow_links=follow_links):
+            ft = read_text(cand, max_bytes or DEFAULT_MAX_BYTES)
             if ft.text is not None:
-                docs.append({"text": ft.text, "source": str(ft.path)})
-        return self.add_documents(docs) if docs else []
+                docs.append({"text": ft.text, "source": str(ft.path), "metadata": {"size": cand.size}})
+            else:
+                log.warning("skipped %s: %s", ft.path, ft.skip_reason)
+                skipped.append({"object": "document", "id": None, "source": str(ft.path), "status": "skipped",
+                                "reason": ft.skip_reason})
+        return (self.add_documents(docs) if docs else []) + skipped
 
     def remove_documents(self, ids: Sequence[int | str]) -> int:
         """Remove documents by id (or source path); returns how many were removed."""
@@ -341,6 +353,8 @@ class SuffixSpec:
                 "history_outputs": hist.num_outputs if hist is not None else 0,
                 "history_tokens": hist.num_tokens if hist is not None else 0,
                 "documents_loaded_tokens": int(getattr(docs, "num_tokens", 0) or 0),
+                # added/removed since the drafter last loaded them: they load at the next generation
+                "documents_pending": bool(self.suffix.documents_pending()),
             }
         return stats
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tiny import copyable
 
@@ -57,7 +59,11 @@ def test_documents_feed_the_next_generation(spec):
     recs = spec.add_documents([{"text": prompt + plain.text, "source": "point.py"}, "other text"])
     assert [r["status"] for r in recs] == ["added", "added"] and recs[0]["source"] == "point.py"
     assert spec.add_documents(["other text"])[0]["status"] == "unchanged"
+    # the statistics say the drafter has not loaded them yet (the web page showed "0 loaded" without why)
+    assert spec.index_stats()["served"]["documents_pending"] is True
     res = spec.generate(prompt, max_tokens=24, speculation={"drafters": ["documents"]}, logit_bias=bias)
+    served = spec.index_stats()["served"]
+    assert served["documents_pending"] is False and served["documents_loaded_tokens"] > 0
     assert res.text == plain.text and res.stats.per_source["documents"]["accepted"] > 0
     listing = spec.list_documents(limit=10)
     assert listing["total"] == 2 and {d["id"] for d in listing["data"]} == {r["id"] for r in recs}
@@ -90,3 +96,26 @@ def test_draft_model_with_another_tokenizer_is_lossless(tiny_model_dirs, tiny_dr
         fast = s.generate("def add(a, b):", max_tokens=12, speculation={"drafters": ["draft_model"]})
         assert fast.token_ids == plain.token_ids
         assert fast.stats.drafted_tokens > 0
+
+
+def test_add_paths_reports_what_it_skipped(spec, tmp_path):
+    """add_paths skips what `index add` skips, says so per file, and follows links out only when asked."""
+    docs, outside = tmp_path / "docs", tmp_path / "outside"
+    docs.mkdir()
+    outside.mkdir()
+    (docs / "a.py").write_text("def a():\n    return 1\n")
+    (docs / "blob.bin").write_bytes(b"\x00\x01binary")
+    (docs / "big.txt").write_text("x" * 5000)
+    (outside / "secret.txt").write_text("not under docs")
+    (docs / "link.txt").symlink_to(outside / "secret.txt")
+    recs = spec.add_paths([docs], max_bytes=4096)
+    by_name = {Path(r["source"]).name: r for r in recs}
+    assert by_name["a.py"]["status"] == "added" and by_name["a.py"]["id"] is not None
+    assert by_name["blob.bin"]["status"] == "skipped" and "binary" in by_name["blob.bin"]["reason"]
+    assert by_name["big.txt"]["status"] == "skipped" and "too large" in by_name["big.txt"]["reason"]
+    assert by_name["link.txt"]["status"] == "skipped" and "outside" in by_name["link.txt"]["reason"]
+    assert spec.list_documents(query="secret")["total"] == 0
+    followed = spec.add_paths([docs], globs=["*.txt"], follow_links=True, max_bytes=4096)
+    assert {r["status"] for r in followed if r["source"].endswith("secret.txt")} == {"added"}
+    with pytest.raises(FileNotFoundError):
+        spec.add_paths([tmp_path / "missing"])

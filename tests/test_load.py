@@ -35,6 +35,16 @@ def server(tiny_model_dirs, tmp_path_factory):
         yield srv
 
 
+def _thread_stacks() -> str:
+    """Where every thread of this process is now (for a failure message)."""
+    import sys
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)[-6:])
+                     for ident, frame in sys._current_frames().items())
+
+
 def _rss() -> int:
     """Resident memory of this process (the server runs in it), bytes."""
     with open("/proc/self/status") as f:
@@ -131,11 +141,11 @@ def test_full_queue_answers_503_with_retry_after_then_recovers(tiny_model_dirs, 
                        and not all(f.done() for f in held)):
                     time.sleep(0.01)
                 # once (of 3 clean-clone CI runs, in the full suite only) the queue stayed empty for the whole
-                # deadline; say what the worker and the three clients saw, for the next look
+                # deadline; say what the worker, the three clients and every thread saw, for the next look
                 assert st.worker.queue_length() == 2 and st.worker.busy(), (
                     "the queue never filled", st.worker.queue_length(), st.worker.busy(), st.worker.concurrency,
                     [f.result()[:1] if f.done() and not f.exception() else repr(f.exception()) if f.done()
-                     else "pending" for f in held])
+                     else "pending" for f in held], _thread_stacks())
                 statuses = [post(srv.url, "/v1/completions", body, timeout=30) for _ in range(4)]
                 for status, headers, raw in statuses:
                     assert status == 503 and headers["retry-after"] == "3"

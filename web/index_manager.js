@@ -207,12 +207,16 @@ function renderStats(box, s) {
   if (s.served) {
     const dl = group(box, "Loaded in this server");
     const v = s.served;
-    if (v.documents_loaded_tokens !== undefined) stat(dl, "Document tokens", fmtNum(v.documents_loaded_tokens), "searched by the documents drafter");
+    if (v.documents_loaded_tokens !== undefined) {
+      stat(dl, "Document tokens", fmtNum(v.documents_loaded_tokens),
+           v.documents_pending ? "documents changed since they were loaded: the next generation loads them"
+                               : "searched by the documents drafter");
+    }
     if (v.history_outputs !== undefined) {
       stat(dl, "Output history", plural(v.history_outputs, "output"), `${plural(v.history_tokens ?? 0, "token")}, searched by the history drafter`);
     }
     for (const [k, val] of Object.entries(v)) {
-      if (!["documents_loaded_tokens", "history_outputs", "history_tokens"].includes(k)) stat(dl, humanKey(k), fmtAny(k, val));
+      if (!["documents_loaded_tokens", "documents_pending", "history_outputs", "history_tokens"].includes(k)) stat(dl, humanKey(k), fmtAny(k, val));
     }
   }
   // One tokenizer (the usual case): its figures are the ones above; only a problem is worth a line.

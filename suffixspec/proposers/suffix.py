@@ -157,6 +157,11 @@ class SuffixProposer(Proposer):
                                                        else self.fingerprint)
             self._docs_version = version
 
+    def documents_pending(self) -> bool:
+        """Whether documents were added or removed since the last load (they load at the next request)."""
+        origin = self._origin or self
+        return origin.store is not None and origin.store.docs_version() != origin._docs_version
+
     def fork(self) -> SuffixProposer:
         """A twin for a concurrent request: the same history and document index, its own request index."""
         twin = copy.copy(self)
