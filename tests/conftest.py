@@ -42,3 +42,15 @@ def tiny_model_dirs(tiny_dir, bpe_tokenizer_dir) -> dict[str, Path]:
 def tiny_draft_dir(tiny_dir, unigram_tokenizer_dir) -> Path:
     """A tiny random llama with a *different* (Unigram/Metaspace) tokenizer: a heterogeneous drafter."""
     return build_tiny_model("llama", unigram_tokenizer_dir, tiny_dir / "tiny-draft-unigram", seed=1, hidden=32)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, above all on a shared, busy machine (use per module:
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

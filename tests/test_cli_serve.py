@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import signal
-import subprocess
 import sys
-import threading
 
 import openai
 from click.testing import CliRunner
+from tiny import start_server_process
 
 from suffixspec.cli import main
 
@@ -57,18 +54,8 @@ def test_serve_subprocess_answers_and_stops_cleanly(tiny_model_dirs, tmp_path):
     env = dict(os.environ, SUFFIXSPEC_API_KEY="k1", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-c", "from suffixspec.cli import main; main()", "serve", "--model",
            str(tiny_model_dirs["llama"]), "--draft-model", "none", "--db", str(tmp_path / "i.db"), "--port", "0"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] and None, daemon=True).start()
+    proc, url = start_server_process(cmd, env=env)
     try:
-        url = None
-        for _ in range(500):
-            line = lines.get(timeout=120)
-            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, "server did not report its address"
         client = openai.OpenAI(base_url=url + "/v1", api_key="k1", max_retries=0, timeout=60)
         chunks = list(client.completions.create(model="suffixspec", prompt="x", max_tokens=4, temperature=0, stream=True))
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")

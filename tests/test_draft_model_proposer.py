@@ -25,13 +25,7 @@ from suffixspec.proposers.model_drafter import AdaptiveLength, DraftRunner
 PROMPTS = ["def add(a, b):\n", "The quick brown fox", "for i in range(10):\n\tprint(", "你好 🙂 wörld"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, above all on a shared, busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

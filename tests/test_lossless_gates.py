@@ -42,12 +42,7 @@ TOKENS = 5  # output positions per run
 SEEDS = 500
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _markov_llama(tokenizer_dir, seed: int, scale: float) -> LoadedModel:

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tiny import start_server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,17 +83,9 @@ def test_wheel_installs_bench_and_web_under_suffixspec(tmp_path, tiny_model_dirs
                          timeout=120)  # imports the benchmark package from the wheel, then rejects the name
     assert out.returncode == 2 and "unknown workload" in out.stderr, out.stderr
 
-    proc = subprocess.Popen([cli, "serve", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
-                             "--port", "0"], cwd=work, env=env, stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)
+    proc, url = start_server_process([cli, "serve", "--model", str(tiny_model_dirs["llama"]), "--draft-model",
+                                      "none", "--port", "0"], work, env)
     try:
-        url = None
-        for line in proc.stderr:
-            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, "server did not report its address"
         with urllib.request.urlopen(url + "/", timeout=30) as r:
             page = r.read().decode()
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")

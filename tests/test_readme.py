@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from tiny import start_server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -116,7 +115,7 @@ def test_readme_commands_run_as_written(tmp_path):
                 m = re.search(r"--port[ =](\d+)", cmd)
                 port = m.group(1) if m else "8000"
                 run_cmd = re.sub(r"--port[ =]\d+", "--port 0", cmd) if m else cmd + " --port 0"
-                server, url = _start_server(run_cmd, checkout, env, where)
+                server, url = start_server_process(["bash", "-c", "exec " + run_cmd], checkout, env, TIMEOUT_S, where)
                 ports[port] = url.rsplit(":", 1)[1]
                 ran.append(where)
                 continue
@@ -142,23 +141,3 @@ def test_readme_commands_run_as_written(tmp_path):
                 server.wait()
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
     assert len(ran) >= 4, ran  # generate, serve, index add, index stats at least
-
-
-def _start_server(cmd: str, cwd: Path, env: dict, where: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(["bash", "-c", "exec " + cmd], cwd=cwd, env=env, stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr] and None, daemon=True).start()
-    seen = []
-    while True:
-        try:
-            line = lines.get(timeout=TIMEOUT_S)
-        except queue.Empty:
-            proc.kill()
-            raise AssertionError(f"{where}: no address reported in {TIMEOUT_S} s") from None
-        seen.append(line)
-        m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None and lines.empty():
-            raise AssertionError(f"{where}: the server exited with {proc.returncode}\n{''.join(seen)[-3000:]}")

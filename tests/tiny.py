@@ -5,6 +5,10 @@ Shared by the test fixtures in conftest.py and usable from benchmarks.
 
 from __future__ import annotations
 
+import queue
+import re
+import subprocess
+import threading
 from pathlib import Path
 
 # A small corpus of Python-ish text and prose to train tiny tokenizers on.
@@ -122,3 +126,28 @@ def copyable(spec, max_tokens: int) -> tuple[str, str, dict[int, float]]:
         if tok.encode(res.text, add_special_tokens=False) == ids and joined and len(ids) == max_tokens:
             return prompt, res.text, bias
     raise AssertionError("no candidate prompt gives a re-tokenizable output; add candidates")
+
+
+def start_server_process(argv: list[str], cwd: Path | str | None = None, env: dict | None = None,
+                         timeout: float = 120, where: str = "server") -> tuple[subprocess.Popen, str]:
+    """Start ``suffixspec serve`` (any argv) and wait for the address it logs; ``(process, url)``.
+
+    stderr is read on a thread (a full pipe would stall the server); an early exit or no address within
+    ``timeout`` seconds fails with what the server printed.
+    """
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr] and None, daemon=True).start()
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"{where}: no address reported in {timeout} s\n{''.join(seen)[-3000:]}") from None
+        seen.append(line)
+        m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None and lines.empty():
+            raise AssertionError(f"{where}: the server exited with {proc.returncode}\n{''.join(seen)[-3000:]}")
