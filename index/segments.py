@@ -261,8 +261,13 @@ class SegmentSet(LongestMatchLookups):
              hint: int | None = None) -> tuple[int, _SANode | _MultiNode | None]:
         """Longest suffix of ``context`` in any segment and the combined node of its occurrences."""
         best, parts = 0, []
+        packs: dict[tuple[int, int], tuple[int, bytes | None]] = {}  # the context packed once per layout
         for seg in self.segments:
-            L, node = seg.node(context, max_depth, hint if best == 0 else None, at_least=best)
+            layout = (seg.width, seg.sort_depth)
+            packed = packs.get(layout)
+            if packed is None:
+                packed = packs[layout] = seg.packed_tail(context, max_depth)
+            L, node = seg.node(context, max_depth, hint if best == 0 else None, at_least=best, packed=packed)
             if node is None or node.count == 0:
                 continue
             if L > best:
