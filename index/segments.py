@@ -65,6 +65,7 @@ class SegmentWriter:
         self.starts: list[int] = []
         self.n = 0  # entries written, separators included
         self.counts = np.zeros(0, dtype=np.int64)  # occurrences per token id (bucket table)
+        self.sorted = False  # finish() done: the segment's files are complete
 
     @property
     def num_tokens(self) -> int:
@@ -123,6 +124,7 @@ class SegmentWriter:
         for p in self.files[2:]:
             with open(p, "rb+") as f:
                 os.fsync(f.fileno())
+        self.sorted = True
         return SuffixArray.load(self.prefix)
 
     def abort(self) -> None:
@@ -311,6 +313,8 @@ class MergePolicy:
     max_dead: float = 0.3  # rewrite a segment once this fraction of its tokens is tombstoned
     max_segments: int = 3  # above this many segments, the smallest are merged too (every lookup asks each)
     max_skew: float = 4.0  # ... if the largest of them is at most this many times the rest together
+    full: float = 0.75  # a compaction leaves segments of at least this fraction of max_tokens alone
+    idle_compact_s: float | None = 60.0  # compact this long after the last write (background merges); None: never
 
     def tier(self, tokens: int) -> int:
         return 0 if tokens < self.floor_tokens else 1 + int(math.log(tokens / self.floor_tokens, self.fanout))
@@ -343,6 +347,23 @@ class MergePolicy:
                 if s.tokens and s.dead_tokens > self.max_dead * s.tokens and not any(s.id in g for g in out):
                     out.append([s.id])
         return out + self._fewer(segments, out)
+
+    def compaction(self, segments: Iterable[SegmentInfo]) -> list[int]:
+        """Segment ids to rewrite as the fewest segments of at most ``max_tokens`` (filled in turn), or []
+        when that would not lower their number. Segments already at least ``full`` of ``max_tokens`` (and
+        not mostly tombstones) stay as they are, so a compaction after a small add rewrites the part that
+        is not full, not the whole corpus.
+
+        Worked example (``max_tokens`` 128M, ``full`` 0.75): segments of 69M, 68M and 63M: none is full,
+        their 200M fit in 2 segments: all three are rewritten as 128M + 72M. Later, a 1M segment beside
+        those: the 128M one is full; 72M + 1M fit in one: those two are rewritten.
+        """
+        rest = [s for s in segments
+                if s.live_tokens < self.full * self.max_tokens or s.dead_tokens > self.max_dead * s.tokens]
+        need = max(1, math.ceil(sum(s.live_tokens for s in rest) / self.max_tokens))
+        if len(rest) <= need:
+            return []
+        return [s.id for s in sorted(rest, key=lambda s: s.id)]
 
     def _fewer(self, segments: Iterable[SegmentInfo], planned: list[list[int]]) -> list[list[int]]:
         """Merges of the smallest segments while there are more than ``max_segments`` (balanced ones only:

@@ -358,6 +358,7 @@ class IndexStore:
         batch_chars = 0
         staged: list[_Staged] = []
         by_key: dict[str, _Staged] = {}
+        pending: set[str] = set()  # keys batched or staged for the segment being written
         writer: SegmentWriter | None = None
 
         def tokenize_batch() -> None:
@@ -383,18 +384,20 @@ class IndexStore:
             try:
                 for d in docs:
                     h = content_hash(d.text)
-                    if d.key() not in by_key and stored_hash(d.key()) == h:
+                    # a path repeated in this add: its last version wins, even one equal to the stored text
+                    if d.key() not in pending and stored_hash(d.key()) == h:
                         summary.unchanged += 1
                         if progress:
                             progress(1, 0, _nbytes(d.text))
                         continue
                     batch.append((d, h))
+                    pending.add(d.key())
                     batch_chars += len(d.text)
                     if batch_chars >= TOKENIZE_BATCH_CHARS or len(batch) >= TOKENIZE_BATCH_DOCS:
                         tokenize_batch()
                         if writer is not None and writer.num_tokens >= self.flush_tokens:
                             self._commit_new_segment(fp, writer, staged, summary, status)
-                            writer, staged, by_key = None, [], {}
+                            writer, staged, by_key, pending = None, [], {}, set()
                 tokenize_batch()
                 if writer is not None:
                     self._commit_new_segment(fp, writer, staged, summary, status)
@@ -460,28 +463,42 @@ class IndexStore:
         tombstone) and the other segments whose documents it replaced (their tombstones are updated). Any
         exception (a merge's conflict, Ctrl-C) rolls back and deletes the segment's files.
         """
-        if status:
-            status(f"sorting {writer.num_tokens} tokens")
+
+        def one(conn: sqlite3.Connection, seg_ids: list[int]) -> tuple[list[np.ndarray], set[int]]:
+            docids, touched = rows(conn, seg_ids[0])
+            return [docids], touched
+
+        self._commit_segments(fp, [writer], one, status)
+
+    def _commit_segments(self, fp: str, writers: Sequence[SegmentWriter],
+                         rows: Callable[[sqlite3.Connection, list[int]], tuple[list[np.ndarray], set[int]]],
+                         status: Callable[[str], None] | None = None) -> None:
+        """:meth:`_commit_segment` for several new segments at once (a compaction's outputs): those not
+        sorted yet are sorted one after the other, then all become visible in one transaction."""
+        docids_paths = [Path(w.prefix + ".docids.npy") for w in writers]
+        files = [p for w, d in zip(writers, docids_paths, strict=True) for p in (*w.files, d)]
         try:
-            writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        docids_path = Path(writer.prefix + ".docids.npy")
-        try:
+            for w in writers:
+                if not w.sorted:
+                    if status:
+                        status(f"sorting {w.num_tokens} tokens")
+                    w.finish()
             with self._write_txn() as written:
-                written.extend([*writer.files, docids_path])
+                written.extend(files)
                 conn = self.db.conn
-                seg_id = self._insert_segment(conn, fp, writer)
-                docids, touched = rows(conn, seg_id)
-                _save_synced(docids_path, docids)
-                if (docids < 0).any():
-                    touched.add(seg_id)
+                seg_ids = [self._insert_segment(conn, fp, w) for w in writers]
+                docids, touched = rows(conn, seg_ids)
+                for sid, path, ids in zip(seg_ids, docids_paths, docids, strict=True):
+                    _save_synced(path, ids)
+                    if (ids < 0).any():
+                        touched.add(sid)
                 for sid in sorted(touched):
                     self._update_tombstones(conn, sid, written)
                 self._bump()
         except BaseException:
-            _unlink([*writer.files, docids_path])
+            for w in writers:
+                w.abort()
+            _unlink(files)
             raise
         self._checkpoint()
 
@@ -764,13 +781,21 @@ class IndexStore:
     # ----- merges ------------------------------------------------------------------------------------
     def pending_merges(self, fingerprint: str | None = None) -> dict[str, list[list[int]]]:
         """Planned merges per fingerprint: groups of segment ids (see :class:`~index.segments.MergePolicy`)."""
+        return self._plans(self.policy.plan, fingerprint)
+
+    def compaction(self, fingerprint: str | None = None) -> dict[str, list[int]]:
+        """Planned compactions per fingerprint: the segments :meth:`compact` would rewrite."""
+        return self._plans(self.policy.compaction, fingerprint)
+
+    def _plans(self, plan: Callable[[list[SegmentInfo]], list], fingerprint: str | None) -> dict[str, list]:
+        """``plan(segments)`` of each fingerprint's segments, where it is not empty."""
         fps = [fingerprint] if fingerprint else [r[0] for r in self.db.execute(
             "SELECT DISTINCT fingerprint FROM segments")] if "segments" in self.db.table_names() else []
         out = {}
         for fp in fps:
-            plan = self.policy.plan(self.segment_infos(fp))
-            if plan:
-                out[fp] = plan
+            got = plan(self.segment_infos(fp))
+            if got:
+                out[fp] = got
         return out
 
     def merge_pending(self, progress: Callable[[int], None] | None = None,
@@ -785,25 +810,33 @@ class IndexStore:
             if not plans:
                 break
             fp, group = plans[0]
-            if self.merge(fp, group, progress, status):
+            if self.merge(fp, group, progress, status, stop=stop):
                 done += 1
             else:
                 failed.add(tuple(group))
         return done
 
     def merge(self, fp: str, seg_ids: Sequence[int], progress: Callable[[int], None] | None = None,
-              status: Callable[[str], None] | None = None) -> bool:
+              status: Callable[[str], None] | None = None, split_tokens: int | None = None,
+              stop: threading.Event | None = None) -> bool:
         """Rewrite segments ``seg_ids`` as one, tombstoned documents left out; False (nothing changed) if
-        another writer touched one of them before the commit."""
+        another writer touched one of them before the commit.
+
+        ``split_tokens`` (a compaction): as several segments instead, each filled up to that many tokens
+        before the next starts (whole documents; the first ones full, the last one the rest); each is sorted
+        as soon as it is full, so memory stays that of one segment's sort, and all replace the inputs in
+        one transaction. ``stop`` set: the merge is dropped at the next document (False).
+        """
         infos = {i.id: i for i in self.segment_infos(fp)}
         if not all(s in infos for s in seg_ids):
             return False
         inputs = [infos[s] for s in seg_ids]
         if status:
             status(f"merging {len(inputs)} segments ({sum(i.live_tokens for i in inputs)} tokens)")
+        width = min(i.width for i in inputs)
         with self._build_guard():
-            writer = SegmentWriter(self._new_prefix(fp), width=min(i.width for i in inputs))
-            docmap: list[int] = []
+            writers = [SegmentWriter(self._new_prefix(fp), width=width)]
+            docmaps: list[list[int]] = [[]]
             try:
                 for info in inputs:
                     docids = np.load(self.arrays_dir / f"{info.name}.docids.npy")
@@ -818,39 +851,66 @@ class IndexStore:
                         for k in range(len(docids)):
                             if k in dead or docids[k] < 0:
                                 continue
-                            f.seek(int(starts[k]) * info.width)
+                            if stop is not None and stop.is_set():
+                                raise _Conflict
                             n = int(ends[k] - starts[k] - 1)
-                            writer.add(np.frombuffer(f.read(n * info.width), dtype=dtype))
-                            docmap.append(int(docids[k]))
+                            if split_tokens and writers[-1].num_tokens and writers[-1].num_tokens + n > split_tokens:
+                                if status:
+                                    status(f"sorting {writers[-1].num_tokens} tokens")
+                                writers[-1].finish()  # sorted now: one segment's sort in memory at a time
+                                writers.append(SegmentWriter(self._new_prefix(fp), width=width))
+                                docmaps.append([])
+                            f.seek(int(starts[k]) * info.width)
+                            writers[-1].add(np.frombuffer(f.read(n * info.width), dtype=dtype))
+                            docmaps[-1].append(int(docids[k]))
                             if progress:
                                 progress(n)
+            except _Conflict:
+                for w in writers:
+                    w.abort()
+                return False
             except BaseException:
-                writer.abort()
+                for w in writers:
+                    w.abort()
                 raise
 
-            def rows(conn: sqlite3.Connection, seg_id: int) -> tuple[np.ndarray, set[int]]:
+            def rows(conn: sqlite3.Connection, new_ids: list[int]) -> tuple[list[np.ndarray], set[int]]:
                 for info in inputs:
                     row = conn.execute("SELECT dead FROM segments WHERE id = ?", [info.id]).fetchone()
                     if row is None or row[0] != info.dead_file:
                         raise _Conflict
                 marks = ",".join("?" * len(inputs))
-                conn.execute(f"UPDATE doc_tokens SET segment = ? WHERE segment IN ({marks})",
-                             [seg_id, *[i.id for i in inputs]])
+                if len(new_ids) == 1:
+                    conn.execute(f"UPDATE doc_tokens SET segment = ? WHERE segment IN ({marks})",
+                                 [new_ids[0], *[i.id for i in inputs]])
+                else:
+                    conn.executemany("UPDATE doc_tokens SET segment = ? WHERE doc_id = ? AND fingerprint = ?",
+                                     [(sid, d, fp) for sid, m in zip(new_ids, docmaps, strict=True) for d in m])
                 conn.execute(f"DELETE FROM segments WHERE id IN ({marks})", [i.id for i in inputs])
-                return np.asarray(docmap, dtype=np.int64), set()
+                return [np.asarray(m, dtype=np.int64) for m in docmaps], set()
 
             try:
-                self._commit_segment(fp, writer, rows)
+                self._commit_segments(fp, writers, rows, status)
             except _Conflict:
                 return False
         self._collect_garbage()
         return True
 
+    def compact(self, progress: Callable[[int], None] | None = None,
+                status: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> int:
+        """Rewrite the segments that are not full into as few as ``max_tokens`` allows (see
+        :meth:`MergePolicy.compaction`): what a read-mostly corpus wants, every lookup asks each segment.
+        Returns the number of compactions done (one per tokenizer at most)."""
+        done = 0
+        for fp, group in self.compaction().items():
+            done += self.merge(fp, group, progress, status, split_tokens=self.policy.max_tokens, stop=stop)
+        return done
+
     def _kick_merges(self) -> None:
         """Start the background merge thread when merges are due (``auto_merge``)."""
         if not self.auto_merge or (self._merger is not None and self._merger.is_alive()):
             return
-        if not self.pending_merges():
+        if not self.pending_merges() and not (self.policy.idle_compact_s is not None and self.compaction()):
             return
         self._stop.clear()
         self._merger = threading.Thread(target=self._merge_in_background, name="suffixspec-merge", daemon=True)
@@ -861,6 +921,17 @@ class IndexStore:
             with IndexStore(self.path, self.sort_depth, auto_merge=False, policy=self.policy,
                             flush_tokens=self.flush_tokens) as other:
                 other.merge_pending(stop=self._stop)
+                idle = self.policy.idle_compact_s
+                # a read-mostly corpus: once no write came for ``idle`` seconds, compact (readers keep
+                # reading the old segments until the new ones commit; a write meanwhile restarts the wait)
+                while idle is not None and other.compaction():
+                    version = other.docs_version()
+                    if self._stop.wait(idle):
+                        return
+                    if other.docs_version() == version:
+                        other.compact(stop=self._stop)
+                        return
+                    other.merge_pending(stop=self._stop)
         except Exception as e:  # never take the process down; the merges are planned again after the next write
             log.warning("%s: background merge failed: %s", self.path, e)
 
@@ -965,6 +1036,7 @@ class IndexStore:
         """Counts, segments, pending merges, sizes on disk and an estimate of the memory the arrays map."""
         n_docs, n_bytes = self.db.execute("SELECT count(*), coalesce(sum(n_bytes), 0) FROM documents").fetchone()
         pending = self.pending_merges()
+        compaction = self.compaction()
         per_fp = {}
         for fp, name in self.db.execute("SELECT fingerprint, name FROM tokenizers"):
             n_tok, n_tok_docs, n_unindexed = self.db.execute(
@@ -982,6 +1054,7 @@ class IndexStore:
                                         "deleted_documents": s.dead_sequences, "bytes_per_token": s.width + 4}
                                        for s in segs],
                           "pending_merges": [{"segments": g} for g in pending.get(fp, [])],
+                          "compaction": compaction.get(fp, []),
                           # tokens + suffix array, mapped; the token history lives in an incremental index
                           # of ~12 bytes per token plus dict entries
                           "memory_estimate_bytes": mapped + 16 * h_tok}

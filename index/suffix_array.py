@@ -381,38 +381,31 @@ class SuffixArray(LongestMatchLookups):
         w = self.width
         good, bad = 0, kmax + 1
         hit = (-1, -1, -1)  # _probe of the longest length found so far
+        done: tuple[int, int, int] | None = None  # the answer, once a backward extension settled it
+
+        def probe(g: int) -> None:
+            nonlocal good, bad, hit, done
+            r = self._probe(pat[w * (kmax - g):])
+            if r[0] < 0:
+                bad = g
+                return
+            good, hit = g, r
+            done = self._extend(pat, kmax, g, r)
+
         guesses = [kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
         if at_least > 0:
-            hit = self._probe(pat[w * (kmax - at_least):])
-            if hit[0] < 0:
+            probe(at_least)
+            if good == 0:
                 return 0, 0, 0
-            good = at_least
-            done = self._extend(pat, kmax, good, hit)
-            if done is not None:
-                return done
             # another segment matched exactly ``at_least``: this one most often does too (one probe more)
             guesses = [at_least + 1, kmax]
         for g in guesses:  # repetitive text usually matches the whole tail, or the hinted length
-            if not good < g < bad:
-                continue
-            r = self._probe(pat[w * (kmax - g):])
-            if r[0] >= 0:
-                good, hit = g, r
-                done = self._extend(pat, kmax, g, r)
-                if done is not None:
-                    return done
-            else:
-                bad = g
-        while bad - good > 1:  # occurrence is monotone in the suffix length
-            mid = (good + bad) // 2
-            r = self._probe(pat[w * (kmax - mid):])
-            if r[0] >= 0:
-                good, hit = mid, r
-                done = self._extend(pat, kmax, mid, r)
-                if done is not None:
-                    return done
-            else:
-                bad = mid
+            if done is None and good < g < bad:
+                probe(g)
+        while done is None and bad - good > 1:  # occurrence is monotone in the suffix length
+            probe((good + bad) // 2)
+        if done is not None:
+            return done
         if good == 0:
             return 0, 0, 0
         lo, hi, top = hit

@@ -270,6 +270,7 @@ seg_op = st.one_of(
                                        min_size=1, max_size=4)),
     st.tuples(st.just("remove"), st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1, max_size=2)),
     st.tuples(st.just("merge"), st.none()),
+    st.tuples(st.just("compact"), st.none()),
 )
 
 
@@ -277,7 +278,8 @@ seg_op = st.one_of(
 @given(ops=st.lists(seg_op, min_size=1, max_size=12), seed=st.integers(0, 2**16))
 def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_path_factory):
     """Adds (each a fresh segment, several when ``flush_tokens`` is tiny), replacements and deletes
-    (tombstones), merges: every lookup equals that of one suffix array built over the live documents."""
+    (tombstones), merges, compactions (split into segments of at most ``max_tokens``): every lookup equals
+    that of one suffix array built over the live documents."""
     from index.segments import MergePolicy
     from index.store import DocInput, IndexStore
 
@@ -296,8 +298,13 @@ def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_pat
                 assert store.remove(arg) == len({k for k in arg if k in ref})
                 for k in arg:
                     ref.pop(k, None)
-            else:
+            elif name == "merge":
                 store.merge_pending()
+            else:  # compacted into segments of at most 40 tokens: several, split between documents
+                store.policy.max_tokens = 40
+                store.compact()
+                store.policy.max_tokens = 200
+                TRIED["compactions"] += 1
             idx = store.document_index(tok)
             if not ref:
                 assert idx is None
@@ -332,7 +339,7 @@ def test_fuzz_index_summary():
     assert TRIED["incremental lookups"] >= 300 and TRIED["suffix array lookups"] >= 300
     # the segment fuzz reached the cases it exists for: several segments, tombstones
     assert TRIED["segment lookups"] >= 300 and TRIED["sets of several segments"] >= 20
-    assert TRIED["tombstones"] >= 20
+    assert TRIED["tombstones"] >= 20 and TRIED["compactions"] >= 20
 
 
 # -- lookup shortcuts: backward extension of few occurrences, galloping range ends -------------------------

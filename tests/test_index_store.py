@@ -625,3 +625,87 @@ def test_tokenizer_fingerprint_is_remembered_until_the_vocabulary_grows(tmp_path
         assert fp == tokenizer_fingerprint(tok) and s._fingerprint(tok) is fp
         tok.add_tokens(["<brand_new_token>"])
         assert s._fingerprint(tok) == tokenizer_fingerprint(tok) != fp
+
+
+def test_compaction_plan_leaves_full_segments_alone():
+    from index.segments import MergePolicy, SegmentInfo
+
+    M = 1 << 20
+    policy = MergePolicy(max_tokens=128 * M)
+    segs = [SegmentInfo(1, "a", 69 * M), SegmentInfo(2, "b", 68 * M), SegmentInfo(3, "c", 63 * M)]
+    assert policy.compaction(segs) == [1, 2, 3]  # 200M fit in 2 segments: all three are rewritten
+    segs = [SegmentInfo(4, "d", 128 * M), SegmentInfo(5, "e", 72 * M), SegmentInfo(6, "f", M)]
+    assert policy.compaction(segs) == [5, 6]  # the full one stays
+    assert policy.compaction(segs[:2]) == []  # already the fewest
+    segs = [SegmentInfo(4, "d", 128 * M, dead_tokens=100 * M), SegmentInfo(5, "e", 72 * M)]
+    assert policy.compaction(segs) == [4, 5]  # a full segment that is mostly tombstones is not full
+
+
+def test_compact_splits_into_full_segments_and_answers_as_before(tmp_path):
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    texts = {f"{i}.txt": f"document {i} says {'ab' * i}" for i in range(12)}
+    with IndexStore(tmp_path / "index.db", auto_merge=False, policy=MergePolicy(max_tokens=100)) as s:
+        for path, text in texts.items():
+            s.add_documents([DocInput(text, path)], tok)  # one segment each
+        s.remove(["3.txt"])
+        del texts["3.txt"]
+        before = s.document_index(tok)
+        ctxs = [ids(t[:k]) for t in texts.values() for k in (3, 9, 14)]
+        drafts = [before.continuations(c) for c in ctxs]
+        assert len(s.segment_infos(tok.fingerprint)) == 11 and s.stats()["tokenizers"][tok.fingerprint]["compaction"]
+        assert s.compact() == 1 and s.compact() == 0
+        infos = s.segment_infos(tok.fingerprint)
+        live = sum(len(t.encode()) for t in texts.values())
+        assert len(infos) == -(-live // 100) and all(i.tokens <= 100 for i in infos)
+        assert [i.dead_sequences for i in infos] == [0] * len(infos)
+        after = s.document_index(tok)
+        assert sorted(after.sequences()) == sorted(ids(t) for t in texts.values())
+        assert [after.continuations(c) for c in ctxs] == drafts
+        assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
+
+
+def test_idle_compaction_in_the_background(tmp_path):
+    """A store that merges in the background compacts once no write came for ``idle_compact_s``."""
+    import time
+
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    policy = MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=0.3)
+    with IndexStore(tmp_path / "index.db", policy=policy) as s:
+        for i in range(3):
+            s.add_documents([DocInput(f"idle corpus text {i}", f"{i}.txt")], tok)
+        assert len(s.segment_infos(tok.fingerprint)) == 3  # no merge is due: fanout 8
+        deadline = time.monotonic() + 60
+        while len(s.segment_infos(tok.fingerprint)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(s.segment_infos(tok.fingerprint)) == 1
+        assert s.document_index(tok).count(ids("idle corpus text ")) == 3
+
+
+def test_close_stops_a_background_compaction_that_waits(tmp_path):
+    import time
+
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    s = IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=3600))
+    s.add_documents([DocInput("one", "1.txt")], tok)
+    s.add_documents([DocInput("two", "2.txt")], tok)
+    assert s._merger is not None and s._merger.is_alive()  # waiting for an idle hour
+    t = time.monotonic()
+    s.close()
+    assert time.monotonic() - t < 10
+
+
+def test_the_last_version_of_a_path_repeated_in_one_add_wins_even_if_it_is_the_stored_one(store):
+    """Found by the segment fuzz test: ``b`` stored, then one add of ``b`` = "ab" and ``b`` = the stored text
+    again kept "ab" (the second was judged unchanged before the first had been tokenized)."""
+    tok = ByteTok()
+    store.add_documents([DocInput("the stored text", "b")], tok)
+    summary = store.add_documents([DocInput("ab", "b"), DocInput("the stored text", "b")], tok)
+    assert summary.updated == 0 and summary.unchanged == 1
+    assert store.document_index(tok).sequences() == [ids("the stored text")]
+    assert store.get_document(store.list_documents()[0]["id"])["text"] == "the stored text"
