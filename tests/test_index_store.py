@@ -709,3 +709,27 @@ def test_the_last_version_of_a_path_repeated_in_one_add_wins_even_if_it_is_the_s
     assert summary.updated == 0 and summary.unchanged == 1
     assert store.document_index(tok).sequences() == [ids("the stored text")]
     assert store.get_document(store.list_documents()[0]["id"])["text"] == "the stored text"
+
+
+@pytest.mark.parametrize("n_dead", [1, 3, 9])
+def test_tombstone_ranks_from_the_file_equal_those_from_the_mapping(tmp_path, monkeypatch, n_dead):
+    """Tombstones are located by reading the segment's ``.sa`` in chunks (no mapped pages left resident):
+    the same ranks as a scan of the mapped array, and exactly the suffixes of the dead documents."""
+    import random
+
+    import numpy as np
+
+    import index.segments as segments
+
+    monkeypatch.setattr(segments, "_SCAN_CHUNK", 7)  # many chunks, boundaries inside documents
+    rng = random.Random(n_dead)
+    writer = SegmentWriter(tmp_path / "seg")
+    docs = [[rng.randrange(5) for _ in range(rng.randrange(1, 12))] for _ in range(15)]
+    for d in docs:
+        writer.add(np.asarray(d))
+    sa = writer.finish()
+    dead = sorted(rng.sample(range(len(docs)), n_dead))
+    starts, ends = segments.sequence_bounds(sa.starts, sa._n)
+    want = [r for r in range(sa._n) if any(starts[k] <= sa.sa[r] < ends[k] for k in dead)]
+    from_file = segments.tombstone_ranks(sa, np.asarray(dead), tmp_path / "seg.sa")
+    assert from_file.tolist() == want == segments.tombstone_ranks(sa, np.asarray(dead)).tolist()
