@@ -468,6 +468,83 @@ def stream_docs(files: list[Path], max_tokens_hint: int, bytes_per_token: float 
         rep += 1
 
 
+class PeakMemory:
+    """Peak resident memory of a process, sampled from ``/proc/<pid>/status`` every ``period_s`` in a
+    thread: ``rss`` (VmRSS: what ``ru_maxrss`` peaks, mapped file pages included) and ``anon`` (RssAnon:
+    the memory the process allocated itself; pages of memory-mapped arrays it touched are the page
+    cache's, shared and dropped under pressure, and count in ``rss`` only)."""
+
+    def __init__(self, pid: int | None = None, period_s: float = 0.02) -> None:
+        import threading
+
+        self.path = f"/proc/{pid or os.getpid()}/status"
+        self.period_s, self.rss, self.anon = period_s, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        try:
+            with open(self.path) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # the process ended, or no /proc
+            return
+        kb = {k: int(v.split()[0]) * 1024 for k, v in fields.items() if k in ("VmRSS", "RssAnon")}
+        self.rss = max(self.rss, kb.get("VmRSS", 0))
+        self.anon = max(self.anon, kb.get("RssAnon", 0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def __enter__(self) -> PeakMemory:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def main_index_module(main_root: str | None, name: str):
+    """Module ``index.<name>`` of the checkout at ``main_root`` (another version's code, imported as the
+    package ``main_index`` beside this one), or None when it has no such file."""
+    import importlib.util
+    import types
+
+    if not main_root or not (Path(main_root) / "index" / f"{name}.py").exists():
+        return None
+    if "main_index" not in sys.modules:
+        pkg = types.ModuleType("main_index")
+        pkg.__path__ = [str(Path(main_root) / "index")]
+        sys.modules["main_index"] = pkg
+    return importlib.import_module(f"main_index.{name}")
+
+
+_COMPACT_SCRIPT = r"""
+import json, sys, time
+from index.store import IndexStore
+t = time.perf_counter()
+with IndexStore(sys.argv[1], auto_merge=False) as s:
+    n = s.compact()
+print(json.dumps({"compactions": n, "compact_s": time.perf_counter() - t}))
+"""
+
+
+def compact_in_child(db: Path) -> dict:
+    """``IndexStore.compact()`` in a process of its own (as ``suffixspec index merge`` runs it): its time and
+    its peak RSS and anonymous memory, sampled (:class:`PeakMemory`; the child's own ``ru_maxrss`` would
+    count this process' pages it was forked with)."""
+    proc = subprocess.Popen([sys.executable, "-c", _COMPACT_SCRIPT, str(db)], stdout=subprocess.PIPE, text=True,
+                            cwd=str(Path(__file__).resolve().parents[1]))
+    with PeakMemory(proc.pid) as mem:
+        out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"compaction failed ({proc.returncode})")
+    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_bytes": mem.rss, "peak_anon_bytes": mem.anon}
+
+
 def _timed_lookups(index, ctxs, params) -> dict:
     specs = []
     index.speculate(ctxs[0], params)
@@ -481,7 +558,9 @@ def _timed_lookups(index, ctxs, params) -> dict:
 
 def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log=print) -> list[dict]:
     """Index ``stages`` (cumulative token counts) of source code with ``suffixspec``'s streaming add,
-    merging after each; at each stage: peak memory of this process so far, disk per text byte, the time
+    merging after each; at each stage: peak memory of this process so far (``ru_maxrss`` as before, which
+    counts the pages of mapped arrays that lookups and scans touched, and the sampled peak of its anonymous
+    memory, see :class:`PeakMemory`), disk per text byte, the time
     to add one document until it is drafted from and to delete one, and the speculate latency from
     64-token contexts. Run it in a process of its own (``--sections scale``): ``ru_maxrss`` is that
     process' peak."""
@@ -490,6 +569,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
     files = source_files()
     db = workdir / "scale.db"
     store = IndexStore(db, auto_merge=False)
+    mem = PeakMemory().__enter__()  # sampled for the whole run, beside ru_maxrss
     out = []
     done_tokens, text_bytes = 0, 0
     docs = stream_docs(files, stages[-1])
@@ -526,6 +606,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
         res = {"tokens": index.num_tokens, "text_bytes": st["document_bytes"], "add_s": add_s,
                "merge_s": merge_s, "merges": merges, "segments": len(st["tokenizers"][fp]["segments"]),
                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "peak_anon_bytes": mem.anon,
                "disk_bytes": st["bytes_on_disk"], "disk_per_text_byte": st["bytes_on_disk"] / st["document_bytes"],
                **_timed_lookups(index, ctxs, params)}
         # one new document, until a reader drafts from it; then its deletion
@@ -549,6 +630,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
         res["elapsed_s"] = time.perf_counter() - t_all
         log(json.dumps(res))
         out.append(res)
+    mem.__exit__()
     store.close()
     return out
 
@@ -568,26 +650,13 @@ def _sample_sequences(index, n: int) -> list[list[int]]:
 
 
 def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root: str) -> dict:
-    """Speculate latency at ``limit`` tokens: today's single suffix array (the code at ``main_root``)
-    and the segmented index (here), same contexts, interleaved in one run."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("main_sa", Path(main_root) / "index" / "suffix_array.py",
-                                                  submodule_search_locations=None)
+    """Speculate latency at ``limit`` tokens, same contexts, interleaved in one run: the single suffix array
+    of the code at ``main_root`` (``--main-root``: e.g. the version before segments), the segmented index
+    here as the merge policy leaves it, the same after a compaction, and one array built here."""
     seqs = tokenize(tokenizer, texts, limit)
     res: dict = {"tokens": int(sum(len(s) for s in seqs))}
-    old = None
-    if spec is not None and Path(spec.origin).exists():
-        import types
-
-        pkg = types.ModuleType("main_index")
-        pkg.__path__ = [str(Path(main_root) / "index")]
-        sys.modules["main_index"] = pkg
-        mod = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-            "main_index.suffix_array", Path(main_root) / "index" / "suffix_array.py"))
-        sys.modules["main_index.suffix_array"] = mod
-        mod.__spec__.loader.exec_module(mod)
-        old = mod.SuffixArray.build(seqs)
+    mod = main_index_module(main_root, "suffix_array")
+    old = mod.SuffixArray.build(seqs) if mod is not None else None
     with tempfile.TemporaryDirectory() as d:
         store = IndexStore(Path(d) / "i.db", auto_merge=False, flush_tokens=1 << 21)
         store.add_documents([DocInput(t, p) for (p, t), _ in zip(texts, seqs, strict=False)], tokenizer)
@@ -595,13 +664,16 @@ def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root
         store.merge_pending()
         new = store.document_index(tokenizer)
         res["segments"] = len(new.segments)
+        store.compact()
+        compacted = store.document_index(tokenizer)  # the files of ``new`` stay mapped
+        res["segments_after_compaction"] = len(compacted.segments)
         one = SuffixArray.build(seqs)
         ctxs = contexts([np.asarray(s) for s in seqs], n_lookups, 64, seed=2)
         rng = random.Random(3)
         for c in ctxs[::2]:
             c[rng.randrange(0, 60)] = 1
         params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
-        systems = {"main_single_array": old, "segments": new, "one_array_here": one}
+        systems = {"main_single_array": old, "segments": new, "compacted": compacted, "one_array_here": one}
         times: dict[str, list[float]] = {k: [] for k, v in systems.items() if v is not None}
         same = True
         for c in ctxs:  # interleaved: the machine's load hits every system alike
@@ -610,7 +682,7 @@ def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root
                 t0 = time.perf_counter()
                 drafts[k] = systems[k].speculate(c, params)
                 times[k].append(time.perf_counter() - t0)
-            same &= drafts["segments"].token_ids == drafts["one_array_here"].token_ids
+            same &= drafts["segments"].token_ids == drafts["one_array_here"].token_ids == drafts["compacted"].token_ids
         for k, v in times.items():
             res[f"{k}_speculate_median_us"] = statistics.median(v) * 1e6
         res["segments_equal_one_array"] = bool(same)
@@ -660,9 +732,13 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 5
             "generate_during_add_max_ms": max(g for _, g in during) * 1e3}
 
 
-def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5) -> dict:
-    """On the database a ``scale`` run left in ``workdir``: run the merges the current policy plans,
-    then time speculate (the segment set and its largest segment alone, interleaved), adding one
+def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main_root: str | None = None,
+                 compact: bool = False) -> dict:
+    """On the database a ``scale`` run left in ``workdir``: run the merges the current policy plans, then
+    time speculate, interleaved on the same contexts: the segment set, its largest segment alone, the same
+    files read by the code at ``main_root`` (the version before this one), and with ``compact`` the set
+    after a compaction (run in a child process, as ``suffixspec index merge`` does: its time and peak
+    memory; the old segments stay mapped here, so both sets are timed side by side). Then adding one
     document until a reader drafts from it, and deleting it (``rounds`` times each, medians)."""
     import resource
 
@@ -680,17 +756,32 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5) -> d
     for c in ctxs[::2]:
         c[rng.randrange(0, 60)] = 1
     params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
-    largest = index.segments[0]
+    systems: dict = {"segments": (index, params), "largest_segment_alone": (index.segments[0], params)}
+    old_seg, old_sa, old_spec = (main_index_module(main_root, m) for m in ("segments", "suffix_array", "speculate"))
+    if old_seg is not None:
+        fp = next(iter(store.stats()["tokenizers"]))
+        old = old_seg.SegmentSet([old_sa.SuffixArray.load(store.arrays_dir / i.name) for i in store.segment_infos(fp)])
+        systems["segments_main_code"] = (old, old_spec.SpecParams(max_spec_tokens=32, use_tree_spec=True))
+    if compact:
+        res["compaction"] = compact_in_child(db)
+        after = store.document_index(tokenizer)
+        res["segments_after_compaction"] = [s.num_tokens for s in after.segments]
+        systems["compacted"] = (after, params)
     for c in ctxs:  # warm the mapped pages once
-        index.speculate(c, params)
-    both: dict[str, list[float]] = {"segments": [], "largest_segment_alone": []}
+        for idx, p in systems.values():
+            idx.speculate(c, p)
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    same = 0
     for c in ctxs:
-        for name, idx in (("segments", index), ("largest_segment_alone", largest)):
+        drafts = {}
+        for name, (idx, p) in systems.items():
             t0 = time.perf_counter()
-            idx.speculate(c, params)
-            both[name].append(time.perf_counter() - t0)
-    for name, v in both.items():
+            drafts[name] = idx.speculate(c, p)
+            times[name].append(time.perf_counter() - t0)
+        same += len({(tuple(d.token_ids), tuple(d.probs)) for k, d in drafts.items() if k != "largest_segment_alone"}) == 1
+    for name, v in times.items():
         res[f"{name}_speculate_median_us"] = statistics.median(v) * 1e6
+    res["identical_drafts"] = f"{same}/{len(ctxs)}"
     adds, dels = [], []
     reader = IndexStore(db, auto_merge=False)
     reader.document_index(tokenizer)
@@ -708,7 +799,9 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5) -> d
         dels.append(time.perf_counter() - t)
         assert ok and gone
     res["add_one_until_drafted_median_s"] = statistics.median(adds)
+    res["add_one_until_drafted_max_s"] = max(adds)
     res["delete_one_median_s"] = statistics.median(dels)
+    # this process mapped every segment and looked them up: its RSS counts those pages (not allocated memory)
     res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     st = store.stats()
     res["disk_per_text_byte"] = st["bytes_on_disk"] / st["document_bytes"]
@@ -779,7 +872,9 @@ def main(argv: list[str] | None = None) -> None:
                          "scale (streamed add up to --scale-tokens; run alone, niced, in the background)")
     ap.add_argument("--scale-tokens", default="25000000,50000000,100000000,200000000",
                     help="cumulative stages of the scale section")
-    ap.add_argument("--main-root", default="/work/main", help="checkout of today's code for the lookup section")
+    ap.add_argument("--main-root", default="/work/main",
+                    help="checkout of the code to compare with (lookup: its single suffix array; reopen: its segments)")
+    ap.add_argument("--compact", action="store_true", help="reopen: also compact (in a child process) and time both")
     ap.add_argument("--workdir", default=None, help="where the scale section keeps its database (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
@@ -801,7 +896,8 @@ def main(argv: list[str] | None = None) -> None:
         results["lookup"] = bench_lookup_vs_main(tokenizer, texts, args.tokens, args.contexts, args.main_root)
         print(json.dumps(results["lookup"]), flush=True)
     if "reopen" in sections:
-        results["reopen"] = bench_reopen(tokenizer, Path(args.workdir), args.contexts)
+        results["reopen"] = bench_reopen(tokenizer, Path(args.workdir), args.contexts, main_root=args.main_root,
+                                         compact=args.compact)
         print(json.dumps(results["reopen"]), flush=True)
     if "concurrent" in sections:
         results["concurrent"] = bench_concurrent(texts, args.tokens * 3)

@@ -65,6 +65,7 @@ class SegmentWriter:
         self.starts: list[int] = []
         self.n = 0  # entries written, separators included
         self.counts = np.zeros(0, dtype=np.int64)  # occurrences per token id (bucket table)
+        self.sorted = False  # finish() done: the segment's files are complete
 
     @property
     def num_tokens(self) -> int:
@@ -123,6 +124,7 @@ class SegmentWriter:
         for p in self.files[2:]:
             with open(p, "rb+") as f:
                 os.fsync(f.fileno())
+        self.sorted = True
         return SuffixArray.load(self.prefix)
 
     def abort(self) -> None:
@@ -143,33 +145,43 @@ def sequence_bounds(starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
     return starts, ends
 
 
-def tombstone_ranks(sa: SuffixArray, dead_seqs: np.ndarray) -> np.ndarray:
+def tombstone_ranks(sa: SuffixArray, dead_seqs: np.ndarray, sa_file: str | os.PathLike | None = None) -> np.ndarray:
     """Sorted ``sa`` ranks of every suffix that starts inside one of the sequences ``dead_seqs``.
 
-    One pass over ``sa`` (memory-mapped, in chunks): a position is dead when it falls in one of the
-    sorted, disjoint intervals, which ``searchsorted`` tells by the parity of the bound it lands after.
+    One pass over ``sa`` in chunks: a position is dead when it falls in one of the sorted, disjoint
+    intervals, which ``searchsorted`` tells by the parity of the bound it lands after. With ``sa_file``
+    (the segment's ``.sa``) the chunks are read from it rather than from the mapping, whose pages would
+    stay resident in the process (4 bytes per token of the segment counted in its RSS after a delete).
     """
     if len(dead_seqs) == 0 or sa._n == 0:
         return np.zeros(0, dtype=np.int32)
     starts, ends = sequence_bounds(sa.starts, sa._n)
     dead_seqs = np.unique(np.asarray(dead_seqs, dtype=np.int64))
     s, e = starts[dead_seqs], ends[dead_seqs]
+    bounds = np.empty(2 * len(s), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = s, e
     out = []
-    arr = np.asarray(sa.sa)
-    if len(s) <= 4:  # few documents: plain comparisons beat a search
-        for a in range(0, sa._n, _SCAN_CHUNK):
-            chunk = arr[a:a + _SCAN_CHUNK]
+    for a, chunk in _sa_chunks(sa, sa_file):
+        if len(s) <= 4:  # few documents: plain comparisons beat a search
             hit = np.zeros(len(chunk), dtype=bool)
             for lo, hi in zip(s, e, strict=True):
                 hit |= (chunk >= lo) & (chunk < hi)
-            out.append(np.flatnonzero(hit) + a)
-    else:
-        bounds = np.empty(2 * len(s), dtype=np.int64)
-        bounds[0::2], bounds[1::2] = s, e
-        for a in range(0, sa._n, _SCAN_CHUNK):
-            chunk = arr[a:a + _SCAN_CHUNK]
-            out.append(np.flatnonzero(np.searchsorted(bounds, chunk, side="right") & 1) + a)
+        else:
+            hit = np.searchsorted(bounds, chunk, side="right") & 1
+        out.append(np.flatnonzero(hit) + a)
     return np.concatenate(out).astype(np.int32)
+
+
+def _sa_chunks(sa: SuffixArray, sa_file: str | os.PathLike | None) -> Iterable[tuple[int, np.ndarray]]:
+    """``(offset, entries)`` of ``sa`` in steps of ``_SCAN_CHUNK``, read from ``sa_file`` when given."""
+    if sa_file is None:
+        arr = np.asarray(sa.sa)
+        for a in range(0, sa._n, _SCAN_CHUNK):
+            yield a, arr[a:a + _SCAN_CHUNK]
+        return
+    with open(sa_file, "rb") as f:
+        for a in range(0, sa._n, _SCAN_CHUNK):
+            yield a, np.fromfile(f, dtype="<i4", count=min(_SCAN_CHUNK, sa._n - a))
 
 
 class _MultiNode:
@@ -261,8 +273,13 @@ class SegmentSet(LongestMatchLookups):
              hint: int | None = None) -> tuple[int, _SANode | _MultiNode | None]:
         """Longest suffix of ``context`` in any segment and the combined node of its occurrences."""
         best, parts = 0, []
+        packs: dict[tuple[int, int], tuple[int, bytes | None]] = {}  # the context packed once per layout
         for seg in self.segments:
-            L, node = seg.node(context, max_depth, hint if best == 0 else None, at_least=best)
+            layout = (seg.width, seg.sort_depth)
+            packed = packs.get(layout)
+            if packed is None:
+                packed = packs[layout] = seg.packed_tail(context, max_depth)
+            L, node = seg.node(context, max_depth, hint if best == 0 else None, at_least=best, packed=packed)
             if node is None or node.count == 0:
                 continue
             if L > best:
@@ -306,6 +323,8 @@ class MergePolicy:
     max_dead: float = 0.3  # rewrite a segment once this fraction of its tokens is tombstoned
     max_segments: int = 3  # above this many segments, the smallest are merged too (every lookup asks each)
     max_skew: float = 4.0  # ... if the largest of them is at most this many times the rest together
+    full: float = 0.75  # a compaction leaves segments of at least this fraction of max_tokens alone
+    idle_compact_s: float | None = 60.0  # compact this long after the last write (background merges); None: never
 
     def tier(self, tokens: int) -> int:
         return 0 if tokens < self.floor_tokens else 1 + int(math.log(tokens / self.floor_tokens, self.fanout))
@@ -338,6 +357,23 @@ class MergePolicy:
                 if s.tokens and s.dead_tokens > self.max_dead * s.tokens and not any(s.id in g for g in out):
                     out.append([s.id])
         return out + self._fewer(segments, out)
+
+    def compaction(self, segments: Iterable[SegmentInfo]) -> list[int]:
+        """Segment ids to rewrite as the fewest segments of at most ``max_tokens`` (filled in turn), or []
+        when that would not lower their number. Segments already at least ``full`` of ``max_tokens`` (and
+        not mostly tombstones) stay as they are, so a compaction after a small add rewrites the part that
+        is not full, not the whole corpus.
+
+        Worked example (``max_tokens`` 128M, ``full`` 0.75): segments of 69M, 68M and 63M: none is full,
+        their 200M fit in 2 segments: all three are rewritten as 128M + 72M. Later, a 1M segment beside
+        those: the 128M one is full; 72M + 1M fit in one: those two are rewritten.
+        """
+        rest = [s for s in segments
+                if s.live_tokens < self.full * self.max_tokens or s.dead_tokens > self.max_dead * s.tokens]
+        need = max(1, math.ceil(sum(s.live_tokens for s in rest) / self.max_tokens))
+        if len(rest) <= need:
+            return []
+        return [s.id for s in sorted(rest, key=lambda s: s.id)]
 
     def _fewer(self, segments: Iterable[SegmentInfo], planned: list[list[int]]) -> list[list[int]]:
         """Merges of the smallest segments while there are more than ``max_segments`` (balanced ones only:

@@ -186,6 +186,7 @@ class IndexStore:
         self.flush_tokens = flush_tokens
         self._cache: dict[str, SuffixArray] = {}  # segment name -> mapped arrays (no tombstones)
         self._dead_cache: dict[str, np.ndarray] = {}  # tombstone file -> ranks
+        self._fingerprints: list[tuple[Any, int, str]] = []  # (tokenizer, its length, fingerprint), see _fingerprint
         self._merger: threading.Thread | None = None
         self._stop = threading.Event()
         if readonly:
@@ -309,8 +310,19 @@ class IndexStore:
     def fingerprints(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT fingerprint FROM tokenizers ORDER BY added_at")]
 
-    def register_tokenizer(self, tokenizer: Any) -> str:
+    def _fingerprint(self, tokenizer: Any) -> str:
+        """``tokenizer_fingerprint`` remembered per tokenizer object (hashing a vocabulary takes ~20 ms, and
+        every reload of the document index asks again); a tokenizer that grew (``add_tokens``) is hashed anew."""
+        size = len(tokenizer) if hasattr(tokenizer, "__len__") else -1
+        for tok, n, fp in self._fingerprints:
+            if tok is tokenizer and n == size:
+                return fp
         fp = tokenizer_fingerprint(tokenizer)
+        self._fingerprints = [*self._fingerprints[-3:], (tokenizer, size, fp)]
+        return fp
+
+    def register_tokenizer(self, tokenizer: Any) -> str:
+        fp = self._fingerprint(tokenizer)
         if self.db.execute("SELECT 1 FROM tokenizers WHERE fingerprint = ?", [fp]).fetchone():
             return fp  # known: no write, so no wait behind another writer
         if self.readonly:
@@ -335,11 +347,18 @@ class IndexStore:
             raise StoreError(f"{self.path} was opened read-only")
         summary = AddSummary()
         fp = self.register_tokenizer(tokenizer)
-        existing = {row[0]: row[1] for row in self.db.execute("SELECT path, content_hash FROM documents")}
+
+        def stored_hash(key: str) -> str | None:
+            # one indexed lookup per document: reading every (path, hash) row scans the whole table, texts
+            # included (0.26 s at 44k documents / 630 MB of text, most of the time an add of one file took)
+            row = self.db.execute("SELECT content_hash FROM documents WHERE path = ?", [key]).fetchone()
+            return row[0] if row else None
+
         batch: list[tuple[DocInput, str]] = []
         batch_chars = 0
         staged: list[_Staged] = []
         by_key: dict[str, _Staged] = {}
+        pending: set[str] = set()  # keys batched or staged for the segment being written
         writer: SegmentWriter | None = None
 
         def tokenize_batch() -> None:
@@ -365,18 +384,20 @@ class IndexStore:
             try:
                 for d in docs:
                     h = content_hash(d.text)
-                    if existing.get(d.key()) == h and d.key() not in by_key:
+                    # a path repeated in this add: its last version wins, even one equal to the stored text
+                    if d.key() not in pending and stored_hash(d.key()) == h:
                         summary.unchanged += 1
                         if progress:
                             progress(1, 0, _nbytes(d.text))
                         continue
                     batch.append((d, h))
+                    pending.add(d.key())
                     batch_chars += len(d.text)
                     if batch_chars >= TOKENIZE_BATCH_CHARS or len(batch) >= TOKENIZE_BATCH_DOCS:
                         tokenize_batch()
                         if writer is not None and writer.num_tokens >= self.flush_tokens:
                             self._commit_new_segment(fp, writer, staged, summary, status)
-                            writer, staged, by_key = None, [], {}
+                            writer, staged, by_key, pending = None, [], {}, set()
                 tokenize_batch()
                 if writer is not None:
                     self._commit_new_segment(fp, writer, staged, summary, status)
@@ -395,58 +416,89 @@ class IndexStore:
 
     def _commit_new_segment(self, fp: str, writer: SegmentWriter, staged: list[_Staged], summary: AddSummary,
                             status: Callable[[str], None] | None = None) -> None:
-        """Sort the segment (no lock held), then commit its documents and it in one transaction."""
-        if status:
-            status(f"sorting {writer.num_tokens} tokens")
+        """Commit the documents of an add with their segment (see :meth:`_commit_segment`)."""
+
+        def rows(conn: sqlite3.Connection, seg_id: int) -> tuple[np.ndarray, set[int]]:
+            docids = np.full(len(staged), -1, dtype=np.int64)
+            touched: set[int] = set()
+            now = time.time()
+            for k, st in enumerate(staged):
+                if st.superseded:
+                    continue
+                d, key = st.doc, st.doc.key()
+                row = conn.execute("SELECT id, content_hash FROM documents WHERE path = ?", [key]).fetchone()
+                if row is not None and row[1] == st.hash:  # another writer added this very content meanwhile
+                    summary.unchanged += 1
+                    continue
+                meta = json.dumps(d.metadata, ensure_ascii=False, default=str)
+                if row is not None:
+                    doc_id = row[0]
+                    touched.update(r[0] for r in conn.execute(
+                        "SELECT segment FROM doc_tokens WHERE doc_id = ? AND segment IS NOT NULL", [doc_id]))
+                    conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
+                    conn.execute("UPDATE documents SET content_hash = ?, text = ?, metadata = ?, n_bytes = ?, "
+                                 "added_at = ? WHERE id = ?", [st.hash, d.text, meta, _nbytes(d.text), now, doc_id])
+                    summary.updated += 1
+                else:
+                    doc_id = conn.execute("INSERT INTO documents (path, content_hash, text, metadata, n_bytes, "
+                                          "added_at) VALUES (?, ?, ?, ?, ?, ?)",
+                                          [key, st.hash, d.text, meta, _nbytes(d.text), now]).lastrowid
+                    summary.added += 1
+                conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, segment) VALUES (?, ?, ?, ?)",
+                             [doc_id, fp, st.n_tokens, seg_id])
+                docids[k] = doc_id
+                summary.tokens += st.n_tokens
+                summary.ids.append(doc_id)
+            return docids, touched
+
+        self._commit_segment(fp, writer, rows, status)
+
+    def _commit_segment(self, fp: str, writer: SegmentWriter,
+                        rows: Callable[[sqlite3.Connection, int], tuple[np.ndarray, set[int]]],
+                        status: Callable[[str], None] | None = None) -> None:
+        """Sort ``writer``'s segment (no lock held), then commit it and its documents in one transaction.
+
+        Inside the transaction, ``rows(conn, seg_id)`` writes the document rows of the new segment ``seg_id``
+        and returns the document id of each of its sequences (-1: not live, e.g. changed meanwhile: a
+        tombstone) and the other segments whose documents it replaced (their tombstones are updated). Any
+        exception (a merge's conflict, Ctrl-C) rolls back and deletes the segment's files.
+        """
+
+        def one(conn: sqlite3.Connection, seg_ids: list[int]) -> tuple[list[np.ndarray], set[int]]:
+            docids, touched = rows(conn, seg_ids[0])
+            return [docids], touched
+
+        self._commit_segments(fp, [writer], one, status)
+
+    def _commit_segments(self, fp: str, writers: Sequence[SegmentWriter],
+                         rows: Callable[[sqlite3.Connection, list[int]], tuple[list[np.ndarray], set[int]]],
+                         status: Callable[[str], None] | None = None) -> None:
+        """:meth:`_commit_segment` for several new segments at once (a compaction's outputs): those not
+        sorted yet are sorted one after the other, then all become visible in one transaction."""
+        docids_paths = [Path(w.prefix + ".docids.npy") for w in writers]
+        files = [p for w, d in zip(writers, docids_paths, strict=True) for p in (*w.files, d)]
         try:
-            writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        docids_path = Path(writer.prefix + ".docids.npy")
-        try:
+            for w in writers:
+                if not w.sorted:
+                    if status:
+                        status(f"sorting {w.num_tokens} tokens")
+                    w.finish()
             with self._write_txn() as written:
-                written.extend([*writer.files, docids_path])
+                written.extend(files)
                 conn = self.db.conn
-                seg_id = self._insert_segment(conn, fp, writer)
-                docids = np.full(len(staged), -1, dtype=np.int64)
-                touched: set[int] = set()
-                now = time.time()
-                for k, st in enumerate(staged):
-                    if st.superseded:
-                        continue
-                    d, key = st.doc, st.doc.key()
-                    row = conn.execute("SELECT id, content_hash FROM documents WHERE path = ?", [key]).fetchone()
-                    if row is not None and row[1] == st.hash:  # another writer added this very content meanwhile
-                        summary.unchanged += 1
-                        continue
-                    meta = json.dumps(d.metadata, ensure_ascii=False, default=str)
-                    if row is not None:
-                        doc_id = row[0]
-                        touched.update(r[0] for r in conn.execute(
-                            "SELECT segment FROM doc_tokens WHERE doc_id = ? AND segment IS NOT NULL", [doc_id]))
-                        conn.execute("DELETE FROM doc_tokens WHERE doc_id = ?", [doc_id])
-                        conn.execute("UPDATE documents SET content_hash = ?, text = ?, metadata = ?, n_bytes = ?, "
-                                     "added_at = ? WHERE id = ?", [st.hash, d.text, meta, _nbytes(d.text), now, doc_id])
-                        summary.updated += 1
-                    else:
-                        doc_id = conn.execute("INSERT INTO documents (path, content_hash, text, metadata, n_bytes, "
-                                              "added_at) VALUES (?, ?, ?, ?, ?, ?)",
-                                              [key, st.hash, d.text, meta, _nbytes(d.text), now]).lastrowid
-                        summary.added += 1
-                    conn.execute("INSERT INTO doc_tokens (doc_id, fingerprint, n_tokens, segment) VALUES (?, ?, ?, ?)",
-                                 [doc_id, fp, st.n_tokens, seg_id])
-                    docids[k] = doc_id
-                    summary.tokens += st.n_tokens
-                    summary.ids.append(doc_id)
-                _save_synced(docids_path, docids)
-                if (docids < 0).any():
-                    touched.add(seg_id)
+                seg_ids = [self._insert_segment(conn, fp, w) for w in writers]
+                docids, touched = rows(conn, seg_ids)
+                for sid, path, ids in zip(seg_ids, docids_paths, docids, strict=True):
+                    _save_synced(path, ids)
+                    if (ids < 0).any():
+                        touched.add(sid)
                 for sid in sorted(touched):
                     self._update_tombstones(conn, sid, written)
                 self._bump()
         except BaseException:
-            _unlink([*writer.files, docids_path])
+            for w in writers:
+                w.abort()
+            _unlink(files)
             raise
         self._checkpoint()
 
@@ -570,7 +622,7 @@ class IndexStore:
         if len(new_seqs) == 0 and len(dead_seqs) == len(old_seqs):
             return
         sa = self._segment(name)
-        ranks = np.union1d(old_ranks, tombstone_ranks(sa, new_seqs)).astype(np.int32)
+        ranks = np.union1d(old_ranks, tombstone_ranks(sa, new_seqs, self.arrays_dir / f"{name}.sa")).astype(np.int32)
         starts, ends = sequence_bounds(sa.starts, sa._n)
         dead_tokens = int((ends[dead_seqs] - starts[dead_seqs] - 1).sum())
         path = self.arrays_dir / f"{name}.dead-{secrets.token_hex(4)}.npz"
@@ -593,7 +645,7 @@ class IndexStore:
             fp, tokenizer = fingerprint_or_tokenizer, None
         else:
             tokenizer = fingerprint_or_tokenizer
-            fp = tokenizer_fingerprint(tokenizer)
+            fp = self._fingerprint(tokenizer)
         if not self.readonly:
             self._repair(fp, tokenizer)
         for _ in range(5):  # a merge may replace the files between reading the list and opening them
@@ -628,6 +680,16 @@ class IndexStore:
                 out.append(info)
         return out
 
+    def _all_indexed(self, fp: str) -> bool:
+        """Whether every document has a live version in a segment of ``fp``: the live sequences of the
+        segments (each committed document is live in exactly one, and every other sequence is a tombstone)
+        add up to the documents. Two small queries (~2 ms at 44k documents) instead of the join that lists
+        the unindexed ones, which reads the whole documents table (0.15 s per reload of the index)."""
+        n_docs = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
+        live = self.db.execute("SELECT coalesce(sum(n_seqs - dead_seqs), 0) FROM segments WHERE fingerprint = ?",
+                               [fp]).fetchone()[0]
+        return live == n_docs
+
     def _repair(self, fp: str, tokenizer: Any) -> None:
         """Index the documents that have no live segment for ``fp``: a copy without its arrays folder, a
         database of an earlier version (token ids in the database), documents added under another tokenizer."""
@@ -640,6 +702,8 @@ class IndexStore:
                     self.db.execute("UPDATE doc_tokens SET segment = NULL WHERE segment = ?", [info.id])
                     self.db.execute("DELETE FROM segments WHERE id = ?", [info.id])
                 self._bump()
+        elif self._all_indexed(fp):
+            return
         rows = self.db.execute(
             "SELECT d.id, d.content_hash, t.ids IS NOT NULL FROM documents d LEFT JOIN doc_tokens t "
             "ON t.doc_id = d.id AND t.fingerprint = ? WHERE t.segment IS NULL ORDER BY d.id", [fp]).fetchall()
@@ -695,44 +759,43 @@ class IndexStore:
                 if not part:
                     writer.abort()
                     continue
-                writer.finish()
             except BaseException:
                 writer.abort()
                 raise
-            docids_path = Path(writer.prefix + ".docids.npy")
-            try:
-                with self._write_txn() as written:
-                    written.extend([*writer.files, docids_path])
-                    conn = self.db.conn
-                    seg_id = self._insert_segment(conn, fp, writer)
-                    docids = np.full(len(part), -1, dtype=np.int64)
-                    for k, (doc_id, h, n) in enumerate(part):
-                        row = conn.execute("SELECT content_hash FROM documents WHERE id = ?", [doc_id]).fetchone()
-                        seg = conn.execute("SELECT segment FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
-                                           [doc_id, fp]).fetchone()
-                        if row is None or row[0] != h or (seg is not None and seg[0] is not None):
-                            continue  # removed, changed or indexed by another process meanwhile
-                        conn.execute("INSERT OR REPLACE INTO doc_tokens (doc_id, fingerprint, n_tokens, ids, segment) "
-                                     "VALUES (?, ?, ?, NULL, ?)", [doc_id, fp, n, seg_id])
-                        docids[k] = doc_id
-                    _save_synced(docids_path, docids)
-                    if (docids < 0).any():
-                        self._update_tombstones(conn, seg_id, written)
-                    self._bump()
-            except BaseException:
-                _unlink([*writer.files, docids_path])
-                raise
+
+            def rows(conn: sqlite3.Connection, seg_id: int, part=part) -> tuple[np.ndarray, set[int]]:
+                docids = np.full(len(part), -1, dtype=np.int64)
+                for k, (doc_id, h, n) in enumerate(part):
+                    row = conn.execute("SELECT content_hash FROM documents WHERE id = ?", [doc_id]).fetchone()
+                    seg = conn.execute("SELECT segment FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
+                                       [doc_id, fp]).fetchone()
+                    if row is None or row[0] != h or (seg is not None and seg[0] is not None):
+                        continue  # removed, changed or indexed by another process meanwhile
+                    conn.execute("INSERT OR REPLACE INTO doc_tokens (doc_id, fingerprint, n_tokens, ids, segment) "
+                                 "VALUES (?, ?, ?, NULL, ?)", [doc_id, fp, n, seg_id])
+                    docids[k] = doc_id
+                return docids, set()
+
+            self._commit_segment(fp, writer, rows)
 
     # ----- merges ------------------------------------------------------------------------------------
     def pending_merges(self, fingerprint: str | None = None) -> dict[str, list[list[int]]]:
         """Planned merges per fingerprint: groups of segment ids (see :class:`~index.segments.MergePolicy`)."""
+        return self._plans(self.policy.plan, fingerprint)
+
+    def compaction(self, fingerprint: str | None = None) -> dict[str, list[int]]:
+        """Planned compactions per fingerprint: the segments :meth:`compact` would rewrite."""
+        return self._plans(self.policy.compaction, fingerprint)
+
+    def _plans(self, plan: Callable[[list[SegmentInfo]], list], fingerprint: str | None) -> dict[str, list]:
+        """``plan(segments)`` of each fingerprint's segments, where it is not empty."""
         fps = [fingerprint] if fingerprint else [r[0] for r in self.db.execute(
             "SELECT DISTINCT fingerprint FROM segments")] if "segments" in self.db.table_names() else []
         out = {}
         for fp in fps:
-            plan = self.policy.plan(self.segment_infos(fp))
-            if plan:
-                out[fp] = plan
+            got = plan(self.segment_infos(fp))
+            if got:
+                out[fp] = got
         return out
 
     def merge_pending(self, progress: Callable[[int], None] | None = None,
@@ -747,73 +810,107 @@ class IndexStore:
             if not plans:
                 break
             fp, group = plans[0]
-            if self.merge(fp, group, progress, status):
+            if self.merge(fp, group, progress, status, stop=stop):
                 done += 1
             else:
                 failed.add(tuple(group))
         return done
 
     def merge(self, fp: str, seg_ids: Sequence[int], progress: Callable[[int], None] | None = None,
-              status: Callable[[str], None] | None = None) -> bool:
+              status: Callable[[str], None] | None = None, split_tokens: int | None = None,
+              stop: threading.Event | None = None) -> bool:
         """Rewrite segments ``seg_ids`` as one, tombstoned documents left out; False (nothing changed) if
-        another writer touched one of them before the commit."""
+        another writer touched one of them before the commit.
+
+        ``split_tokens`` (a compaction): as several segments instead, each filled up to that many tokens
+        before the next starts (whole documents; the first ones full, the last one the rest); each is sorted
+        as soon as it is full, so memory stays that of one segment's sort, and all replace the inputs in
+        one transaction. ``stop`` set: the merge is dropped at the next document (False).
+        """
         infos = {i.id: i for i in self.segment_infos(fp)}
         if not all(s in infos for s in seg_ids):
             return False
         inputs = [infos[s] for s in seg_ids]
         if status:
             status(f"merging {len(inputs)} segments ({sum(i.live_tokens for i in inputs)} tokens)")
+        width = min(i.width for i in inputs)
         with self._build_guard():
-            writer = SegmentWriter(self._new_prefix(fp), width=min(i.width for i in inputs))
-            docmap: list[int] = []
+            writers = [SegmentWriter(self._new_prefix(fp), width=width)]
+            docmaps: list[list[int]] = [[]]
             try:
                 for info in inputs:
-                    sa = self._segment(info.name)
                     docids = np.load(self.arrays_dir / f"{info.name}.docids.npy")
                     dead = set(self._tombstones(info.dead_file)[1].tolist())
-                    starts, ends = sequence_bounds(sa.starts, sa._n)
-                    text = np.asarray(sa.text)
-                    for k in range(len(docids)):
-                        if k in dead or docids[k] < 0:
-                            continue
-                        writer.add(text[starts[k]:ends[k] - 1])
-                        docmap.append(int(docids[k]))
-                        if progress:
-                            progress(int(ends[k] - starts[k] - 1))
-                writer.finish()
-            except BaseException:
-                writer.abort()
-                raise
-            docids_path = Path(writer.prefix + ".docids.npy")
-            try:
-                with self._write_txn() as written:
-                    written.extend([*writer.files, docids_path])
-                    conn = self.db.conn
-                    for info in inputs:
-                        row = conn.execute("SELECT dead FROM segments WHERE id = ?", [info.id]).fetchone()
-                        if row is None or row[0] != info.dead_file:
-                            raise _Conflict
-                    seg_id = self._insert_segment(conn, fp, writer)
-                    marks = ",".join("?" * len(inputs))
-                    conn.execute(f"UPDATE doc_tokens SET segment = ? WHERE segment IN ({marks})",
-                                 [seg_id, *[i.id for i in inputs]])
-                    conn.execute(f"DELETE FROM segments WHERE id IN ({marks})", [i.id for i in inputs])
-                    _save_synced(docids_path, np.asarray(docmap, dtype=np.int64))
-                    self._bump()
+                    starts = np.load(self.arrays_dir / f"{info.name}.starts.npy")
+                    tok = self.arrays_dir / f"{info.name}.tok"
+                    starts, ends = sequence_bounds(starts, os.path.getsize(tok) // info.width)
+                    dtype = np.dtype(f">u{info.width}")
+                    # read, not mapped: mapped pages would stay resident in this process (and count in its
+                    # RSS) while the merged segment is sorted, 2 bytes per input token on top of the sort
+                    with open(tok, "rb") as f:
+                        for k in range(len(docids)):
+                            if k in dead or docids[k] < 0:
+                                continue
+                            if stop is not None and stop.is_set():
+                                raise _Conflict
+                            n = int(ends[k] - starts[k] - 1)
+                            if split_tokens and writers[-1].num_tokens and writers[-1].num_tokens + n > split_tokens:
+                                if status:
+                                    status(f"sorting {writers[-1].num_tokens} tokens")
+                                writers[-1].finish()  # sorted now: one segment's sort in memory at a time
+                                writers.append(SegmentWriter(self._new_prefix(fp), width=width))
+                                docmaps.append([])
+                            f.seek(int(starts[k]) * info.width)
+                            writers[-1].add(np.frombuffer(f.read(n * info.width), dtype=dtype))
+                            docmaps[-1].append(int(docids[k]))
+                            if progress:
+                                progress(n)
             except _Conflict:
+                for w in writers:
+                    w.abort()
                 return False
             except BaseException:
-                _unlink([*writer.files, docids_path])
+                for w in writers:
+                    w.abort()
                 raise
-        self._checkpoint()
+
+            def rows(conn: sqlite3.Connection, new_ids: list[int]) -> tuple[list[np.ndarray], set[int]]:
+                for info in inputs:
+                    row = conn.execute("SELECT dead FROM segments WHERE id = ?", [info.id]).fetchone()
+                    if row is None or row[0] != info.dead_file:
+                        raise _Conflict
+                marks = ",".join("?" * len(inputs))
+                if len(new_ids) == 1:
+                    conn.execute(f"UPDATE doc_tokens SET segment = ? WHERE segment IN ({marks})",
+                                 [new_ids[0], *[i.id for i in inputs]])
+                else:
+                    conn.executemany("UPDATE doc_tokens SET segment = ? WHERE doc_id = ? AND fingerprint = ?",
+                                     [(sid, d, fp) for sid, m in zip(new_ids, docmaps, strict=True) for d in m])
+                conn.execute(f"DELETE FROM segments WHERE id IN ({marks})", [i.id for i in inputs])
+                return [np.asarray(m, dtype=np.int64) for m in docmaps], set()
+
+            try:
+                self._commit_segments(fp, writers, rows, status)
+            except _Conflict:
+                return False
         self._collect_garbage()
         return True
+
+    def compact(self, progress: Callable[[int], None] | None = None,
+                status: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> int:
+        """Rewrite the segments that are not full into as few as ``max_tokens`` allows (see
+        :meth:`MergePolicy.compaction`): what a read-mostly corpus wants, every lookup asks each segment.
+        Returns the number of compactions done (one per tokenizer at most)."""
+        done = 0
+        for fp, group in self.compaction().items():
+            done += self.merge(fp, group, progress, status, split_tokens=self.policy.max_tokens, stop=stop)
+        return done
 
     def _kick_merges(self) -> None:
         """Start the background merge thread when merges are due (``auto_merge``)."""
         if not self.auto_merge or (self._merger is not None and self._merger.is_alive()):
             return
-        if not self.pending_merges():
+        if not self.pending_merges() and not (self.policy.idle_compact_s is not None and self.compaction()):
             return
         self._stop.clear()
         self._merger = threading.Thread(target=self._merge_in_background, name="suffixspec-merge", daemon=True)
@@ -824,6 +921,17 @@ class IndexStore:
             with IndexStore(self.path, self.sort_depth, auto_merge=False, policy=self.policy,
                             flush_tokens=self.flush_tokens) as other:
                 other.merge_pending(stop=self._stop)
+                idle = self.policy.idle_compact_s
+                # a read-mostly corpus: once no write came for ``idle`` seconds, compact (readers keep
+                # reading the old segments until the new ones commit; a write meanwhile restarts the wait)
+                while idle is not None and other.compaction():
+                    version = other.docs_version()
+                    if self._stop.wait(idle):
+                        return
+                    if other.docs_version() == version:
+                        other.compact(stop=self._stop)
+                        return
+                    other.merge_pending(stop=self._stop)
         except Exception as e:  # never take the process down; the merges are planned again after the next write
             log.warning("%s: background merge failed: %s", self.path, e)
 
@@ -928,6 +1036,7 @@ class IndexStore:
         """Counts, segments, pending merges, sizes on disk and an estimate of the memory the arrays map."""
         n_docs, n_bytes = self.db.execute("SELECT count(*), coalesce(sum(n_bytes), 0) FROM documents").fetchone()
         pending = self.pending_merges()
+        compaction = self.compaction()
         per_fp = {}
         for fp, name in self.db.execute("SELECT fingerprint, name FROM tokenizers"):
             n_tok, n_tok_docs, n_unindexed = self.db.execute(
@@ -945,6 +1054,7 @@ class IndexStore:
                                         "deleted_documents": s.dead_sequences, "bytes_per_token": s.width + 4}
                                        for s in segs],
                           "pending_merges": [{"segments": g} for g in pending.get(fp, [])],
+                          "compaction": compaction.get(fp, []),
                           # tokens + suffix array, mapped; the token history lives in an incremental index
                           # of ~12 bytes per token plus dict entries
                           "memory_estimate_bytes": mapped + 16 * h_tok}

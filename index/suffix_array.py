@@ -36,6 +36,7 @@ SEP16 = 0xFFFF  # the separator of 16-bit arrays (vocabularies of fewer than 655
 _SEP_BYTES = b"\xff\xff\xff\xff"
 DEFAULT_SORT_DEPTH = 256  # lookups compare at most this many tokens; match + draft depth stays below it
 _BUCKET_CAP = 1 << 18  # first-token bucket table entries (2 MiB); an id of 4e9 must not allocate 32 GB
+_EXTEND_MAX = 16  # a match with at most this many occurrences is extended backwards (see SuffixArray._extend)
 _COMPACT_CHUNK = 1 << 22  # entries per step when the byte-level suffix array is cut down to token starts
 
 
@@ -302,84 +303,174 @@ class SuffixArray(LongestMatchLookups):
         return pat
 
     # ----- lookup --------------------------------------------------------------------------------
-    def _range(self, pattern: bytes, exists_only: bool = False) -> tuple[int, int]:
-        """``sa[lo:hi]`` range of suffixes starting with ``pattern`` (big-endian bytes, >= 1 token); empty
-        when every occurrence is a tombstone. With ``exists_only`` (and no tombstones) the range is
-        ``(lo, lo + 1)`` when the pattern occurs (one bisect, not two)."""
-        buf, base, m, sa, w = self._buf, self._base, len(pattern), self._sa, self.width
-        lo, hi = self._bucket(int.from_bytes(pattern[:w], "big"))
-        if m == w or hi <= lo:
-            if self._dead is not None and self._live(lo, hi) == 0:
-                return lo, lo
-            return lo, hi
+    def _key(self, m: int):
+        """Sort key of ``sa`` entries for a pattern of ``m`` bytes: the first ``m`` bytes of the suffix."""
+        buf, base, w = self._buf, self._base, self.width
 
         def key(i: int) -> bytes:
             s = base + w * i
             return buf[s:s + m]
 
-        lo = bisect_left(sa, pattern, lo, hi, key=key)
-        if lo >= hi or key(sa[lo]) != pattern:
-            return lo, lo
-        if exists_only and self._dead is None:
-            return lo, lo + 1
-        hi = bisect_right(sa, pattern, lo, hi, key=key)
-        if self._dead is not None and self._live(lo, hi) == 0:
-            return lo, lo
-        return lo, hi
+        return key
+
+    def _probe(self, pattern: bytes) -> tuple[int, int, int]:
+        """Where the suffixes starting with ``pattern`` (>= 1 token) begin: ``(lo, hi, top)`` with ``lo`` -1
+        when no live suffix does. ``hi`` (end of the range) is -1 when it was not needed to know that
+        (no tombstones): :meth:`_range_from` finds it from ``lo`` when the caller wants it; ``top`` bounds
+        it (the end of the first token's bucket). One bisect, not the two of a full range."""
+        w = self.width
+        lo, top = self._bucket(int.from_bytes(pattern[:w], "big"))
+        if top <= lo:
+            return -1, -1, -1
+        hi = -1
+        if len(pattern) == w:
+            hi = top
+        else:
+            key = self._key(len(pattern))
+            lo = bisect_left(self._sa, pattern, lo, top, key=key)
+            if lo >= top or key(self._sa[lo]) != pattern:
+                return -1, -1, -1
+        if self._dead is not None:
+            hi = self._range_from(pattern, lo, hi, top)
+            if self._live(lo, hi) == 0:
+                return -1, -1, -1
+        return lo, hi, top
+
+    def _range_from(self, pattern: bytes, lo: int, hi: int, top: int) -> int:
+        """End of the range of suffixes starting with ``pattern`` that begins at ``lo`` (``hi`` if known)."""
+        if hi >= 0:
+            return hi
+        return gallop_right(self._sa, pattern, lo + 1, top, self._key(len(pattern)))
+
+    def _range(self, pattern: bytes) -> tuple[int, int]:
+        """``sa[lo:hi]`` range of suffixes starting with ``pattern`` (big-endian bytes, >= 1 token); empty
+        when every occurrence is a tombstone."""
+        lo, hi, top = self._probe(pattern)
+        if lo < 0:
+            return 0, 0
+        return lo, self._range_from(pattern, lo, hi, top)
+
+    def packed_tail(self, context: Sequence[int], max_depth: int = 64) -> tuple[int, bytes | None]:
+        """``(k, bytes)``: the last ``k`` tokens of ``context`` that a lookup compares, packed for this
+        array (None when one of them cannot occur here); computed once per context by a set of segments."""
+        kmax = min(max_depth, len(context), self.sort_depth)
+        return kmax, (self.pack(context[-kmax:]) if kmax > 0 else b"")
 
     def match(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None,
-              at_least: int = 0) -> tuple[int, int, int]:
+              at_least: int = 0, packed: tuple[int, bytes | None] | None = None) -> tuple[int, int, int]:
         """Longest suffix of ``context`` (at most ``max_depth`` tokens) in the corpus: (match_len, lo, hi).
 
         ``hint``: a guess of the match length (for example the previous step's match plus the tokens
         appended since), tried first; a right guess costs two probes instead of a binary search.
         ``at_least``: lengths below it are of no interest (another segment already matched that far):
-        ``(0, 0, 0)`` unless a match of at least that length exists here.
+        ``(0, 0, 0)`` unless a match of at least that length exists here. ``packed``: the result of
+        :meth:`packed_tail` for this context and ``max_depth`` (saves packing it again).
+
+        Each probe is one bisect (:meth:`_probe`); the longest probe that hit gives the range's start,
+        and its end is found by galloping from there (a match has few occurrences, often one).
         """
-        kmax = min(max_depth, len(context), self.sort_depth)
+        kmax, pat = packed if packed is not None else self.packed_tail(context, max_depth)
         if kmax <= 0 or self._n == 0 or at_least > kmax:
             return 0, 0, 0
-        tail = context[-kmax:]
-        pat = self.pack(tail)
         if pat is None:  # a negative or huge id: no match past it
+            tail = context[-kmax:]
             bad_at = max(i for i, t in enumerate(tail) if not 0 <= t < self.sep)
             if bad_at == kmax - 1:
                 return 0, 0, 0
             return self.match(context[len(context) - kmax + bad_at + 1:], max_depth, hint, at_least)
         w = self.width
         good, bad = 0, kmax + 1
+        hit = (-1, -1, -1)  # _probe of the longest length found so far
+        done: tuple[int, int, int] | None = None  # the answer, once a backward extension settled it
+
+        def probe(g: int) -> None:
+            nonlocal good, bad, hit, done
+            r = self._probe(pat[w * (kmax - g):])
+            if r[0] < 0:
+                bad = g
+                return
+            good, hit = g, r
+            done = self._extend(pat, kmax, g, r)
+
         guesses = [kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
         if at_least > 0:
-            lo, hi = self._range(pat[w * (kmax - at_least):], exists_only=True)
-            if hi <= lo:
+            probe(at_least)
+            if good == 0:
                 return 0, 0, 0
-            good = at_least
             # another segment matched exactly ``at_least``: this one most often does too (one probe more)
             guesses = [at_least + 1, kmax]
         for g in guesses:  # repetitive text usually matches the whole tail, or the hinted length
-            if not good < g < bad:
-                continue
-            lo, hi = self._range(pat[w * (kmax - g):], exists_only=True)
-            if hi > lo:
-                good = g
-            else:
-                bad = g
-        while bad - good > 1:  # occurrence is monotone in the suffix length
-            mid = (good + bad) // 2
-            lo, hi = self._range(pat[w * (kmax - mid):], exists_only=True)
-            if hi > lo:
-                good = mid
-            else:
-                bad = mid
+            if done is None and good < g < bad:
+                probe(g)
+        while done is None and bad - good > 1:  # occurrence is monotone in the suffix length
+            probe((good + bad) // 2)
+        if done is not None:
+            return done
         if good == 0:
             return 0, 0, 0
-        lo, hi = self._range(pat[w * (kmax - good):])
-        return good, lo, hi
+        lo, hi, top = hit
+        return good, lo, self._range_from(pat[w * (kmax - good):], lo, hi, top)
+
+    def _extend(self, pat: bytes, kmax: int, g: int, hit: tuple[int, int, int]) -> tuple[int, int, int] | None:
+        """The longest match from the occurrences of a shorter one, when they are few: ``(L, lo, hi)``, or
+        None when the last ``g`` tokens of ``pat`` (``kmax`` tokens, found at ``hit`` by :meth:`_probe`)
+        occur more than ``_EXTEND_MAX`` times.
+
+        Every occurrence of a longer suffix of the context contains one of the ``g``-token suffix, so
+        comparing the text before each of those (live) occurrences with the context, backwards, gives the
+        longest match: one slice and one XOR per occurrence (the equal trailing bytes of two byte strings
+        are the high zero bits of their XOR read little-endian) instead of a bisect per probed length.
+        The longest match's range then costs one probe, unless it is the ``g`` tokens themselves.
+
+        Worked example (width 2): context ``7 8 9``, ``g = 1`` (``9``) occurs once, at text position 5,
+        with text ``... 3 8 9``: the two tokens before it are ``3 8`` vs the context's ``7 8``; XOR of
+        ``00 03 00 08`` and ``00 07 00 08`` (little-endian) has its highest set bit in the second byte, so
+        the last 2 bytes (one token) agree: the longest match is ``8 9``, ``L = 2``.
+        """
+        lo, hi, top = hit
+        w, sa = self.width, self._sa
+        pg = pat[w * (kmax - g):]
+        if hi < 0:
+            key = self._key(len(pg))
+            n = min(top, lo + _EXTEND_MAX + 1)
+            if n - lo > _EXTEND_MAX and key(sa[lo + _EXTEND_MAX]) == pg:
+                return None
+            hi = bisect_right(sa, pg, lo + 1, min(n, lo + _EXTEND_MAX), key=key)
+        elif hi - lo > _EXTEND_MAX:
+            return None
+        e = kmax - g  # tokens the context has before the g matched ones
+        if e == 0:
+            return g, lo, hi
+        buf, base, d = self._buf, self._base, self._dead
+        dead = set(d[bisect_left(d, lo):bisect_left(d, hi)]) if d is not None else ()
+        best = 0
+        for r in range(lo, hi):
+            if r in dead:
+                continue
+            p = sa[r]
+            start = p - e if p >= e else 0
+            t = buf[base + w * start:base + w * p]
+            x = pat[w * (e - (p - start)):w * e]
+            if t == x:
+                ext = p - start
+            else:
+                v = int.from_bytes(t, "little") ^ int.from_bytes(x, "little")
+                ext = (len(t) * 8 - v.bit_length()) // (8 * w)
+            if ext > best:
+                best = ext
+                if best == e:
+                    break
+        if best == 0:
+            return g, lo, hi
+        L = g + best
+        pl = pat[w * (kmax - L):]
+        lo, hi, top = self._probe(pl)
+        return L, lo, self._range_from(pl, lo, hi, top)
 
     def node(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None,
-             at_least: int = 0) -> tuple[int, _SANode | None]:
+             at_least: int = 0, packed: tuple[int, bytes | None] | None = None) -> tuple[int, _SANode | None]:
         """The match of :meth:`match` as a node: (match_len, node or None)."""
-        L, lo, hi = self.match(context, max_depth, hint, at_least)
+        L, lo, hi = self.match(context, max_depth, hint, at_least, packed)
         return (L, _SANode(self, lo, hi, L)) if L else (0, None)
 
     def count(self, pattern: Sequence[int]) -> int:
@@ -435,7 +526,7 @@ class SuffixArray(LongestMatchLookups):
             return buf[s:s + w]
 
         a = bisect_left(sa, t, lo, hi, key=key)
-        b = bisect_right(sa, t, a, hi, key=key)
+        b = gallop_right(sa, t, a + 1, hi, key) if a < hi and key(sa[a]) == t else a
         if self._live(a, b) <= 0:
             return None
         return _SANode(self, a, b, d + 1)
@@ -468,7 +559,7 @@ class SuffixArray(LongestMatchLookups):
         while pos < hi:
             tok = key(sa[pos])
             start = pos if stride == 1 or pos == lo else bisect_left(sa, tok, lo, pos + 1, key=key)
-            end = bisect_right(sa, tok, pos, hi, key=key)
+            end = gallop_right(sa, tok, pos + 1, hi, key)
             if tok != self._sep_bytes:
                 child = _SANode(self, start, end, d + 1)
                 if child.count >= min_count and child.count > 0:
@@ -477,6 +568,24 @@ class SuffixArray(LongestMatchLookups):
             nxt = lo + ((end - lo + stride - 1) // stride) * stride
             pos = max(nxt, end) if stride > 1 else end
         return out
+
+
+def gallop_right(sa, pattern: bytes, lo: int, hi: int, key) -> int:
+    """``bisect_right(sa, pattern, lo, hi, key=key)`` when the entries before ``lo`` are known to equal
+    ``pattern``: the range is widened 8, 64, 512... entries at a time and bisected inside the last step,
+    so a run of ``c`` equal entries costs about ``2 log8 c + 3`` keys instead of ``log2 (hi - lo)``.
+
+    Worked example: ``sa`` keys ``a a a b b ...`` (1000 entries), ``lo = 1``: the entry at 8 is not
+    ``a``, so bisect inside ``[1, 8)``: 3 is returned after 1 + 3 key calls (a plain bisect: 10).
+    """
+    step = 8
+    while lo < hi:
+        end = min(hi, lo + step)
+        if key(sa[end - 1]) != pattern:
+            return bisect_right(sa, pattern, lo, end - 1, key=key)
+        lo = end
+        step *= 8
+    return hi
 
 
 def _mmap_file(path: str) -> mmap.mmap:

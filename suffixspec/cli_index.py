@@ -158,29 +158,34 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
         click.echo(f"skipped: {why()}", err=True)
 
 
-def _merge(store, quiet: bool) -> int:
-    """Run the pending segment merges with a progress bar in tokens."""
+def _merge(store, quiet: bool, compact: bool = False) -> int:
+    """Run the pending segment merges, then (``compact``) the compaction, under one progress bar in tokens."""
     from tqdm import tqdm
 
-    pending = store.pending_merges()
-    if not pending:
+    if not store.pending_merges() and not (compact and store.compaction()):
         return 0
     with tqdm(desc="merging segments", unit="tok", unit_scale=True, disable=quiet, leave=False) as bar:
-        return store.merge_pending(progress=bar.update, status=bar.set_postfix_str)
+        done = store.merge_pending(progress=bar.update, status=bar.set_postfix_str)
+        if compact:
+            done += store.compact(progress=bar.update, status=bar.set_postfix_str)
+        return done
 
 
 @index_group.command("merge")
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
+@click.option("--no-compact", is_flag=True, help="Only the merges an add would run, no compaction.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def merge_cmd(db: str | None, quiet: bool) -> None:
-    """Run the pending segment merges now (an add runs them itself unless --no-merge).
+def merge_cmd(db: str | None, no_compact: bool, quiet: bool) -> None:
+    """Run the pending segment merges now, then compact: the segments that are not full are rewritten
+    as the fewest segments of at most 128M tokens (every lookup asks each segment, so a corpus that is
+    read more than written wants few; a server compacts by itself after a minute without writes).
 
     \b
     Example:
       suffixspec index merge
     """
     with _open_store(db, auto_merge=False) as store:
-        n = _merge(store, quiet)
+        n = _merge(store, quiet, compact=not no_compact)
     click.echo(f"{n} merge(s) done")
 
 
@@ -268,6 +273,9 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
             click.echo(f"  segments:      {len(segs)} ({sizes} tokens)")
             pending = info["pending_merges"]
             click.echo(f"  pending merges: {len(pending)}" + ("  (run `suffixspec index merge`)" if pending else ""))
+            if info["compaction"]:
+                click.echo(f"  compaction:    {len(info['compaction'])} segments can be rewritten as fewer "
+                           "(run `suffixspec index merge`)")
     click.echo(f"bytes on disk:   {_human(st['bytes_on_disk'])} (database {_human(st['db_bytes'])}, "
                f"arrays {_human(st['arrays_bytes'])})")
     click.echo(f"memory estimate: {_human(st['memory_estimate_bytes'])}")

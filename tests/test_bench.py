@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from bench.run import run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_runs_all_systems_and_writes_reports(tiny_model_dirs, tiny_draft_dir, tmp_path):
@@ -105,3 +108,29 @@ def test_size_projection_arithmetic():
     got = project({"10M": {"relative": {"1": 1.2, "2": 1.3, "4": 1.5, "8": 2.0}}},
                   {"code_edit": {"mean_accepted_length": 10.0, "mean_draft": 6.0}})
     assert got == {"10M": {"code_edit": pytest.approx(10 / 1.75, abs=0.01)}}
+
+
+def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenizer_dir, tmp_path):
+    """``bench_index --sections reopen --compact`` on a small database of two segments: the compaction runs
+    in a child process whose peak memory is sampled, both segment sets (and the main checkout's code over
+    the old files) draft the same, and one document added is drafted from by another reader."""
+    from transformers import AutoTokenizer
+
+    from bench.bench_index import PeakMemory, bench_reopen
+    from index.store import DocInput, IndexStore
+
+    tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
+    body = "def area(radius):\n    return 3.14159 * radius * radius  # circle number {i}\n" * 20
+    with IndexStore(tmp_path / "scale.db", auto_merge=False) as s:
+        for part in range(2):
+            s.add_documents([DocInput(body.replace("{i}", f"{part}-{i}"), f"{part}-{i}.py") for i in range(5)], tok)
+        assert len(s.segment_infos(s.fingerprints()[0])) == 2
+    with PeakMemory() as mem:
+        res = bench_reopen(tok, tmp_path, n_lookups=30, rounds=2, main_root=str(ROOT), compact=True)
+    assert 0 < mem.anon <= mem.rss
+    assert res["compaction"]["compactions"] == 1 and 0 < res["compaction"]["peak_anon_bytes"]
+    assert len(res["segments"]) == 2 and len(res["segments_after_compaction"]) == 1
+    assert res["identical_drafts"] == "30/30"
+    for name in ("segments", "largest_segment_alone", "segments_main_code", "compacted"):
+        assert res[f"{name}_speculate_median_us"] > 0
+    assert res["add_one_until_drafted_median_s"] > 0 and res["delete_one_median_s"] > 0

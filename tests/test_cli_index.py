@@ -238,3 +238,17 @@ def test_stats_shows_segments_and_pending_merges_and_merge_runs_them(tree, tmp_p
     (tree / "more.md").write_text("more words\n")
     res = run(["add", str(tree), "--tokenizer", str(bpe_tokenizer_dir)], db)
     assert res.exit_code == 0 and "added 5, updated 0, unchanged 4" in res.output
+
+
+def test_merge_compacts_and_stats_says_when_it_would(tree, tmp_path, bpe_tokenizer_dir):
+    db = tmp_path / "index.db"
+    tok = ["--tokenizer", str(bpe_tokenizer_dir), "-q"]
+    for i in range(2):  # two small segments: no merge is due, a compaction would make one
+        (tree / f"part{i}.md").write_text(f"part number {i}\n")
+        assert run(["add", str(tree / f"part{i}.md"), *tok, "--no-merge"], db).exit_code == 0
+    out = run(["stats"], db).output
+    assert "segments:      2" in out and "pending merges: 0" in out and "compaction:    2 segments" in out
+    assert "0 merge(s) done" in run(["merge", "--no-compact"], db).output
+    assert "1 merge(s) done" in run(["merge"], db).output
+    out = run(["stats"], db).output
+    assert "segments:      1" in out and "compaction" not in out

@@ -270,6 +270,7 @@ seg_op = st.one_of(
                                        min_size=1, max_size=4)),
     st.tuples(st.just("remove"), st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1, max_size=2)),
     st.tuples(st.just("merge"), st.none()),
+    st.tuples(st.just("compact"), st.none()),
 )
 
 
@@ -277,7 +278,8 @@ seg_op = st.one_of(
 @given(ops=st.lists(seg_op, min_size=1, max_size=12), seed=st.integers(0, 2**16))
 def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_path_factory):
     """Adds (each a fresh segment, several when ``flush_tokens`` is tiny), replacements and deletes
-    (tombstones), merges: every lookup equals that of one suffix array built over the live documents."""
+    (tombstones), merges, compactions (split into segments of at most ``max_tokens``): every lookup equals
+    that of one suffix array built over the live documents."""
     from index.segments import MergePolicy
     from index.store import DocInput, IndexStore
 
@@ -296,8 +298,13 @@ def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_pat
                 assert store.remove(arg) == len({k for k in arg if k in ref})
                 for k in arg:
                     ref.pop(k, None)
-            else:
+            elif name == "merge":
                 store.merge_pending()
+            else:  # compacted into segments of at most 40 tokens: several, split between documents
+                store.policy.max_tokens = 40
+                store.compact()
+                store.policy.max_tokens = 200
+                TRIED["compactions"] += 1
             idx = store.document_index(tok)
             if not ref:
                 assert idx is None
@@ -332,4 +339,66 @@ def test_fuzz_index_summary():
     assert TRIED["incremental lookups"] >= 300 and TRIED["suffix array lookups"] >= 300
     # the segment fuzz reached the cases it exists for: several segments, tombstones
     assert TRIED["segment lookups"] >= 300 and TRIED["sets of several segments"] >= 20
-    assert TRIED["tombstones"] >= 20
+    assert TRIED["tombstones"] >= 20 and TRIED["compactions"] >= 20
+
+
+# -- lookup shortcuts: backward extension of few occurrences, galloping range ends -------------------------
+
+@pytest.mark.parametrize("extend_max", [0, 2, 16, 10**6])
+def test_longest_match_equal_with_and_without_backward_extension(extend_max, monkeypatch):
+    """``SuffixArray._extend`` finds the longest match from the occurrences of a shorter one when they are
+    at most ``_EXTEND_MAX``; with 0 it never does (binary search only). Every setting, on a corpus whose
+    short suffixes occur dozens of times (tiny alphabet), with and without tombstones, equals brute force."""
+    import index.suffix_array as sam
+
+    monkeypatch.setattr(sam, "_EXTEND_MAX", extend_max)
+    rng = random.Random(7)
+    abc = [1, 2, 258]  # 2 = 0x0002 and 258 = 0x0102 differ in their high byte only
+    corpus = [[rng.choice(abc) for _ in range(rng.randrange(0, 60))] for _ in range(12)]
+    corpus += [[2, 1, 258, 2, 1] * 8]  # one long periodic document: suffixes occur many times
+    sa = SuffixArray.build(corpus)
+    buf = [t for s in corpus for t in [*s, SEP]]
+    # tombstone the suffixes of the first document (as a delete would) against a reference without it
+    first = len(corpus[0]) + 1
+    dead = sorted(r for r in range(len(sa.sa)) if sa.sa[r] < first)
+    live = sa.with_dead(dead)
+    rest = buf[first:]
+    for _ in range(150):
+        s = rng.choice(corpus)
+        i = rng.randint(0, len(s))
+        ctx = [rng.choice(abc) for _ in range(rng.randrange(3))] + s[max(0, i - rng.randint(0, 20)):i]
+        for depth in (64, 5):
+            for hint in (None, 1, 7):
+                for arr, ref in ((sa, buf), (live, rest)):
+                    L, lo, hi = arr.match(ctx, depth, hint=hint)
+                    rL, rends = ref_match(ref, ctx, depth, live_end=False)
+                    assert (L, arr._live(lo, hi)) == (rL, len(rends)), (ctx, depth, hint)
+                    if L:
+                        assert arr.continuations(ctx, depth) == ref_continuations(ref, rends)
+                    for at_least in (1, max(1, rL), rL + 1):
+                        got = arr.match(ctx, depth, at_least=at_least)[0]
+                        assert got == (rL if rL >= at_least else 0), (ctx, at_least)
+                    TRIED["extension lookups"] += 1
+
+
+def test_gallop_right_equals_bisect_right():
+    from bisect import bisect_right
+
+    from index.suffix_array import gallop_right
+
+    rng = random.Random(3)
+    for _ in range(300):
+        keys = sorted(rng.randrange(6) for _ in range(rng.randrange(1, 700)))
+        pat = rng.choice(keys)
+        first, n_equal = keys.index(pat), keys.count(pat)
+        lo = first + rng.randrange(n_equal)  # the entries from first to lo equal pat, as after a bisect_left
+        hi = rng.randrange(lo + 1, len(keys) + 1)
+        calls: list[int] = []
+
+        def key(i, calls=calls, keys=keys):
+            calls.append(i)
+            return keys[i]
+
+        assert gallop_right(range(len(keys)), pat, lo + 1, hi, key) == bisect_right(keys, pat, lo, hi)
+        if hi - lo > 64 and first + n_equal - lo < 7:
+            assert len(calls) <= 4  # a short run costs a few keys, not a bisect over [lo, hi)

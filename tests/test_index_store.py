@@ -555,3 +555,181 @@ def test_listing_and_stats_do_not_wait_for_an_add(tmp_path, tiny_model_dirs, mon
             release.set()
             adder.join(60)
         assert spec.list_documents()["total"] == 2
+
+
+def _full_scans(db: Path, statements: list[str]) -> list[str]:
+    """The traced SELECTs whose query plan reads the whole documents table (its rows hold the texts)."""
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        out = []
+        for sql in statements:
+            if not sql.lstrip().upper().startswith("SELECT"):
+                continue
+            plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql)]
+            if any(p.startswith("SCAN") and "documents" in p or p in ("SCAN d",) for p in plan
+                   if "COVERING INDEX" not in p):
+                out.append(sql)
+        return out
+    finally:
+        conn.close()
+
+
+def test_adding_one_document_and_reloading_read_no_whole_table(tmp_path):
+    """Adding one document to a large corpus used to read every (path, hash) row, and each reload of the
+    index joined every document to find unindexed ones: both read the whole documents table (texts
+    included; 0.26 s + 0.15 s at 44k documents). Now both go through indexes and segment totals."""
+    tok = ByteTok()
+    db = tmp_path / "index.db"
+    with IndexStore(db, auto_merge=False) as writer, IndexStore(db, auto_merge=False) as reader:
+        writer.add_documents([DocInput(f"document number {i}", f"{i}.txt") for i in range(20)], tok)
+        reader.document_index(tok)
+        traced: list[str] = []
+        for s in (writer, reader):
+            s.db.conn.set_trace_callback(traced.append)
+        writer.add_documents([DocInput("one more document", "new.txt"),
+                              DocInput("document number 3", "3.txt")], tok)  # new + unchanged
+        assert reader.document_index(tok).count(ids("one more")) == 1
+        assert writer.remove(["new.txt"]) == 1
+        assert reader.document_index(tok).count(ids("one more")) == 0
+        for s in (writer, reader):
+            s.db.conn.set_trace_callback(None)
+    assert traced and _full_scans(db, traced) == []
+
+
+def test_reload_still_indexes_documents_missing_from_the_segments(tmp_path):
+    """The cheap check (live sequences of the segments == documents) does not hide a document that has
+    no segment for a tokenizer: added under another one, or whose segment row was lost."""
+    a, b = ByteTok(0), ByteTok(1000)
+    with IndexStore(tmp_path / "index.db", auto_merge=False) as s:
+        s.add_documents([DocInput("first text", "1.txt"), DocInput("second text", "2.txt")], a)
+        assert s._all_indexed(a.fingerprint) and not s._all_indexed(b.fingerprint)
+        s.add_documents([DocInput("third text", "3.txt")], b)  # a does not know 3.txt yet
+        assert not s._all_indexed(a.fingerprint)
+        assert s.document_index(a).count(ids("third")) == 1 and s._all_indexed(a.fingerprint)
+        s.db.execute("DELETE FROM segments WHERE id = (SELECT min(id) FROM segments WHERE fingerprint = ?)",
+                     [a.fingerprint])
+        s.db.execute("UPDATE doc_tokens SET segment = NULL WHERE fingerprint = ? AND segment NOT IN "
+                     "(SELECT id FROM segments)", [a.fingerprint])
+        assert not s._all_indexed(a.fingerprint)
+        assert s.document_index(a).count(ids(" text")) == 3
+
+
+def test_tokenizer_fingerprint_is_remembered_until_the_vocabulary_grows(tmp_path, bpe_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
+    with IndexStore(tmp_path / "index.db", auto_merge=False) as s:
+        fp = s._fingerprint(tok)
+        assert fp == tokenizer_fingerprint(tok) and s._fingerprint(tok) is fp
+        tok.add_tokens(["<brand_new_token>"])
+        assert s._fingerprint(tok) == tokenizer_fingerprint(tok) != fp
+
+
+def test_compaction_plan_leaves_full_segments_alone():
+    from index.segments import MergePolicy, SegmentInfo
+
+    M = 1 << 20
+    policy = MergePolicy(max_tokens=128 * M)
+    segs = [SegmentInfo(1, "a", 69 * M), SegmentInfo(2, "b", 68 * M), SegmentInfo(3, "c", 63 * M)]
+    assert policy.compaction(segs) == [1, 2, 3]  # 200M fit in 2 segments: all three are rewritten
+    segs = [SegmentInfo(4, "d", 128 * M), SegmentInfo(5, "e", 72 * M), SegmentInfo(6, "f", M)]
+    assert policy.compaction(segs) == [5, 6]  # the full one stays
+    assert policy.compaction(segs[:2]) == []  # already the fewest
+    segs = [SegmentInfo(4, "d", 128 * M, dead_tokens=100 * M), SegmentInfo(5, "e", 72 * M)]
+    assert policy.compaction(segs) == [4, 5]  # a full segment that is mostly tombstones is not full
+
+
+def test_compact_splits_into_full_segments_and_answers_as_before(tmp_path):
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    texts = {f"{i}.txt": f"document {i} says {'ab' * i}" for i in range(12)}
+    with IndexStore(tmp_path / "index.db", auto_merge=False, policy=MergePolicy(max_tokens=100)) as s:
+        for path, text in texts.items():
+            s.add_documents([DocInput(text, path)], tok)  # one segment each
+        s.remove(["3.txt"])
+        del texts["3.txt"]
+        before = s.document_index(tok)
+        ctxs = [ids(t[:k]) for t in texts.values() for k in (3, 9, 14)]
+        drafts = [before.continuations(c) for c in ctxs]
+        assert len(s.segment_infos(tok.fingerprint)) == 11 and s.stats()["tokenizers"][tok.fingerprint]["compaction"]
+        assert s.compact() == 1 and s.compact() == 0
+        infos = s.segment_infos(tok.fingerprint)
+        live = sum(len(t.encode()) for t in texts.values())
+        assert len(infos) == -(-live // 100) and all(i.tokens <= 100 for i in infos)
+        assert [i.dead_sequences for i in infos] == [0] * len(infos)
+        after = s.document_index(tok)
+        assert sorted(after.sequences()) == sorted(ids(t) for t in texts.values())
+        assert [after.continuations(c) for c in ctxs] == drafts
+        assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
+
+
+def test_idle_compaction_in_the_background(tmp_path):
+    """A store that merges in the background compacts once no write came for ``idle_compact_s``."""
+    import time
+
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    policy = MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=0.3)
+    with IndexStore(tmp_path / "index.db", policy=policy) as s:
+        for i in range(3):
+            s.add_documents([DocInput(f"idle corpus text {i}", f"{i}.txt")], tok)
+        assert len(s.segment_infos(tok.fingerprint)) == 3  # no merge is due: fanout 8
+        deadline = time.monotonic() + 60
+        while len(s.segment_infos(tok.fingerprint)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(s.segment_infos(tok.fingerprint)) == 1
+        assert s.document_index(tok).count(ids("idle corpus text ")) == 3
+
+
+def test_close_stops_a_background_compaction_that_waits(tmp_path):
+    import time
+
+    from index.segments import MergePolicy
+
+    tok = ByteTok()
+    s = IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=3600))
+    s.add_documents([DocInput("one", "1.txt")], tok)
+    s.add_documents([DocInput("two", "2.txt")], tok)
+    assert s._merger is not None and s._merger.is_alive()  # waiting for an idle hour
+    t = time.monotonic()
+    s.close()
+    assert time.monotonic() - t < 10
+
+
+def test_the_last_version_of_a_path_repeated_in_one_add_wins_even_if_it_is_the_stored_one(store):
+    """Found by the segment fuzz test: ``b`` stored, then one add of ``b`` = "ab" and ``b`` = the stored text
+    again kept "ab" (the second was judged unchanged before the first had been tokenized)."""
+    tok = ByteTok()
+    store.add_documents([DocInput("the stored text", "b")], tok)
+    summary = store.add_documents([DocInput("ab", "b"), DocInput("the stored text", "b")], tok)
+    assert summary.updated == 0 and summary.unchanged == 1
+    assert store.document_index(tok).sequences() == [ids("the stored text")]
+    assert store.get_document(store.list_documents()[0]["id"])["text"] == "the stored text"
+
+
+@pytest.mark.parametrize("n_dead", [1, 3, 9])
+def test_tombstone_ranks_from_the_file_equal_those_from_the_mapping(tmp_path, monkeypatch, n_dead):
+    """Tombstones are located by reading the segment's ``.sa`` in chunks (no mapped pages left resident):
+    the same ranks as a scan of the mapped array, and exactly the suffixes of the dead documents."""
+    import random
+
+    import numpy as np
+
+    import index.segments as segments
+
+    monkeypatch.setattr(segments, "_SCAN_CHUNK", 7)  # many chunks, boundaries inside documents
+    rng = random.Random(n_dead)
+    writer = SegmentWriter(tmp_path / "seg")
+    docs = [[rng.randrange(5) for _ in range(rng.randrange(1, 12))] for _ in range(15)]
+    for d in docs:
+        writer.add(np.asarray(d))
+    sa = writer.finish()
+    dead = sorted(rng.sample(range(len(docs)), n_dead))
+    starts, ends = segments.sequence_bounds(sa.starts, sa._n)
+    want = [r for r in range(sa._n) if any(starts[k] <= sa.sa[r] < ends[k] for k in dead)]
+    from_file = segments.tombstone_ranks(sa, np.asarray(dead), tmp_path / "seg.sa")
+    assert from_file.tolist() == want == segments.tombstone_ranks(sa, np.asarray(dead)).tolist()
