@@ -4,17 +4,18 @@ A :class:`BatchScheduler` owns one thread that steps every running request toget
 
 1. every row (request) proposes its own draft (its own proposers, budget and gates);
 2. :func:`choose_drafts` decides which drafts the pass verifies, from the cost of a batched pass;
-3. ONE forward over ``[B, W]`` inputs (row ``r``: its last committed token, its draft nodes, then
-   padding up to the widest row ``W``) with a 4D mask that joins each row's own cached positions
-   and its tree mask, and per-row position ids;
+3. ONE forward over every row's last committed token and draft nodes, plus the prompts of the
+   requests that joined since the last step. On Llama-style targets (:class:`LeanBatch`) the rows
+   are packed: the matmuls run over the real tokens only and each row attends to its own cache
+   with its own tree mask and positions. Other models run ``[B, W]`` inputs padded to the widest
+   row with a 4D mask (joiners are then prefilled in a pass of their own);
 4. every row walks its own tree (``verify_tree``) and commits its accepted path, then its cache row
-   is compacted; finished and cancelled rows leave, waiting requests join (their prompt is
-   prefilled in a pass of its own) before the next step.
+   is compacted; finished and cancelled rows leave, waiting requests join before the next step.
 
 The keys and values live in a :class:`SlotCache`: one preallocated buffer per layer, row ``r``
 holding request ``r``'s tokens at positions ``0 .. length[r] - 1``. A step writes row ``r``'s new
 block at ``length[r] ..``, so rows of different lengths need no copying, and compaction moves only
-a row's accepted entries. Worked example (two rows, lengths 3 and 1, widths 2 and 1, padded to 2)::
+a row's accepted entries. Worked example of the padded pass (two rows, lengths 3 and 1, widths 2 and 1)::
 
     row 0: cache a b c | new x y     mask row "y": 1 1 1 1 1    (a b c, x its parent, itself)
     row 1: cache d . . | new z pad   mask row "z": 1 0 0 1 0    (d, itself; the gap is masked)
@@ -108,6 +109,13 @@ class SlotCache:
         last = first + key.shape[0]
         return keys[first:last, :, : self._kv_len], values[first:last, :, : self._kv_len]
 
+    def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
+                 ) -> None:
+        """Make the (empty) buffers for a model of this shape (the padded path makes them in ``update``)."""
+        shape = (self._rows, kv_heads, self.capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths, default=0)
 
@@ -196,31 +204,87 @@ def prefill_row(engine: Engine, cache: SlotCache, row: int, ids: list[int]) -> N
     cache.lengths[row] = len(ids)
 
 
-@torch.inference_mode()
-def forward_rows(engine: Engine, cache: SlotCache, rows: list[tuple[int, Draft]], lean: Any = None) -> torch.Tensor:
-    """Logits [B, W, vocab] (float32) of one pass over every row's ``[last] + draft`` (row r = cache row r).
+@dataclass
+class PassRow:
+    """One row of a batched pass: what cache row ``row`` feeds after its ``past`` cached positions."""
 
-    ``lean``: a :class:`LeanBatch` of the target (Llama-style models) runs the pass without the
-    ``transformers`` call machinery; otherwise the model's own forward runs it."""
-    inputs = [([last, *draft.tokens], draft.parents, cache.lengths[r]) for r, (last, draft) in enumerate(rows)]
+    row: int  # cache row
+    ids: list[int]  # the root (last committed token) then the draft nodes; or a prompt chunk
+    parents: list[int] | None  # parents of ids[1:] as in Draft.parents (-1 = the root); None = a causal chain
+    past: int  # cached positions before ids (where ids' keys/values are written)
+    logits: bool = True  # False: only the keys/values are wanted (a joining request's prompt)
+
+    def tree(self, dtype: torch.dtype, device: torch.device | str) -> tuple[np.ndarray, torch.Tensor | None]:
+        """(depth per id, additive mask [1, 1, n, past + n] or None when every position is visible).
+
+        Every id sees the whole cache; over the new block it sees its ancestors and itself (the
+        whole prefix for a causal chain)."""
+        n = len(self.ids)
+        if self.parents is None:
+            depth = np.arange(n)
+            allowed = np.tril(np.ones((n, n), dtype=bool))
+        else:
+            allowed = np.zeros((n, n), dtype=bool)
+            depth = np.zeros(n, dtype=np.int64)
+            allowed[0, 0] = True
+            for i, par in enumerate(self.parents):  # parents come before their children
+                k, pk = i + 1, par + 1
+                allowed[k] = allowed[pk]
+                allowed[k, k] = True
+                depth[k] = depth[pk] + 1
+        if n == 1:
+            return depth, None
+        mask = torch.zeros((1, 1, n, self.past + n), dtype=dtype, device=device)
+        mask[0, 0, :, self.past :].masked_fill_(torch.from_numpy(~allowed).to(device), torch.finfo(dtype).min)
+        return depth, mask
+
+
+def draft_row(row: int, last: int, draft: Draft, past: int) -> PassRow:
+    """The pass row verifying ``draft`` after the committed token ``last``."""
+    return PassRow(row, [last, *draft.tokens], list(draft.parents), past)
+
+
+@torch.inference_mode()
+def forward_rows(engine: Engine, cache: SlotCache, rows: list[PassRow], lean: Any = None
+                 ) -> list[torch.Tensor | None]:
+    """Per row: logits [len(ids), vocab] (float32), or None where ``logits`` is False; one pass.
+
+    ``lean``: a :class:`LeanBatch` of the target (Llama-style models) runs the pass packed, without
+    the ``transformers`` call machinery. Otherwise the model's own forward runs it over ``[B, W]``
+    inputs padded to the widest row; that path takes every cache row in order (``rows[r].row == r``)
+    and no prefill rows (joiners are prefilled by :func:`prefill_row` first)."""
+    if lean is not None:
+        return lean(rows, cache)
+    if [r.row for r in rows] != list(range(cache.size)) or not all(r.logits for r in rows):
+        raise ValueError("the padded pass takes every cache row in order, with logits")
+    inputs = [(r.ids, r.parents or [], r.past) for r in rows]
     cache.begin(0, max(len(ids) for ids, _, _ in inputs))
     ids, mask, positions = batch_inputs(inputs, cache._kv_len, engine.model.dtype, engine.device)
-    if lean is not None:
-        return lean(ids, positions, mask, cache)
     out = engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                       **{engine._cache_kw: cache})
-    return out.logits.float()
+                       **{engine._cache_kw: cache}).logits.float()
+    return [out[i, : len(r.ids)] for i, r in enumerate(rows)]
 
 
 class LeanBatch:
-    """The target's batched verify pass for Llama-style models, in a handful of tensor operations.
+    """The target's batched verify pass for Llama-style models, rows packed without padding.
 
     A ``transformers`` forward call spends ~7 ms of CPU time in Python per pass on the embedded
     5-layer target (hooks, output classes, per-layer bookkeeping), several times the compute of a
     pass over a few tokens; a batch pays it once, and this pays almost none of it. The numerics
-    follow ``modeling_llama`` op for op (RMSNorm in float32, rotary embedding, SDPA with the 4D
-    mask, SiLU-gated MLP) on the weights of :class:`~suffixspec.proposers.draft_model.LeanLlama`;
+    follow ``modeling_llama`` op for op (RMSNorm in float32, rotary embedding, SDPA with the
+    row's mask, SiLU-gated MLP) on the weights of :class:`~suffixspec.proposers.draft_model.LeanLlama`;
     :func:`batch_problem`'s probe and the equality tests compare it with the batch-1 path.
+
+    Rows are packed: the projections and the MLP run once over every row's real tokens
+    (``sum(len(ids))`` of them, no padding to the widest row), and attention runs per row over
+    that row's own cached length (no row reads the longest row's keys). On the embedded target a
+    cached position costs 40 KB of keys and values per pass, so padding 8 rows of 260-370 cached
+    tokens to the longest one read ~20% more memory than the rows own.
+
+    Worked example (two rows: a tree of 3 nodes after 2 cached tokens, a lone root after 5)::
+
+        packed tokens   r0: root a b   r1: root        (4 tokens through every matmul)
+        attention       r0: 3 queries x 2 + 3 keys     r1: 1 query x 5 + 1 keys (no mask)
     """
 
     def __init__(self, model: Any) -> None:
@@ -241,28 +305,60 @@ class LeanBatch:
         return weight * h.to(x.dtype)
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: SlotCache
-                 ) -> torch.Tensor:
-        """Logits [B, W, vocab] (float32); ``ids``/``positions`` [B, W], ``mask`` [B, 1, W, kv_len]."""
-        w, lin = self.w, torch.nn.functional.linear
-        b, t = ids.shape
+    def __call__(self, rows: list[PassRow], cache: SlotCache) -> list[torch.Tensor | None]:
+        """Per row: logits [len(ids), vocab] (float32), or None for a row that wants none (a prefill).
+
+        Row ``rows[j]`` writes its keys/values into cache row ``rows[j].row`` at ``past ..``."""
+        w, lin, sdpa = self.w, torch.nn.functional.linear, torch.nn.functional.scaled_dot_product_attention
         h_q, h_kv, d = w.n_heads, w.n_kv, w.head_dim
         half, rep = d // 2, h_q // h_kv
-        x = w.embed[ids]  # [B, W, hidden]
-        cos, sin = w.cos[positions][:, :, None], w.sin[positions][:, :, None]  # [B, W, 1, d]
+        device = w.device
+        cache.reserve(cache.size, max(r.past + len(r.ids) for r in rows))
+        offsets, masks, ids, positions = [], [], [], []
+        total = 0
+        for r in rows:
+            offsets.append(total)
+            total += len(r.ids)
+            ids.extend(r.ids)
+            depth, mask = r.tree(w.dtype, device)
+            positions.append(depth + r.past)
+            masks.append(mask)
+        ids_t = torch.tensor(ids, device=device)
+        pos_t = torch.from_numpy(np.concatenate(positions)).to(device)
+        x = w.embed[ids_t]  # [T, hidden]
+        cos, sin = w.cos[pos_t][:, None], w.sin[pos_t][:, None]  # [T, 1, d]
+        attn = torch.empty((total, h_q * d), dtype=w.dtype, device=device)
+        if not cache.keys:  # first pass: the buffers take the model's shapes
+            cache.allocate(len(w.layers), h_kv, d, w.dtype, device)
         for i, (w_in, w_qkv, b_qkv, wo, bo, w_post, w_gu, wd) in enumerate(w.layers):
-            qkv = lin(self._rms(x, w_in), w_qkv, b_qkv).view(b, t, h_q + 2 * h_kv, d)
-            qk, v = qkv[:, :, : h_q + h_kv], qkv[:, :, h_q + h_kv :]
+            qkv = lin(self._rms(x, w_in), w_qkv, b_qkv).view(total, h_q + 2 * h_kv, d)
+            qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv :]
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
-            q = qk[:, :, :h_q].transpose(1, 2)  # [B, heads, W, d]
-            keys, values = cache.update(qk[:, :, h_q:].transpose(1, 2), v.transpose(1, 2), i)  # [B, kv, L, d]
-            if rep > 1:
-                keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-            a = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=w.scale)
-            x = x + lin(a.transpose(1, 2).reshape(b, t, h_q * d), wo, bo)
+            kbuf, vbuf = cache.keys[i], cache.values[i]
+            for r, start, mask in zip(rows, offsets, masks, strict=True):
+                n, past = len(r.ids), r.past
+                end = start + n
+                kbuf[r.row, :, past : past + n] = qk[start:end, h_q:].transpose(0, 1)
+                vbuf[r.row, :, past : past + n] = v[start:end].transpose(0, 1)
+                keys, values = kbuf[r.row : r.row + 1, :, : past + n], vbuf[r.row : r.row + 1, :, : past + n]
+                if rep > 1:
+                    keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+                q = qk[start:end, :h_q].transpose(0, 1)[None]  # [1, heads, n, d]
+                a = sdpa(q, keys, values, attn_mask=mask, scale=w.scale)  # [1, heads, n, d]
+                attn[start:end] = a[0].transpose(0, 1).reshape(n, h_q * d)
+            x = x + lin(attn, wo, bo)
             gate, up = lin(self._rms(x, w_post), w_gu).chunk(2, dim=-1)
             x = x + lin(torch.nn.functional.silu(gate) * up, wd)
-        return lin(self._rms(x, w.norm), w.head).float()
+        want = [j for j, r in enumerate(rows) if r.logits]
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        if want:
+            pick = torch.cat([torch.arange(offsets[j], offsets[j] + len(rows[j].ids)) for j in want]).to(device)
+            logits = lin(self._rms(x.index_select(0, pick), w.norm), w.head).float()
+            at = 0
+            for j in want:
+                out[j] = logits[at : at + len(rows[j].ids)]
+                at += len(rows[j].ids)
+        return out
 
 
 def lean_forward(engine: Engine) -> LeanBatch | None:
@@ -295,13 +391,21 @@ def batch_problem(engine: Engine, lean: LeanBatch | None = None) -> str | None:
             engine._prefill(ids[:-1], dyn)
             alone.append(engine._forward([ids[-1], *draft.tokens], dyn, draft.parents, len(ids) - 1))
         cache = SlotCache(capacity=16)
-        for ids in prompts:
-            prefill_row(engine, cache, cache.add_row(), ids[:-1])
-        batched = forward_rows(engine, cache, [(ids[-1], d) for ids, d in zip(prompts, drafts, strict=True)], lean)
+        rows = [cache.add_row() for _ in prompts]
+        if lean is not None:  # the joiners' prompts packed into one pass, as the scheduler does
+            forward_rows(engine, cache, [PassRow(r, ids[:-1], None, 0, logits=False)
+                                         for r, ids in zip(rows, prompts, strict=True)], lean)
+            for r, ids in zip(rows, prompts, strict=True):
+                cache.lengths[r] = len(ids) - 1
+        else:
+            for r, ids in zip(rows, prompts, strict=True):
+                prefill_row(engine, cache, r, ids[:-1])
+        batched = forward_rows(engine, cache, [draft_row(r, ids[-1], d, len(ids) - 1)
+                                               for r, ids, d in zip(rows, prompts, drafts, strict=True)], lean)
     except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
         return f"a batched pass failed: {type(e).__name__}: {e}"
     for r, ref in enumerate(alone):
-        diff = float((batched[r, : ref.shape[0]] - ref).abs().max())
+        diff = float((batched[r] - ref).abs().max())
         if diff > 1e-3 * max(1.0, float(ref.abs().max())):
             return f"batched logits differ from batch-1 logits by {diff:.3g}"
     return None
@@ -331,17 +435,17 @@ class PassCost(VerifyCost):
 
 class BatchCost:
     """The verify cost a row's gates see in a batch of ``rows``: ``estimate(k)`` is the measured
-    time of a pass of ``rows x k`` inputs (every row padded to the widest one)."""
+    time of a packed pass where this row feeds ``k`` inputs and every other row its root alone."""
 
     def __init__(self, cost: VerifyCost) -> None:
-        self.cost = cost  # pass time by total inputs (rows x width), shared by every batch size
+        self.cost = cost  # pass time by total inputs, shared by every batch size
         self.rows = 1  # rows of the current step
 
     def estimate(self, inputs: int) -> float | None:
-        return self.cost.estimate(self.rows * inputs)
+        return self.cost.estimate(self.rows - 1 + inputs)
 
     def observe(self, inputs: int, seconds: float) -> None:
-        self.cost.observe(self.rows * inputs, seconds)
+        self.cost.observe(self.rows - 1 + inputs, seconds)
 
 
 @dataclass
@@ -357,43 +461,44 @@ class Plan:
 def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, explore_every: int = 8) -> None:
     """Empty the drafts a batched pass should not verify (in place).
 
-    A pass of ``rows`` rows padded to width ``W`` costs ``t(rows * W)`` and yields, per row, one token
-    plus its expected accepted tokens (``score x calibration``, its ``DraftGate``) when its draft is
-    verified. The width maximizing tokens per second wins: ``W = 1`` (all plain) costs ``t(rows)``
-    for ``rows`` tokens, ``W = 1 + g`` verifies every draft of planned size ``<= g``. Drafts that
-    must be verified (non-adaptive requests, exploration) set the smallest width.
+    A packed pass costs ``t(inputs)``: every row feeds its root, a verified draft adds its nodes. A
+    row yields one token plus, when its draft is verified, its expected accepted tokens
+    (``score x calibration``, its ``DraftGate``). Drafts are taken in order of expected tokens per
+    node, and the count maximizing tokens per second wins; drafts that must be verified
+    (non-adaptive requests, exploration) are always in.
 
-    Worked example: 4 rows, t(4) = 10 ms, t(20) = 14 ms, t(36) = 20 ms; drafts of planned size 4
-    (expecting 3 tokens) and 8 (expecting 1): W=1 -> 4 / 10 = 0.40; W=5 -> 7 / 14 = 0.50;
-    W=9 -> 8 / 20 = 0.40 -> verify the first draft only. With one row this is exactly the batch-1
-    rule ``(1 + expected) * t(1) >= t(1 + nodes)``.
+    Worked example: 4 rows, t(4) = 10 ms, t(8) = 12 ms, t(16) = 20 ms; drafts of planned size 4
+    (expecting 3 tokens) and 8 (expecting 1): none -> 4 / 10 = 0.40; the first -> 7 / 12 = 0.58;
+    both -> 8 / 20 = 0.40 -> verify the first only. With one row this is exactly the batch-1 rule
+    ``(1 + expected) * t(1) >= t(1 + nodes)``.
 
     A draft's size here is its planned size (``Draft.gate_size()``), never what a sampled draft
     happened to produce; nothing of another row's sampling reaches a row's tokens.
     """
-    base = cost.estimate(rows)
-    forced_width = 1
+    inputs = rows  # every row's root
     optional: list[tuple[int, float, Any, Plan]] = []  # (planned size, expected tokens, seq, plan)
     for seq, plan in plans:
         if not len(plan.draft):
             continue
         size = plan.draft.gate_size()
         if not seq.spec.adaptive or plan.exploring or seq.batch_skipped + 1 >= explore_every:
-            forced_width = max(forced_width, 1 + len(plan.draft))
+            inputs += size
             seq.batch_skipped = 0
             continue
         optional.append((size, max(0.0, plan.draft.score) * seq.gate.calibration, seq, plan))
-    if base is None:  # the first pass: measure a plain step before judging drafts
-        chosen = 0 if forced_width == 1 else forced_width
-    else:
-        chosen, best = forced_width, -1.0
-        for width in sorted({forced_width, *(1 + s for s, _, _, _ in optional if 1 + s >= forced_width)}):
-            t = cost.estimate(rows * width)
-            gain = rows + sum(e for s, e, _, _ in optional if 1 + s <= width)
-            if t and gain / t > best:
-                chosen, best = width, gain / t
-    for size, _, seq, plan in optional:
-        if 1 + size <= chosen:
+    take = 0
+    if cost.estimate(rows) is not None:  # else the first pass: measure a plain step before judging drafts
+        optional.sort(key=lambda o: -o[1] / max(1, o[0]))  # stable: equal rates keep the rows' order
+        gain = float(rows)
+        t = cost.estimate(inputs)
+        best = gain / t if t else 0.0
+        for k, (size, expected, _, _) in enumerate(optional, 1):
+            inputs, gain = inputs + size, gain + expected
+            t = cost.estimate(inputs)
+            if t and gain / t >= best:
+                take, best = k, gain / t
+    for k, (_, _, seq, plan) in enumerate(optional):
+        if k < take:
             seq.batch_skipped = 0
         else:
             seq.batch_skipped += 1
@@ -409,6 +514,7 @@ class _Handle:
     seq: _Sequence | None = None  # the request's decode state, once admitted
     events: queue.Queue = field(default_factory=queue.Queue)  # StreamEvent..., then the final one, or an exception
     proposers: list | None = None  # the proposer set lent to this request
+    joining: bool = False  # admitted, its prompt not yet in the cache (it rides in the next pass)
 
 
 class BatchScheduler:
@@ -525,6 +631,9 @@ class BatchScheduler:
             self._rows.append(handle)
             if handle.cancel.is_set():  # gone while waiting: it leaves at the next step, unprefilled
                 continue
+            if self.lean is not None:  # its prompt is packed into the next pass with the others' drafts
+                handle.joining = len(handle.seq.request.prompt_ids) > 1
+                continue
             try:
                 self._prefill(row, handle)
             except Exception as e:
@@ -540,6 +649,8 @@ class BatchScheduler:
     def _step(self) -> None:
         plans: dict[int, Plan] = {}
         for h in list(self._rows):
+            if h.joining and not h.cancel.is_set():
+                continue  # no cache yet: it proposes from the next step on
             t = time.perf_counter()
             try:
                 planned = h.seq.plan()
@@ -552,25 +663,34 @@ class BatchScheduler:
             plans[id(h)] = Plan(planned[0], planned[1], planned[2], time.perf_counter() - t)
         if not self._rows:
             return
-        rows = len(self._rows)
-        pairs = [(h.seq, plans[id(h)]) for h in self._rows]
+        decoding = [(i, h) for i, h in enumerate(self._rows) if not h.joining]
+        pairs = [(h.seq, plans[id(h)]) for _, h in decoding]
+        rows = len(pairs)
         for seq, _ in pairs:
             seq.cost_view.rows = rows
         choose_drafts(pairs, self.cost, rows)
         eng = self.engine
+        pass_rows = [draft_row(i, seq.last, p.draft, self.cache.lengths[i]) for (i, _), (seq, p) in
+                     zip(decoding, pairs, strict=True)]
+        joining = [(i, h) for i, h in enumerate(self._rows) if h.joining]
+        pass_rows += [PassRow(i, h.seq.request.prompt_ids[:-1], None, 0, logits=False) for i, h in joining]
         t_forward = time.perf_counter()
-        logits = forward_rows(eng, self.cache, [(seq.last, p.draft) for seq, p in pairs], self.lean)  # [B, W, vocab]
-        width = logits.shape[1]
+        logits = forward_rows(eng, self.cache, pass_rows, self.lean)
         elapsed = time.perf_counter() - t_forward
-        self.cost.observe(rows * width, elapsed)
-        if eng.step_observer is not None:
-            eng.step_observer(rows, rows * width)
+        inputs = sum(len(r.ids) for r in pass_rows[:rows])
+        if not joining:  # a pass with a prompt in it says little about the cost of drafts
+            self.cost.observe(inputs, elapsed)
+        if rows and eng.step_observer is not None:
+            eng.step_observer(rows, inputs)
+        for i, h in joining:
+            self.cache.lengths[i] = len(h.seq.request.prompt_ids) - 1
+            h.joining = False
+            h.seq.stats.time_prefill_s = elapsed
         done = []
-        for i, (h, (seq, plan)) in enumerate(zip(list(self._rows), pairs, strict=True)):
+        for (i, h), (seq, plan), row_logits in zip(decoding, pairs, logits, strict=False):
             try:
-                n = 1 + len(plan.draft)
                 t_row = time.perf_counter()
-                outcome = verify_tree(plan.draft, logits[i, :n], seq.processor, seq.rng, position=len(seq.output))
+                outcome = verify_tree(plan.draft, row_logits, seq.processor, seq.rng, position=len(seq.output))
                 t_verified = time.perf_counter()
                 self.cache.keep(i, self.cache.lengths[i], [0] + [k + 1 for k in outcome.accepted])
                 ev = seq.commit(plan.draft, plan.calls, outcome, plan.propose_s, elapsed + t_verified - t_row,

@@ -19,11 +19,14 @@ from test_draft_model_proposer import _chi_square_z, _exact_pairs
 from suffixspec.batch import (
     BatchScheduler,
     PassCost,
+    PassRow,
     Plan,
     SlotCache,
     batch_inputs,
     choose_drafts,
+    draft_row,
     forward_rows,
+    lean_forward,
 )
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
@@ -212,19 +215,34 @@ def test_batched_known_q_rows_keep_the_target_distribution(engines):
     assert z < 3.5, (z, seen.most_common(5))
 
 
-def test_slot_cache_rows_match_fresh_forward(engines):
+@pytest.mark.parametrize("packed", [False, True])
+def test_slot_cache_rows_match_fresh_forward(engines, packed):
     """After passes with rejected branches, rows of other lengths and a removed row, each row's
-    cache equals a fresh prefill of its tokens."""
+    cache equals a fresh prefill of its tokens (padded pass, and packed lean pass with the prompts
+    prefilled in one pass)."""
     from suffixspec.batch import prefill_row
 
     engine = engines["llama"]
+    lean = lean_forward(engine) if packed else None
+    assert lean is not None or not packed
     cache = SlotCache(capacity=8)  # small: the buffers grow on the way
     seqs = [engine.encode(p) for p in PROMPTS[:3]]
-    for ids in seqs:
-        prefill_row(engine, cache, cache.add_row(), ids[:-1])
+    rows = [cache.add_row() for _ in seqs]
+    if packed:
+        out = forward_rows(engine, cache, [PassRow(r, s[:-1], None, 0, logits=False) for r, s in zip(rows, seqs,
+                                                                                                      strict=True)], lean)
+        assert out == [None] * 3
+        for r, s in zip(rows, seqs, strict=True):
+            cache.lengths[r] = len(s) - 1
+    else:
+        for r, s in zip(rows, seqs, strict=True):
+            prefill_row(engine, cache, r, s[:-1])
     tree = Draft([5, 6, 7, 8], [-1, -1, 1, 2], ["prompt"] * 4)  # 5 | 6 -> 7 -> 8
     for step in range(4):
-        forward_rows(engine, cache, [(s[-1], tree if r != 1 else Draft()) for r, s in enumerate(seqs)])
+        order = [2, 0, 1] if packed else [0, 1, 2]  # the packed pass takes rows in any order
+        out = forward_rows(engine, cache, [draft_row(r, seqs[r][-1], tree if r != 1 else Draft(), cache.lengths[r])
+                                           for r in order], lean)
+        assert [len(o) for o in out] == [1 if r == 1 else 5 for r in order]
         for r, s in enumerate(seqs):
             path = [] if r == 1 else [1, 2, 3][: (step + r) % 4]  # accepted nodes: 6, 6 7, 6 7 8 or none
             cache.keep(r, cache.lengths[r], [0] + [k + 1 for k in path])
@@ -264,25 +282,37 @@ def _plan(n: int, score: float) -> Plan:
 
 
 def test_choose_drafts_worked_example():
-    """The docstring's example: 4 rows; the width that maximizes tokens per second wins."""
+    """The docstring's example: 4 rows; the drafts maximizing tokens per second of a packed pass win."""
     cost = PassCost()
-    for inputs, t in ((4, 0.010), (20, 0.014), (36, 0.020)):
+    for inputs, t in ((4, 0.010), (8, 0.012), (16, 0.020)):
         cost.observe(inputs, t)
     rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
     choose_drafts(rows, cost, 4)
     assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
     assert rows[1][0].batch_skipped == 1
+    # the better draft per node goes first, whatever the rows' order
+    rows = [(_Seq(), _plan(8, 1.0)), (_Seq(), _plan(4, 3.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
+    choose_drafts(rows, cost, 4)
+    assert [len(p.draft) for _, p in rows] == [0, 4, 0, 0]
     # cheap wide passes (a GPU): both drafts go
     flat = PassCost()
-    for inputs in (4, 20, 36):
+    for inputs in (4, 8, 16):
         flat.observe(inputs, 0.010)
     rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0))]
     choose_drafts(rows, flat, 4)
     assert [len(p.draft) for _, p in rows] == [4, 8]
-    # a non-adaptive row's draft is always verified, and sets the width the others may use
+    # a non-adaptive row's draft is always verified; the others are judged after it
     rows = [(_Seq(adaptive=False), _plan(8, 0.0)), (_Seq(), _plan(2, 0.1))]
     choose_drafts(rows, cost, 4)
-    assert [len(p.draft) for _, p in rows] == [8, 2]
+    assert [len(p.draft) for _, p in rows] == [8, 0]
+    # one row: the batch-1 rule (1 + expected) * t(1) >= t(1 + nodes)
+    one = PassCost()
+    for inputs, t in ((1, 0.004), (9, 0.006)):
+        one.observe(inputs, t)
+    for calibration, verified in ((0.3, 0), (0.8, 8)):
+        rows = [(_Seq(calibration=calibration), _plan(8, 1.0))]
+        choose_drafts(rows, one, 1)
+        assert len(rows[0][1].draft) == verified
 
 
 def test_sliding_window_model_falls_back_to_batch_1(tiny_dir, bpe_tokenizer_dir, caplog):
