@@ -305,6 +305,13 @@ class LeanBatch:
         return weight * h.to(x.dtype)
 
     @torch.inference_mode()
+    def ready(self, cache: SlotCache, positions: int) -> None:
+        """Room for ``positions`` positions in every row of ``cache`` (its buffers made on first use)."""
+        cache.reserve(cache.size, positions)
+        if not cache.keys:
+            cache.allocate(len(self.w.layers), self.w.n_kv, self.w.head_dim, self.w.dtype, self.w.device)
+
+    @torch.inference_mode()
     def __call__(self, rows: list[PassRow], cache: SlotCache) -> list[torch.Tensor | None]:
         """Per row: logits [len(ids), vocab] (float32), or None for a row that wants none (a prefill).
 
@@ -313,7 +320,7 @@ class LeanBatch:
         h_q, h_kv, d = w.n_heads, w.n_kv, w.head_dim
         half, rep = d // 2, h_q // h_kv
         device = w.device
-        cache.reserve(cache.size, max(r.past + len(r.ids) for r in rows))
+        self.ready(cache, max(r.past + len(r.ids) for r in rows))
         offsets, masks, ids, positions = [], [], [], []
         total = 0
         for r in rows:
@@ -328,8 +335,6 @@ class LeanBatch:
         x = w.embed[ids_t]  # [T, hidden]
         cos, sin = w.cos[pos_t][:, None], w.sin[pos_t][:, None]  # [T, 1, d]
         attn = torch.empty((total, h_q * d), dtype=w.dtype, device=device)
-        if not cache.keys:  # first pass: the buffers take the model's shapes
-            cache.allocate(len(w.layers), h_kv, d, w.dtype, device)
         for i, (w_in, w_qkv, b_qkv, wo, bo, w_post, w_gu, wd) in enumerate(w.layers):
             qkv = lin(self._rms(x, w_in), w_qkv, b_qkv).view(total, h_q + 2 * h_kv, d)
             qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv :]
@@ -388,7 +393,7 @@ def batch_problem(engine: Engine, lean: LeanBatch | None = None) -> str | None:
         alone = []
         for ids, draft in zip(prompts, drafts, strict=True):
             dyn = engine._new_cache()
-            engine._prefill(ids[:-1], dyn)
+            engine._prefill(ids[:-1], dyn, reuse=False)
             alone.append(engine._forward([ids[-1], *draft.tokens], dyn, draft.parents, len(ids) - 1))
         cache = SlotCache(capacity=16)
         rows = [cache.add_row() for _ in prompts]
@@ -673,19 +678,29 @@ class BatchScheduler:
         pass_rows = [draft_row(i, seq.last, p.draft, self.cache.lengths[i]) for (i, _), (seq, p) in
                      zip(decoding, pairs, strict=True)]
         joining = [(i, h) for i, h in enumerate(self._rows) if h.joining]
-        pass_rows += [PassRow(i, h.seq.request.prompt_ids[:-1], None, 0, logits=False) for i, h in joining]
         t_forward = time.perf_counter()
-        logits = forward_rows(eng, self.cache, pass_rows, self.lean)
+        for i, h in joining:
+            prompt = h.seq.request.prompt_ids[:-1]
+            reused = self._reuse(i, prompt)
+            if reused < len(prompt):
+                pass_rows.append(PassRow(i, prompt[reused:], None, reused, logits=False))
+        logits = forward_rows(eng, self.cache, pass_rows, self.lean) if pass_rows else []
         elapsed = time.perf_counter() - t_forward
         inputs = sum(len(r.ids) for r in pass_rows[:rows])
         if not joining:  # a pass with a prompt in it says little about the cost of drafts
             self.cost.observe(inputs, elapsed)
         if rows and eng.step_observer is not None:
             eng.step_observer(rows, inputs)
+        store = eng.prefix_store
         for i, h in joining:
-            self.cache.lengths[i] = len(h.seq.request.prompt_ids) - 1
+            prompt = h.seq.request.prompt_ids[:-1]
+            self.cache.lengths[i] = len(prompt)
             h.joining = False
             h.seq.stats.time_prefill_s = elapsed
+            if store is not None:
+                for end in store.wanted(prompt, 0):
+                    store.put(prompt, end, [k[i, :, end - store.block : end] for k in self.cache.keys],
+                              [v[i, :, end - store.block : end] for v in self.cache.values])
         done = []
         for (i, h), (seq, plan), row_logits in zip(decoding, pairs, logits, strict=False):
             try:
@@ -706,6 +721,23 @@ class BatchScheduler:
                 self._finish(h)
             else:
                 self._fail(h, err)
+
+    @torch.inference_mode()
+    def _reuse(self, row: int, prompt: list[int]) -> int:
+        """Copy the longest stored prefix of a joiner's prompt into its row; returns its length."""
+        store = self.engine.prefix_store
+        if store is None:
+            return 0
+        n, blocks = store.lookup(prompt)
+        if n:
+            self.lean.ready(self.cache, n)
+            at = 0
+            for keys, values in blocks:
+                for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+                    self.cache.keys[layer][row, :, at : at + store.block] = k
+                    self.cache.values[layer][row, :, at : at + store.block] = v
+                at += store.block
+        return n
 
     def _remove(self, handle: _Handle) -> None:
         row = self._rows.index(handle)

@@ -29,6 +29,7 @@ from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES, SOURCE_TARGET, Draft
 from .kv import attention_windows, keep_accepted, new_cache, tree_inputs
 from .loading import LoadedModel
 from .merge import merge_drafts
+from .prefix import PrefixStore
 from .proposers import Proposer, RequestContext
 from .sampling import LogitsProcessor, PositionRNG
 from .stats import RequestStats
@@ -70,9 +71,11 @@ class Engine:
     """Generates with a target model, speculating with the given proposers."""
 
     def __init__(self, target: LoadedModel, proposers: Sequence[Proposer] = (), max_draft_tokens: int = 32,
-                 max_num_seqs: int = 1) -> None:
+                 max_num_seqs: int = 1, prefix_cache_mb: float = 256) -> None:
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be a positive integer (1 = one request at a time), got {max_num_seqs!r}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 = no prompt-prefix reuse), got {prefix_cache_mb!r}")
         self.target = target
         self.model = target.model
         self.tokenizer = target.tokenizer
@@ -95,6 +98,8 @@ class Engine:
         self.step_observer: Callable[[int, int], None] | None = None  # called per pass with (rows, inputs)
         self._scheduler: Any = None  # batch.BatchScheduler, made on the first batched request
         self._batchable: bool | None = None  # can this model run padded batches? (probed once)
+        # keys/values of earlier prompts' prefixes (both decode paths); None: every prompt prefilled in full
+        self.prefix_store = PrefixStore(max_bytes=int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -261,12 +266,25 @@ class Engine:
         return new_cache(self.model.config)
 
     @torch.inference_mode()
-    def _prefill(self, ids: list[int], cache: Any) -> None:
+    def _prefill(self, ids: list[int], cache: Any, reuse: bool = True) -> None:
+        """Feed ``ids`` into an empty cache; the longest stored prefix is copied, not computed (``PrefixStore``)."""
         if not ids:
             return
-        kwargs = {"logits_to_keep": 1} if self._prefill_keeps_one else {}
-        kwargs[self._cache_kw] = cache
-        self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **kwargs)
+        store = self.prefix_store if reuse else None
+        start = 0
+        if store is not None:
+            start, blocks = store.lookup(ids)
+            for layer in range(len(blocks[0][0]) if blocks else 0):
+                keys = torch.cat([b[0][layer] for b in blocks], dim=-2)[None]  # [1, kv_heads, start, head_dim]
+                cache.update(keys, torch.cat([b[1][layer] for b in blocks], dim=-2)[None], layer)
+        if start < len(ids):
+            kwargs = {"logits_to_keep": 1} if self._prefill_keeps_one else {}
+            kwargs[self._cache_kw] = cache
+            self.model(input_ids=torch.tensor([ids[start:]], device=self.device), use_cache=True, **kwargs)
+        if store is not None:
+            for end in store.wanted(ids, start):
+                store.put(ids, end, [layer.keys[0, :, end - store.block : end] for layer in cache.layers],
+                          [layer.values[0, :, end - store.block : end] for layer in cache.layers])
 
     @torch.inference_mode()
     def _forward(self, ids: list[int], cache: Any, parents: list[int], past: int) -> torch.Tensor:
