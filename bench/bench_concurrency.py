@@ -9,7 +9,7 @@ total output tokens per second, p50 and p90 request latency, mean batch size per
 (from ``/metrics``); and whether every output equals the same request served alone (the
 ``--max-num-seqs 1`` server runs each request alone).
 
-    python -m bench.bench_concurrency [--clients 1,2,4,8,16] [--max-num-seqs 8] [--per-client 2]
+    python -m bench.bench_concurrency [--clients 1,2,4,8,16] [--max-num-seqs 4] [--per-client 2]
                                       [--max-tokens 128] [--out bench/published]
 
 Each round uses fresh requests (no round repeats an earlier one, so the output history does not
@@ -162,7 +162,7 @@ def run_round(server: Server, bodies: list[list[dict]]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", default="1,2,4,8,16")
-    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default="bench/published")

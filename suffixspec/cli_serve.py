@@ -55,7 +55,7 @@ def model_options(fn):
               help="waitress worker threads (connections served at once).")
 @click.option("--max-queue", default=32, show_default=True, type=click.IntRange(1, 10_000),
               help="Requests that may wait for the engine; more get 503 with Retry-After.")
-@click.option("--max-num-seqs", default=8, show_default=True, type=click.IntRange(1, 256),
+@click.option("--max-num-seqs", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Requests stepped together in one target forward pass (continuous batching); "
                    "1 serves one request at a time.")
 @click.option("--max-tokens-limit", default=8192, show_default=True, type=click.IntRange(1),

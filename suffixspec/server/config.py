@@ -26,7 +26,7 @@ class ServerConfig:
     #                                           ["*"] = any
     api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <api_key>`
     max_queue: int = 32  # requests waiting for the engine beyond the running ones; more get 503
-    max_num_seqs: int = 8  # requests the engine steps together (continuous batching); 1 = one at a time
+    max_num_seqs: int = 4  # requests the engine steps together (continuous batching); 1 = one at a time
     retry_after_s: int = 2  # Retry-After header on a 503 when the queue is full
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
     max_prompt_tokens: int | None = None  # longest prompt accepted; None = the model's context length
