@@ -35,6 +35,17 @@ def server(tiny_model_dirs, tmp_path_factory):
         yield srv
 
 
+def _wait_until(cond, held: list, st, timeout: float = 120) -> None:
+    """Wait for ``cond()`` (worker state); fail with what the worker, the clients and every thread saw."""
+    deadline = time.monotonic() + timeout  # a bound for a loaded CPU; the loop ends as soon as it holds
+    while not cond() and time.monotonic() < deadline and not any(f.done() for f in held):
+        time.sleep(0.01)
+    assert cond(), ("the queue did not fill as expected", st.worker.queue_length(), st.worker.busy(),
+                    st.worker.concurrency, [f.result()[:1] if f.done() and not f.exception() else
+                                            repr(f.exception()) if f.done() else "pending" for f in held],
+                    _thread_stacks())
+
+
 def _thread_stacks() -> str:
     """Where every thread of this process is now (for a failure message)."""
     import sys
@@ -127,7 +138,7 @@ def test_full_queue_answers_503_with_retry_after_then_recovers(tiny_model_dirs, 
     real_stream = st.worker.engine.stream
 
     def slow_stream(*a, **kw):  # hold the engine until the test has filled the queue
-        gate.wait(60)
+        gate.wait(600)  # released by the test's finally, whatever happens
         yield from real_stream(*a, **kw)
 
     st.worker.engine.stream = slow_stream
@@ -135,17 +146,13 @@ def test_full_queue_answers_503_with_retry_after_then_recovers(tiny_model_dirs, 
         body = {"prompt": "import os", "max_tokens": 3, "temperature": 0}
         with ThreadPoolExecutor(3) as pool:
             try:
-                held = [pool.submit(post, srv.url, "/v1/completions", body) for _ in range(3)]  # 1 running + 2 queued
-                deadline = time.monotonic() + 120  # a bound for a loaded CPU; the loop ends as soon as it holds
-                while ((st.worker.queue_length() < 2 or not st.worker.busy()) and time.monotonic() < deadline
-                       and not all(f.done() for f in held)):
-                    time.sleep(0.01)
-                # once (of 3 clean-clone CI runs, in the full suite only) the queue stayed empty for the whole
-                # deadline; say what the worker, the three clients and every thread saw, for the next look
-                assert st.worker.queue_length() == 2 and st.worker.busy(), (
-                    "the queue never filled", st.worker.queue_length(), st.worker.busy(), st.worker.concurrency,
-                    [f.result()[:1] if f.done() and not f.exception() else repr(f.exception()) if f.done()
-                     else "pending" for f in held], _thread_stacks())
+                # One at a time: the first must be running before the others arrive. Sent together, the three
+                # could all reach the queue before the worker thread woke (a loaded machine): two waited, the
+                # third got a 503 and the queue never held 2 behind a running one (failed 3 full-suite runs).
+                held = []
+                for want_queued in (0, 1, 2):
+                    held.append(pool.submit(post, srv.url, "/v1/completions", body))
+                    _wait_until(lambda n=want_queued: st.worker.busy() and st.worker.queue_length() == n, held, st)
                 statuses = [post(srv.url, "/v1/completions", body, timeout=30) for _ in range(4)]
                 for status, headers, raw in statuses:
                     assert status == 503 and headers["retry-after"] == "3"
