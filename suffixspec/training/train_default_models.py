@@ -26,14 +26,17 @@ The step counts actually run are written into each model's training.json (``--ta
 ``--anneal-steps`` and ``--draft-steps`` replay them).
 
 The checkpoints in /work/ckpt/models (this machine class) came from: 2,445 stable steps with one copy
-example in every batch (``--copy-batches 1.0``, 61.8 min), then resumed with the defaults now
-(``--copy-batches 0.25``: the model's own greedy continuations looped, distinct 4-grams 0.08, and 0.40
-with the copy heads silenced, so most of the loop was the circuit copying the model's own output):
+example in every batch (``--copy-batches 1.0``, 61.8 min; target-step2445.pt), then 2,854 more with
+``--copy-batches 0.25`` (to 135 min; target.pt = target-step5299.pt) and a 535-step anneal
+(anneal-step5299-candidate.pt, exported to out2/). The quarter mix did not pay: held-out-package loss
+5.22 -> 4.73 nats/token, but greedy copy 0.855 -> 0.51 (the trained layers outgrew the frozen copy
+output and no scale of it recovers 0.85) and greedy continuations still loop (distinct 4-grams
+0.08 -> 0.06), so the default is back to 1.0. Resume (move the old anneal.pt aside first):
 
     python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
-        --phases target,anneal --target-minutes 135 --anneal-minutes 12
+        --phases target,anneal --target-minutes 300 --anneal-minutes 12
     python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
-        --phases final --out OUT --copy-history "stable steps 0-2445 at 1.0"
+        --phases final --out OUT --copy-history "stable steps 2445-5299 at 0.25"
 """
 
 from __future__ import annotations
@@ -555,10 +558,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target-inter", type=int, default=768)
     ap.add_argument("--target-batch", type=int, default=3, help="sequences per target batch (the checkpoints in "
                     "/work/ckpt/models were trained with 3)")
-    ap.add_argument("--copy-batches", type=float, default=0.25,
+    ap.add_argument("--copy-batches", type=float, default=1.0,
                     help="fraction of the target's batches that hold one copy example (the rest: plain code). "
-                         "0.25 since step 2445: at 1.0 (a third of the sequences copies) greedy continuations "
-                         "looped (distinct 4-grams 0.08, 0.40 with the copy heads silenced)")
+                         "0.25 for stable steps 2445-5299 lost the copy (greedy copy 0.855 -> 0.51 after "
+                         "calibration) and did not stop the loops (distinct 4-grams 0.08 -> 0.06)")
     ap.add_argument("--copy-history", default="",
                     help="for the model card, when --copy-batches changed on a resume (the checkpoints do not "
                          "record it), e.g. 'steps 0-2445 at 1.0'")
