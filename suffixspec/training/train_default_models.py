@@ -24,6 +24,19 @@ Every phase checkpoints to ``--ckpt-dir`` (model, optimizer, step, time spent, r
 
 The step counts actually run are written into each model's training.json (``--target-steps``,
 ``--anneal-steps`` and ``--draft-steps`` replay them).
+
+The checkpoints in /work/ckpt/models (this machine class) came from: 2,445 stable steps with one copy
+example in every batch (``--copy-batches 1.0``, 61.8 min; target-step2445.pt), then 2,854 more with
+``--copy-batches 0.25`` (to 135 min; target.pt = target-step5299.pt) and a 535-step anneal
+(anneal-step5299-candidate.pt, exported to out2/). The quarter mix did not pay: held-out-package loss
+5.22 -> 4.73 nats/token, but greedy copy 0.855 -> 0.51 (the trained layers outgrew the frozen copy
+output and no scale of it recovers 0.85) and greedy continuations still loop (distinct 4-grams
+0.08 -> 0.06), so the default is back to 1.0. Resume (move the old anneal.pt aside first):
+
+    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
+        --phases target,anneal --target-minutes 300 --anneal-minutes 12
+    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
+        --phases final --out OUT --copy-history "stable steps 2445-5299 at 0.25"
 """
 
 from __future__ import annotations
@@ -372,8 +385,11 @@ def card(kind: str, info: dict) -> str:
             "train (when they learned too, their writes grew the residual the match is normalised by and the copy "
             "broke: 0.02 of a segment); everything else trains: layer 2's free heads and MLP and layers "
             f"3-{info['layers'] - 1} fully, never writing into the codes or slots. Each batch of "
-            f"{info['batch'][0]} x {info['batch'][1]} tokens holds {info['batch'][0] - 1} windows of plain code "
-            "(loss on every token) and one copy example (3 in 4: a code window copied after a separator or in a "
+            f"{info['batch'][0]} x {info['batch'][1]} tokens holds windows of plain code (loss on every token); in "
+            f"a fraction {info.get('copy_batches', 1.0):g} of the batches"
+            + (f" ({info['copy_history']})" if info.get("copy_history") else "") + " one of them is a copy example "
+            "(3 in 4: a code window copied "
+            "after a separator or in a "
             "chat turn, from the start or an offset, sometimes with small edits; 1 in 4: random full-vocabulary "
             "copies, loss on the copies). Afterwards the copy heads' output projection is scaled by "
             f"{info.get('copy_boost', 1.0):g} (the smallest factor reaching 97% of the best copy accuracy on "
@@ -420,6 +436,9 @@ def card(kind: str, info: dict) -> str:
                   "(`evaluate.CONTINUATION_PROMPTS`: a function signature, a class header, an import block, ...): "
                   f"distinct 4-grams / all 4-grams {k['distinct_4grams']:.2f} on average ("
                   + ", ".join(f"{x:.2f}" for x in k["per_prompt"]) + "; 1.0 never repeats, near 0 loops)"]
+        if "continuations_copy_off" in m:
+            lines += [f"- the same with the copy heads silenced: {m['continuations_copy_off']['distinct_4grams']:.2f} "
+                      "(the difference is the circuit copying the model's own output)"]
     if "draft_agreement" in m:
         a = m["draft_agreement"]
         lines += [f"- demo-draft's greedy next-token agreement with this model through text {a['agreement']:.3f} "
@@ -437,8 +456,10 @@ def card(kind: str, info: dict) -> str:
         lines += ["## Limitations", "",
                   f"- a small model trained for {info['train_minutes']:.0f} minutes on two shared CPU cores; greedy "
                   "continuations of ordinary prompts fall into repetition (distinct 4-grams "
-                  f"{m['continuations']['distinct_4grams']:.2f} above): the copy examples teach that text after a "
-                  "separator repeats what came before, and the circuit then follows the repeat;",
+                  f"{m['continuations']['distinct_4grams']:.2f} above): once the model repeats a few tokens, the "
+                  "circuit finds the earlier occurrence and copies what followed it, which repeats it again "
+                  "(with the copy heads silenced the same prompts give "
+                  f"{m.get('continuations_copy_off', m['continuations'])['distinct_4grams']:.2f});",
                   "- the copy follows the longest agreement with the last 16 tokens; right after an insertion the "
                   "context agrees with the source only partly, so copying resumes a few tokens later;",
                   "- the copy circuit has no gate on match quality: text that repeats a few tokens of the context "
@@ -535,9 +556,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target-layers", type=int, default=6)
     ap.add_argument("--target-heads", type=int, default=4)
     ap.add_argument("--target-inter", type=int, default=768)
-    ap.add_argument("--target-batch", type=int, default=4)
+    ap.add_argument("--target-batch", type=int, default=3, help="sequences per target batch (the checkpoints in "
+                    "/work/ckpt/models were trained with 3)")
     ap.add_argument("--copy-batches", type=float, default=1.0,
-                    help="fraction of the target's batches that hold one copy example (the rest: plain code)")
+                    help="fraction of the target's batches that hold one copy example (the rest: plain code). "
+                         "0.25 for stable steps 2445-5299 lost the copy (greedy copy 0.855 -> 0.51 after "
+                         "calibration) and did not stop the loops (distinct 4-grams 0.08 -> 0.06)")
+    ap.add_argument("--copy-history", default="",
+                    help="for the model card, when --copy-batches changed on a resume (the checkpoints do not "
+                         "record it), e.g. 'steps 0-2445 at 1.0'")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--draft-hidden", type=int, default=96)
@@ -602,6 +629,7 @@ def main(argv: list[str] | None = None) -> None:
              "context": args.seq_len, "train_minutes": tstats["minutes"], "steps": {"target": tstats["steps"]},
              "stable_steps": tstats.get("stable_steps"), "decay_steps": tstats.get("decay_steps"),
              "batch": [args.target_batch, args.seq_len], "lr": args.lr, "ngram": induction.NGRAM,
+             "copy_batches": args.copy_batches, "copy_history": args.copy_history,
              "final_train_loss_ema": tstats["final_loss_ema"], "probes": tstats.get("probes", [])}
     dinfo = {**common, **describe(draft, dtok, "draft"), "train_tokens": meta["draft_train_tokens"], "context": 256,
              "train_minutes": dstats["minutes"], "steps": {"draft": dstats["steps"]}, "batch": [8, 256]}
@@ -624,8 +652,10 @@ def evaluate_and_write(out, target, ttok, draft, dtok, c, tinfo, dinfo, total, s
     with torch.no_grad():
         copy_out.zero_()
         tm["eval_copy_off"] = evaluate.heldout_loss(target, ttok, c["t_eval"], length=512)
+        tm["continuations_copy_off"] = evaluate.continuation_diversity(target, ttok)  # does the loop come from copying?
         copy_out.copy_(kept)
-    log(f"target held-out packages with the copy heads silenced {tm['eval_copy_off']}")
+    log(f"target held-out packages with the copy heads silenced {tm['eval_copy_off']}, continuations' distinct "
+        f"4-grams {tm['continuations_copy_off']['per_prompt']}")
     tm["copy"] = evaluate.copy_accuracy(target, ttok, c["t_eval"], n=segments)
     tm["copy_stdlib"] = evaluate.copy_accuracy(target, ttok, c["t_held"], n=segments)
     log(f"target copy: packages {tm['copy']}, stdlib {tm['copy_stdlib']}")
