@@ -17,11 +17,10 @@ import argparse
 import json
 import random
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from .bench_sampled import document_index, on_off, proposers_for
+from .bench_sampled import OnOffBench, summarize
 from .workloads import Request, _chat, heldout_texts
 
 CONTEXT_WORKLOADS = ("code_edit", "rag")
@@ -76,32 +75,21 @@ def build_at(name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: 
 def run(model: str, draft_model: str | None, lengths: tuple[int, ...] | None = None, n: int = 2,
         max_tokens: int = 128, workloads: tuple[str, ...] = CONTEXT_WORKLOADS, log=print) -> dict[str, Any]:
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
-    from suffixspec.loading import load_model
 
-    target = load_model(model)
-    draft = load_model(draft_model) if draft_model else None
-    engine = Engine(target)
-    limit = engine.max_context - max_tokens - 1
-    if lengths is None:
-        lengths = tuple(x for x in (256, 512, 1024, 2048, 4096, 8192) if x < limit) + (limit,)
-    lengths = tuple(min(x, limit) for x in lengths)
-    engine.generate(engine.encode("def main():\n    return 0\n"), SamplingParams(max_tokens=8), False)
-    out: dict[str, Any] = {"context_limit": engine.max_context, "rows": {}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with OnOffBench(model, draft_model) as bench:
+        engine = bench.engine
+        limit = engine.max_context - max_tokens - 1
+        if lengths is None:
+            lengths = tuple(x for x in (256, 512, 1024, 2048, 4096, 8192) if x < limit) + (limit,)
+        lengths = tuple(min(x, limit) for x in lengths)
+        out: dict[str, Any] = {"context_limit": engine.max_context, "rows": {}}
         for w in workloads:
             for L in lengths:
-                requests, docs = build_at(w, target.tokenizer, n, L, max_tokens)
-                documents = document_index(target, docs, Path(tmp) / f"{w}-{L}") if docs else None
-                proposers = proposers_for(target, draft, documents, history=False)
-                runs = [on_off(engine, proposers, req, SamplingParams(max_tokens=max_tokens)) for req in requests]
-                ratios = [r.off_s / r.on_s for r in runs]
-                row = {"speedup_cpu_median": round(statistics.median(r.off_cpu_s / r.on_cpu_s for r in runs), 3),
-                       "prompt_tokens": round(statistics.mean(len(engine.encode(r.prompt)) for r in requests)),
-                       "identical": all(r.identical for r in runs),
-                       "tokens_per_forward": round(sum(r.tokens for r in runs) / max(1, sum(r.forwards for r in runs)), 3),
-                       "speedup_median": round(statistics.median(ratios), 3),
-                       "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),
+                requests, docs = build_at(w, bench.target.tokenizer, n, L, max_tokens)
+                runs = bench.cell(f"{w}-{L}", requests, docs, lambda i: SamplingParams(max_tokens=max_tokens),
+                                  history=False)
+                row = {"prompt_tokens": round(statistics.mean(len(engine.encode(r.prompt)) for r in requests)),
+                       **summarize(runs),
                        "plain_tokens_per_s": round(sum(r.tokens for r in runs) / sum(r.off_s for r in runs), 1)}
                 out["rows"].setdefault(w, {})[str(L)] = row
                 log(f"  {w:10s} L={L:5d} ({row['prompt_tokens']} tokens) speedup {row['speedup_median']:.2f}x "

@@ -12,10 +12,12 @@ Worked example: output ``[5, 6, 7, 8]``, first draft ``[5, 6, 9]`` -> accept ``5
 gives ``7``: 3 tokens in step 1; second draft ``[8]`` -> accept ``8`` and the bonus token ends the
 request (or the cap does): 2 steps, 2.0 tokens per step.
 
-    python -m bench.bench_drafting [--requests 3] [--max-tokens 256] [--search] [--json out.json]
+    python -m bench.bench_drafting [--requests 3] [--max-tokens 256] [--outputs written] [--search] [--json out.json]
 
 The outputs are generated once with the real target (greedy, speculation on: the same tokens) and
-cached under ``--cache``; every system replays the same outputs, requests in the same order.
+cached under ``--cache``; every system replays the same outputs, requests in the same order. With
+``--outputs written`` the outputs are the answers a person would write instead (text that does not
+loop, see :func:`written_traces`).
 """
 
 from __future__ import annotations
@@ -179,6 +181,50 @@ def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cach
     return {w: [Trace(**t) for t in saved[f"{key}|{w}"]] for w in workloads}
 
 
+def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: int) -> dict[str, list[Trace]]:
+    """The same requests with the answer a person would write instead of the embedded target's output.
+
+    The embedded target mostly loops (``\\n\\n\\n...``, ``,self,self,...``), so its recorded outputs
+    test how drafters handle loops. These traces test text that does not loop: the edited window
+    (code edit: the file with the rename applied, as the ``prediction`` variant sends it), the code
+    under work written back (agentic: every step of the trace rewrites the same file), the retrieved
+    chunk after the lines the prompt already started (RAG), the file's own continuation
+    (open-ended). Drafts are judged on them exactly as on recorded outputs; nothing runs a model.
+    """
+    import random
+
+    from suffixspec.loading import load_tokenizer
+
+    from .workloads import heldout_texts
+
+    tok = load_tokenizer(model)
+
+    def ids(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)[:max_tokens]
+
+    out: dict[str, list[Trace]] = {}
+    for w in workloads:
+        requests, _docs = build(w, tok, n, max_tokens)
+        if w in ("code_edit", "code_edit_prediction"):
+            answers = [r.prediction for r in build("code_edit_prediction", tok, n, max_tokens)[0]]
+        elif w == "agentic":
+            answers = [r.prompt.split("\n", 3)[3].rsplit("\n# Step", 1)[0] for r in requests]
+        elif w == "rag":
+            answers = [r.references[0][len("".join(r.references[0].splitlines(keepends=True)[:3])):]
+                       for r in requests]
+        elif w == "open_ended":
+            files = heldout_texts()
+            random.Random(f"{w}-0").shuffle(files)  # as workloads.build shuffles them
+            answers = [text[400:] for _, text in files[:n]]
+        else:
+            raise ValueError(f"no written answer for workload {w!r}")
+        out[w] = [Trace(tok(r.prompt)["input_ids"], ids(a),
+                        [tok.encode(x, add_special_tokens=False) for x in r.references],
+                        tok.encode(r.prediction, add_special_tokens=False) if r.prediction else None)
+                  for r, a in zip(requests, answers, strict=True)]
+    return out
+
+
 def documents_for(model: str, workload: str, n: int, max_tokens: int, tmp: Path) -> Any:
     """The document index the workload indexes first (RAG), or None."""
     from index.store import DocInput, IndexStore
@@ -272,6 +318,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--cache", type=Path, default=Path("bench/results/drafting_outputs.json"),
                     help="greedy outputs, recorded once and reused")
+    ap.add_argument("--outputs", choices=("recorded", "written"), default="recorded",
+                    help="replay the embedded target's greedy outputs (recorded; they mostly loop) or the answers a "
+                         "person would write (written: text that does not loop)")
     ap.add_argument("--search", action="store_true", help="grid-search Arctic's settings first")
     ap.add_argument("--cost", action="store_true", help="only time propose(): before / now / Arctic, interleaved")
     ap.add_argument("--json", type=Path, default=None)
@@ -282,7 +331,10 @@ def main() -> None:
     from . import arctic
 
     wl = tuple(args.workloads.split(","))
-    traces = record(args.model, wl, args.requests, args.max_tokens, args.cache)
+    if args.outputs == "written":
+        traces = written_traces(args.model, wl, args.requests, args.max_tokens)
+    else:
+        traces = record(args.model, wl, args.requests, args.max_tokens, args.cache)
     if args.cost:
         cost = propose_cost(args.model, traces)
         print("| proposer | " + " | ".join(wl) + " |\n|---|" + "---:|" * len(wl))

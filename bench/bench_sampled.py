@@ -21,6 +21,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,8 @@ def on_off(engine: Any, proposers: list[Any], req: Request, sampling: Any) -> On
 
 
 def summarize(runs: list[OnOff]) -> dict[str, Any]:
+    """A table row: identical everywhere?, tokens per forward, speed ratios on/off (wall: median,
+    min, max; CPU time: median)."""
     ratios = [r.off_s / r.on_s for r in runs]
     cpu = [r.off_cpu_s / r.on_cpu_s for r in runs]
     return {"identical": all(r.identical for r in runs), "requests": len(runs),
@@ -91,29 +94,51 @@ def document_index(target: Any, docs: list[tuple[str, str]], tmp: Path) -> Any:
     return store.document_index(target.tokenizer)
 
 
+class OnOffBench:
+    """What the on/off benchmarks share (this module's sampled cells, :mod:`bench.bench_context`'s
+    prompt lengths): the target (and draft) loaded once, one engine warmed up by a plain step, a
+    temporary folder for each cell's document index; :meth:`cell` runs a cell's requests off, then on.
+
+    Use it as a context manager (the folder is removed on exit)."""
+
+    def __init__(self, model: str, draft_model: str | None) -> None:
+        from suffixspec.config import SamplingParams
+        from suffixspec.engine import Engine
+        from suffixspec.loading import load_model
+
+        self.target = load_model(model)
+        self.draft = load_model(draft_model) if draft_model else None
+        self.engine = Engine(self.target)
+        self.engine.generate(self.engine.encode("def main():\n    return 0\n"), SamplingParams(max_tokens=8), False)
+        self._tmp = tempfile.TemporaryDirectory()
+
+    def __enter__(self) -> OnOffBench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tmp.cleanup()
+
+    def cell(self, name: str, requests: list[Request], docs: list[tuple[str, str]],
+             sampling: Callable[[int], Any], history: bool = True) -> list[OnOff]:
+        """Each request off, then on, with fresh proposers for the cell (``sampling(i)``: request i's
+        settings); ``docs`` are indexed first, in a folder of their own."""
+        documents = document_index(self.target, docs, Path(self._tmp.name) / name) if docs else None
+        proposers = proposers_for(self.target, self.draft, documents, history=history)
+        return [on_off(self.engine, proposers, req, sampling(i)) for i, req in enumerate(requests)]
+
+
 def run(model: str, draft_model: str | None, workloads: tuple[str, ...] = SAMPLED_WORKLOADS,
         temperatures: tuple[float, ...] = TEMPERATURES, n: int = 2, max_tokens: int = 128, top_p: float = 0.95,
         log=print) -> dict[str, Any]:
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
-    from suffixspec.loading import load_model
 
-    target = load_model(model)
-    draft = load_model(draft_model) if draft_model else None
-    engine = Engine(target)
-    warm = engine.encode("def main():\n    return 0\n")
-    engine.generate(warm, SamplingParams(max_tokens=8), False)
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with OnOffBench(model, draft_model) as bench:
         for w in workloads:
-            requests, docs = build(w, target.tokenizer, n, max_tokens)
-            documents = document_index(target, docs, Path(tmp) / w) if docs else None
+            requests, docs = build(w, bench.target.tokenizer, n, max_tokens)
             for temp in temperatures:
-                proposers = proposers_for(target, draft, documents)
-                runs = [on_off(engine, proposers, req,
-                               SamplingParams(max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=1000 + i))
-                        for i, req in enumerate(requests)]
-                row = summarize(runs)
+                row = summarize(bench.cell(f"{w}-{temp}", requests, docs, lambda i, t=temp: SamplingParams(
+                    max_tokens=max_tokens, temperature=t, top_p=top_p, seed=1000 + i)))
                 results.setdefault(w, {})[str(temp)] = row
                 log(f"  {w:12s} T={temp:<4} identical={row['identical']} tokens/forward={row['tokens_per_forward']:.2f} "
                     f"on/off speed={row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f})")

@@ -134,3 +134,21 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     for name in ("segments", "largest_segment_alone", "segments_main_code", "compacted"):
         assert res[f"{name}_speculate_median_us"] > 0
     assert res["add_one_until_drafted_median_s"] > 0 and res["delete_one_median_s"] > 0
+
+
+def test_written_traces_are_the_answers_a_person_would_write(bpe_tokenizer_dir):
+    from bench.bench_drafting import written_traces
+    from suffixspec.loading import load_tokenizer
+
+    tok = load_tokenizer(str(bpe_tokenizer_dir))
+    traces = written_traces(str(bpe_tokenizer_dir), ("code_edit", "agentic", "rag", "open_ended"), 2, 64)
+    for w, trs in traces.items():
+        assert len(trs) == 2 and all(0 < len(t.output_ids) <= 64 for t in trs), w
+    edit = traces["code_edit"][0]
+    prompt, answer = tok.decode(edit.prompt_ids), tok.decode(edit.output_ids)
+    old = prompt.split("# Edit: rename ")[1].split(" to ")[0]
+    assert f"{old}_v2" in answer or old not in answer  # the rename applied (if the word is in the first 64)
+    rag = traces["rag"][0]
+    chunk = tok.decode(rag.reference_ids[0])
+    assert tok.decode(rag.output_ids)[:20] in chunk  # the rest of the retrieved chunk
+    assert tok.decode(traces["agentic"][0].output_ids)[:30] in tok.decode(traces["agentic"][0].prompt_ids)

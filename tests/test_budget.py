@@ -82,3 +82,53 @@ def test_proposer_gate_calls_only_cheap_proposers_while_copying():
     assert gate.should_call(0, copy) and gate.should_call(1) and not gate.should_call(1, copy)
     assert gate.should_call(1, {"prompt", "draft_model"})  # the draft model's own draft is being copied
     assert gate.should_call(2, copy)  # not measured yet: called
+
+
+def test_gate_explores_less_after_fruitless_explorations_and_resets_on_a_hit():
+    cost = VerifyCost()
+    cost.observe(1, 1.0)
+    cost.observe(5, 10.0)  # no draft of 4 nodes is worth a pass: only explorations verify
+    gate = DraftGate(cost, explore_every=2, max_explore_every=8)
+
+    def passes(steps: int, accepted: int = 0) -> list[int]:
+        out = []
+        for step in range(steps):
+            if gate.worth(4, 0.1):
+                out.append(step)
+                gate.observe(0.1, accepted)
+        return out
+
+    assert passes(14) == [1, 5, 13]  # after 2 skips, then 4, then 8 (the cap)
+    assert passes(16) == [7, 15]
+    assert passes(8, accepted=1) == [7]  # an exploration that was accepted...
+    assert passes(8) == [1, 5]  # ...resets the interval to 2 (then 4 after this miss)
+
+
+def test_calibration_learns_fast_at_first():
+    gate = DraftGate(VerifyCost())
+    gate.observe(score=4.0, accepted=0)
+    assert gate.calibration == pytest.approx(0.5)  # a running mean of 1.0 (prior) and 0.0
+    gate.observe(score=4.0, accepted=0)
+    assert gate.calibration == pytest.approx(1 / 3)
+
+
+def test_proposer_gate_explores_a_useless_proposer_less_and_less():
+    from suffixspec.budget import ProposerGate
+
+    cost = VerifyCost()
+    cost.observe(1, 0.004)
+    gate = ProposerGate(cost, explore_every=2)
+    gate.observe(0, seconds=0.006, accepted=0)
+    calls = []
+    for step in range(16):
+        if gate.should_call(0):
+            calls.append(step)
+            gate.observe(0, seconds=0.006, accepted=0)
+    assert calls == [1, 5, 13]  # intervals 2, 4, 8
+    gate.observe(0, seconds=0.006, accepted=2)  # accepted again: back to every 2 (16 without the reset)
+    calls = []
+    for step in range(8):
+        if gate.should_call(0):
+            calls.append(step)
+            gate.observe(0, seconds=0.006, accepted=0)
+    assert calls == [0, 4]  # two skips were pending; then 4 after this miss

@@ -237,3 +237,28 @@ def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
     pvalues, counts = _run_seeds(toys, DRAFTERS[kind](toys), CONTROL_COSTS[kind](), seeds=400, tokens=3)
     assert counts["passed"] > 0 and counts["skipped"] > 0, counts
     assert min(pvalues[:2]) < 1e-5, (kind, pvalues, counts)  # the first token's two statistics
+
+
+def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
+    """The gate verifies a skipped-looking draft every ``interval`` skips and doubles the interval
+    after an exploration that accepted nothing (budget.DraftGate): which drafts reach verification
+    then depends on earlier steps' outcomes, never on what this draft sampled. A cost so steep that
+    only explorations pass, intervals short enough that the doubling happens within a run."""
+    import suffixspec.engine as engine_module
+
+    intervals: list[int] = []
+
+    class ShortIntervals(DraftGate):
+        def __init__(self, cost: VerifyCost) -> None:
+            super().__init__(cost, explore_every=1, max_explore_every=4)
+
+        def observe(self, score: float, accepted: int) -> None:
+            super().observe(score, accepted)
+            intervals.append(self._interval)
+
+    monkeypatch.setattr(engine_module, "DraftGate", ShortIntervals)
+    pvalues, counts = _run_seeds(toys, _same_vocab(toys), PinnedCost(5.0), tokens=6)
+    assert counts["passed"] > 0 and counts["skipped"] > 0, counts
+    assert max(intervals) > 1 and 1 in intervals, intervals[:50]  # doubled after misses, reset after hits
+    assert counts["accepted"] > 0.1 * SEEDS, counts
+    assert min(pvalues) > 1e-3, (pvalues, counts)

@@ -305,3 +305,56 @@ def test_match_lengths_pick_the_best_score_of_every_length(seed):
         for tok, par in zip(res.token_ids, res.parents, strict=True):
             paths.append((paths[par] if par >= 0 else ()) + (tok,))
         assert all(tree[path] == pytest.approx(prob) for path, prob in zip(paths, res.probs, strict=True))
+
+
+def _edited_copy() -> tuple[list[int], list[int]]:
+    """A "file" with the word 7 in four places, and the file with 7 renamed to 7 90 91 everywhere."""
+    file = [10, 11, 40, 41, 42, 7, 12, 13, 14, 15, 16, 17, 18, 7, 19, 20, 21, 22, 23, 24, 7, 25, 26, 27, 28, 29,
+            30, 7, 31, 32]
+    edited: list[int] = []
+    for tok in file:
+        edited += [tok, 90, 91] if tok == 7 else [tok]
+    return [1, 2, *file, 3], edited  # the request: the file between two marker tokens
+
+
+def test_copy_resumes_after_an_edit_learns_it_and_forgets_it():
+    from bench.bench_drafting import accepted_path
+
+    prompt, _ = _edited_copy()
+    p = SuffixProposer(config=SuffixConfig(periodic=False), history=False)
+    p.begin(RequestContext(prompt_ids=prompt))
+    context = list(prompt)
+
+    def step(new: list[int]) -> None:
+        context.extend(new)
+        p.update(new)
+
+    step([10, 11, 40, 41])  # a draft was accepted: the output copies the file (followed from here)
+    assert p.propose(context, 32).tokens[:3] == [42, 7, 12]
+    step([42, 7, 90])  # the target wrote 90 where the file has 12: the copy is interrupted at 12
+    step([91])
+    d = p.propose(context, 32)  # "91" occurs nowhere: only the copy's resumption drafts
+    assert d.tokens[:4] == [12, 13, 14, 15]
+    step([12, 13, 14, 15, 16, 17, 18, 7, 90])  # picked up at 12: "after 7, write 90 91" is learned
+    assert p._copy.edits == [(7, [], [90, 91])]
+    step([91])
+    d = p.propose(context, 32)  # the longest match ("7 90 91" at the first place) leads the tree; the
+    # resumed copy is a branch, and the next 7 in it is drafted renamed
+    assert accepted_path(d, [19, 20, 21, 22, 23, 24, 7, 90, 91, 25, 26]) == 11
+    step([19, 20, 21, 22, 23, 24, 7, 25])  # the target did not rename this one: the edit is forgotten
+    assert p._copy.edits == []
+
+
+def test_copy_resume_saves_steps_on_a_rename_and_costs_little_when_not_repeated():
+    from bench.bench_drafting import Trace, replay
+
+    prompt, edited = _edited_copy()
+
+    def steps(resume: bool, output: list[int]) -> int:
+        p = SuffixProposer(config=SuffixConfig(periodic=False, resume=resume), history=False)
+        return replay(p, [Trace(prompt, output, [], None)]).steps
+
+    # without the rule every rename costs a miss and a restart from a short match
+    assert steps(True, edited) < steps(False, edited)
+    once = edited[:9] + prompt[9:-1]  # only the first place renamed
+    assert steps(True, once) <= steps(False, once) + 1

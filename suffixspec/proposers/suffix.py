@@ -14,8 +14,9 @@ documents      the corpus added with ``index add``      persistent (SQLite + mem
 
 Every allowed source speculates from the longest suffix of the context it contains (path or tree,
 SuffixDecoding's rules, see :mod:`index.speculate`); the request, reference and history indexes
-also try a few shorter match lengths and keep the best-scoring draft (``match_lengths``). The
-drafts are then either *merged* (default): one tree keyed by token paths, each node keeping its
+also try a few shorter match lengths and keep the best-scoring draft (``match_lengths``); when the
+output copies the request's own text and departs from it (an edit), :class:`CopyTracker` adds
+drafts that resume the copy and re-applies the edits it learned (``resume``). The drafts are then either *merged* (default): one tree keyed by token paths, each node keeping its
 best probability and the source that gave it, cut to the budget best-first; or *picked*: the
 single draft with the highest score (expected accepted tokens).
 
@@ -38,7 +39,7 @@ from index.history import OutputHistory
 from index.incremental import IncrementalIndex
 from index.speculate import SpecParams, SpecResult
 from index.store import IndexStore
-from index.suffix_array import SuffixArray
+from index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
     SOURCE_DOCUMENTS,
@@ -88,6 +89,13 @@ class SuffixConfig:
     # A draft from the request's own text that ran into the live end of the context (the output
     # repeats itself with period = the draft's length) continues periodically up to its cap.
     periodic: bool = True
+    # Copy resume: while the output copies the request's own text, the proposer follows the copied
+    # position; when the output departs from it (an edit: "local" written as "local_v2"), it drafts
+    # where the copy may pick up again (the source right after the departure, or after the next
+    # occurrence of the last written token within ``resume_window`` tokens of it), as extra
+    # branches. The longest match after such an edit usually finds the edit instruction or nothing.
+    resume: bool = True
+    resume_window: int = 16
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= 256:
@@ -141,6 +149,7 @@ class SuffixProposer(Proposer):
         self._last: Draft | None = None  # the draft of the last step, to see how much of it came true
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
         self._copy_source: str | None = None  # the source of that confirmed path: it leads the next merge
+        self._copy = CopyTracker(self.config.resume_window)  # where the output copies the request's text
 
     # ----- corpus ------------------------------------------------------------------------------------
     def reload_documents(self) -> None:
@@ -183,10 +192,13 @@ class SuffixProposer(Proposer):
             self._prediction = IncrementalIndex.from_sequences([request.prediction_ids], self.config.max_candidates)
         self._doc_hint = None
         self._last, self._copy_run, self._copy_source = None, 0, None
+        self._copy = CopyTracker(self.config.resume_window)
 
     def update(self, new_tokens: Sequence[int]) -> None:
         if self._request is None:
             return
+        if self.config.resume:
+            self._copy.update(self._request, self._ctx_len, list(new_tokens), self.config.max_depth)
         self._request.extend(list(new_tokens))
         self._ctx_len += len(new_tokens)
         self._copy_run, self._copy_source = confirmed_run(self._last, new_tokens) if self._last else (0, None)
@@ -219,6 +231,11 @@ class SuffixProposer(Proposer):
         offset = max(cfg.max_spec_offset, cfg.copy_growth * self._copy_run)
         params = SpecParams(budget, cfg.max_spec_factor, offset, cfg.min_token_prob, cfg.tree)
         results = self.speculate_all(context, params)
+        if self.config.resume and self._allows(SOURCE_PROMPT):
+            results += [(SOURCE_PROMPT, r) for r in self._copy.drafts(self._request, context, budget)]
+            for source, res in results:
+                if source == SOURCE_PROMPT:
+                    self._copy.apply(res, context)
         if not results:
             self._last = None
             return Draft()
@@ -254,6 +271,139 @@ class SuffixProposer(Proposer):
             if len(res):
                 out.append((SOURCE_DOCUMENTS, res))
         return out
+
+
+class CopyTracker:
+    """Follows where the output copies the request's own text, and drafts where a copy interrupted
+    by an edit picks up again.
+
+    While every new token equals the text at the tracked position ``at``, the copy goes on. When one
+    differs, the copy was interrupted at ``resume`` (an inserted or replaced word). From then on, for
+    up to ``window`` new tokens, :meth:`drafts` proposes chains that resume the copy: from the next
+    position after an occurrence of the last written token within ``window`` tokens of ``resume``
+    (the edit is over and the copy went on with that token) and from ``resume`` itself (the edit ends
+    now). A copy is picked up after a step that added 4 or more tokens (a draft was accepted), at the
+    newest occurrence of the longest match of at least 4 tokens.
+
+    Worked example: the prompt holds ``def f(local): return local + 1`` and the output has copied
+    ``def f(local`` (``at`` points at ``)``); the target writes ``_v2`` instead: ``resume`` = the
+    position of ``)``. After the output ``... local_v2``, a draft ``) : return local + 1`` starting
+    at ``resume`` is proposed; it is accepted to the next rename.
+
+    When the copy picks up again, the edit is learned (the text it skipped and what was written
+    instead, after the token that preceded it: here "after ``local``, insert ``_v2``") and applied
+    to later drafts copied from the request (:meth:`apply`): the next ``local`` of the copy is
+    drafted as ``local_v2``, so a rename applied all over a file costs one miss, not one per place.
+    """
+
+    def __init__(self, window: int = 16) -> None:
+        self.window = window
+        self.at: int | None = None  # position in the request index the next output token should copy
+        self.resume: int | None = None  # where an interrupted copy stood
+        self.starts: list[int] = []  # the resume positions drafted at the last step
+        self.written: list[int] = []  # the tokens written since the interruption
+        self.edits: list[tuple[int, list[int], list[int]]] = []  # learned (after token, removed, inserted)
+        self.applied: list[tuple[list[int], int, tuple[int, list[int], list[int]]]] = []  # (draft, at, edit)
+
+    @staticmethod
+    def _follow(index: IncrementalIndex, pos: int, new: list[int], end: int) -> int:
+        """How many of ``new`` equal the text from ``pos`` on (before ``end``)."""
+        text = index.tokens(pos, min(end, pos + len(new)))
+        k = 0
+        while k < len(text) and text[k] == new[k]:
+            k += 1
+        return k
+
+    def update(self, index: IncrementalIndex, n: int, new: list[int], depth: int) -> None:
+        """``new`` tokens are about to be appended to ``index``, which holds ``n`` tokens."""
+        if not new:
+            return
+        starts = [self.at] if self.at is not None else (self.starts if self.resume is not None else [])
+        k, j = max(((self._follow(index, s, new, n), s) for s in starts), default=(0, None))
+        if j is not None and k and self.at is None:
+            self._learn(index, j)  # an interrupted copy picked up again at j
+        for toks, at, edit in self.applied:  # an edit the output did not repeat is forgotten (newest evidence)
+            hit = 0
+            while hit < min(len(toks), len(new)) and toks[hit] == new[hit]:
+                hit += 1
+            if at <= hit < min(len(new), at + len(edit[2]) + 1) and edit in self.edits:
+                self.edits.remove(edit)
+        self.applied = []
+        if j is not None and k == len(new):
+            self.at, self.resume = j + k, None  # the copy goes on (or picked up again)
+        elif j is not None and (k or self.at is not None):
+            self.at, self.resume, self.written = None, j + k, new[k:]  # interrupted after k tokens
+        elif self.resume is not None:
+            self.written += new
+            if len(self.written) > self.window:
+                self.resume = None
+        self.starts = []
+        if self.at is None and self.resume is None and len(new) >= 4:
+            context = index.tokens(max(0, n - depth), n) + new
+            length, ends = index.match(context, depth)
+            if length >= 4 and ends and ends[0] < n:
+                self.at = ends[0]
+
+    def drafts(self, index: IncrementalIndex, context: Sequence[int], budget: int) -> list[SpecResult]:
+        """Chains resuming an interrupted copy (see the class docstring); none while copying."""
+        if self.resume is None or budget <= 0:
+            self.starts = []
+            return []
+        r, n = self.resume, len(index)
+        end = max(r, n - len(self.written))  # the interruption's own tokens are no source
+        after = [j + 1 for j, tok in enumerate(index.tokens(r, min(end, r + self.window)), r)
+                 if tok == context[-1]][:2]
+        self.starts = [j for j in after if j < end] + [r]
+        out = []
+        for start, prob in zip(self.starts, (0.3, 0.2, 0.1), strict=False):
+            run = index.tokens(start, min(end, start + budget))
+            if SEP in run:
+                run = run[:run.index(SEP)]
+            if run:
+                out.append(SpecResult(run, list(range(-1, len(run) - 1)), [prob] * len(run), prob * len(run)))
+        return out
+
+    def _learn(self, index: IncrementalIndex, start: int) -> None:
+        """The copy interrupted at ``resume`` went on at ``start``: remember the edit (what of the text
+        between them was replaced by what was written), keyed by the token before the interruption."""
+        if self.resume is None or self.resume == 0:
+            return
+        src, out = index.tokens(self.resume, start), list(self.written)
+        while src and out and src[-1] == out[-1]:  # the resumed copy's first tokens are no part of the edit
+            src.pop()
+            out.pop()
+        edit = (index.tokens(self.resume - 1, self.resume)[0], src, out)
+        if (src or out) and len(src) + len(out) <= self.window and edit not in self.edits:
+            self.edits = [*self.edits[-3:], edit]
+
+    def apply(self, res: SpecResult, context: Sequence[int]) -> None:
+        """Apply the learned edits to a chain draft copied from the request (in place, same length)."""
+        if not self.edits or any(par != i - 1 for i, par in enumerate(res.parents)):
+            return
+        src, probs = res.token_ids, res.probs
+        toks: list[int] = []
+        new_probs: list[float] = []
+        i = -1  # -1: the context's last token, after which the draft starts
+        while i < len(src) and len(toks) < len(src):
+            if i >= 0:
+                toks.append(src[i])
+                new_probs.append(probs[i])
+            key = src[i] if i >= 0 else context[-1]
+            prob = probs[max(0, i)]
+            for after, removed, inserted in self.edits:
+                rest = src[i + 1:]
+                if (key == after and rest[:len(removed)] == removed
+                        and rest[len(removed):len(removed) + len(inserted)] != inserted):
+                    self.applied.append((toks, len(toks), (after, removed, inserted)))
+                    toks.extend(inserted)
+                    new_probs.extend([prob] * len(inserted))
+                    i += len(removed)
+                    break
+            i += 1
+        n = len(src)
+        res.token_ids, res.probs = toks[:n], new_probs[:n]
+        res.parents = list(range(-1, len(res.token_ids) - 1))
+        res.score = sum(res.probs)
 
 
 def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | None]:
