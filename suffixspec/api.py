@@ -67,11 +67,14 @@ class SuffixSpec:
             then only used for the document store (``db=False`` for none).
         max_num_seqs: generations stepped together when called from several threads (1 = one at a
             time, as ``suffixspec serve --max-num-seqs 1``).
+        prefix_cache_mb: memory for the target's keys/values of earlier prompts, reused by a prompt that
+            starts with the same tokens (0 = recompute every prompt).
     """
 
     def __init__(self, model: str = DEFAULT_TARGET, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
-                 engine: Any = None, history: bool = True, max_num_seqs: int = 1) -> None:
+                 engine: Any = None, history: bool = True, max_num_seqs: int = 1,
+                 prefix_cache_mb: float = 256) -> None:
         self._lock = threading.RLock()  # document writes and close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
@@ -91,7 +94,7 @@ class SuffixSpec:
             self.proposers = list(getattr(engine, "proposers", []))
             self.model_name = getattr(engine, "model_name", model)
         else:
-            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs)
+            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs, prefix_cache_mb)
         self.tokenizer = self.engine.tokenizer
         self.suffix = next((p for p in self.proposers if getattr(p, "name", "") == "suffix"), None)
         if self.store is None and self.db_path is not None:  # an engine was given: open the store for documents
@@ -116,13 +119,13 @@ class SuffixSpec:
     # -- construction -------------------------------------------------------------------------
 
     def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None,
-                      max_num_seqs: int = 1) -> Any:
+                      max_num_seqs: int = 1, prefix_cache_mb: float = 256) -> Any:
         from .engine import Engine
         from .loading import load_model
 
         target = load_model(model, device=device, dtype=dtype)
         self.proposers = self._build_proposers(target, draft_model, device, dtype)
-        return Engine(target, self.proposers, max_num_seqs=max_num_seqs)
+        return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb)
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:

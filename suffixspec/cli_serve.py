@@ -58,12 +58,16 @@ def model_options(fn):
 @click.option("--max-num-seqs", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Requests stepped together in one target forward pass (continuous batching); "
                    "1 serves one request at a time.")
+@click.option("--prefix-cache-mb", default=256.0, show_default=True, type=click.FloatRange(0),
+              help="Memory for the target's keys/values of earlier prompts: a prompt that starts with the "
+                   "same tokens (a shared system prompt, a file sent again) skips that part of the prefill; "
+                   "0 turns it off.")
 @click.option("--max-tokens-limit", default=8192, show_default=True, type=click.IntRange(1),
               help="Largest max_tokens a request may ask for.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
 def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, allowed_hosts,
-              allowed_origins, threads, max_queue, max_num_seqs, max_tokens_limit, max_body_mb):
+              allowed_origins, threads, max_queue, max_num_seqs, prefix_cache_mb, max_tokens_limit, max_body_mb):
     """Serve the OpenAI-compatible API (and the web page at /) under waitress.
 
     \b
@@ -94,6 +98,7 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
     cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, api_key=api_key,
                        served_model_name=list(served_model_name) or None, allowed_hosts=allowed_hosts,
                        allowed_origins=allowed_origins, max_queue=max_queue, max_num_seqs=max_num_seqs,
+                       prefix_cache_mb=prefix_cache_mb,
                        max_tokens_limit=max_tokens_limit,
                        max_body_bytes=int(max_body_mb * 1024 * 1024))
     from index.store import StoreError

@@ -90,3 +90,24 @@ def test_batched_joiners_reuse_equals_full_prefill(targets, arch):
             events.append(h.events.get())
         assert events[-1].result is not None, events[-1]
         assert events[-1].result.token_ids == want, (p, sp)
+
+
+def test_prefix_cache_size_reaches_the_engine_from_every_entry_point(tiny_model_dirs):
+    """`serve --prefix-cache-mb`, ServerConfig and SuffixSpec(prefix_cache_mb=) size (or switch off) the store."""
+    from click.testing import CliRunner
+
+    from suffixspec import SuffixSpec
+    from suffixspec.cli import main
+    from suffixspec.server.config import ServerConfig
+
+    with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=False, prefix_cache_mb=0) as off:
+        assert off.engine.prefix_store is None
+    with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=False, prefix_cache_mb=1) as on:
+        assert on.engine.prefix_store is not None and on.engine.prefix_store.max_bytes == 2**20
+    for bad in (-1, "64", float("inf"), True):
+        with pytest.raises(ValueError, match="prefix_cache_mb"):
+            ServerConfig(prefix_cache_mb=bad)
+    res = CliRunner().invoke(main, ["serve", "--help"])
+    assert res.exit_code == 0 and "--prefix-cache-mb" in res.output
+    res = CliRunner().invoke(main, ["serve", "--prefix-cache-mb", "-5"])
+    assert res.exit_code == 2 and "prefix-cache-mb" in res.output

@@ -76,7 +76,8 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
         from ..api import SuffixSpec
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
-                          dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs)
+                          dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
+                          prefix_cache_mb=cfg.prefix_cache_mb)
     holder: dict[str, EngineWorker] = {}
     metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)
 

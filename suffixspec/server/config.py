@@ -27,6 +27,7 @@ class ServerConfig:
     api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <api_key>`
     max_queue: int = 32  # requests waiting for the engine beyond the running ones; more get 503
     max_num_seqs: int = 4  # requests the engine steps together (continuous batching); 1 = one at a time
+    prefix_cache_mb: float = 256  # keys/values of earlier prompts kept for reuse by shared prefixes (0 = off)
     retry_after_s: int = 2  # Retry-After header on a 503 when the queue is full
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
     max_prompt_tokens: int | None = None  # longest prompt accepted; None = the model's context length
@@ -46,6 +47,10 @@ class ServerConfig:
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be a positive integer (1 = one request at a time), "
                              f"got {self.max_num_seqs!r}")
+        if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, (int, float)) \
+                or not 0 <= self.prefix_cache_mb < float("inf"):
+            raise ValueError(f"prefix_cache_mb must be a number >= 0 (0 = no prompt-prefix reuse), "
+                             f"got {self.prefix_cache_mb!r}")
         for name in ("max_queue", "max_body_bytes", "max_tokens_limit", "default_max_tokens",
                      "default_completion_max_tokens", "max_references", "max_stop", "max_json_depth",
                      "max_query_chars"):
