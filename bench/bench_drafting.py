@@ -100,14 +100,7 @@ class OracleDrafter(Proposer):
 
 def accepted_path(draft: Draft, output: list[int]) -> int:
     """Length of the longest draft path that ``output`` starts with (greedy verification)."""
-    kids = draft.children()
-    cur, n = -1, 0
-    for tok in output:
-        nxt = draft.child_with(kids.get(cur, []), tok)
-        if nxt is None:
-            break
-        cur, n = nxt, n + 1
-    return n
+    return draft.follow(output)[1]
 
 
 def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | None = None,

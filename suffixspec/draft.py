@@ -24,6 +24,7 @@ unlikely token, and the kept tokens would no longer be distributed as ``q``. So 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -112,6 +113,21 @@ class Draft:
             if self.tokens[c] == token:
                 return c
         return None
+
+    def follow(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """Walk ``tokens`` down the tree from the root: ``(last node reached, tokens matched)``.
+
+        Example: chain ``[5, 6, 9]`` and tokens ``[5, 6, 7]`` -> ``(1, 2)``; a first token no root child
+        holds -> ``(-1, 0)``.
+        """
+        kids = self.children()
+        cur, n = -1, 0
+        for tok in tokens:
+            nxt = self.child_with(kids.get(cur, []), tok)
+            if nxt is None:
+                break
+            cur, n = nxt, n + 1
+        return cur, n
 
     def truncated(self, budget: int) -> Draft:
         """The first ``budget`` nodes (parents precede children, so the result is still a tree)."""

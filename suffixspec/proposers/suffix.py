@@ -414,14 +414,8 @@ def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | N
     leaf, or when every new token was on it (the engine verified only a prefix of a longer draft).
     Example: draft chain ``[4, 5, 6]``, new tokens ``[4, 5, 6, 9]`` -> 3; ``[4, 5, 8]`` -> 0.
     """
-    kids = draft.children()
-    cur, hit = -1, 0
-    for tok in new_tokens:
-        nxt = draft.child_with(kids.get(cur, []), tok)
-        if nxt is None:
-            break
-        cur, hit = nxt, hit + 1
-    if hit and (cur not in kids or hit == len(new_tokens)):
+    cur, hit = draft.follow(new_tokens)
+    if hit and (cur not in draft.parents or hit == len(new_tokens)):  # a leaf, or every new token on it
         return hit, draft.sources[cur]
     return 0, None
 
