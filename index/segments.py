@@ -41,12 +41,14 @@ from .suffix_array import (
     SEP,
     SEP16,
     SuffixArray,
+    _PosNode,
     _SANode,
     first_token_buckets,
     sort_suffixes,
 )
 
 _SCAN_CHUNK = 1 << 23  # suffix-array entries per step when tombstones are located
+_POS_UNION = 64  # a match with at most this many occurrences in all segments is one node of them (_union)
 _SMALL_PART = 32  # a node part this small lists all its children (cheaper than searching for missing ones)
 
 
@@ -238,6 +240,15 @@ class _MultiNode:
                                    for p, (_, q) in zip(self.parts, chained, strict=True)])
 
 
+def _union(parts: list[_SANode | _PosNode]) -> _MultiNode | _PosNode:
+    """One node of the same path in several segments: a node of all their occurrences when they are at most
+    ``_POS_UNION`` (children and runs read at each, no search), else a :class:`_MultiNode` of ranges."""
+    if sum(p.count for p in parts) <= _POS_UNION:
+        return _PosNode([oc for p in parts for oc in p.occurrences()], parts[0].depth,
+                        min(p.limit if isinstance(p, _PosNode) else p.owner.sort_depth for p in parts))
+    return _MultiNode([p.range_node() if isinstance(p, _PosNode) else p for p in parts])
+
+
 class SegmentSet(LongestMatchLookups):
     """The document index of one tokenizer: several segments looked up as one (see the module docstring).
 
@@ -288,7 +299,7 @@ class SegmentSet(LongestMatchLookups):
                 parts.append(node)
         if not parts:
             return 0, None
-        return best, (parts[0] if len(parts) == 1 else _MultiNode(parts))
+        return best, (parts[0] if len(parts) == 1 else _union(parts))
 
     def count(self, pattern: Sequence[int]) -> int:
         return sum(s.count(pattern) for s in self.segments)
