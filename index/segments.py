@@ -15,7 +15,10 @@ over the live documents would give (:class:`SegmentSet`):
   children by token, each count summed exactly (a child with ``min_count`` occurrences in total has
   ``ceil(min_count / k)`` of them in one of the ``k`` parts, so asking each part for those finds it,
   and the others are asked for that token's exact range);
-- a node's shared run (compressed edge) is the common prefix of the parts' runs.
+- a node's shared run (compressed edge) is the common prefix of the parts' runs;
+- when the match occurs at most ``_POS_UNION`` times in all segments together (the usual case for a
+  long match), the node is instead one list of those occurrences (``_PosNode``): children and runs are
+  read at each occurrence, whatever segment holds it, with no search.
 
 Worked example: segment A holds ``[1 2 3]``, segment B holds ``[1 2 4]`` and ``[1 2 3]``; context
 ``... 1 2`` matches 2 tokens in both; the node's count is 1 + 2 = 3 and its children are ``3``
