@@ -15,7 +15,10 @@ over the live documents would give (:class:`SegmentSet`):
   children by token, each count summed exactly (a child with ``min_count`` occurrences in total has
   ``ceil(min_count / k)`` of them in one of the ``k`` parts, so asking each part for those finds it,
   and the others are asked for that token's exact range);
-- a node's shared run (compressed edge) is the common prefix of the parts' runs.
+- a node's shared run (compressed edge) is the common prefix of the parts' runs;
+- when the match occurs at most ``_POS_UNION`` times in all segments together (the usual case for a
+  long match), the node is instead one list of those occurrences (``_PosNode``): children and runs are
+  read at each occurrence, whatever segment holds it, with no search.
 
 Worked example: segment A holds ``[1 2 3]``, segment B holds ``[1 2 4]`` and ``[1 2 3]``; context
 ``... 1 2`` matches 2 tokens in both; the node's count is 1 + 2 = 3 and its children are ``3``
@@ -41,12 +44,14 @@ from .suffix_array import (
     SEP,
     SEP16,
     SuffixArray,
+    _PosNode,
     _SANode,
     first_token_buckets,
     sort_suffixes,
 )
 
 _SCAN_CHUNK = 1 << 23  # suffix-array entries per step when tombstones are located
+_POS_UNION = 64  # a match with at most this many occurrences in all segments is one node of them (_union)
 _SMALL_PART = 32  # a node part this small lists all its children (cheaper than searching for missing ones)
 
 
@@ -168,8 +173,8 @@ def tombstone_ranks(sa: SuffixArray, dead_seqs: np.ndarray, sa_file: str | os.Pa
                 hit |= (chunk >= lo) & (chunk < hi)
         else:
             hit = np.searchsorted(bounds, chunk, side="right") & 1
-        out.append(np.flatnonzero(hit) + a)
-    return np.concatenate(out).astype(np.int32)
+        out.append((np.flatnonzero(hit) + a).astype(np.int32))  # 4 bytes per dead suffix, not 8 (a large delete)
+    return np.concatenate(out)
 
 
 def _sa_chunks(sa: SuffixArray, sa_file: str | os.PathLike | None) -> Iterable[tuple[int, np.ndarray]]:
@@ -238,6 +243,15 @@ class _MultiNode:
                                    for p, (_, q) in zip(self.parts, chained, strict=True)])
 
 
+def _union(parts: list[_SANode | _PosNode]) -> _MultiNode | _PosNode:
+    """One node of the same path in several segments: a node of all their occurrences when they are at most
+    ``_POS_UNION`` (children and runs read at each, no search), else a :class:`_MultiNode` of ranges."""
+    if sum(p.count for p in parts) <= _POS_UNION:
+        return _PosNode([oc for p in parts for oc in p.occurrences()], parts[0].depth,
+                        min(p.limit if isinstance(p, _PosNode) else p.owner.sort_depth for p in parts))
+    return _MultiNode([p.range_node() if isinstance(p, _PosNode) else p for p in parts])
+
+
 class SegmentSet(LongestMatchLookups):
     """The document index of one tokenizer: several segments looked up as one (see the module docstring).
 
@@ -288,7 +302,7 @@ class SegmentSet(LongestMatchLookups):
                 parts.append(node)
         if not parts:
             return 0, None
-        return best, (parts[0] if len(parts) == 1 else _MultiNode(parts))
+        return best, (parts[0] if len(parts) == 1 else _union(parts))
 
     def count(self, pattern: Sequence[int]) -> int:
         return sum(s.count(pattern) for s in self.segments)

@@ -622,7 +622,10 @@ class IndexStore:
         if len(new_seqs) == 0 and len(dead_seqs) == len(old_seqs):
             return
         sa = self._segment(name)
-        ranks = np.union1d(old_ranks, tombstone_ranks(sa, new_seqs, self.arrays_dir / f"{name}.sa")).astype(np.int32)
+        ranks = tombstone_ranks(sa, new_seqs, self.arrays_dir / f"{name}.sa")
+        if len(old_ranks):  # disjoint sets (other documents): one sorted array, sorted in place
+            ranks = np.concatenate([old_ranks.astype(np.int32), ranks])
+            ranks.sort()
         starts, ends = sequence_bounds(sa.starts, sa._n)
         dead_tokens = int((ends[dead_seqs] - starts[dead_seqs] - 1).sum())
         path = self.arrays_dir / f"{name}.dead-{secrets.token_hex(4)}.npz"

@@ -36,7 +36,11 @@ SEP16 = 0xFFFF  # the separator of 16-bit arrays (vocabularies of fewer than 655
 _SEP_BYTES = b"\xff\xff\xff\xff"
 DEFAULT_SORT_DEPTH = 256  # lookups compare at most this many tokens; match + draft depth stays below it
 _BUCKET_CAP = 1 << 18  # first-token bucket table entries (2 MiB); an id of 4e9 must not allocate 32 GB
-_EXTEND_MAX = 16  # a match with at most this many occurrences is extended backwards (see SuffixArray._extend)
+_EXTEND_MAX = 32  # a match with at most this many occurrences is extended backwards (see SuffixArray._extend)
+# without a hint, the first length probed: a suffix this long occurs few times in most corpora, so its
+# occurrences give the longest match by backward extension (one probe, whether or not the whole context
+# occurs); probing the whole context first costs a binary search over lengths whenever it does not occur
+_FIRST_GUESS = 16
 _COMPACT_CHUNK = 1 << 22  # entries per step when the byte-level suffix array is cut down to token starts
 
 
@@ -155,6 +159,111 @@ class _SANode:
     def child(self, tok: int) -> _SANode | None:
         """The child for token ``tok`` (None when no live suffix continues with it)."""
         return self.owner._child(self, tok)
+
+    def occurrences(self) -> list[tuple[SuffixArray, int]]:
+        """``(array, start)`` of each live suffix in the node (read from ``sa``: for nodes of few)."""
+        o = self.owner
+        starts = o._sa[self.lo:self.hi]
+        if o._dead is None:
+            return [(o, p) for p in starts]
+        d = o._dead
+        dead = set(d[bisect_left(d, self.lo):bisect_left(d, self.hi)])
+        return [(o, p) for r, p in enumerate(starts, self.lo) if r not in dead]
+
+
+class _PosNode:
+    """A match node given by its occurrences, when they are few: ``(array, start)`` of every live suffix
+    that begins with the node's ``depth``-token path, in one array or in several (segments). Children
+    and shared runs are read at those positions, with no search of ``sa``: a :class:`_SANode` needs the
+    ``sa`` range of its path first, one bisect per array, which for a match found by backward
+    extension (:meth:`SuffixArray._extend`) is the most expensive part of a lookup. Counts, children
+    (token order) and runs are those of the ``_SANode`` of the same suffixes.
+
+    Worked example: ``5 6`` (depth 2) occurs at 0 and 5 of ``5 6 7 1 SEP 5 6 7 2 SEP``: the shared run is
+    ``[7]`` (node at depth 3, same occurrences), whose children are ``1`` and ``2``, count 1 each.
+    """
+
+    __slots__ = ("occ", "depth", "count", "limit")
+
+    def __init__(self, occ: list[tuple[SuffixArray, int]], depth: int, limit: int) -> None:
+        self.occ = occ  # (array, start of the suffix) per live occurrence
+        self.depth = depth  # tokens of the path
+        self.count = len(occ)
+        self.limit = limit  # sort depth: tokens a lookup may compare (as _SANode's owner.sort_depth)
+
+    def children(self, min_count: int) -> list[tuple[int, int, _PosNode]]:
+        d = self.depth
+        if d >= self.limit:
+            return []
+        groups: dict[int, list[tuple[SuffixArray, int]]] = {}
+        for o, p in self.occ:  # every path ends before its separator, so p + d is inside the text
+            s = o._base + o.width * (p + d)
+            tok = int.from_bytes(o._buf[s:s + o.width], "big")
+            if tok != o.sep:
+                groups.setdefault(tok, []).append((o, p))
+        return [(t, len(g), _PosNode(g, d + 1, self.limit)) for t, g in sorted(groups.items()) if len(g) >= min_count]
+
+    def chain(self, max_len: int) -> tuple[list[int], _PosNode]:
+        """The tokens every occurrence continues with (at most ``max_len``, cut at a separator)."""
+        d = self.depth
+        k = min(max_len, self.limit - d)
+        if k <= 0 or not self.occ:
+            return [], self
+        o0 = self.occ[0][0]
+        if any(o.width != o0.width for o, _ in self.occ):  # arrays of 16- and 32-bit ids: compare tokens
+            runs = [_tokens(o, p + d, k) for o, p in self.occ]
+            run = runs[0]
+            for r in runs[1:]:
+                m = 0
+                for a, b in zip(run, r):  # noqa: B905 - lengths differ on purpose
+                    if a != b:
+                        break
+                    m += 1
+                run = run[:m]
+        else:
+            w = o0.width
+            first = None
+            for o, p in self.occ:
+                s = o._base + w * (p + d)
+                b = o._buf[s:s + w * k]
+                if first is None:
+                    first = b
+                    continue
+                if len(b) != len(first):  # one of them runs into the end of the text
+                    m = min(len(b), len(first))
+                    first, b = first[:m], b[:m]
+                x = int.from_bytes(first, "big") ^ int.from_bytes(b, "big")
+                if x:
+                    first = first[:w * ((len(first) * 8 - x.bit_length()) // (8 * w))]
+                    if not first:
+                        return [], self
+            run = list(struct.unpack(f">{len(first) // w}{o0._fmt[1]}", first))
+            if o0.sep in run:
+                run = run[:run.index(o0.sep)]
+        if SEP in run:  # the mixed case marks separators of either width as SEP
+            run = run[:run.index(SEP)]
+        if not run:
+            return [], self
+        return run, _PosNode(self.occ, d + len(run), self.limit)
+
+    def occurrences(self) -> list[tuple[SuffixArray, int]]:
+        return self.occ
+
+    def range_node(self) -> _SANode:
+        """The same node as an ``sa`` range (its occurrences must all be in one array): one bisect."""
+        o, p = self.occ[0]
+        s = o._base + o.width * p
+        pat = o._buf[s:s + o.width * self.depth]
+        lo, hi, top = o._probe(pat)
+        return _SANode(o, lo, o._range_from(pat, lo, hi, top), self.depth)
+
+
+def _tokens(o: SuffixArray, pos: int, k: int) -> list[int]:
+    """Up to ``k`` token ids of ``o`` from ``pos``, its separator written as ``SEP`` whatever the width."""
+    s = o._base + o.width * pos
+    b = o._buf[s:s + o.width * k]
+    run = list(struct.unpack(f">{len(b) // o.width}{o._fmt[1]}", b))
+    return [SEP if t == o.sep else t for t in run]
 
 
 class SuffixArray(LongestMatchLookups):
@@ -361,27 +470,41 @@ class SuffixArray(LongestMatchLookups):
         """Longest suffix of ``context`` (at most ``max_depth`` tokens) in the corpus: (match_len, lo, hi).
 
         ``hint``: a guess of the match length (for example the previous step's match plus the tokens
-        appended since), tried first; a right guess costs two probes instead of a binary search.
+        appended since), tried first; a right guess costs two probes instead of a binary search. Without
+        one, ``_FIRST_GUESS`` tokens are tried first (their few occurrences usually settle it), then all.
         ``at_least``: lengths below it are of no interest (another segment already matched that far):
         ``(0, 0, 0)`` unless a match of at least that length exists here. ``packed``: the result of
         :meth:`packed_tail` for this context and ``max_depth`` (saves packing it again).
 
         Each probe is one bisect (:meth:`_probe`); the longest probe that hit gives the range's start,
-        and its end is found by galloping from there (a match has few occurrences, often one).
+        and its end is found by galloping from there (a match has few occurrences, often one). A match
+        found from few occurrences (:meth:`_extend`) costs one probe more for its range; :meth:`node`
+        skips it (the node is made of the occurrences).
         """
+        L, lo, hi, _ = self._find(context, max_depth, hint, at_least, packed)
+        if L and lo < 0:
+            pl = self.pack(context[len(context) - L:])
+            lo, hi, top = self._probe(pl)
+            hi = self._range_from(pl, lo, hi, top)
+        return L, lo, hi
+
+    def _find(self, context: Sequence[int], max_depth: int, hint: int | None, at_least: int,
+              packed: tuple[int, bytes | None] | None) -> tuple[int, int, int, list[int] | None]:
+        """:meth:`match`'s search: ``(L, lo, hi, starts)``; ``starts`` lists the live occurrences (text
+        positions) when they are few (then ``lo``/``hi`` may be -1: not searched), else None."""
         kmax, pat = packed if packed is not None else self.packed_tail(context, max_depth)
         if kmax <= 0 or self._n == 0 or at_least > kmax:
-            return 0, 0, 0
+            return 0, 0, 0, None
         if pat is None:  # a negative or huge id: no match past it
             tail = context[-kmax:]
             bad_at = max(i for i, t in enumerate(tail) if not 0 <= t < self.sep)
             if bad_at == kmax - 1:
-                return 0, 0, 0
-            return self.match(context[len(context) - kmax + bad_at + 1:], max_depth, hint, at_least)
+                return 0, 0, 0, None
+            return self._find(context[len(context) - kmax + bad_at + 1:], max_depth, hint, at_least, None)
         w = self.width
         good, bad = 0, kmax + 1
         hit = (-1, -1, -1)  # _probe of the longest length found so far
-        done: tuple[int, int, int] | None = None  # the answer, once a backward extension settled it
+        done: tuple[int, int, int, list[int]] | None = None  # the answer, once a backward extension settled it
 
         def probe(g: int) -> None:
             nonlocal good, bad, hit, done
@@ -392,11 +515,11 @@ class SuffixArray(LongestMatchLookups):
             good, hit = g, r
             done = self._extend(pat, kmax, g, r)
 
-        guesses = [kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
+        guesses = [min(_FIRST_GUESS, kmax), kmax] if hint is None else [min(max(hint, 1), kmax), kmax]
         if at_least > 0:
             probe(at_least)
             if good == 0:
-                return 0, 0, 0
+                return 0, 0, 0, None
             # another segment matched exactly ``at_least``: this one most often does too (one probe more)
             guesses = [at_least + 1, kmax]
         for g in guesses:  # repetitive text usually matches the whole tail, or the hinted length
@@ -407,25 +530,28 @@ class SuffixArray(LongestMatchLookups):
         if done is not None:
             return done
         if good == 0:
-            return 0, 0, 0
+            return 0, 0, 0, None
         lo, hi, top = hit
-        return good, lo, self._range_from(pat[w * (kmax - good):], lo, hi, top)
+        return good, lo, self._range_from(pat[w * (kmax - good):], lo, hi, top), None
 
-    def _extend(self, pat: bytes, kmax: int, g: int, hit: tuple[int, int, int]) -> tuple[int, int, int] | None:
-        """The longest match from the occurrences of a shorter one, when they are few: ``(L, lo, hi)``, or
-        None when the last ``g`` tokens of ``pat`` (``kmax`` tokens, found at ``hit`` by :meth:`_probe`)
-        occur more than ``_EXTEND_MAX`` times.
+    def _extend(self, pat: bytes, kmax: int, g: int, hit: tuple[int, int, int]
+                ) -> tuple[int, int, int, list[int]] | None:
+        """The longest match from the occurrences of a shorter one, when they are few: ``(L, lo, hi,
+        starts)`` (``starts``: where its live occurrences begin; ``lo``, ``hi`` its ``sa`` range, -1 when
+        not searched), or None when the last ``g`` tokens of ``pat`` (``kmax`` tokens, found at ``hit``
+        by :meth:`_probe`) occur more than ``_EXTEND_MAX`` times.
 
         Every occurrence of a longer suffix of the context contains one of the ``g``-token suffix, so
         comparing the text before each of those (live) occurrences with the context, backwards, gives the
-        longest match: one slice and one XOR per occurrence (the equal trailing bytes of two byte strings
-        are the high zero bits of their XOR read little-endian) instead of a bisect per probed length.
-        The longest match's range then costs one probe, unless it is the ``g`` tokens themselves.
+        longest match and all its occurrences: one slice and one XOR per occurrence (the equal trailing
+        bytes of two byte strings are the high zero bits of their XOR read little-endian) instead of a
+        bisect per probed length. (An occurrence of the longer match is live as the shorter one inside
+        it is: both lie in one document.)
 
         Worked example (width 2): context ``7 8 9``, ``g = 1`` (``9``) occurs once, at text position 5,
         with text ``... 3 8 9``: the two tokens before it are ``3 8`` vs the context's ``7 8``; XOR of
         ``00 03 00 08`` and ``00 07 00 08`` (little-endian) has its highest set bit in the second byte, so
-        the last 2 bytes (one token) agree: the longest match is ``8 9``, ``L = 2``.
+        the last 2 bytes (one token) agree: the longest match is ``8 9``, ``L = 2``, starting at 4.
         """
         lo, hi, top = hit
         w, sa = self.width, self._sa
@@ -438,40 +564,42 @@ class SuffixArray(LongestMatchLookups):
             hi = bisect_right(sa, pg, lo + 1, min(n, lo + _EXTEND_MAX), key=key)
         elif hi - lo > _EXTEND_MAX:
             return None
+        d = self._dead
+        if d is None:
+            starts = list(sa[lo:hi])
+        else:
+            dead = set(d[bisect_left(d, lo):bisect_left(d, hi)])
+            starts = [sa[r] for r in range(lo, hi) if r not in dead]
         e = kmax - g  # tokens the context has before the g matched ones
-        if e == 0:
-            return g, lo, hi
-        buf, base, d = self._buf, self._base, self._dead
-        dead = set(d[bisect_left(d, lo):bisect_left(d, hi)]) if d is not None else ()
-        best = 0
-        for r in range(lo, hi):
-            if r in dead:
-                continue
-            p = sa[r]
+        if e == 0 or not starts:
+            return g, lo, hi, starts
+        buf, base = self._buf, self._base
+        exts = []
+        for p in starts:
             start = p - e if p >= e else 0
             t = buf[base + w * start:base + w * p]
             x = pat[w * (e - (p - start)):w * e]
             if t == x:
-                ext = p - start
+                exts.append(p - start)
             else:
                 v = int.from_bytes(t, "little") ^ int.from_bytes(x, "little")
-                ext = (len(t) * 8 - v.bit_length()) // (8 * w)
-            if ext > best:
-                best = ext
-                if best == e:
-                    break
+                exts.append((len(t) * 8 - v.bit_length()) // (8 * w))
+        best = max(exts)
         if best == 0:
-            return g, lo, hi
-        L = g + best
-        pl = pat[w * (kmax - L):]
-        lo, hi, top = self._probe(pl)
-        return L, lo, self._range_from(pl, lo, hi, top)
+            return g, lo, hi, starts
+        return g + best, -1, -1, [p - best for p, x in zip(starts, exts, strict=True) if x == best]
 
     def node(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None,
-             at_least: int = 0, packed: tuple[int, bytes | None] | None = None) -> tuple[int, _SANode | None]:
-        """The match of :meth:`match` as a node: (match_len, node or None)."""
-        L, lo, hi = self.match(context, max_depth, hint, at_least, packed)
-        return (L, _SANode(self, lo, hi, L)) if L else (0, None)
+             at_least: int = 0, packed: tuple[int, bytes | None] | None = None
+             ) -> tuple[int, _SANode | _PosNode | None]:
+        """The match of :meth:`match` as a node: (match_len, node or None); a node of its occurrences
+        (:class:`_PosNode`) when they are few."""
+        L, lo, hi, starts = self._find(context, max_depth, hint, at_least, packed)
+        if not L:
+            return 0, None
+        if starts is not None:
+            return L, _PosNode([(self, p) for p in starts], L, self.sort_depth)
+        return L, _SANode(self, lo, hi, L)
 
     def count(self, pattern: Sequence[int]) -> int:
         """Occurrences of ``pattern`` (at most ``sort_depth`` tokens long)."""

@@ -132,7 +132,7 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     assert len(res["segments"]) == 2 and len(res["segments_after_compaction"]) == 1
     assert res["identical_drafts"] == "30/30"
     for name in ("segments", "largest_segment_alone", "segments_main_code", "compacted"):
-        assert res[f"{name}_speculate_median_us"] > 0
+        assert res[f"{name}_speculate_median_us"] > 0 and res[f"{name}_alone_speculate_cpu_median_us"] > 0
     assert res["add_one_until_drafted_median_s"] > 0 and res["delete_one_median_s"] > 0
 
 

@@ -402,3 +402,65 @@ def test_gallop_right_equals_bisect_right():
         assert gallop_right(range(len(keys)), pat, lo + 1, hi, key) == bisect_right(keys, pat, lo, hi)
         if hi - lo > 64 and first + n_equal - lo < 7:
             assert len(calls) <= 4  # a short run costs a few keys, not a bisect over [lo, hi)
+
+
+@pytest.mark.parametrize("extend_max,pos_union", [(0, 0), (2, 3), (16, 48), (10**6, 10**6)])
+def test_segment_set_of_both_widths_equals_one_array(extend_max, pos_union, monkeypatch):
+    """Nodes made of occurrences (``_PosNode``: a match extended backwards from few occurrences, and the
+    union of the segments' occurrences when there are at most ``_POS_UNION``), ``sa`` ranges
+    (``_SANode``, ``_MultiNode``), and mixes of both (a union over the limit turns occurrence nodes into
+    ranges) answer as one array over the live documents: segments of 16- and 32-bit ids (a large id in some
+    documents), tombstones, a tiny alphabet so that short suffixes occur dozens of times. The reference is
+    one array searched by bisection only (no backward extension: ranges only)."""
+    import index.segments as segm
+    import index.suffix_array as sam
+    from index.segments import SegmentSet
+    from index.suffix_array import _PosNode
+
+    rng = random.Random(11)
+    abc = [1, 2, 258]
+    docs = [[rng.choice(abc) for _ in range(rng.randrange(0, 50))] for _ in range(24)]
+    docs += [[2, 1, 258, 2, 1] * 6, [2, 1, 258, 2, 1] * 5]
+    for d in docs[1::6]:  # ids above 16 bits: that part's segment stores 4 bytes per token
+        if d:
+            d[rng.randrange(len(d))] = 70000
+    parts = [docs[i::3] for i in range(3)]
+    arrays = [SuffixArray.build(p, width=4 if i == 2 else None) for i, p in enumerate(parts)]
+    assert sorted(a.width for a in arrays) == [2, 4, 4]
+    # tombstone the first document of each part, as a delete would
+    dead_docs = [p[0] for p in parts]
+    live = []
+    for a, p in zip(arrays, parts, strict=True):
+        first = len(p[0]) + 1
+        live.append(a.with_dead(sorted(r for r in range(len(a.sa)) if a.sa[r] < first)))
+    ref_docs = [d for p in parts for d in p[1:]]
+    monkeypatch.setattr(sam, "_EXTEND_MAX", 0)
+    one = SuffixArray.build(ref_docs)
+    contexts = []
+    for _ in range(120):
+        s = rng.choice(docs)
+        i = rng.randint(0, len(s))
+        contexts.append([rng.choice(abc) for _ in range(rng.randrange(3))] + s[max(0, i - rng.randint(0, 25)):i])
+    params = [SpecParams(max_spec_tokens=12, max_spec_factor=rng.choice([1.0, 4.0]),
+                         min_token_prob=rng.choice([0.0, 0.1, 0.34]), use_tree_spec=rng.random() < 0.5)
+              for _ in contexts]
+    want = [(one.speculate(c, p), one.continuations(c), one.count(c[-4:])) for c, p in zip(contexts, params, strict=True)]
+    monkeypatch.setattr(sam, "_EXTEND_MAX", extend_max)
+    monkeypatch.setattr(segm, "_POS_UNION", pos_union)
+    idx = SegmentSet(live)
+    kinds: Counter = Counter()
+    for c, p, (w_draft, w_cont, w_count) in zip(contexts, params, want, strict=True):
+        L, node = idx.node(c)
+        kinds[type(node).__name__] += 1
+        if isinstance(node, _PosNode):
+            kinds["positions in several segments"] += len({id(o) for o, _ in node.occ}) > 1
+            kinds["positions of both widths"] += len({o.width for o, _ in node.occ}) > 1
+        got = idx.speculate(c, p)
+        assert (got.token_ids, got.parents, got.probs, got.match_len) == (
+            w_draft.token_ids, w_draft.parents, w_draft.probs, w_draft.match_len), (c, p)
+        assert idx.continuations(c) == w_cont and idx.count(c[-4:]) == w_count
+    assert dead_docs  # the reference left them out
+    if extend_max and pos_union >= 48:
+        assert kinds["positions of both widths"] >= 5 and kinds["positions in several segments"] >= 10, kinds
+    if pos_union == 0:
+        assert kinds["_MultiNode"] >= 10 and kinds["_PosNode"] == 0, kinds
