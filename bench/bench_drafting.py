@@ -12,7 +12,8 @@ Worked example: output ``[5, 6, 7, 8]``, first draft ``[5, 6, 9]`` -> accept ``5
 gives ``7``: 3 tokens in step 1; second draft ``[8]`` -> accept ``8`` and the bonus token ends the
 request (or the cap does): 2 steps, 2.0 tokens per step.
 
-    python -m bench.bench_drafting [--requests 3] [--max-tokens 256] [--outputs written] [--search] [--json out.json]
+    python -m bench.bench_drafting [--requests 3] [--max-tokens 256] [--outputs written] [--max-draft-tokens 32]
+                                   [--search] [--json out.json]
 
 The outputs are generated once with the real target (greedy, speculation on: the same tokens) and
 cached under ``--cache``; every system replays the same outputs, requests in the same order. With
@@ -314,6 +315,8 @@ def main() -> None:
     ap.add_argument("--outputs", choices=("recorded", "written"), default="recorded",
                     help="replay the embedded target's greedy outputs (recorded; they mostly loop) or the answers a "
                          "person would write (written: text that does not loop)")
+    ap.add_argument("--max-draft-tokens", type=int, default=32,
+                    help="the engine's node budget per draft (its default, 32; a request may ask for up to 256)")
     ap.add_argument("--search", action="store_true", help="grid-search Arctic's settings first")
     ap.add_argument("--cost", action="store_true", help="only time propose(): before / now / Arctic, interleaved")
     ap.add_argument("--json", type=Path, default=None)
@@ -347,7 +350,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for w in wl:
             docs = documents_for(args.model, w, args.requests, args.max_tokens, Path(tmp))
-            oracle = replay(OracleDrafter(traces[w]), traces[w]).row()
+            cap = args.max_draft_tokens
+            oracle = replay(OracleDrafter(traces[w]), traces[w], max_draft_tokens=cap).row()
             table.setdefault(w, {})["oracle"] = oracle
             print(f"| {w} | – | oracle (ceiling) | {oracle['forward_passes']} | {oracle['tokens_per_forward']:.2f} | "
                   f"{oracle['mean_accepted_length']:.2f} | – |", flush=True)
@@ -356,7 +360,7 @@ def main() -> None:
                     if name.startswith("arctic") and not periodic:
                         row = table[w]["on"][name]  # Arctic has no periodic rule: same replay
                     else:
-                        row = replay(factory(docs), traces[w], drafters).row()
+                        row = replay(factory(docs), traces[w], drafters, max_draft_tokens=cap).row()
                     table.setdefault(w, {}).setdefault("on" if periodic else "off", {})[name] = row
                     print(f"| {w} | {'on' if periodic else 'off'} | {name} | {row['forward_passes']} | "
                           f"{row['tokens_per_forward']:.2f} | {row['mean_accepted_length']:.2f} | "

@@ -8,7 +8,7 @@ temperature, whether every output is identical, tokens per target forward pass, 
 ratio on/off per request (median, min-max). Above 1 is a gain; below 1 is the overhead of
 drafting where little can be drafted (the gates should keep it within 5%).
 
-    python -m bench.bench_sampled [--requests 2] [--max-tokens 128] [--json out.json]
+    python -m bench.bench_sampled [--requests 2] [--max-tokens 128] [--temperatures 0.7,1.0] [--json out.json]
 
 The on-runs keep one suffix proposer per cell (its output history sees the requests in order; no
 request is repeated within a cell); off-runs call no proposer.
@@ -163,10 +163,14 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(SAMPLED_WORKLOADS))
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperatures", default=",".join(map(str, TEMPERATURES)),
+                    help="comma-separated; 1.5 on open_ended is the stress cell where nothing is accepted")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     draft = None if args.draft_model in ("", "none") else args.draft_model
-    results = run(args.model, draft, tuple(args.workloads.split(",")), n=args.requests, max_tokens=args.max_tokens)
+    temps = tuple(float(t) for t in args.temperatures.split(","))
+    results = run(args.model, draft, tuple(args.workloads.split(",")), temps, n=args.requests,
+                  max_tokens=args.max_tokens)
     print(markdown(results))
     if args.json:
         args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results},

@@ -19,6 +19,7 @@ import logging
 import sqlite3
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -129,6 +130,29 @@ class OutputHistory:
 
     def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64) -> SpecResult:
         return self.index.speculate(context, params, max_depth)
+
+    def speculate_start(self, params: SpecParams) -> SpecResult:
+        """Draft the first tokens of an output from how the newest earlier outputs began.
+
+        An output's first tokens follow the prompt, which the history does not hold, so no suffix of
+        the context matches them; but answers to similar requests often begin alike (an agent's tool
+        call, a rewritten file's first line, a code fence). The newest ``max_candidates`` outputs'
+        starts are counted as the occurrences of a match: a start all of them share is drafted at
+        probability 1, one shared by half of them at 1/2 (cut by ``min_token_prob``). Example: earlier
+        outputs ``[4, 5, 6]`` and ``[4, 5, 7]`` -> ``4 5`` at 1, then ``6`` and ``7`` at 1/2 each.
+        """
+        starts, end = [], len(self.index)
+        for seq in reversed(self._outputs):  # each output sits before its separator, newest last
+            end -= len(seq) + 1
+            starts.append(end)
+            if len(starts) >= self.max_candidates:
+                break
+        half = replace(params, max_spec_tokens=params.max_spec_tokens // 2)  # the rest stays for the prompt's drafts
+        res = self.index.speculate_at(starts, half, evidence=half.max_spec_tokens)
+        trust = len(starts) / (len(starts) + 1)  # rule of succession: one earlier output is weak evidence
+        res.probs = [p * trust for p in res.probs]
+        res.score = sum(res.probs)
+        return res
 
     def nbytes(self) -> int:
         return self.index.nbytes()

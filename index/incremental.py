@@ -366,6 +366,18 @@ class IncrementalIndex:
             q = prev[q]
         return best, ends
 
+    def speculate_at(self, positions: Sequence[int], params: SpecParams, evidence: int) -> SpecResult:
+        """Draft from the text that follows ``positions`` (their continuations counted as for a match),
+        as if ``evidence`` context tokens had matched there (``params.limit(evidence)`` caps its size).
+
+        Example: after ``add_sequence([4, 5, 6]); add_sequence([4, 5, 7])``, positions ``[0, 4]`` (the
+        starts of both sequences) give the chain ``4 5`` (probability 1) and then ``6`` or ``7`` (1/2 each).
+        """
+        live = [p for p in positions if 0 <= p < self._n]
+        if not live:
+            return SpecResult()
+        return speculate_from(_DynNode(self, live), evidence, params)
+
     def count(self, pattern: Sequence[int]) -> int:
         """Occurrences of ``pattern`` among the examined (newest) candidates."""
         L, ends = self.match(pattern, max_depth=len(pattern))

@@ -133,13 +133,22 @@ class ProposerGate:
     While the output is copying another proposer's draft (the last draft was accepted to its end and
     none of its tokens came from this proposer's sources) a proposer that is not cheap is not
     called: the copy fills the budget on its own, and a draft model's forward passes would only
-    add their time (~1.5 ms of a ~30 ms step on the demo models).
+    add their time (~1.5 ms of a ~30 ms step on the demo models). Likewise when the drafts of the
+    proposers called before it promise half the budget (score x calibration; a suffix draft at a
+    text seam, an answer start, a long match): then a proposer not known to be cheap (a draft model
+    on its first step, whose lazy prefill of the prompt is then never paid) is not called.
+    Worked example: budget 32, the suffix draft scores 20, calibration 0.9 -> 18 >= 16: the draft
+    model is skipped; calibration 0.5 -> 10: it is called.
     """
 
-    def __init__(self, cost: VerifyCost, explore_every: int = 8, cheap_fraction: float = 0.05) -> None:
+    def __init__(self, cost: VerifyCost, explore_every: int = 8, cheap_fraction: float = 0.05,
+                 filled_fraction: float = 0.5) -> None:
         self.cost = cost
         self.explore_every = explore_every
         self.cheap_fraction = cheap_fraction  # a proposer costing under this fraction of t(1) always runs
+        # a proposer not known to be cheap is not called when the drafts already made promise this
+        # fraction of the budget in accepted tokens (their scores times the request's calibration)
+        self.filled_fraction = filled_fraction
         self.accepted: dict[int, float] = {}  # proposer index -> running mean of accepted tokens per call
         self.seconds: dict[int, float] = {}  # proposer index -> running mean of seconds per call
         self._skipped: dict[int, int] = {}
@@ -148,9 +157,15 @@ class ProposerGate:
         self.sources: dict[int, set[str]] = {}  # proposer index -> node sources it has drafted
         self.exploring = False  # a proposer was called this step only to re-measure it: verify its draft
 
-    def should_call(self, i: int, copying: frozenset[str] | set[str] = frozenset()) -> bool:
-        """``copying``: the sources of the last step's draft when it was accepted to its end."""
+    def should_call(self, i: int, copying: frozenset[str] | set[str] = frozenset(), promised: float = 0.0,
+                    budget: int = 0) -> bool:
+        """``copying``: the sources of the last step's draft when it was accepted to its end;
+        ``promised``: accepted tokens the drafts of the proposers called before this one promise
+        (their scores times the request's calibration), of a ``budget`` of draft nodes."""
         t1 = self.cost.estimate(1)
+        known_cheap = t1 is not None and i in self.seconds and self.seconds[i] <= self.cheap_fraction * t1
+        if budget and not known_cheap and promised >= self.filled_fraction * budget:
+            return False  # the budget is as good as filled: a costly proposer would add its time only
         cheap = t1 is None or i not in self.seconds or self.seconds[i] <= self.cheap_fraction * t1
         if copying and not cheap and not copying & self.sources.get(i, set()):
             return False

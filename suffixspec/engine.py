@@ -239,11 +239,15 @@ class Engine:
         yield seq.close()
 
     def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
-                 allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None, copying: set[str]
-                 ) -> tuple[Draft, list[tuple[int, float, set[str]]]]:
+                 allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None, copying: set[str],
+                 calibration: float = 1.0) -> tuple[Draft, list[tuple[int, float, set[str]]]]:
         """The merged draft, and per proposer called: (index, seconds, sources it drafted).
 
-        ``copying``: the sources of the last draft when it was accepted to its end (see ProposerGate)."""
+        ``copying``: the sources of the last draft when it was accepted to its end (see ProposerGate).
+        ``calibration``: the request's accepted-per-promised ratio (DraftGate): the drafts of the
+        proposers called so far promise ``sum(score) * calibration`` tokens, which may make a costly
+        proposer not worth calling (ProposerGate). A proposer's one-off setup (``setup_s``, a lazy
+        prefill) is not charged to its per-step cost."""
         if budget <= 0 or not proposers:
             return Draft(), []
         context = prompt + output
@@ -252,11 +256,12 @@ class Engine:
         if proposer_gate is not None:
             proposer_gate.exploring = False
         for i, p in enumerate(proposers):
-            if proposer_gate is not None and not proposer_gate.should_call(i, copying):
+            promised = calibration * sum(d.score for d in drafts)
+            if proposer_gate is not None and not proposer_gate.should_call(i, copying, promised, budget):
                 continue
             t = time.perf_counter()
             d = p.propose(context, budget)
-            calls.append((i, time.perf_counter() - t, set(d.sources)))
+            calls.append((i, max(0.0, time.perf_counter() - t - getattr(p, "setup_s", 0.0)), set(d.sources)))
             if len(d) and (allowed is None or all(_drafter_of(s) in allowed for s in d.sources)):
                 drafts.append(d)
         return merge_drafts(drafts, budget), calls
@@ -361,7 +366,8 @@ class _Sequence:
         if spec.adaptive:  # a fully accepted draft (copying) may double; a miss falls back to the mean
             budget = min(budget, max(4, round(4 + 2 * self.ema_accepted), 2 * self.copy_run + 2))
         draft, calls = self.engine._propose(self.proposers, self.request.prompt_ids, self.output, budget,
-                                            self.request.drafters, self.proposer_gate, self.copy_sources)
+                                            self.request.drafters, self.proposer_gate, self.copy_sources,
+                                            self.gate.calibration)
         exploring = self.proposer_gate is not None and self.proposer_gate.exploring
         return draft, calls, exploring
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from suffixspec.budget import DraftGate, VerifyCost
+from suffixspec.budget import DraftGate, ProposerGate, VerifyCost
 
 
 def test_cost_interpolates_and_extrapolates():
@@ -132,3 +132,15 @@ def test_proposer_gate_explores_a_useless_proposer_less_and_less():
             calls.append(step)
             gate.observe(0, seconds=0.006, accepted=0)
     assert calls == [0, 4]  # two skips were pending; then 4 after this miss
+
+
+def test_proposer_gate_skips_a_costly_proposer_when_earlier_drafts_fill_the_budget():
+    cost = VerifyCost()
+    cost.observe(1, 0.010)
+    gate = ProposerGate(cost)
+    assert not gate.should_call(1, promised=16.0, budget=32)  # cost unknown, half the budget promised
+    assert gate.should_call(1, promised=15.0, budget=32)  # less promised: called (and measured)
+    gate.observe(1, 0.004, 0)  # 4 ms a call: not cheap
+    assert not gate.should_call(1, promised=20.0, budget=32)
+    gate.observe(2, 0.0001, 0)  # 0.1 ms: cheap (under 5% of a 10 ms step), never skipped
+    assert gate.should_call(2, promised=32.0, budget=32)

@@ -408,17 +408,22 @@ def test_first_confidence(models, mode):
 
 
 @pytest.mark.parametrize("kind", ["same-other", "text", "intersection"])
-def test_draft_prefilled_in_begin(models, kind):
-    """``begin`` feeds the prompt to the draft model, so the first ``propose`` runs one short
-    forward pass (the engine's proposer gate then measures the drafter by its per-step cost)."""
+def test_draft_prefilled_at_the_first_propose(models, kind):
+    """``begin`` feeds nothing; the request's first ``propose`` feeds the prompt to the draft model and
+    reports that time as ``setup_s`` (the engine's proposer gate measures the drafter by its per-step
+    cost without it); later calls run short forward passes and report no setup."""
     p = DRAFTERS[kind](models)
     ids = models["target"].tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
+    before = list(p.runner.ids)
     p.begin(RequestContext(prompt_ids=ids))
-    seen = len(p.runner.ids)
-    full = len(p.ctx.ids) if hasattr(p, "ctx") else len(ids)
-    assert full - 2 <= seen < full
+    assert list(p.runner.ids) == before and p.setup_s == 0.0
     p.propose(ids, 4)
-    assert p.runner.ids[:seen] == (p.ctx.ids if hasattr(p, "ctx") else ids)[:seen]
+    assert p.setup_s > 0.0
+    full = p.ctx.ids if hasattr(p, "ctx") else ids
+    assert p.runner.ids[:len(full) - 1] == full[:len(full) - 1]
+    p.update([ids[-1]])
+    p.propose(ids + [ids[-1]], 4)
+    assert p.setup_s == 0.0
 
 
 def test_model_drafters_depend_one_way():

@@ -358,3 +358,91 @@ def test_copy_resume_saves_steps_on_a_rename_and_costs_little_when_not_repeated(
     assert steps(True, edited) < steps(False, edited)
     once = edited[:9] + prompt[9:-1]  # only the first place renamed
     assert steps(True, once) <= steps(False, once) + 1
+
+
+def test_history_drafts_an_answer_start_from_how_earlier_outputs_began():
+    from index.history import OutputHistory
+    from index.speculate import SpecParams
+
+    h = OutputHistory(1000)
+    h.add([4, 5, 6])
+    h.add([4, 5, 7])
+    res = h.speculate_start(SpecParams(8, 4.0, 0.0, 0.1, True))  # half the budget: 4 nodes
+    # both outputs begin "4 5" (2/3: two of two agree, by the rule of succession), then 6 or 7 (1/3 each)
+    assert res.token_ids[:2] == [4, 5] and sorted(res.token_ids[2:]) == [6, 7]
+    assert res.parents == [-1, 0, 1, 1]
+    assert res.probs == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+
+
+@pytest.mark.parametrize("answer_starts", [True, False])
+def test_first_draft_of_an_output_comes_from_earlier_answers_starts(answer_starts):
+    p = SuffixProposer(config=SuffixConfig(answer_starts=answer_starts))
+    p.begin(RequestContext(prompt_ids=[1, 2, 3]))
+    p.end([10, 11, 12, 13, 14, 15])
+    p.begin(RequestContext(prompt_ids=[7, 8, 9]))  # nothing of this prompt occurs anywhere
+    first = p.propose([7, 8, 9], 8)
+    if answer_starts:
+        assert first.tokens == [10, 11, 12, 13] and set(first.sources) == {SOURCE_HISTORY}
+    else:
+        assert first.tokens == []
+    p.update([20])  # the output began otherwise: later steps draft from matches only
+    assert p.propose([7, 8, 9, 20], 8).tokens == []
+
+
+SEAM_CHUNK = ("def fsdecode(filename):\n    \"\"\"Decode filename (an os.PathLike, bytes, or str) from the filesystem\n"
+              "        encoding with 'surrogateescape' error handler, return str unchanged. On\n"
+              "        Windows, use 'strict' error handler if the file system encoding is\n"
+              "        'mbcs' (which is the default encoding).\n        \"\"\"\n    filename = fspath(filename)\n")
+
+
+@pytest.mark.parametrize("text_match", [True, False])
+def test_text_match_drafts_across_a_tokenization_seam(text_match):
+    from suffixspec.loading import load_tokenizer
+
+    tok = load_tokenizer("suffixspec/demo-target")
+    cut = SEAM_CHUNK.index("On\n") + 3  # the prompt ends with the newline, the chunk merges it with the indent
+    prompt = tok.encode("# Retrieved chunk, go on:\n" + SEAM_CHUNK[:cut], add_special_tokens=False)
+    chunk = tok.encode(SEAM_CHUNK, add_special_tokens=False)
+    answer = tok.encode(SEAM_CHUNK[cut:], add_special_tokens=False)
+    assert tok.decode(prompt[-1:]) == "\n" and answer[0] not in chunk  # a seam: no token suffix leads on
+    p = SuffixProposer(tokenizer=tok, config=SuffixConfig(text_match=text_match), history=False)
+    p.begin(RequestContext(prompt_ids=prompt, reference_ids=[chunk]))
+    d = p.propose(prompt, 16)
+    if text_match:
+        assert d.tokens == answer[:16] and set(d.sources) == {SOURCE_REFERENCES}
+        assert d.parents == list(range(-1, 15))
+    else:
+        assert answer[0] not in d.tokens
+
+
+@pytest.mark.parametrize("case", [dict(), dict(temperature=1.0, seed=3), dict(temperature=0.7, top_p=0.9, seed=4)],
+                         ids=["greedy", "t1.0", "t0.7-top-p"])
+def test_text_match_and_answer_starts_keep_engine_output_with_gates_on(llama, case):
+    """Both rules draft in the engine (spied on: they returned drafts) and the tokens equal plain decoding."""
+    engine_mod, target = llama
+    from suffixspec.config import SamplingParams
+
+    proposer = SuffixProposer(tokenizer=target.tokenizer)
+    drafts = {"text": 0, "starts": 0}
+    text_draft, speculate_start = proposer._text_draft, proposer.history.speculate_start
+
+    def spy_text(*a):
+        found = text_draft(*a)
+        drafts["text"] += found is not None
+        return found
+
+    def spy_starts(*a):
+        res = speculate_start(*a)
+        drafts["starts"] += len(res) > 0
+        return res
+
+    proposer._text_draft, proposer.history.speculate_start = spy_text, spy_starts
+    spec_engine, plain_engine = engine_mod.Engine(target, [proposer]), engine_mod.Engine(target)
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True, **case)
+    for round_ in range(2):
+        for text in PROMPTS:
+            prompt = "# go on:\n" + text[:len(text) // 2]
+            plain = plain_engine.generate(prompt, sampling, speculation=False)
+            fast = spec_engine.generate(prompt, sampling, references=[text])
+            assert fast.token_ids == plain.token_ids, (round_, prompt)
+    assert drafts["text"] > 0 and drafts["starts"] > 0

@@ -39,6 +39,9 @@ class Proposer(ABC):
     """One drafter. ``name`` is used in configuration; node sources come from ``Draft.sources``."""
 
     name: str = "proposer"
+    # seconds of the last propose() spent on one-off request setup (a draft model's lazy prefill of the
+    # prompt): the engine's ProposerGate judges a proposer by its per-step cost, without it
+    setup_s: float = 0.0
 
     def begin(self, request: RequestContext) -> None:  # noqa: B027 - optional hook
         """A request starts; reset per-request state."""

@@ -38,6 +38,7 @@ Worked example (text mode, ``siblings=2``; target byte-level BPE, draft Sentence
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -115,11 +116,11 @@ class BridgedDraftProposer(ModelDrafter):
 
     def begin(self, request: RequestContext) -> None:
         super().begin(request)
-        self.ctx = self.bridge.draft_context(request.prompt_ids) if self.enabled else None
+        # the prompt is encoded into draft tokens and fed to the draft at the first propose, timed as
+        # setup_s (see ModelDrafter._prefill): a request other drafters serve alone never pays for it
+        self.ctx = None
         self._pushed = len(request.prompt_ids)
         self._unpushed = []
-        if self.ctx is not None:
-            self._prefill(self.ctx.ids, self._keep)
 
     def update(self, new_tokens: Sequence[int]) -> None:
         super().update(new_tokens)
@@ -132,11 +133,15 @@ class BridgedDraftProposer(ModelDrafter):
         self.ctx = None
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        self.setup_s = 0.0
         if not self.enabled or budget <= 0 or not context:
             return Draft()
-        if self.ctx is None or self._pushed != len(context):  # called without begin/update: resync
+        if self.ctx is None or self._pushed != len(context):  # the request's first call (or out of step)
+            t = time.perf_counter()
             self.ctx = self.bridge.draft_context(context)
             self._pushed, self._unpushed = len(context), []
+            self._prefill(self.ctx.ids, self._keep)
+            self.setup_s = time.perf_counter() - t
         elif self._unpushed:
             self.ctx.push_target(self._unpushed)
             self._unpushed = []

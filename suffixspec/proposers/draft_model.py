@@ -18,6 +18,7 @@ Worked example (draft length 3, greedy)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,12 +64,17 @@ class DraftModelProposer(ModelDrafter):
 
     def begin(self, request: RequestContext) -> None:
         super().begin(request)
-        self._prefill(request.prompt_ids)
+        self._prefilled = False  # the prompt is fed at the first propose (see ModelDrafter._prefill)
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        self.setup_s = 0.0
         k = min(budget, self.length.value, self.context_window // 2)
         if not self.enabled or k <= 0 or not context:
             return Draft()
+        if not self._prefilled:
+            t = time.perf_counter()
+            self._prefill(context)
+            self._prefilled, self.setup_s = True, time.perf_counter() - t
         logits = self.runner.logits_after(self._window(context, k))
         use_q = self.sample and not self.sampling.greedy
         tokens: list[int] = []

@@ -301,6 +301,7 @@ class ModelDrafter(Proposer):
         self._chain: list[int] = []  # tokens of the last proposed chain (for acceptance feedback)
         self._gen = torch.Generator(device=self.runner.device)
         self._seed_offset = seed_offset
+        self._prefilled = True  # the request's prompt is in the draft's cache (fed at the first propose)
 
     def begin(self, request: RequestContext) -> None:
         self.sampling = request.sampling
@@ -312,9 +313,10 @@ class ModelDrafter(Proposer):
         self._gen.manual_seed((seed * 7919 + 12345 + self._seed_offset) % 2**63)
 
     def _prefill(self, ids: Sequence[int], keep: int = 0) -> None:
-        """Feed the prompt to the draft model now (all but its last token, which the first
-        ``propose`` feeds), so a request's first draft costs one short forward pass like every
-        other, and the engine's proposer gate measures a drafter by its per-step cost."""
+        """Feed the prompt to the draft model (all but its last token, which ``propose`` feeds) at
+        the first ``propose`` of a request, timed as ``setup_s``: the engine's proposer gate then
+        measures a drafter by its per-step cost, and a request whose other drafts fill the budget
+        from its first step (copying, a text seam) never pays the draft model's prefill."""
         ids = self._window(ids, self.length.value, keep)
         if self.enabled and len(ids) > max(1, keep + 1):
             self.runner.logits_after(ids[:-1])
