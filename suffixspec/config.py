@@ -18,7 +18,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from logits of tokens already generated (OpenAI semantics)
     frequency_penalty: float = 0.0  # subtracted per occurrence from logits of generated tokens
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> value added to its logit
-    seed: int | None = None  # seeds the per-position uniforms; None draws a fresh seed
+    seed: int | None = None  # seeds the per-position random numbers; None draws a fresh seed
     stop: list[str] = field(default_factory=list)  # stop strings; output ends before the first occurrence
     stop_token_ids: list[int] = field(default_factory=list)  # extra end tokens besides the tokenizer's EOS
     ignore_eos: bool = False  # keep going past EOS (benchmarks that need a fixed length)

@@ -6,7 +6,8 @@ tree from the root and return the accepted nodes plus one token sampled by the t
 
 Rules at a node with children ``C`` (distinct tokens):
 - greedy: ``y = argmax p``; descend into the child equal to ``y``, else emit ``y`` and stop;
-- one-hot (children without a known ``q``): draw ``y ~ p`` with the position's uniform; descend
+- one-hot (children without a known ``q``): draw ``y ~ p`` with the position's noise (the
+  exponential race of ``sampling.py``); descend
   if ``y`` is a child, else emit ``y`` and stop;
 - known ``q`` (every child carries the same draft row, children drawn from it without
   replacement, in order): accept child ``x`` with probability ``min(1, p(x) / q(x))``; on
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .draft import Draft
-from .sampling import LogitsProcessor, PositionRNG, greedy_token, sample_inverse_cdf
+from .sampling import LogitsProcessor, PositionRNG, greedy_token, sample_inverse_cdf, sample_race
 
 
 @dataclass
@@ -72,7 +73,7 @@ def verify_tree(
                 if nxt is None:
                     return VerifyOutcome(_path_nodes(draft, cur), emitted, rows, processed_rows)
             else:
-                y = sample_inverse_cdf(p, rng.main(pos))
+                y = sample_race(p, rng.race(pos, p.shape[-1]))
                 nxt = draft.child_with(children, y)
                 if nxt is None:
                     return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)

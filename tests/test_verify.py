@@ -14,7 +14,7 @@ import torch
 
 from suffixspec.config import SamplingParams
 from suffixspec.draft import Draft
-from suffixspec.sampling import LogitsProcessor, PositionRNG, sample_inverse_cdf
+from suffixspec.sampling import LogitsProcessor, PositionRNG, sample_inverse_cdf, sample_race
 from suffixspec.verify import verify_tree
 
 V = 5
@@ -106,7 +106,7 @@ def test_sequence_distribution_matches_target(case):
         out = verify_tree(draft, _logits_for(draft), proc, rng, position=0)
         seq = [draft.tokens[i] for i in out.accepted] + [out.token]
         if len(seq) < 2:  # the next plain step, as the engine would run it
-            seq.append(sample_inverse_cdf(_p(L[seq[0]]), rng.main(1)))
+            seq.append(sample_race(_p(L[seq[0]]), rng.race(1, V)))
         counts[seq[0] * V + seq[1]] += 1
     pvalue = _chi2_pvalue(counts, EXACT.numpy())
     assert pvalue > 1e-3, f"{case}: distribution differs from the target (chi2 p={pvalue:.2e})"
@@ -120,8 +120,48 @@ def test_chi2_detects_a_wrong_rule():
     for trial in range(4000):
         x1 = _draw_without_replacement(q0, 1, draw_rng)[0]  # "accept everything" = sample from q
         rng = PositionRNG(seed=trial)
-        counts[x1 * V + sample_inverse_cdf(_p(L[x1]), rng.main(1))] += 1
+        counts[x1 * V + sample_race(_p(L[x1]), rng.race(1, V))] += 1
     assert _chi2_pvalue(counts, EXACT.numpy()) < 1e-6
+
+
+def test_race_draws_from_p_and_keys_its_noise_by_seed_and_position():
+    """The exponential race is a draw from p (zeros never drawn); the same (seed, position) gives the same token."""
+    p = torch.tensor([0.05, 0.0, 0.5, 0.25, 0.2], dtype=torch.float64)
+    counts = np.zeros(len(p))
+    for seed in range(4000):
+        counts[sample_race(p, PositionRNG(seed).race(3, len(p)))] += 1
+    assert counts[1] == 0
+    keep = p > 0
+    assert _chi2_pvalue(counts[keep.numpy()], (p[keep] / p[keep].sum()).numpy()) > 1e-3
+    same = [sample_race(p, PositionRNG(11).race(3, len(p))) for _ in range(3)]
+    assert len(set(same)) == 1
+    assert torch.equal(PositionRNG(11).race(3, 8), PositionRNG(11).race(3, 8))
+    assert not torch.equal(PositionRNG(11).race(3, 8), PositionRNG(11).race(4, 8))
+    assert not torch.equal(PositionRNG(11).race(3, 8), PositionRNG(12).race(3, 8))
+
+
+def test_race_is_robust_to_rounding_where_the_inverse_cdf_is_not():
+    """Why seeded sampling races: p from a multi-token pass differs from a one-token step by rounding.
+
+    Perturb a code-model-like p (Zipf over 8192 tokens) by 1e-5 relative noise, as a verify pass
+    does: the inverse CDF changes its token far more often (every one of the 8192 boundaries can
+    move past the uniform) than the race (only a near tie between the two best scores can flip).
+    """
+    gen = torch.Generator().manual_seed(0)
+    V, draws = 8192, 3000
+    base = 1.0 / torch.arange(1, V + 1, dtype=torch.float64) ** 1.1
+    base = base[torch.randperm(V, generator=gen)]
+    p = base / base.sum()
+    noisy = p * (1 + 1e-5 * torch.randn(V, generator=gen, dtype=torch.float64))
+    noisy = noisy / noisy.sum()
+    flips_icdf = flips_race = 0
+    for pos in range(draws):
+        rng = PositionRNG(5)
+        u = float(np.random.default_rng([5, 9, pos]).random())
+        flips_icdf += sample_inverse_cdf(p, u) != sample_inverse_cdf(noisy, u)
+        noise = rng.race(pos, V)
+        flips_race += sample_race(p, noise) != sample_race(noisy, noise)
+    assert flips_icdf >= 5 and flips_race == 0, (flips_icdf, flips_race)
 
 
 @pytest.mark.parametrize(

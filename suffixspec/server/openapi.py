@@ -52,7 +52,7 @@ def build_spec(cfg: Any, model_id: str, max_context: int) -> dict[str, Any]:
             "fixes the sampled tokens. With the model-free drafters (prompt, history, documents, "
             "references, prediction), a text-mode bridged draft model or a same-vocabulary draft model that "
             "does not sample, the output equals speculation off (`speculation: false`) token for token, up to "
-            "float rounding at a boundary of the cumulative distribution; with a draft model that samples "
+            "float rounding when the two best scores of the sampling race are within rounding (rare: see the README); with a draft model that samples "
             "(same vocabulary, or token-level intersection) the distribution is the same but the tokens are "
             "not those of speculation off, and may vary run to run (which drafts get verified follows measured "
             "timings). Greedy (temperature 0) output is always identical")},
