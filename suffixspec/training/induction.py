@@ -50,20 +50,25 @@ PREV_PAIRS = 6  # fast pairs that phase the previous-token and block heads
 PREV_HEADS = 4  # layer 0: distances 1..4
 BLOCK_DISTANCES = (4, 8, 12)  # layer 1: block P1..P4 from these distances -> P5..P16
 CIRCUIT_LAYERS = 3
+CODE_RMS_REF = 2.0  # the code magnitude the norm weights were laid out for (the first recipes' codes)
 
 
 def layout(cfg) -> dict:
-    """Residual slices of the circuit for a model config."""
+    """Residual slices of the circuit for a model config. ``copy`` (the first ``circuit_copy_dims``
+    dimensions of ``T``, all of ``T`` when the config does not say) is what the copy heads read at the
+    matched position: layers 0-1 may train but never write there, so it holds the token embedding alone."""
     H = cfg.hidden_size
     T = H - (NGRAM + 1) * M
+    copy = getattr(cfg, "circuit_copy_dims", None) or T
     return {"T": slice(0, T), "C": slice(T, T + M), "P": [slice(T + (d + 1) * M, T + (d + 2) * M) for d in range(NGRAM)],
-            "reserved": slice(T, H), "t_dims": T}
+            "reserved": slice(T, H), "t_dims": T, "copy": slice(0, copy), "copy_dims": copy}
 
 
 def copy_heads(cfg) -> int:
-    """Layer-2 heads that copy: as many as split ``T`` into equal slices, at most all heads."""
-    T = layout(cfg)["t_dims"]
-    return max(h for h in range(1, cfg.num_attention_heads + 1) if T % h == 0)
+    """Layer-2 heads that copy: as many as split the ``copy`` dimensions into equal slices, at most all
+    heads (each slice fits a head: ``copy_dims / heads <= head_dim``)."""
+    c = layout(cfg)["copy_dims"]
+    return max(h for h in range(1, cfg.num_attention_heads + 1) if c % h == 0 and c // h <= cfg.head_dim)
 
 
 def _phased(hd: int, inv_freq: torch.Tensor, d: int, amp: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,15 +84,20 @@ def _phased(hd: int, inv_freq: torch.Tensor, d: int, amp: float) -> tuple[torch.
 
 @torch.no_grad()
 def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 15.0, prev_amp: float = 12.0,
-            code_rms: float = 2.0) -> None:
+            code_rms: float = CODE_RMS_REF) -> None:
     """Write the circuit into ``model`` (a ``LlamaForCausalLM`` with attention biases, >= 3 layers,
     head_dim >= 128, >= 4 heads, ``rope_theta`` = ``ROPE_THETA``). A matching slot adds about
-    ``match_scale`` * 1.3 to the attention score; the copied token gets a logit of about ``copy_logit``."""
+    ``match_scale`` * 1.3 to the attention score; the copied token gets a logit of about ``copy_logit``.
+
+    ``code_rms``: the codes' magnitude per dimension. Every RMSNorm divides by the rms of the whole
+    residual; with large codes that divisor is the codes' (fixed), so what the trained dimensions
+    write barely changes how the circuit's heads see the codes (at 64, a trained residual of rms 10
+    in ``T`` moves the divisor by 2%; at 2, by a factor 7). The norms' weights on ``T`` are scaled
+    by ``code_rms / CODE_RMS_REF`` so that the untrained model computes the same function either way."""
     cfg = model.config
     H, nh, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     half = hd // 2
     lay = layout(cfg)
-    T = lay["t_dims"]
     assert cfg.attention_bias and cfg.num_hidden_layers >= CIRCUIT_LAYERS and nh >= max(PREV_HEADS, 3)
     assert 2 * (half - MATCH_FIRST_PAIR) >= NGRAM * M, "head_dim too small for the match"
     gen = torch.Generator().manual_seed(seed)
@@ -104,6 +114,9 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
         layer.self_attn.o_proj.bias.zero_()
         layer.mlp.down_proj.weight.zero_()
     model.model.norm.weight[lay["reserved"]] = 0  # codes and slots never reach the logits
+    for norm in [model.model.norm] + [x for layer in model.model.layers
+                                      for x in (layer.input_layernorm, layer.post_attention_layernorm)]:
+        norm.weight[lay["T"]] *= code_rms / CODE_RMS_REF
 
     def clear(att, h):
         rows = slice(h * hd, (h + 1) * hd)
@@ -138,11 +151,11 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
     match = low + [f + half for f in low]
     chunks = [match[c * M:(c + 1) * M] for c in range(NGRAM)]
     n_copy = copy_heads(cfg)
-    slice_w = T // n_copy
+    slice_w = lay["copy_dims"] // n_copy
     rms2 = math.sqrt(rms_emb ** 2 + NGRAM * M * code_rms ** 2 / H)  # residual rms here: embedding, C, 16 slots
     # The copied embedding e_T(t_j) lands in the final hidden state (divided by the final norm's rms, about
     # rms2), where the tied output layer turns it into a logit of ``copy_logit`` for t_j at initialisation.
-    e2 = emb[:, :T].pow(2).sum(dim=1).mean().item()
+    e2 = emb[:, lay["copy"]].pow(2).sum(dim=1).mean().item()
     gain = copy_logit * rms2 / e2
     for h in range(n_copy):
         rows = clear(att, h)
@@ -154,7 +167,9 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
             att.k_proj.weight[qrows, lay["P"][c]] = torch.eye(M)
         cols = slice(h * slice_w, (h + 1) * slice_w)
         att.v_proj.weight[base: base + slice_w, cols] = torch.eye(slice_w)
-        att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain
+        # divided by the norm weights' scale twice: once for the value (read through layer 2's norm),
+        # once for the final norm, both scaled up with the codes
+        att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain / (code_rms / CODE_RMS_REF) ** 2
 
 
 def copy_output(model) -> torch.Tensor:
@@ -182,15 +197,22 @@ def _pass_gradient_straight(module, args, output):
 
 
 class Frozen:
-    """Keeps the circuit while the rest trains: layers 0-1 do not train at all (``requires_grad``
-    off); after each optimizer step, ``restore()`` writes back every other frozen entry (layer 2's
-    circuit heads, its input norm, the codes, and the zeros that keep trained writes out of ``C`` and
-    the slots; AdamW's weight decay would otherwise shrink them too). Gradients of frozen entries are
-    zeroed so Adam's moments stay clean."""
+    """Keeps the circuit while the rest trains: after each optimizer step, ``restore()`` writes back
+    every frozen entry (the circuit's heads, the codes, the norm weights the circuit reads through, and
+    the zeros that keep trained writes out of ``C`` and the slots; AdamW's weight decay would otherwise
+    shrink them too). Gradients of frozen entries are zeroed so Adam's moments stay clean.
 
-    def __init__(self, model):
+    ``train_early=False`` (the first recipes): layers 0-1 do not train at all (``requires_grad`` off),
+    layer 2's input norm neither: a trained write there grew the residual the match is normalised by
+    (with codes of rms 2) and the copy broke. ``train_early=True`` (with large codes, ``install(...,
+    code_rms=64)``): every layer trains except the circuit's own entries; layers 0-1 never write into
+    the ``copy`` dimensions (what the copy heads read must stay the token embedding), and the norms of
+    layers 0-2 keep their weights on the reserved dimensions. ``train_copy_out``: the copy heads'
+    output projection trains too (into ``T`` only), so the copy's strength follows the language model
+    around it instead of being fixed at initialisation."""
+
+    def __init__(self, model, train_early: bool = False, train_copy_out: bool = False):
         cfg = model.config
-        silent = CIRCUIT_LAYERS - 1  # layers 0-1 write nothing but the circuit
         hd = cfg.head_dim
         lay = layout(cfg)
         self.entries: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
@@ -202,21 +224,24 @@ class Frozen:
 
         res = torch.zeros(H, dtype=torch.bool)
         res[lay["reserved"]] = True
+        early_rows = res.clone()  # what layers 0-1 may not write: the reserved dims, and the copied ones
+        early_rows[lay["copy"]] = True
         emb = model.model.embed_tokens.weight
         keep(emb, res.expand_as(emb).clone())
         keep(model.model.norm.weight, res.clone())
         heads = circuit_heads(cfg)
         for i, layer in enumerate(model.model.layers):
             att = layer.self_attn
-            if i < silent:  # nothing of layers 0-1 trains: no gradients to compute or restore
+            if i < CIRCUIT_LAYERS - 1 and not train_early:  # layers 0-1 write nothing but the circuit
                 for p in layer.parameters():
                     p.requires_grad_(False)
                 layer.register_forward_hook(_pass_gradient_straight)
                 continue
-            out_rows = res
+            out_rows = early_rows if i < CIRCUIT_LAYERS - 1 else res
             o_mask = out_rows[:, None].expand_as(att.o_proj.weight).clone()
             for h in heads.get(i, []):
-                o_mask[:, h * hd:(h + 1) * hd] = True
+                if not (train_copy_out and i == CIRCUIT_LAYERS - 1):
+                    o_mask[:, h * hd:(h + 1) * hd] = True
             keep(att.o_proj.weight, o_mask)
             keep(att.o_proj.bias, out_rows.clone())
             keep(layer.mlp.down_proj.weight, out_rows[:, None].expand_as(layer.mlp.down_proj.weight).clone())
@@ -230,7 +255,10 @@ class Frozen:
                         bm[h * hd:(h + 1) * hd] = True
                     keep(w, wm)
                     keep(b, bm)
-                layer.input_layernorm.weight.requires_grad_(False)
+                if train_early:
+                    keep(layer.input_layernorm.weight, res.clone())
+                else:
+                    layer.input_layernorm.weight.requires_grad_(False)
 
     @torch.no_grad()
     def restore(self) -> None:

@@ -264,8 +264,9 @@ def target_config(tok, args):
     """Heads of 128 dimensions (more than hidden/heads): 96 slowly rotating RoPE dimensions per head carry
     the 16-token match of the induction circuit (see ``induction``), which takes layers 0-2 (with free
     heads and MLP in layer 2); layers 3+ are the language model's own."""
+    extra = {"circuit_copy_dims": args.copy_dims} if args.copy_dims else {}
     return llama_config(tok, layers=args.target_layers, hidden=256, heads=args.target_heads, inter=args.target_inter,
-                        head_dim=128, attention_bias=True, rope_theta=induction.ROPE_THETA)
+                        head_dim=128, attention_bias=True, rope_theta=induction.ROPE_THETA, **extra)
 
 
 def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tuple:
@@ -287,16 +288,19 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
         after_step = None
     else:
         model = LlamaForCausalLM(target_config(tok, args))
-        induction.install(model, seed=SEED)
-        after_step = induction.Frozen(model).restore
+        induction.install(model, seed=SEED, code_rms=args.code_rms)
+        after_step = induction.Frozen(model, train_early=args.train_early, train_copy_out=args.train_copy_out).restore
     mk = data.ExampleMaker(tok, train_ids, seq_len=args.seq_len, seed=SEED + 2)
 
     def copy_example():
         return mk.code_copy() if mk.rng.random() < 0.75 else mk.random_copy(None, 2)
 
+    def plain():
+        return mk.loop_break() if args.loop_examples and mk.rng.random() < args.loop_examples else mk.code_lm()
+
     def parts(progress: float):
         copies = 1 if args.copy_batches >= 1 or mk.rng.random() < args.copy_batches else 0
-        return [(mk.code_lm, args.target_batch - copies), (copy_example, copies)]
+        return [(plain, args.target_batch - copies), (copy_example, copies)]
 
     common = {"lr": args.lr, "after_step": after_step, "maker": mk, "ckpt_minutes": args.ckpt_minutes,
               "probe": lambda: probe(model), "probe_minutes": args.probe_minutes}
@@ -381,17 +385,26 @@ def card(kind: str, info: dict) -> str:
             "reserved slots, three heads in layer 1 copy that block from 4, 8 and 12 positions back (slots 5..16), "
             "and the copy heads of layer 2 attend to the position whose 16 preceding codes agree most with the "
             "last 16 (over the RoPE dimensions that barely rotate: `rope_theta` 1e16, head dimension 128) and copy "
-            "its token embedding towards the tied output layer. Layers 0-1 are the circuit's alone and do not "
-            "train (when they learned too, their writes grew the residual the match is normalised by and the copy "
-            "broke: 0.02 of a segment); everything else trains: layer 2's free heads and MLP and layers "
-            f"3-{info['layers'] - 1} fully, never writing into the codes or slots. Each batch of "
+            "its token embedding towards the tied output layer. " + (
+                f"The codes are large (rms {info['code_rms']:g} per dimension), so every norm's divisor is theirs "
+                "and what the trained dimensions write does not blur the match; the copy heads copy the first "
+                f"{info['copy_dims']} dimensions of the token embedding, which layers 0-1 never write. So every layer "
+                "trains (all but the circuit's own heads, codes and slots), the copy heads' output projection "
+                "too" if info.get("train_early") else
+                "Layers 0-1 are the circuit's alone and do not "
+                "train (when they learned too, their writes grew the residual the match is normalised by and the copy "
+                "broke: 0.02 of a segment); everything else trains: layer 2's free heads and MLP and layers "
+                f"3-{info['layers'] - 1} fully, never writing into the codes or slots") + ". Each batch of "
             f"{info['batch'][0]} x {info['batch'][1]} tokens holds windows of plain code (loss on every token); in "
             f"a fraction {info.get('copy_batches', 1.0):g} of the batches"
             + (f" ({info['copy_history']})" if info.get("copy_history") else "") + " one of them is a copy example "
             "(3 in 4: a code window copied "
             "after a separator or in a "
             "chat turn, from the start or an offset, sometimes with small edits; 1 in 4: random full-vocabulary "
-            "copies, loss on the copies). Afterwards the copy heads' output projection is scaled by "
+            "copies, loss on the copies)" + (
+                f"; {info['loop_examples']:g} of the plain windows have a degenerate loop spliced in (the last 1-12 "
+                "tokens repeated to 24-64 tokens, no loss on it, loss on the code after it: leaving a loop is "
+                "learned)" if info.get("loop_examples") else "") + ". Afterwards the copy heads' output projection is scaled by "
             f"{info.get('copy_boost', 1.0):g} (the smallest factor reaching 97% of the best copy accuracy on "
             "training files; `calibrate_copy`).",
         ]
@@ -565,6 +578,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--copy-history", default="",
                     help="for the model card, when --copy-batches changed on a resume (the checkpoints do not "
                          "record it), e.g. 'steps 0-2445 at 1.0'")
+    ap.add_argument("--code-rms", type=float, default=2.0,
+                    help="magnitude of the circuit's fixed token codes; large codes (64) dominate every norm's "
+                         "divisor so the trained dimensions cannot blur the match (the checkpoints in "
+                         "/work/ckpt/models: 2)")
+    ap.add_argument("--train-early", action=argparse.BooleanOptionalAction, default=False,
+                    help="layers 0-1 train too (never writing into the dimensions the copy heads read); needs "
+                         "large --code-rms")
+    ap.add_argument("--train-copy-out", action=argparse.BooleanOptionalAction, default=False,
+                    help="the copy heads' output projection trains (the copy's strength follows the model)")
+    ap.add_argument("--copy-dims", type=int, default=0,
+                    help="the first N dimensions of the token embedding are what the copy heads copy (and "
+                         "what layers 0-1 never write); 0: all of them (the checkpoints in /work/ckpt/models)")
+    ap.add_argument("--loop-examples", type=float, default=0.0,
+                    help="fraction of the plain code sequences with a degenerate loop spliced in (no loss on the "
+                         "loop, loss on the code after it: `data.ExampleMaker.loop_break`)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--draft-hidden", type=int, default=96)
@@ -607,7 +635,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if target is None:  # the final phase alone: the trained states come from the checkpoints
         target = LlamaForCausalLM(target_config(ttok, args))
-        induction.install(target, seed=SEED)
+        induction.install(target, seed=SEED, code_rms=args.code_rms)
         stable, state = Checkpointer(ckpt_dir, "target").load(), Checkpointer(ckpt_dir, "anneal").load()
         if state is None:
             raise SystemExit("no annealed target in --ckpt-dir: run the anneal phase first")
@@ -629,7 +657,9 @@ def main(argv: list[str] | None = None) -> None:
              "context": args.seq_len, "train_minutes": tstats["minutes"], "steps": {"target": tstats["steps"]},
              "stable_steps": tstats.get("stable_steps"), "decay_steps": tstats.get("decay_steps"),
              "batch": [args.target_batch, args.seq_len], "lr": args.lr, "ngram": induction.NGRAM,
-             "copy_batches": args.copy_batches, "copy_history": args.copy_history,
+             "copy_batches": args.copy_batches, "copy_history": args.copy_history, "code_rms": args.code_rms,
+             "train_early": args.train_early, "train_copy_out": args.train_copy_out,
+             "copy_dims": induction.layout(target.config)["copy_dims"], "loop_examples": args.loop_examples,
              "final_train_loss_ema": tstats["final_loss_ema"], "probes": tstats.get("probes", [])}
     dinfo = {**common, **describe(draft, dtok, "draft"), "train_tokens": meta["draft_train_tokens"], "context": 256,
              "train_minutes": dstats["minutes"], "steps": {"draft": dstats["steps"]}, "batch": [8, 256]}
