@@ -140,3 +140,13 @@ def test_loop_break_takes_the_loss_off_the_loop_only():
         period = next(p for p in range(1, 13) if np.array_equal(body[p:], body[:-p]))
         assert np.array_equal(body[:period], ids[cut - period:cut])  # it repeats what came just before it
         assert mask[end]  # the token after the loop is a target
+
+
+def test_loop_exit_sees_a_pure_copier_stay_in_the_loop():
+    # the untrained circuit is nothing but a copier: inside a spliced loop it predicts the loop's next token
+    from suffixspec.training import evaluate
+
+    gen = np.random.default_rng(4)
+    files = [gen.integers(3, VOCAB, 500) for _ in range(3)]
+    r = evaluate.loop_exit(_model(64.0, 45), files, n=12)
+    assert r["loops"] == 12 and r["stay"] > 0.9 and r["exit"] < 0.1

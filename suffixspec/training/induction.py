@@ -18,11 +18,17 @@ Residual layout (hidden ``H``): ``[T | C | P1 .. P16]``
   circuit reading them lost half its accuracy (0.67 -> 0.33 greedy copy) without any other change;
 - ``Pd``: the code of the token ``d`` positions back, written by the circuit.
 
-Layers (frozen: the circuit's heads, the input norms of layers 0-2, and every residual write of layers
-0-1, so the residual that layer 2 matches on is exactly embedding + codes + slots; trained: layer 2's
-free head and MLP and layers 3+, which never write into ``C`` or the slots). Letting layers 0-1 learn
-broke the copy: their writes grew the residual the match is normalised by, and a checkpoint copied
-0.02 of a held-out segment greedily, 0.76 with those writes removed again.
+Which layers train (``Frozen``). First recipes: the circuit's heads, the input norms of layers 0-2 and
+every residual write of layers 0-1 frozen, so the residual that layer 2 matches on is exactly embedding
++ codes + slots; layer 2's free head and MLP and layers 3+ trained, never writing into ``C`` or the
+slots. Letting layers 0-1 learn broke the copy (a checkpoint copied 0.02 of a held-out segment
+greedily, 0.76 with those writes removed again), in two ways: their writes grew the residual every
+norm divides by, so the match faded, and they changed the ``T`` the copy heads copy at the matched
+position. Both are removed by (1) large codes (``install(code_rms=64)``: the codes dominate every
+norm's divisor) and (2) a ``copy`` part of ``T`` (``circuit_copy_dims`` in the config) that only the
+embedding writes before layer 2 and the copy heads copy. Then every layer trains: the untrained
+circuit, with random writes of rms 20 into the rest of ``T`` before layer 2, still copies 0.93 of a
+held-out segment greedily (0.000 with codes of rms 2, 0.000 with large codes but all of ``T`` copied).
 
 - layer 0, heads 0-3: previous-token heads. Constant, RoPE-phased queries and keys (attention
   biases) peak at distance ``d`` = 1..4; the value is ``C``; the output goes to ``Pd``;

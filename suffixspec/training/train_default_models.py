@@ -325,7 +325,7 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
 
 
 @torch.no_grad()
-def calibrate_copy(model, tok, train_ids, grid=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)) -> float:
+def calibrate_copy(model, tok, train_ids, grid=(0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)) -> float:
     """Training on code lets the language model outgrow the frozen copy output (its scale is fixed), so
     after training the induction heads' output projection is scaled by the smallest factor in ``grid``
     that reaches 97% of the best greedy copy accuracy on 20 segments of *training* files (never the
@@ -424,6 +424,7 @@ def card(kind: str, info: dict) -> str:
     if probes:
         lines += ["- held-out packages during training (12 windows, 10 copy segments): " + "; ".join(
             f"{p.get('phase', 'target')} step {p['step']}: loss {p['eval_loss']:.2f}, copy {p['eval_copy']:.2f}"
+            + (f", loop exit {p['loop_exit']:.2f}" if "loop_exit" in p else "")
             for p in probes)]
     lines += [
         "", "## Evaluation", "",
@@ -449,6 +450,11 @@ def card(kind: str, info: dict) -> str:
                   "(`evaluate.CONTINUATION_PROMPTS`: a function signature, a class header, an import block, ...): "
                   f"distinct 4-grams / all 4-grams {k['distinct_4grams']:.2f} on average ("
                   + ", ".join(f"{x:.2f}" for x in k["per_prompt"]) + "; 1.0 never repeats, near 0 loops)"]
+        if "loop_exit" in m:
+            le = m["loop_exit"]
+            lines += [f"- leaving a loop: held-out code with its last 1-12 tokens repeated to {le['loop_tokens']} tokens "
+                      f"(`evaluate.loop_exit`): the greedy next token is the code's real continuation in "
+                      f"{le['exit']:.2f} of {le['loops']} cases, the loop's next token in {le['stay']:.2f}"]
         if "continuations_copy_off" in m:
             lines += [f"- the same with the copy heads silenced: {m['continuations_copy_off']['distinct_4grams']:.2f} "
                       "(the difference is the circuit copying the model's own output)"]
@@ -615,7 +621,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def probe(model) -> dict:
         return {"eval_loss": evaluate.heldout_loss(model, ttok, c["t_eval"], n=12, length=512)["loss"],
-                "eval_copy": evaluate.copy_accuracy(model, ttok, c["t_eval"], n=10)["greedy_copy_accuracy"]}
+                "eval_copy": evaluate.copy_accuracy(model, ttok, c["t_eval"], n=10)["greedy_copy_accuracy"],
+                "loop_exit": evaluate.loop_exit(model, c["t_eval"], n=20)["exit"]}
 
     from transformers import LlamaForCausalLM
 
@@ -691,6 +698,8 @@ def evaluate_and_write(out, target, ttok, draft, dtok, c, tinfo, dinfo, total, s
     log(f"target copy: packages {tm['copy']}, stdlib {tm['copy_stdlib']}")
     tm["continuations"] = evaluate.continuation_diversity(target, ttok)
     log(f"target continuations: distinct 4-grams {tm['continuations']['per_prompt']}")
+    tm["loop_exit"] = evaluate.loop_exit(target, c["t_eval"], n=60)
+    log(f"target loop exit {tm['loop_exit']}")
     tm["tokens_per_s"] = evaluate.greedy_speed(target, ttok, c["t_eval"])
     dm = {"eval": evaluate.heldout_loss(draft, dtok, c["d_eval"], length=512),
           "heldout": evaluate.heldout_loss(draft, dtok, c["d_held"], length=512)}
