@@ -549,6 +549,29 @@ def prepare(cache: Path | None) -> dict:
     return {"ttok": ttok, "dtok": dtok, **ids, "meta": meta}
 
 
+# The flags that shape the target model and its frozen circuit: a resumed run must repeat them (the
+# checkpoints hold weights, not the recipe); the data mix (--copy-batches, --loop-examples) may change.
+RECIPE_FLAGS = ("target_layers", "target_heads", "target_inter", "code_rms", "train_early", "train_copy_out",
+                "copy_dims", "no_circuit")
+
+
+def check_recipe(ckpt_dir: Path, args) -> None:
+    """``ckpt_dir/recipe.json`` records ``RECIPE_FLAGS`` at the first run; a later run with other values
+    raises ``ValueError`` naming the flags to pass (a state loaded into a differently built model would
+    train silently wrong: other codes, other frozen entries)."""
+    path = ckpt_dir / "recipe.json"
+    recipe = {k: getattr(args, k) for k in RECIPE_FLAGS}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        diff = {k: v for k, v in saved.items() if recipe.get(k) != v}
+        if diff:
+            raise ValueError(f"{ckpt_dir} was trained with {diff} (now {({k: recipe.get(k) for k in diff})}): pass "
+                             "the same flags (see its recipe.json) or choose another --ckpt-dir")
+        return
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recipe, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     import signal
 
@@ -612,6 +635,10 @@ def main(argv: list[str] | None = None) -> None:
     ckpt_dir = Path(args.ckpt_dir)
     if ckpt_dir is not None and not args.resume and any(ckpt_dir.glob("*.pt")):
         ap.error(f"{ckpt_dir} holds checkpoints: pass --resume to go on from them, or choose another --ckpt-dir")
+    try:
+        check_recipe(ckpt_dir, args)
+    except ValueError as e:
+        ap.error(str(e))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)
     phases = set(args.phases.split(","))
