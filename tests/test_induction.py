@@ -16,11 +16,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB = 300
 
 
-def _model(code_rms: float, copy_dims: int | None):
+def _model(code_rms: float, copy_dims: int | None, erase: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     extra = {"circuit_copy_dims": copy_dims} if copy_dims else {}
+    if erase:
+        extra["circuit_erase"] = True
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=192, intermediate_size=64, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=4, head_dim=128, attention_bias=True,
                       rope_theta=induction.ROPE_THETA, tie_word_embeddings=True, **extra)
@@ -70,8 +72,20 @@ def test_large_codes_and_protected_copy_dims_keep_the_copy_under_early_writes():
     assert _copy_accuracy(_model(64.0, 45), noise_rms=20.0) > 0.95
 
 
+def test_the_eraser_leaves_layers_3_on_the_language_models_dimensions():
+    model = _model(64.0, 45, erase=True)
+    assert _copy_accuracy(model) > 0.95
+    lay = induction.layout(model.config)
+    seen = {}
+    model.model.norm.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
+    with torch.no_grad():
+        model(input_ids=torch.arange(3, 60)[None])
+    reserved = seen["x"][0, :, lay["reserved"]].pow(2).mean().sqrt()
+    assert reserved < 0.01 * 64  # the codes (rms 64) are gone before the final norm
+
+
 def test_frozen_keeps_the_circuit_while_every_layer_trains():
-    model = _model(64.0, 45)
+    model = _model(64.0, 45, erase=True)
     lay = induction.layout(model.config)
     frozen = induction.Frozen(model, train_early=True, train_copy_out=True)
     assert all(p.requires_grad for p in model.parameters())  # layers 0-1 train too

@@ -104,6 +104,7 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
     H, nh, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     half = hd // 2
     lay = layout(cfg)
+    T = lay["t_dims"]
     assert cfg.attention_bias and cfg.num_hidden_layers >= CIRCUIT_LAYERS and nh >= max(PREV_HEADS, 3)
     assert 2 * (half - MATCH_FIRST_PAIR) >= NGRAM * M, "head_dim too small for the match"
     gen = torch.Generator().manual_seed(seed)
@@ -120,9 +121,17 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
         layer.self_attn.o_proj.bias.zero_()
         layer.mlp.down_proj.weight.zero_()
     model.model.norm.weight[lay["reserved"]] = 0  # codes and slots never reach the logits
-    for norm in [model.model.norm] + [x for layer in model.model.layers
-                                      for x in (layer.input_layernorm, layer.post_attention_layernorm)]:
-        norm.weight[lay["T"]] *= code_rms / CODE_RMS_REF
+    erase = erases(cfg)
+    scale = code_rms / CODE_RMS_REF
+    if erase:  # the codes are in the residual up to layer 2's attention only: the norms before it compensate
+        seeing = [x for layer in model.model.layers[:CIRCUIT_LAYERS - 1]
+                  for x in (layer.input_layernorm, layer.post_attention_layernorm)]
+        seeing.append(model.model.layers[CIRCUIT_LAYERS - 1].input_layernorm)
+    else:
+        seeing = [model.model.norm] + [x for layer in model.model.layers
+                                       for x in (layer.input_layernorm, layer.post_attention_layernorm)]
+    for norm in seeing:
+        norm.weight[lay["T"]] *= scale
 
     def clear(att, h):
         rows = slice(h * hd, (h + 1) * hd)
@@ -173,9 +182,20 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
             att.k_proj.weight[qrows, lay["P"][c]] = torch.eye(M)
         cols = slice(h * slice_w, (h + 1) * slice_w)
         att.v_proj.weight[base: base + slice_w, cols] = torch.eye(slice_w)
-        # divided by the norm weights' scale twice: once for the value (read through layer 2's norm),
-        # once for the final norm, both scaled up with the codes
-        att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain / (code_rms / CODE_RMS_REF) ** 2
+        # divided by the norm weights' scale twice: once for the value (read through layer 2's norm), once
+        # for the final norm (scaled up with the codes; with the eraser, the write then has the size it had
+        # with codes of rms 2, about 6, which the language model's writes can match)
+        att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain / scale ** 2
+    if erase:
+        # The eraser: a head attending to its own position subtracts the codes and slots from the residual
+        # (value: the reserved dimensions divided by the norm's divisor, about rms2; output: minus them
+        # times rms2), so layers 3+ and the final norm see the language model's dimensions alone.
+        h = n_copy
+        rows = clear(att, h)
+        att.q_proj.bias[rows], att.k_proj.bias[rows] = _phased(hd, inv_freq, 0, prev_amp)
+        R = H - T
+        att.v_proj.weight[h * hd: h * hd + R, lay["reserved"]] = torch.eye(R)
+        att.o_proj.weight[lay["reserved"], h * hd: h * hd + R] = -torch.eye(R) * rms2
 
 
 def copy_output(model) -> torch.Tensor:
@@ -185,8 +205,18 @@ def copy_output(model) -> torch.Tensor:
     return model.model.layers[2].self_attn.o_proj.weight[:, : copy_heads(cfg) * cfg.head_dim]
 
 
+def erases(cfg) -> bool:
+    """Whether layer 2 has the eraser head (``circuit_erase`` in the config): large codes dominate every
+    norm they pass through, which the circuit's layers need and the language model's do not (with the
+    codes kept to the end, a run's loss rose again after 600 steps: its trained dimensions, rms 6-10
+    under codes of rms 40, were not normalised at all)."""
+    return bool(getattr(cfg, "circuit_erase", False))
+
+
 def circuit_heads(cfg) -> dict[int, list[int]]:
-    return {0: list(range(PREV_HEADS)), 1: list(range(len(BLOCK_DISTANCES))), 2: list(range(copy_heads(cfg)))}
+    """Layer -> the circuit's heads: previous-token heads, block heads, copy heads (+ the eraser)."""
+    return {0: list(range(PREV_HEADS)), 1: list(range(len(BLOCK_DISTANCES))),
+            2: list(range(copy_heads(cfg) + int(erases(cfg))))}
 
 
 def _pass_gradient_straight(module, args, output):
@@ -246,7 +276,7 @@ class Frozen:
             out_rows = early_rows if i < CIRCUIT_LAYERS - 1 else res
             o_mask = out_rows[:, None].expand_as(att.o_proj.weight).clone()
             for h in heads.get(i, []):
-                if not (train_copy_out and i == CIRCUIT_LAYERS - 1):
+                if not (train_copy_out and i == CIRCUIT_LAYERS - 1 and h < copy_heads(cfg)):
                     o_mask[:, h * hd:(h + 1) * hd] = True
             keep(att.o_proj.weight, o_mask)
             keep(att.o_proj.bias, out_rows.clone())

@@ -265,6 +265,8 @@ def target_config(tok, args):
     the 16-token match of the induction circuit (see ``induction``), which takes layers 0-2 (with free
     heads and MLP in layer 2); layers 3+ are the language model's own."""
     extra = {"circuit_copy_dims": args.copy_dims} if args.copy_dims else {}
+    if args.erase_codes:
+        extra["circuit_erase"] = True
     return llama_config(tok, layers=args.target_layers, hidden=256, heads=args.target_heads, inter=args.target_inter,
                         head_dim=128, attention_bias=True, rope_theta=induction.ROPE_THETA, **extra)
 
@@ -552,7 +554,7 @@ def prepare(cache: Path | None) -> dict:
 # The flags that shape the target model and its frozen circuit: a resumed run must repeat them (the
 # checkpoints hold weights, not the recipe); the data mix (--copy-batches, --loop-examples) may change.
 RECIPE_FLAGS = ("target_layers", "target_heads", "target_inter", "code_rms", "train_early", "train_copy_out",
-                "copy_dims", "no_circuit")
+                "copy_dims", "erase_codes", "no_circuit")
 
 
 def check_recipe(ckpt_dir: Path, args) -> None:
@@ -616,6 +618,9 @@ def main(argv: list[str] | None = None) -> None:
                          "large --code-rms")
     ap.add_argument("--train-copy-out", action=argparse.BooleanOptionalAction, default=False,
                     help="the copy heads' output projection trains (the copy's strength follows the model)")
+    ap.add_argument("--erase-codes", action=argparse.BooleanOptionalAction, default=False,
+                    help="a head of layer 2 subtracts the codes after the copy heads have read them, so layers "
+                         "3+ are normalised over their own dimensions (with large --code-rms)")
     ap.add_argument("--copy-dims", type=int, default=0,
                     help="the first N dimensions of the token embedding are what the copy heads copy (and "
                          "what layers 0-1 never write); 0: all of them (the checkpoints in /work/ckpt/models)")
