@@ -37,6 +37,19 @@ output and no scale of it recovers 0.85) and greedy continuations still loop (di
         --phases target,anneal --target-minutes 300 --anneal-minutes 12
     python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
         --phases final --out OUT --copy-history "stable steps 2445-5299 at 0.25"
+
+Every layer trains (``--code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes``; see
+``induction``): /work/ckpt/models4 holds the run started on it (recipe.json records the flags, and a
+resume with other ones is refused). To go on (move anneal.pt aside first; the stable phase resumes where
+it stopped, a larger ``--target-minutes`` extends it):
+
+    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models4 --resume \
+        --phases target,anneal,final --target-minutes 300 --anneal-minutes 12 --probe-minutes 20 \
+        --code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes --out OUT
+
+/work/ckpt/models3 holds the same recipe without ``--erase-codes`` (its loss rose again after ~600
+steps; target-step597.pt is its last good state) and 279 steps of it with ``--loop-examples 0.25``
+(target-step876-loops.pt).
 """
 
 from __future__ import annotations
@@ -390,7 +403,9 @@ def card(kind: str, info: dict) -> str:
             "its token embedding towards the tied output layer. " + (
                 f"The codes are large (rms {info['code_rms']:g} per dimension), so every norm's divisor is theirs "
                 "and what the trained dimensions write does not blur the match; the copy heads copy the first "
-                f"{info['copy_dims']} dimensions of the token embedding, which layers 0-1 never write. So every layer "
+                f"{info['copy_dims']} dimensions of the token embedding, which layers 0-1 never write"
+                + ("; a head of layer 2 erases the codes once the copy heads have read them, so the layers "
+                   "after it normalise their own dimensions" if info.get("erase_codes") else "") + ". So every layer "
                 "trains (all but the circuit's own heads, codes and slots), the copy heads' output projection "
                 "too" if info.get("train_early") else
                 "Layers 0-1 are the circuit's alone and do not "
@@ -699,6 +714,7 @@ def main(argv: list[str] | None = None) -> None:
              "copy_batches": args.copy_batches, "copy_history": args.copy_history, "code_rms": args.code_rms,
              "train_early": args.train_early, "train_copy_out": args.train_copy_out,
              "copy_dims": induction.layout(target.config)["copy_dims"], "loop_examples": args.loop_examples,
+             "erase_codes": induction.erases(target.config),
              "final_train_loss_ema": tstats["final_loss_ema"], "probes": tstats.get("probes", [])}
     dinfo = {**common, **describe(draft, dtok, "draft"), "train_tokens": meta["draft_train_tokens"], "context": 256,
              "train_minutes": dstats["minutes"], "steps": {"draft": dstats["steps"]}, "batch": [8, 256]}
