@@ -81,3 +81,17 @@ def test_a_stopped_phase_resumes_to_the_same_weights(tmp_path):
     assert third["steps"] == 6
     assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), again.state_dict().values(),
                                                  strict=True))
+
+
+def test_a_resume_with_another_recipe_is_refused(tmp_path):
+    import argparse
+
+    from suffixspec.training.train_default_models import RECIPE_FLAGS, check_recipe
+
+    args = argparse.Namespace(**{k: 0 for k in RECIPE_FLAGS})
+    args.code_rms, args.train_early = 64.0, True
+    check_recipe(tmp_path, args)  # the first run records its recipe
+    check_recipe(tmp_path, args)  # the same flags resume
+    args.code_rms = 2.0
+    with pytest.raises(ValueError, match="code_rms"):
+        check_recipe(tmp_path, args)

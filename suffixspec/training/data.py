@@ -212,6 +212,25 @@ class ExampleMaker:
         ids = self._window(self.seq_len)
         return ids, np.array([self.rng.random() < keep for _ in range(self.seq_len)])
 
+    def loop_break(self) -> tuple[np.ndarray, np.ndarray]:
+        """A window of code with a degenerate loop spliced in, the way greedy decoding gets stuck: at a
+        cut, the last ``p`` tokens (1-12) repeated until the loop is 24-64 tokens long, then the code
+        goes on as it was. Loss on the code before and after, never on the loop: the model learns to
+        leave a loop (the copy circuit matches all 16 tokens of it, so only the rest of the model can).
+
+        Worked example (p = 3, tokens as text): ``["a", "(n", "):", "\n"]`` cut after ``"):"`` gives
+        ``a (n ): \n`` -> ``a (n ): (n ): a (n ): ... \n`` with the loss mask off on the repeats."""
+        n = self.seq_len
+        w = self._window(n)
+        p = self.rng.randint(1, 12)
+        length = self.rng.randint(max(24, 2 * p), 64)
+        cut = self.rng.randrange(max(p, 32), n - 64)
+        loop = np.resize(w[cut - p: cut], length)  # the last p tokens, repeated, cut to length
+        ids = np.concatenate([w[:cut], loop, w[cut:]])[:n]
+        mask = np.ones(n, dtype=bool)
+        mask[cut: cut + length] = False  # a loop token is never a target; the first token after it is
+        return ids, mask
+
     def random_copy(self, symbols: np.ndarray | None, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Random tokens with ``copies`` segments repeated later at random offsets; loss on the copies."""
         n = self.seq_len

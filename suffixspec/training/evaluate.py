@@ -145,3 +145,32 @@ def continuation_diversity(model, tokenizer, prompts=CONTINUATION_PROMPTS, new_t
         texts.append(tokenizer.decode(new))
     return {"distinct_4grams": float(np.mean(scores)), "per_prompt": scores, "texts": texts,
             "new_tokens": new_tokens}
+
+
+@torch.no_grad()
+def loop_exit(model, files: list[np.ndarray], n: int = 40, length: int = 32, seed: int = 77) -> dict:
+    """Does the model leave a degenerate loop? Held-out code is cut at a random point, the last ``p``
+    tokens (1-12) before the cut are repeated to ``length`` tokens (what a looping greedy decoder
+    produces; the copy circuit matches all 16 of its last tokens), and the greedy next token is compared
+    with the code's real continuation (``exit``) and with the loop's next token (``stay``).
+
+    Worked example: code ``a b c d e``, cut before ``d``, ``p`` = 2, ``length`` = 4: the prompt is
+    ``a b c b c b c``; ``d`` is an exit, ``b`` a stay. Cuts where the two coincide are skipped."""
+    model.eval()
+    rng = random.Random(seed)
+    long = [f for f in files if len(f) > 300]
+    exits = stays = total = 0
+    while total < n:
+        f = long[rng.randrange(len(long))]
+        cut = rng.randrange(64, min(len(f) - 1, 400))
+        p = rng.randint(1, 12)
+        loop = np.resize(f[cut - p: cut], length)
+        stay = f[cut - p + length % p]
+        if stay == f[cut]:
+            continue
+        ids = torch.tensor(np.concatenate([f[:cut], loop]))[None]
+        nxt = model(input_ids=ids).logits[0, -1].argmax().item()
+        exits += int(nxt == f[cut])
+        stays += int(nxt == stay)
+        total += 1
+    return {"exit": exits / total, "stay": stays / total, "loops": total, "loop_tokens": length}

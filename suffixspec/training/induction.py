@@ -18,11 +18,17 @@ Residual layout (hidden ``H``): ``[T | C | P1 .. P16]``
   circuit reading them lost half its accuracy (0.67 -> 0.33 greedy copy) without any other change;
 - ``Pd``: the code of the token ``d`` positions back, written by the circuit.
 
-Layers (frozen: the circuit's heads, the input norms of layers 0-2, and every residual write of layers
-0-1, so the residual that layer 2 matches on is exactly embedding + codes + slots; trained: layer 2's
-free head and MLP and layers 3+, which never write into ``C`` or the slots). Letting layers 0-1 learn
-broke the copy: their writes grew the residual the match is normalised by, and a checkpoint copied
-0.02 of a held-out segment greedily, 0.76 with those writes removed again.
+Which layers train (``Frozen``). First recipes: the circuit's heads, the input norms of layers 0-2 and
+every residual write of layers 0-1 frozen, so the residual that layer 2 matches on is exactly embedding
++ codes + slots; layer 2's free head and MLP and layers 3+ trained, never writing into ``C`` or the
+slots. Letting layers 0-1 learn broke the copy (a checkpoint copied 0.02 of a held-out segment
+greedily, 0.76 with those writes removed again), in two ways: their writes grew the residual every
+norm divides by, so the match faded, and they changed the ``T`` the copy heads copy at the matched
+position. Both are removed by (1) large codes (``install(code_rms=64)``: the codes dominate every
+norm's divisor) and (2) a ``copy`` part of ``T`` (``circuit_copy_dims`` in the config) that only the
+embedding writes before layer 2 and the copy heads copy. Then every layer trains: the untrained
+circuit, with random writes of rms 20 into the rest of ``T`` before layer 2, still copies 0.93 of a
+held-out segment greedily (0.000 with codes of rms 2, 0.000 with large codes but all of ``T`` copied).
 
 - layer 0, heads 0-3: previous-token heads. Constant, RoPE-phased queries and keys (attention
   biases) peak at distance ``d`` = 1..4; the value is ``C``; the output goes to ``Pd``;
@@ -50,20 +56,25 @@ PREV_PAIRS = 6  # fast pairs that phase the previous-token and block heads
 PREV_HEADS = 4  # layer 0: distances 1..4
 BLOCK_DISTANCES = (4, 8, 12)  # layer 1: block P1..P4 from these distances -> P5..P16
 CIRCUIT_LAYERS = 3
+CODE_RMS_REF = 2.0  # the code magnitude the norm weights were laid out for (the first recipes' codes)
 
 
 def layout(cfg) -> dict:
-    """Residual slices of the circuit for a model config."""
+    """Residual slices of the circuit for a model config. ``copy`` (the first ``circuit_copy_dims``
+    dimensions of ``T``, all of ``T`` when the config does not say) is what the copy heads read at the
+    matched position: layers 0-1 may train but never write there, so it holds the token embedding alone."""
     H = cfg.hidden_size
     T = H - (NGRAM + 1) * M
+    copy = getattr(cfg, "circuit_copy_dims", None) or T
     return {"T": slice(0, T), "C": slice(T, T + M), "P": [slice(T + (d + 1) * M, T + (d + 2) * M) for d in range(NGRAM)],
-            "reserved": slice(T, H), "t_dims": T}
+            "reserved": slice(T, H), "t_dims": T, "copy": slice(0, copy), "copy_dims": copy}
 
 
 def copy_heads(cfg) -> int:
-    """Layer-2 heads that copy: as many as split ``T`` into equal slices, at most all heads."""
-    T = layout(cfg)["t_dims"]
-    return max(h for h in range(1, cfg.num_attention_heads + 1) if T % h == 0)
+    """Layer-2 heads that copy: as many as split the ``copy`` dimensions into equal slices, at most all
+    heads (each slice fits a head: ``copy_dims / heads <= head_dim``)."""
+    c = layout(cfg)["copy_dims"]
+    return max(h for h in range(1, cfg.num_attention_heads + 1) if c % h == 0 and c // h <= cfg.head_dim)
 
 
 def _phased(hd: int, inv_freq: torch.Tensor, d: int, amp: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,10 +90,16 @@ def _phased(hd: int, inv_freq: torch.Tensor, d: int, amp: float) -> tuple[torch.
 
 @torch.no_grad()
 def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 15.0, prev_amp: float = 12.0,
-            code_rms: float = 2.0) -> None:
+            code_rms: float = CODE_RMS_REF) -> None:
     """Write the circuit into ``model`` (a ``LlamaForCausalLM`` with attention biases, >= 3 layers,
     head_dim >= 128, >= 4 heads, ``rope_theta`` = ``ROPE_THETA``). A matching slot adds about
-    ``match_scale`` * 1.3 to the attention score; the copied token gets a logit of about ``copy_logit``."""
+    ``match_scale`` * 1.3 to the attention score; the copied token gets a logit of about ``copy_logit``.
+
+    ``code_rms``: the codes' magnitude per dimension. Every RMSNorm divides by the rms of the whole
+    residual; with large codes that divisor is the codes' (fixed), so what the trained dimensions
+    write barely changes how the circuit's heads see the codes (at 64, a trained residual of rms 10
+    in ``T`` moves the divisor by 2%; at 2, by a factor 7). The norms' weights on ``T`` are scaled
+    by ``code_rms / CODE_RMS_REF`` so that the untrained model computes the same function either way."""
     cfg = model.config
     H, nh, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     half = hd // 2
@@ -104,6 +121,17 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
         layer.self_attn.o_proj.bias.zero_()
         layer.mlp.down_proj.weight.zero_()
     model.model.norm.weight[lay["reserved"]] = 0  # codes and slots never reach the logits
+    erase = erases(cfg)
+    scale = code_rms / CODE_RMS_REF
+    if erase:  # the codes are in the residual up to layer 2's attention only: the norms before it compensate
+        seeing = [x for layer in model.model.layers[:CIRCUIT_LAYERS - 1]
+                  for x in (layer.input_layernorm, layer.post_attention_layernorm)]
+        seeing.append(model.model.layers[CIRCUIT_LAYERS - 1].input_layernorm)
+    else:
+        seeing = [model.model.norm] + [x for layer in model.model.layers
+                                       for x in (layer.input_layernorm, layer.post_attention_layernorm)]
+    for norm in seeing:
+        norm.weight[lay["T"]] *= scale
 
     def clear(att, h):
         rows = slice(h * hd, (h + 1) * hd)
@@ -138,11 +166,11 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
     match = low + [f + half for f in low]
     chunks = [match[c * M:(c + 1) * M] for c in range(NGRAM)]
     n_copy = copy_heads(cfg)
-    slice_w = T // n_copy
+    slice_w = lay["copy_dims"] // n_copy
     rms2 = math.sqrt(rms_emb ** 2 + NGRAM * M * code_rms ** 2 / H)  # residual rms here: embedding, C, 16 slots
     # The copied embedding e_T(t_j) lands in the final hidden state (divided by the final norm's rms, about
     # rms2), where the tied output layer turns it into a logit of ``copy_logit`` for t_j at initialisation.
-    e2 = emb[:, :T].pow(2).sum(dim=1).mean().item()
+    e2 = emb[:, lay["copy"]].pow(2).sum(dim=1).mean().item()
     gain = copy_logit * rms2 / e2
     for h in range(n_copy):
         rows = clear(att, h)
@@ -154,7 +182,20 @@ def install(model, seed: int = 0, match_scale: float = 4.0, copy_logit: float = 
             att.k_proj.weight[qrows, lay["P"][c]] = torch.eye(M)
         cols = slice(h * slice_w, (h + 1) * slice_w)
         att.v_proj.weight[base: base + slice_w, cols] = torch.eye(slice_w)
-        att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain
+        # divided by the norm weights' scale twice: once for the value (read through layer 2's norm), once
+        # for the final norm (scaled up with the codes; with the eraser, the write then has the size it had
+        # with codes of rms 2, about 6, which the language model's writes can match)
+        att.o_proj.weight[cols, base: base + slice_w] = torch.eye(slice_w) * rms2 * gain / scale ** 2
+    if erase:
+        # The eraser: a head attending to its own position subtracts the codes and slots from the residual
+        # (value: the reserved dimensions divided by the norm's divisor, about rms2; output: minus them
+        # times rms2), so layers 3+ and the final norm see the language model's dimensions alone.
+        h = n_copy
+        rows = clear(att, h)
+        att.q_proj.bias[rows], att.k_proj.bias[rows] = _phased(hd, inv_freq, 0, prev_amp)
+        R = H - T
+        att.v_proj.weight[h * hd: h * hd + R, lay["reserved"]] = torch.eye(R)
+        att.o_proj.weight[lay["reserved"], h * hd: h * hd + R] = -torch.eye(R) * rms2
 
 
 def copy_output(model) -> torch.Tensor:
@@ -164,8 +205,18 @@ def copy_output(model) -> torch.Tensor:
     return model.model.layers[2].self_attn.o_proj.weight[:, : copy_heads(cfg) * cfg.head_dim]
 
 
+def erases(cfg) -> bool:
+    """Whether layer 2 has the eraser head (``circuit_erase`` in the config): large codes dominate every
+    norm they pass through, which the circuit's layers need and the language model's do not (with the
+    codes kept to the end, a run's loss rose again after 600 steps: its trained dimensions, rms 6-10
+    under codes of rms 40, were not normalised at all)."""
+    return bool(getattr(cfg, "circuit_erase", False))
+
+
 def circuit_heads(cfg) -> dict[int, list[int]]:
-    return {0: list(range(PREV_HEADS)), 1: list(range(len(BLOCK_DISTANCES))), 2: list(range(copy_heads(cfg)))}
+    """Layer -> the circuit's heads: previous-token heads, block heads, copy heads (+ the eraser)."""
+    return {0: list(range(PREV_HEADS)), 1: list(range(len(BLOCK_DISTANCES))),
+            2: list(range(copy_heads(cfg) + int(erases(cfg))))}
 
 
 def _pass_gradient_straight(module, args, output):
@@ -182,15 +233,22 @@ def _pass_gradient_straight(module, args, output):
 
 
 class Frozen:
-    """Keeps the circuit while the rest trains: layers 0-1 do not train at all (``requires_grad``
-    off); after each optimizer step, ``restore()`` writes back every other frozen entry (layer 2's
-    circuit heads, its input norm, the codes, and the zeros that keep trained writes out of ``C`` and
-    the slots; AdamW's weight decay would otherwise shrink them too). Gradients of frozen entries are
-    zeroed so Adam's moments stay clean."""
+    """Keeps the circuit while the rest trains: after each optimizer step, ``restore()`` writes back
+    every frozen entry (the circuit's heads, the codes, the norm weights the circuit reads through, and
+    the zeros that keep trained writes out of ``C`` and the slots; AdamW's weight decay would otherwise
+    shrink them too). Gradients of frozen entries are zeroed so Adam's moments stay clean.
 
-    def __init__(self, model):
+    ``train_early=False`` (the first recipes): layers 0-1 do not train at all (``requires_grad`` off),
+    layer 2's input norm neither: a trained write there grew the residual the match is normalised by
+    (with codes of rms 2) and the copy broke. ``train_early=True`` (with large codes, ``install(...,
+    code_rms=64)``): every layer trains except the circuit's own entries; layers 0-1 never write into
+    the ``copy`` dimensions (what the copy heads read must stay the token embedding), and the norms of
+    layers 0-2 keep their weights on the reserved dimensions. ``train_copy_out``: the copy heads'
+    output projection trains too (into ``T`` only), so the copy's strength follows the language model
+    around it instead of being fixed at initialisation."""
+
+    def __init__(self, model, train_early: bool = False, train_copy_out: bool = False):
         cfg = model.config
-        silent = CIRCUIT_LAYERS - 1  # layers 0-1 write nothing but the circuit
         hd = cfg.head_dim
         lay = layout(cfg)
         self.entries: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
@@ -202,21 +260,24 @@ class Frozen:
 
         res = torch.zeros(H, dtype=torch.bool)
         res[lay["reserved"]] = True
+        early_rows = res.clone()  # what layers 0-1 may not write: the reserved dims, and the copied ones
+        early_rows[lay["copy"]] = True
         emb = model.model.embed_tokens.weight
         keep(emb, res.expand_as(emb).clone())
         keep(model.model.norm.weight, res.clone())
         heads = circuit_heads(cfg)
         for i, layer in enumerate(model.model.layers):
             att = layer.self_attn
-            if i < silent:  # nothing of layers 0-1 trains: no gradients to compute or restore
+            if i < CIRCUIT_LAYERS - 1 and not train_early:  # layers 0-1 write nothing but the circuit
                 for p in layer.parameters():
                     p.requires_grad_(False)
                 layer.register_forward_hook(_pass_gradient_straight)
                 continue
-            out_rows = res
+            out_rows = early_rows if i < CIRCUIT_LAYERS - 1 else res
             o_mask = out_rows[:, None].expand_as(att.o_proj.weight).clone()
             for h in heads.get(i, []):
-                o_mask[:, h * hd:(h + 1) * hd] = True
+                if not (train_copy_out and i == CIRCUIT_LAYERS - 1 and h < copy_heads(cfg)):
+                    o_mask[:, h * hd:(h + 1) * hd] = True
             keep(att.o_proj.weight, o_mask)
             keep(att.o_proj.bias, out_rows.clone())
             keep(layer.mlp.down_proj.weight, out_rows[:, None].expand_as(layer.mlp.down_proj.weight).clone())
@@ -230,7 +291,10 @@ class Frozen:
                         bm[h * hd:(h + 1) * hd] = True
                     keep(w, wm)
                     keep(b, bm)
-                layer.input_layernorm.weight.requires_grad_(False)
+                if train_early:
+                    keep(layer.input_layernorm.weight, res.clone())
+                else:
+                    layer.input_layernorm.weight.requires_grad_(False)
 
     @torch.no_grad()
     def restore(self) -> None:

@@ -37,6 +37,19 @@ output and no scale of it recovers 0.85) and greedy continuations still loop (di
         --phases target,anneal --target-minutes 300 --anneal-minutes 12
     python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
         --phases final --out OUT --copy-history "stable steps 2445-5299 at 0.25"
+
+Every layer trains (``--code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes``; see
+``induction``): /work/ckpt/models4 holds the run started on it (recipe.json records the flags, and a
+resume with other ones is refused). To go on (move anneal.pt aside first; the stable phase resumes where
+it stopped, a larger ``--target-minutes`` extends it):
+
+    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models4 --resume \
+        --phases target,anneal,final --target-minutes 300 --anneal-minutes 12 --probe-minutes 20 \
+        --code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes --out OUT
+
+/work/ckpt/models3 holds the same recipe without ``--erase-codes`` (its loss rose again after ~600
+steps; target-step597.pt is its last good state) and 279 steps of it with ``--loop-examples 0.25``
+(target-step876-loops.pt).
 """
 
 from __future__ import annotations
@@ -264,8 +277,11 @@ def target_config(tok, args):
     """Heads of 128 dimensions (more than hidden/heads): 96 slowly rotating RoPE dimensions per head carry
     the 16-token match of the induction circuit (see ``induction``), which takes layers 0-2 (with free
     heads and MLP in layer 2); layers 3+ are the language model's own."""
+    extra = {"circuit_copy_dims": args.copy_dims} if args.copy_dims else {}
+    if args.erase_codes:
+        extra["circuit_erase"] = True
     return llama_config(tok, layers=args.target_layers, hidden=256, heads=args.target_heads, inter=args.target_inter,
-                        head_dim=128, attention_bias=True, rope_theta=induction.ROPE_THETA)
+                        head_dim=128, attention_bias=True, rope_theta=induction.ROPE_THETA, **extra)
 
 
 def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tuple:
@@ -287,16 +303,19 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
         after_step = None
     else:
         model = LlamaForCausalLM(target_config(tok, args))
-        induction.install(model, seed=SEED)
-        after_step = induction.Frozen(model).restore
+        induction.install(model, seed=SEED, code_rms=args.code_rms)
+        after_step = induction.Frozen(model, train_early=args.train_early, train_copy_out=args.train_copy_out).restore
     mk = data.ExampleMaker(tok, train_ids, seq_len=args.seq_len, seed=SEED + 2)
 
     def copy_example():
         return mk.code_copy() if mk.rng.random() < 0.75 else mk.random_copy(None, 2)
 
+    def plain():
+        return mk.loop_break() if args.loop_examples and mk.rng.random() < args.loop_examples else mk.code_lm()
+
     def parts(progress: float):
         copies = 1 if args.copy_batches >= 1 or mk.rng.random() < args.copy_batches else 0
-        return [(mk.code_lm, args.target_batch - copies), (copy_example, copies)]
+        return [(plain, args.target_batch - copies), (copy_example, copies)]
 
     common = {"lr": args.lr, "after_step": after_step, "maker": mk, "ckpt_minutes": args.ckpt_minutes,
               "probe": lambda: probe(model), "probe_minutes": args.probe_minutes}
@@ -321,7 +340,7 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
 
 
 @torch.no_grad()
-def calibrate_copy(model, tok, train_ids, grid=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)) -> float:
+def calibrate_copy(model, tok, train_ids, grid=(0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)) -> float:
     """Training on code lets the language model outgrow the frozen copy output (its scale is fixed), so
     after training the induction heads' output projection is scaled by the smallest factor in ``grid``
     that reaches 97% of the best greedy copy accuracy on 20 segments of *training* files (never the
@@ -381,17 +400,28 @@ def card(kind: str, info: dict) -> str:
             "reserved slots, three heads in layer 1 copy that block from 4, 8 and 12 positions back (slots 5..16), "
             "and the copy heads of layer 2 attend to the position whose 16 preceding codes agree most with the "
             "last 16 (over the RoPE dimensions that barely rotate: `rope_theta` 1e16, head dimension 128) and copy "
-            "its token embedding towards the tied output layer. Layers 0-1 are the circuit's alone and do not "
-            "train (when they learned too, their writes grew the residual the match is normalised by and the copy "
-            "broke: 0.02 of a segment); everything else trains: layer 2's free heads and MLP and layers "
-            f"3-{info['layers'] - 1} fully, never writing into the codes or slots. Each batch of "
+            "its token embedding towards the tied output layer. " + (
+                f"The codes are large (rms {info['code_rms']:g} per dimension), so every norm's divisor is theirs "
+                "and what the trained dimensions write does not blur the match; the copy heads copy the first "
+                f"{info['copy_dims']} dimensions of the token embedding, which layers 0-1 never write"
+                + ("; a head of layer 2 erases the codes once the copy heads have read them, so the layers "
+                   "after it normalise their own dimensions" if info.get("erase_codes") else "") + ". So every layer "
+                "trains (all but the circuit's own heads, codes and slots), the copy heads' output projection "
+                "too" if info.get("train_early") else
+                "Layers 0-1 are the circuit's alone and do not "
+                "train (when they learned too, their writes grew the residual the match is normalised by and the copy "
+                "broke: 0.02 of a segment); everything else trains: layer 2's free heads and MLP and layers "
+                f"3-{info['layers'] - 1} fully, never writing into the codes or slots") + ". Each batch of "
             f"{info['batch'][0]} x {info['batch'][1]} tokens holds windows of plain code (loss on every token); in "
             f"a fraction {info.get('copy_batches', 1.0):g} of the batches"
             + (f" ({info['copy_history']})" if info.get("copy_history") else "") + " one of them is a copy example "
             "(3 in 4: a code window copied "
             "after a separator or in a "
             "chat turn, from the start or an offset, sometimes with small edits; 1 in 4: random full-vocabulary "
-            "copies, loss on the copies). Afterwards the copy heads' output projection is scaled by "
+            "copies, loss on the copies)" + (
+                f"; {info['loop_examples']:g} of the plain windows have a degenerate loop spliced in (the last 1-12 "
+                "tokens repeated to 24-64 tokens, no loss on it, loss on the code after it: leaving a loop is "
+                "learned)" if info.get("loop_examples") else "") + ". Afterwards the copy heads' output projection is scaled by "
             f"{info.get('copy_boost', 1.0):g} (the smallest factor reaching 97% of the best copy accuracy on "
             "training files; `calibrate_copy`).",
         ]
@@ -411,6 +441,7 @@ def card(kind: str, info: dict) -> str:
     if probes:
         lines += ["- held-out packages during training (12 windows, 10 copy segments): " + "; ".join(
             f"{p.get('phase', 'target')} step {p['step']}: loss {p['eval_loss']:.2f}, copy {p['eval_copy']:.2f}"
+            + (f", loop exit {p['loop_exit']:.2f}" if "loop_exit" in p else "")
             for p in probes)]
     lines += [
         "", "## Evaluation", "",
@@ -436,6 +467,11 @@ def card(kind: str, info: dict) -> str:
                   "(`evaluate.CONTINUATION_PROMPTS`: a function signature, a class header, an import block, ...): "
                   f"distinct 4-grams / all 4-grams {k['distinct_4grams']:.2f} on average ("
                   + ", ".join(f"{x:.2f}" for x in k["per_prompt"]) + "; 1.0 never repeats, near 0 loops)"]
+        if "loop_exit" in m:
+            le = m["loop_exit"]
+            lines += [f"- leaving a loop: held-out code with its last 1-12 tokens repeated to {le['loop_tokens']} tokens "
+                      f"(`evaluate.loop_exit`): the greedy next token is the code's real continuation in "
+                      f"{le['exit']:.2f} of {le['loops']} cases, the loop's next token in {le['stay']:.2f}"]
         if "continuations_copy_off" in m:
             lines += [f"- the same with the copy heads silenced: {m['continuations_copy_off']['distinct_4grams']:.2f} "
                       "(the difference is the circuit copying the model's own output)"]
@@ -530,6 +566,29 @@ def prepare(cache: Path | None) -> dict:
     return {"ttok": ttok, "dtok": dtok, **ids, "meta": meta}
 
 
+# The flags that shape the target model and its frozen circuit: a resumed run must repeat them (the
+# checkpoints hold weights, not the recipe); the data mix (--copy-batches, --loop-examples) may change.
+RECIPE_FLAGS = ("target_layers", "target_heads", "target_inter", "code_rms", "train_early", "train_copy_out",
+                "copy_dims", "erase_codes", "no_circuit")
+
+
+def check_recipe(ckpt_dir: Path, args) -> None:
+    """``ckpt_dir/recipe.json`` records ``RECIPE_FLAGS`` at the first run; a later run with other values
+    raises ``ValueError`` naming the flags to pass (a state loaded into a differently built model would
+    train silently wrong: other codes, other frozen entries)."""
+    path = ckpt_dir / "recipe.json"
+    recipe = {k: getattr(args, k) for k in RECIPE_FLAGS}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        diff = {k: v for k, v in saved.items() if recipe.get(k) != v}
+        if diff:
+            raise ValueError(f"{ckpt_dir} was trained with {diff} (now {({k: recipe.get(k) for k in diff})}): pass "
+                             "the same flags (see its recipe.json) or choose another --ckpt-dir")
+        return
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recipe, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     import signal
 
@@ -565,6 +624,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--copy-history", default="",
                     help="for the model card, when --copy-batches changed on a resume (the checkpoints do not "
                          "record it), e.g. 'steps 0-2445 at 1.0'")
+    ap.add_argument("--code-rms", type=float, default=2.0,
+                    help="magnitude of the circuit's fixed token codes; large codes (64) dominate every norm's "
+                         "divisor so the trained dimensions cannot blur the match (the checkpoints in "
+                         "/work/ckpt/models: 2)")
+    ap.add_argument("--train-early", action=argparse.BooleanOptionalAction, default=False,
+                    help="layers 0-1 train too (never writing into the dimensions the copy heads read); needs "
+                         "large --code-rms")
+    ap.add_argument("--train-copy-out", action=argparse.BooleanOptionalAction, default=False,
+                    help="the copy heads' output projection trains (the copy's strength follows the model)")
+    ap.add_argument("--erase-codes", action=argparse.BooleanOptionalAction, default=False,
+                    help="a head of layer 2 subtracts the codes after the copy heads have read them, so layers "
+                         "3+ are normalised over their own dimensions (with large --code-rms)")
+    ap.add_argument("--copy-dims", type=int, default=0,
+                    help="the first N dimensions of the token embedding are what the copy heads copy (and "
+                         "what layers 0-1 never write); 0: all of them (the checkpoints in /work/ckpt/models)")
+    ap.add_argument("--loop-examples", type=float, default=0.0,
+                    help="fraction of the plain code sequences with a degenerate loop spliced in (no loss on the "
+                         "loop, loss on the code after it: `data.ExampleMaker.loop_break`)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--draft-hidden", type=int, default=96)
@@ -578,6 +655,10 @@ def main(argv: list[str] | None = None) -> None:
     ckpt_dir = Path(args.ckpt_dir)
     if ckpt_dir is not None and not args.resume and any(ckpt_dir.glob("*.pt")):
         ap.error(f"{ckpt_dir} holds checkpoints: pass --resume to go on from them, or choose another --ckpt-dir")
+    try:
+        check_recipe(ckpt_dir, args)
+    except ValueError as e:
+        ap.error(str(e))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)
     phases = set(args.phases.split(","))
@@ -587,7 +668,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def probe(model) -> dict:
         return {"eval_loss": evaluate.heldout_loss(model, ttok, c["t_eval"], n=12, length=512)["loss"],
-                "eval_copy": evaluate.copy_accuracy(model, ttok, c["t_eval"], n=10)["greedy_copy_accuracy"]}
+                "eval_copy": evaluate.copy_accuracy(model, ttok, c["t_eval"], n=10)["greedy_copy_accuracy"],
+                "loop_exit": evaluate.loop_exit(model, c["t_eval"], n=20)["exit"]}
 
     from transformers import LlamaForCausalLM
 
@@ -607,7 +689,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if target is None:  # the final phase alone: the trained states come from the checkpoints
         target = LlamaForCausalLM(target_config(ttok, args))
-        induction.install(target, seed=SEED)
+        induction.install(target, seed=SEED, code_rms=args.code_rms)
         stable, state = Checkpointer(ckpt_dir, "target").load(), Checkpointer(ckpt_dir, "anneal").load()
         if state is None:
             raise SystemExit("no annealed target in --ckpt-dir: run the anneal phase first")
@@ -629,7 +711,10 @@ def main(argv: list[str] | None = None) -> None:
              "context": args.seq_len, "train_minutes": tstats["minutes"], "steps": {"target": tstats["steps"]},
              "stable_steps": tstats.get("stable_steps"), "decay_steps": tstats.get("decay_steps"),
              "batch": [args.target_batch, args.seq_len], "lr": args.lr, "ngram": induction.NGRAM,
-             "copy_batches": args.copy_batches, "copy_history": args.copy_history,
+             "copy_batches": args.copy_batches, "copy_history": args.copy_history, "code_rms": args.code_rms,
+             "train_early": args.train_early, "train_copy_out": args.train_copy_out,
+             "copy_dims": induction.layout(target.config)["copy_dims"], "loop_examples": args.loop_examples,
+             "erase_codes": induction.erases(target.config),
              "final_train_loss_ema": tstats["final_loss_ema"], "probes": tstats.get("probes", [])}
     dinfo = {**common, **describe(draft, dtok, "draft"), "train_tokens": meta["draft_train_tokens"], "context": 256,
              "train_minutes": dstats["minutes"], "steps": {"draft": dstats["steps"]}, "batch": [8, 256]}
@@ -661,6 +746,8 @@ def evaluate_and_write(out, target, ttok, draft, dtok, c, tinfo, dinfo, total, s
     log(f"target copy: packages {tm['copy']}, stdlib {tm['copy_stdlib']}")
     tm["continuations"] = evaluate.continuation_diversity(target, ttok)
     log(f"target continuations: distinct 4-grams {tm['continuations']['per_prompt']}")
+    tm["loop_exit"] = evaluate.loop_exit(target, c["t_eval"], n=60)
+    log(f"target loop exit {tm['loop_exit']}")
     tm["tokens_per_s"] = evaluate.greedy_speed(target, ttok, c["t_eval"])
     dm = {"eval": evaluate.heldout_loss(draft, dtok, c["d_eval"], length=512),
           "heldout": evaluate.heldout_loss(draft, dtok, c["d_held"], length=512)}
