@@ -214,12 +214,20 @@ class PassRow:
     past: int  # cached positions before ids (where ids' keys/values are written)
     logits: bool = True  # False: only the keys/values are wanted (a joining request's prompt)
 
+    @property
+    def causal(self) -> bool:
+        """A causal chain over an empty cache (a prompt with no reused prefix): attention runs with
+        ``is_causal`` and no mask, as the batch-1 prefill does (same kernel, same logits)."""
+        return self.parents is None and self.past == 0 and len(self.ids) > 1
+
     def tree(self, dtype: torch.dtype, device: torch.device | str) -> tuple[np.ndarray, torch.Tensor | None]:
-        """(depth per id, additive mask [1, 1, n, past + n] or None when every position is visible).
+        """(depth per id, additive mask [1, 1, n, past + n] or None when no mask is needed).
 
         Every id sees the whole cache; over the new block it sees its ancestors and itself (the
-        whole prefix for a causal chain)."""
+        whole prefix for a causal chain). None: a single id (it sees everything) or :attr:`causal`."""
         n = len(self.ids)
+        if self.causal:
+            return np.arange(n), None
         if self.parents is None:
             depth = np.arange(n)
             allowed = np.tril(np.ones((n, n), dtype=bool))
@@ -321,7 +329,7 @@ class LeanBatch:
         half, rep = d // 2, h_q // h_kv
         device = w.device
         self.ready(cache, max(r.past + len(r.ids) for r in rows))
-        offsets, masks, ids, positions = [], [], [], []
+        offsets, masks, ids, positions, cache_rows = [], [], [], [], []
         total = 0
         for r in rows:
             offsets.append(total)
@@ -330,8 +338,13 @@ class LeanBatch:
             depth, mask = r.tree(w.dtype, device)
             positions.append(depth + r.past)
             masks.append(mask)
+            cache_rows.append(np.full(len(r.ids), r.row))
         ids_t = torch.tensor(ids, device=device)
         pos_t = torch.from_numpy(np.concatenate(positions)).to(device)
+        # where each packed token's keys/values go: cache row, then position past + offset (its
+        # slot in the block, not its tree depth); one indexed write per layer for every row
+        row_t = torch.from_numpy(np.concatenate(cache_rows)).to(device)
+        slot_t = torch.from_numpy(np.concatenate([np.arange(r.past, r.past + len(r.ids)) for r in rows])).to(device)
         x = w.embed[ids_t]  # [T, hidden]
         cos, sin = w.cos[pos_t][:, None], w.sin[pos_t][:, None]  # [T, 1, d]
         attn = torch.empty((total, h_q * d), dtype=w.dtype, device=device)
@@ -340,16 +353,17 @@ class LeanBatch:
             qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv :]
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
             kbuf, vbuf = cache.keys[i], cache.values[i]
+            kbuf.transpose(1, 2)[row_t, slot_t] = qk[:, h_q:]  # [rows, positions, heads, d] view of the buffer
+            vbuf.transpose(1, 2)[row_t, slot_t] = v
+            q_all = qk[:, :h_q].transpose(0, 1)  # [heads, T, d]
             for r, start, mask in zip(rows, offsets, masks, strict=True):
                 n, past = len(r.ids), r.past
                 end = start + n
-                kbuf[r.row, :, past : past + n] = qk[start:end, h_q:].transpose(0, 1)
-                vbuf[r.row, :, past : past + n] = v[start:end].transpose(0, 1)
                 keys, values = kbuf[r.row : r.row + 1, :, : past + n], vbuf[r.row : r.row + 1, :, : past + n]
                 if rep > 1:
                     keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-                q = qk[start:end, :h_q].transpose(0, 1)[None]  # [1, heads, n, d]
-                a = sdpa(q, keys, values, attn_mask=mask, scale=w.scale)  # [1, heads, n, d]
+                a = sdpa(q_all[None, :, start:end], keys, values, attn_mask=mask, is_causal=r.causal,
+                         scale=w.scale)  # [1, heads, n, d]
                 attn[start:end] = a[0].transpose(0, 1).reshape(n, h_q * d)
             x = x + lin(attn, wo, bo)
             gate, up = lin(self._rms(x, w_post), w_gu).chunk(2, dim=-1)
