@@ -495,8 +495,8 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
     planned size 4 (expecting 3 tokens) and 8 (expecting 1): the first: 3 x 2.5 = 7.5 >= t(8) - t(4)
     = 2 -> verified; the second: 1 x 2.5 = 2.5 < t(16) - t(8) = 8 -> skipped. (Judging a draft by
     the whole step's tokens per second instead, as this did before, also skipped drafts worth
-    their nodes whenever the other rows' drafts were good: in-process at 8 requests it ran 84-100
-    row steps where the same requests alone ran 63-67.)
+    their nodes whenever the other rows' drafts were good: in-process at 8 requests it ran 75-113
+    row steps where the same requests alone ran 57-82; now 51-93 against 55-101.)
 
     A draft's size here is its planned size (``Draft.gate_size()``), never what a sampled draft
     happened to produce; nothing of another row's sampling reaches a row's tokens.
