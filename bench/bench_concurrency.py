@@ -109,7 +109,11 @@ def requests_pool(n: int, max_tokens: int) -> list[dict]:
     from .workloads import build  # relative: bench/ installs as suffixspec.bench
 
     tok = load_tokenizer(DEFAULT_TARGET)
-    edits, _ = build("code_edit", tok, (n + 1) // 2, max_tokens)
+    edits: list = []
+    for seed in range(n):  # one code edit per held-out file and seed (other windows, other renames)
+        if len(edits) >= (n + 1) // 2:
+            break
+        edits += build("code_edit", tok, (n + 1) // 2 - len(edits), max_tokens, seed=seed)[0]
     agent, _ = build("agentic", tok, n // 2 + 1, max_tokens)
     pool = []
     for i in range(n):

@@ -117,8 +117,7 @@ def test_batched_outputs_equal_alone(engines, arch, drafter):
         sched = BatchScheduler(engine, 4, threaded=False)
         handles = [_submit(engine, sched, p, sp, EVERY_DRAFT if i % 2 else None)
                    for i, (p, sp) in enumerate(reqs[:3])]
-        for _ in range(3):
-            sched.step()
+        sched.step()  # one step: with good drafts a request may finish within three, and the batch never fills
         handles += [_submit(engine, sched, p, sp) for p, sp in reqs[3:]]  # join mid-generation
         sizes = _drain(sched)
     finally:
@@ -282,7 +281,8 @@ def _plan(n: int, score: float) -> Plan:
 
 
 def test_choose_drafts_worked_example():
-    """The docstring's example: 4 rows; the drafts maximizing tokens per second of a packed pass win."""
+    """The docstring's example: 4 rows; a draft is verified when its expected tokens, at a row's share
+    of a plain pass each, cover what its nodes add to the pass."""
     cost = PassCost()
     for inputs, t in ((4, 0.010), (8, 0.012), (16, 0.020)):
         cost.observe(inputs, t)
@@ -305,6 +305,19 @@ def test_choose_drafts_worked_example():
     rows = [(_Seq(adaptive=False), _plan(8, 0.0)), (_Seq(), _plan(2, 0.1))]
     choose_drafts(rows, cost, 4)
     assert [len(p.draft) for _, p in rows] == [8, 0]
+    # a draft worth its nodes is verified even when another row's draft makes the step's tokens per
+    # second higher than this draft's: skipping it would cost the row a later step of its own
+    # (F = t(4) / 4 = 2.5 ms; the second draft adds t(12) - t(8) = 2 ms for 1 token; the old rule,
+    # tokens per second of the whole step, skipped it: 7 / 12 ms > 8 / 14 ms)
+    linear = PassCost()
+    for inputs, t in ((4, 0.010), (8, 0.012), (12, 0.014)):
+        linear.observe(inputs, t)
+    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(4, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
+    choose_drafts(rows, linear, 4)
+    assert [len(p.draft) for _, p in rows] == [4, 4, 0, 0]
+    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(4, 0.7)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
+    choose_drafts(rows, linear, 4)  # 0.7 x 2.5 = 1.75 ms < 2 ms: skipped
+    assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
     # one row: the batch-1 rule (1 + expected) * t(1) >= t(1 + nodes)
     one = PassCost()
     for inputs, t in ((1, 0.004), (9, 0.006)):
