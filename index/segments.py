@@ -46,6 +46,7 @@ from .suffix_array import (
     SuffixArray,
     _PosNode,
     _SANode,
+    common_prefix,
     first_token_buckets,
     sort_suffixes,
 )
@@ -223,17 +224,7 @@ class _MultiNode:
 
     def chain(self, max_len: int) -> tuple[list[int], _MultiNode]:
         chained = [p.chain(max_len) for p in self.parts]
-        runs = [r for r, _ in chained]
-        common = runs[0]
-        for r in runs[1:]:
-            k = 0
-            for a, b in zip(common, r):  # noqa: B905 - lengths differ on purpose
-                if a != b:
-                    break
-                k += 1
-            common = common[:k]
-            if not common:
-                return [], self
+        common = common_prefix([r for r, _ in chained])
         if not common:
             return [], self
         step = len(common)

@@ -171,6 +171,21 @@ class _SANode:
         return [(o, p) for r, p in enumerate(starts, self.lo) if r not in dead]
 
 
+def common_prefix(runs: list[list[int]]) -> list[int]:
+    """The longest run of tokens every list in ``runs`` starts with: ``[[1, 2, 3], [1, 2, 5], [1, 2]]`` -> ``[1, 2]``."""
+    common = runs[0]
+    for r in runs[1:]:
+        k = 0
+        for a, b in zip(common, r):  # noqa: B905 - lengths differ on purpose
+            if a != b:
+                break
+            k += 1
+        common = common[:k]
+        if not common:
+            break
+    return common
+
+
 class _PosNode:
     """A match node given by its occurrences, when they are few: ``(array, start)`` of every live suffix
     that begins with the node's ``depth``-token path, in one array or in several (segments). Children
@@ -211,15 +226,7 @@ class _PosNode:
             return [], self
         o0 = self.occ[0][0]
         if any(o.width != o0.width for o, _ in self.occ):  # arrays of 16- and 32-bit ids: compare tokens
-            runs = [_tokens(o, p + d, k) for o, p in self.occ]
-            run = runs[0]
-            for r in runs[1:]:
-                m = 0
-                for a, b in zip(run, r):  # noqa: B905 - lengths differ on purpose
-                    if a != b:
-                        break
-                    m += 1
-                run = run[:m]
+            run = common_prefix([_tokens(o, p + d, k) for o, p in self.occ])
         else:
             w = o0.width
             first = None
