@@ -49,7 +49,7 @@ class PositionRNG:
         return torch.from_numpy(noise)
 
     def aux(self, position: int, attempt: int) -> float:
-        """A uniform for known-q accept tests and residual samples, independent of ``main``."""
+        """A uniform for known-q accept tests and residual samples, independent of :meth:`race`."""
         return float(np.random.default_rng([self.seed, 1, position, attempt]).random())
 
 
