@@ -163,10 +163,11 @@ class ProposerGate:
         ``promised``: accepted tokens the drafts of the proposers called before this one promise
         (their scores times the request's calibration), of a ``budget`` of draft nodes."""
         t1 = self.cost.estimate(1)
-        known_cheap = t1 is not None and i in self.seconds and self.seconds[i] <= self.cheap_fraction * t1
+        measured = t1 is not None and i in self.seconds
+        known_cheap = measured and self.seconds[i] <= self.cheap_fraction * t1
         if budget and not known_cheap and promised >= self.filled_fraction * budget:
             return False  # the budget is as good as filled: a costly proposer would add its time only
-        cheap = t1 is None or i not in self.seconds or self.seconds[i] <= self.cheap_fraction * t1
+        cheap = known_cheap or not measured  # unmeasured counts as cheap until its first call is timed
         if copying and not cheap and not copying & self.sources.get(i, set()):
             return False
         if cheap or self.accepted[i] * t1 >= self.seconds[i]:

@@ -302,7 +302,6 @@ class SuffixProposer(Proposer):
                 out.append((SOURCE_DOCUMENTS, res))
         return out
 
-
     def _texts(self) -> list[tuple[str, bytes]]:
         """The request's own texts as bytes (each token's bytes joined; a special token is ``\\xff``, a
         byte no UTF-8 text holds), built once per request when first needed: ``(source, bytes)``,
