@@ -16,14 +16,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB = 300
 
 
-def _model(code_rms: float, copy_dims: int | None, erase: bool = False):
+def _model(code_rms: float, copy_dims: int | None, erase: bool = False, hidden: int = 192):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     extra = {"circuit_copy_dims": copy_dims} if copy_dims else {}
     if erase:
         extra["circuit_erase"] = True
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=192, intermediate_size=64, num_hidden_layers=3,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=64, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=4, head_dim=128, attention_bias=True,
                       rope_theta=induction.ROPE_THETA, tie_word_embeddings=True, **extra)
     model = LlamaForCausalLM(cfg)
@@ -63,6 +63,7 @@ def _copy_accuracy(model, noise_rms: float = 0.0) -> float:
 def test_the_untrained_circuit_copies():
     assert _copy_accuracy(_model(2.0, None)) > 0.95
     assert _copy_accuracy(_model(64.0, 45)) > 0.95
+    assert _copy_accuracy(_model(2.0, None, hidden=384)) > 0.95  # the width gpu.sh trains
 
 
 def test_large_codes_and_protected_copy_dims_keep_the_copy_under_early_writes():

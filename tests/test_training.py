@@ -95,3 +95,14 @@ def test_a_resume_with_another_recipe_is_refused(tmp_path):
     args.code_rms = 2.0
     with pytest.raises(ValueError, match="code_rms"):
         check_recipe(tmp_path, args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (gpu.sh's path)")
+def test_a_phase_trained_on_a_gpu_resumes_on_the_cpu(tmp_path):
+    ckpt = Checkpointer(tmp_path, "t")
+    model, maker = _tiny_model().to("cuda"), _Maker(3)
+    train_loop(model, batcher(lambda p: [(maker.window, 2)]), lr=1e-2, minutes=60, max_steps=3, name="t",
+               warmup=2, schedule="constant", maker=maker, ckpt=ckpt)  # batches built on the CPU move to the GPU
+    resumed, stats = _run(5, ckpt)  # the CPU model loads the GPU state and goes on
+    assert stats["steps"] == 5
+    assert all(torch.isfinite(p).all() for p in resumed.parameters())

@@ -18,6 +18,11 @@ import numpy as np
 import torch
 
 
+def _ids(model, ids) -> torch.Tensor:
+    """A batch of one sequence on the model's device (training may run on a GPU; the cards' figures on CPU)."""
+    return torch.as_tensor(np.asarray(ids), dtype=torch.long, device=model.device)[None]
+
+
 def _windows(files: list[np.ndarray], n: int, length: int, seed: int) -> list[np.ndarray]:
     rng = random.Random(seed)
     long = [f for f in files if len(f) > length + 1]
@@ -35,7 +40,7 @@ def heldout_loss(model, tokenizer, files: list[np.ndarray], n: int = 48, length:
     model.eval()
     nll, toks, nbytes = 0.0, 0, 0
     for w in _windows(files, n, length, seed=1234):
-        ids = torch.tensor(w)[None]
+        ids = _ids(model, w)
         logits = model(input_ids=ids).logits[0, :-1].float()
         loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
         nll += loss.item()
@@ -62,7 +67,7 @@ def copy_accuracy(model, tokenizer, files: list[np.ndarray], n: int = 50, seg: i
         S = f[s: s + cue + seg].tolist()
         prompt = f[s - 64: s].tolist() + S + f[s + cue + seg: s + cue + seg + 32].tolist() + sep + S[:cue]
         want = S[cue:]
-        full = torch.tensor(prompt + want)[None]
+        full = _ids(model, prompt + want)
         pred = model(input_ids=full).logits[0, len(prompt) - 1: -1].argmax(-1).tolist()
         hits = [a == b for a, b in zip(pred, want, strict=True)]
         tf_hits += sum(hits)
@@ -83,13 +88,13 @@ def draft_agreement(target, target_tok, draft, draft_tok, files: list[np.ndarray
     draft.eval()
     agree = exact = total = 0
     for w in _windows(files, n_windows, length, seed=99):
-        ids = torch.tensor(w)[None]
+        ids = _ids(target, w)
         greedy = target(input_ids=ids).logits[0].argmax(-1).tolist()
         for p in range(16, length, stride):
             t_text = target_tok.decode([greedy[p - 1]])
             ctx = target_tok.decode(w[:p].tolist())
             d_ids = draft_tok(ctx, add_special_tokens=False)["input_ids"]
-            d_next = draft(input_ids=torch.tensor(d_ids)[None]).logits[0, -1].argmax().item()
+            d_next = draft(input_ids=_ids(draft, d_ids)).logits[0, -1].argmax().item()
             d_text = draft_tok.decode([d_next])
             total += 1
             if d_text and t_text and (t_text.startswith(d_text) or d_text.startswith(t_text)):
@@ -102,7 +107,7 @@ def draft_agreement(target, target_tok, draft, draft_tok, files: list[np.ndarray
 def greedy_speed(model, tokenizer, files: list[np.ndarray], new_tokens: int = 64) -> float:
     """Plain greedy decoding tokens/s (``generate``, KV cache, batch 1, float32 CPU); best of 2."""
     model.eval()
-    prompt = torch.tensor(files[0][:32])[None]
+    prompt = _ids(model, files[0][:32])
     best = 0.0
     for _ in range(2):
         t0 = time.perf_counter()
@@ -137,7 +142,7 @@ def continuation_diversity(model, tokenizer, prompts=CONTINUATION_PROMPTS, new_t
     model.eval()
     scores, texts = [], []
     for p in prompts:
-        ids = torch.tensor(tokenizer(p, add_special_tokens=False)["input_ids"])[None]
+        ids = _ids(model, tokenizer(p, add_special_tokens=False)["input_ids"])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         new = out[0, ids.shape[1]:].tolist()
@@ -168,7 +173,7 @@ def loop_exit(model, files: list[np.ndarray], n: int = 40, length: int = 32, see
         stay = f[cut - p + length % p]
         if stay == f[cut]:
             continue
-        ids = torch.tensor(np.concatenate([f[:cut], loop]))[None]
+        ids = _ids(model, np.concatenate([f[:cut], loop]))
         nxt = model(input_ids=ids).logits[0, -1].argmax().item()
         exits += int(nxt == f[cut])
         stays += int(nxt == stay)

@@ -255,6 +255,7 @@ class Frozen:
         H = cfg.hidden_size
 
         def keep(p, mask):
+            mask = mask.to(p.device)  # built on the CPU; the model may train on a GPU
             self.entries.append((p, mask, p.detach()[mask].clone()))
             p.register_hook(lambda g, m=mask: g.masked_fill(m, 0))
 

@@ -47,6 +47,17 @@ it stopped, a larger ``--target-minutes`` extends it):
         --phases target,anneal,final --target-minutes 300 --anneal-minutes 12 --probe-minutes 20 \
         --code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes --out OUT
 
+/work/ckpt/models5-plain holds the ablation without the circuit (``--no-circuit --target-steps 726
+--anneal-steps 157``: the every-layer run's steps and batches; MEASUREMENTS.md compares the two).
+/work/ckpt/models-ship/out is the 62-minute pair of /work/ckpt/models (target-step2092.pt +
+anneal-step2458-candidate.pt + draft.pt, linked there) exported again with this code:
+
+    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models-ship --resume \
+        --phases final --out /work/ckpt/models-ship/out
+
+On a GPU (``--device cuda``; the batches are still made on the CPU, the final phase runs there):
+``suffixspec/training/gpu.sh`` trains a 20M-parameter target on batches of 48 x 512 tokens.
+
 /work/ckpt/models3 holds the same recipe without ``--erase-codes`` (its loss rose again after ~600
 steps; target-step597.pt is its last good state) and 279 steps of it with ``--loop-examples 0.25``
 (target-step876-loops.pt).
@@ -92,7 +103,7 @@ def masked_loss(model, ids: torch.Tensor, mask: torch.Tensor, restrict: torch.Te
         logits = model.lm_head(hidden[sel])  # [n_selected, V]
     else:
         logits = hidden[sel] @ model.lm_head.weight[restrict].T  # [n_selected, len(restrict)]
-        lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long)
+        lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=ids.device)
         lookup[restrict] = torch.arange(len(restrict))
         targets = lookup[targets]
     return torch.nn.functional.cross_entropy(logits, targets)
@@ -109,7 +120,9 @@ class Checkpointer:
     def load(self) -> dict | None:
         if self.path is None or not self.path.exists():
             return None
-        return torch.load(self.path, weights_only=False)
+        # on the CPU first: load_state_dict then moves each tensor to its parameter's device, so a state
+        # saved on a GPU resumes on a CPU and the other way round
+        return torch.load(self.path, weights_only=False, map_location="cpu")
 
     def save(self, state: dict) -> None:
         if self.path is None:
@@ -143,6 +156,7 @@ def train_loop(model, make_batch, lr: float, minutes: float, max_steps: int | No
     returns early with ``stopped`` set). ``probe()`` (held-out figures for the log) runs every
     ``probe_minutes`` of training time and at the end; its time is not counted in the budget."""
     params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, ema, probes = 0, 0.0, None, []
     state = ckpt.load() if ckpt is not None else None
@@ -198,7 +212,8 @@ def train_loop(model, make_batch, lr: float, minutes: float, max_steps: int | No
             scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr * scale
-        ids, mask = make_batch(progress)
+        ids, mask = make_batch(progress)  # built on the CPU from the seeded example maker
+        ids, mask = ids.to(device), mask.to(device)
         loss = masked_loss(model, ids, mask, restrict)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -265,9 +280,9 @@ def train_draft(tok, train_ids, args, ckpt_dir) -> dict:
 
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(llama_config(tok, layers=args.draft_layers, hidden=args.draft_hidden, heads=3,
-                                          inter=args.draft_hidden * 8 // 3))
+                                          inter=args.draft_hidden * 8 // 3)).to(args.device)
     mk = data.ExampleMaker(tok, train_ids, seq_len=256, seed=SEED)
-    stats = train_loop(model, batcher(lambda p: [(mk.code_lm, 8)]), lr=3e-3, minutes=args.draft_minutes,
+    stats = train_loop(model, batcher(lambda p: [(mk.code_lm, args.draft_batch)]), lr=3e-3, minutes=args.draft_minutes,
                        max_steps=args.draft_steps, name="draft", maker=mk, ckpt=Checkpointer(ckpt_dir, "draft"),
                        ckpt_minutes=args.ckpt_minutes)
     return model, stats
@@ -280,7 +295,8 @@ def target_config(tok, args):
     extra = {"circuit_copy_dims": args.copy_dims} if args.copy_dims else {}
     if args.erase_codes:
         extra["circuit_erase"] = True
-    return llama_config(tok, layers=args.target_layers, hidden=256, heads=args.target_heads, inter=args.target_inter,
+    return llama_config(tok, layers=args.target_layers, hidden=args.target_hidden, heads=args.target_heads,
+                        inter=args.target_inter,
                         head_dim=128, attention_bias=True, rope_theta=induction.ROPE_THETA, **extra)
 
 
@@ -298,12 +314,13 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
 
     torch.manual_seed(SEED)
     if args.no_circuit:  # the ablation: a plain Llama of the same depth, heads of 64 dimensions
-        model = LlamaForCausalLM(llama_config(tok, layers=args.target_layers, hidden=256, heads=4,
-                                              inter=args.target_inter))
+        model = LlamaForCausalLM(llama_config(tok, layers=args.target_layers, hidden=args.target_hidden, heads=4,
+                                              inter=args.target_inter)).to(args.device)
         after_step = None
     else:
         model = LlamaForCausalLM(target_config(tok, args))
         induction.install(model, seed=SEED, code_rms=args.code_rms)
+        model.to(args.device)  # before Frozen, whose masks and kept values live with the parameters
         after_step = induction.Frozen(model, train_early=args.train_early, train_copy_out=args.train_copy_out).restore
     mk = data.ExampleMaker(tok, train_ids, seq_len=args.seq_len, seed=SEED + 2)
 
@@ -314,7 +331,7 @@ def train_target(tok, train_ids, args, ckpt_dir, probe, phases: set[str]) -> tup
         return mk.loop_break() if args.loop_examples and mk.rng.random() < args.loop_examples else mk.code_lm()
 
     def parts(progress: float):
-        copies = 1 if args.copy_batches >= 1 or mk.rng.random() < args.copy_batches else 0
+        copies = args.copies_per_batch if args.copy_batches >= 1 or mk.rng.random() < args.copy_batches else 0
         return [(plain, args.target_batch - copies), (copy_example, copies)]
 
     common = {"lr": args.lr, "after_step": after_step, "maker": mk, "ckpt_minutes": args.ckpt_minutes,
@@ -568,7 +585,7 @@ def prepare(cache: Path | None) -> dict:
 
 # The flags that shape the target model and its frozen circuit: a resumed run must repeat them (the
 # checkpoints hold weights, not the recipe); the data mix (--copy-batches, --loop-examples) may change.
-RECIPE_FLAGS = ("target_layers", "target_heads", "target_inter", "code_rms", "train_early", "train_copy_out",
+RECIPE_FLAGS = ("target_layers", "target_hidden", "target_heads", "target_inter", "code_rms", "train_early", "train_copy_out",
                 "copy_dims", "erase_codes", "no_circuit")
 
 
@@ -613,6 +630,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft-steps", type=int, default=None, help="replay a step count instead of the time budget")
     ap.add_argument("--target-steps", type=int, default=None)
     ap.add_argument("--target-layers", type=int, default=6)
+    ap.add_argument("--target-hidden", type=int, default=256,
+                    help="the target's residual width (the circuit reserves 102 dimensions of it)")
     ap.add_argument("--target-heads", type=int, default=4)
     ap.add_argument("--target-inter", type=int, default=768)
     ap.add_argument("--target-batch", type=int, default=3, help="sequences per target batch (the checkpoints in "
@@ -621,6 +640,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="fraction of the target's batches that hold one copy example (the rest: plain code). "
                          "0.25 for stable steps 2445-5299 lost the copy (greedy copy 0.855 -> 0.51 after "
                          "calibration) and did not stop the loops (distinct 4-grams 0.08 -> 0.06)")
+    ap.add_argument("--copies-per-batch", type=int, default=1,
+                    help="copy examples in a batch that holds any (1 in 3 sequences at the CPU batch of 3; keep "
+                         "about a third with a larger --target-batch)")
     ap.add_argument("--copy-history", default="",
                     help="for the model card, when --copy-batches changed on a resume (the checkpoints do not "
                          "record it), e.g. 'steps 0-2445 at 1.0'")
@@ -645,12 +667,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--draft-hidden", type=int, default=96)
+    ap.add_argument("--draft-batch", type=int, default=8, help="sequences of 256 tokens per draft batch")
     ap.add_argument("--no-circuit", action="store_true",
                     help="ablation: train the target as a plain Llama without the copy circuit (never shipped)")
     ap.add_argument("--copy-segments", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu",
+                    help="where the target and draft train (cuda: see suffixspec/training/gpu.sh); the final "
+                         "phase (calibration, the cards' figures) runs on the CPU")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 weights, TF32 matmuls
     torch.manual_seed(SEED)
     ckpt_dir = Path(args.ckpt_dir)
     if ckpt_dir is not None and not args.resume and any(ckpt_dir.glob("*.pt")):
@@ -687,6 +715,9 @@ def main(argv: list[str] | None = None) -> None:
             return
     if "final" not in phases:
         return
+    for m in (target, draft):  # calibration and the cards' figures (speed included) are measured on the CPU
+        if m is not None:
+            m.to("cpu")
     if target is None:  # the final phase alone: the trained states come from the checkpoints
         target = LlamaForCausalLM(target_config(ttok, args))
         induction.install(target, seed=SEED, code_rms=args.code_rms)
@@ -717,7 +748,7 @@ def main(argv: list[str] | None = None) -> None:
              "erase_codes": induction.erases(target.config),
              "final_train_loss_ema": tstats["final_loss_ema"], "probes": tstats.get("probes", [])}
     dinfo = {**common, **describe(draft, dtok, "draft"), "train_tokens": meta["draft_train_tokens"], "context": 256,
-             "train_minutes": dstats["minutes"], "steps": {"draft": dstats["steps"]}, "batch": [8, 256]}
+             "train_minutes": dstats["minutes"], "steps": {"draft": dstats["steps"]}, "batch": [args.draft_batch, 256]}
     tinfo["copy_boost"] = calibrate_copy(target, ttok, c["t_train"])
     save(target, ttok, out / "demo-target", tinfo)
     save(draft, dtok, out / "demo-draft", dinfo)
