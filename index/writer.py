@@ -4,8 +4,9 @@ An add spends its time tokenizing (the tokenizer's threads take every core) and 
 segment; a merge, sorting. Run in a thread of a serving process they slow its generations down
 (measured: a 16-token generation 56 ms alone, 164 ms median and 1.5 s worst while a 9 MB add ran in
 another thread; the adding thread itself held the interpreter lock for ~4% of the add, the rest was
-its tokenizer's threads taking the cores). Here the same work (:meth:`IndexStore.add_documents`,
-:meth:`IndexStore.merge_pending`, :meth:`IndexStore.compact`, unchanged) runs in a child process:
+its tokenizer's threads taking the cores; see the README's "Document index at scale"). Here the same
+work (:meth:`IndexStore.add_documents`, :meth:`IndexStore.merge_pending`, :meth:`IndexStore.compact`,
+unchanged) runs in a child process:
 
 - the child lowers its priority: ``SCHED_IDLE`` and nice 19 (Linux; elsewhere the niceness), so
   that inside the serving process' scheduler group it runs on what the generations leave (a waking
@@ -20,8 +21,8 @@ its tokenizer's threads taking the cores). Here the same work (:meth:`IndexStore
 - documents are streamed to it over a pipe in chunks of ``TOKENIZE_BATCH_CHARS`` (one chunk in
   flight: memory stays bounded), progress and status come back, then the :class:`AddSummary`.
 
-Starting the child costs ~0.1-0.3 s (numpy, sqlite-utils and ``tokenizers``; a fast tokenizer is sent
-as its Rust backend, not the ``transformers`` object), so small adds stay in-process
+Starting the child costs ~0.4 s of CPU (importing numpy, sqlite-utils and ``tokenizers``; a fast
+tokenizer is sent as its Rust backend, not the ``transformers`` object), so small adds stay in-process
 (``SuffixSpec.add_documents`` below ``WRITER_PROCESS_CHARS``).
 
 Example::
@@ -130,8 +131,11 @@ def _chunks(docs: Iterable[DocInput]) -> Iterator[list[DocInput]]:
         yield chunk
 
 
-def _run(job: dict, nice: int, own_group: bool, idle: bool = True, docs: Iterable[DocInput] | None = None, progress: Callable | None = None,
-         status: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> Any:
+def _run(job: dict, nice: int, own_group: bool, idle: bool = True, docs: Iterable[DocInput] | None = None,
+         progress: Callable | None = None, status: Callable[[str], None] | None = None,
+         stop: threading.Event | None = None) -> Any:
+    """Start the child, send ``job``, serve its requests for documents and relay its messages until it
+    answers (its result) or fails (its exception, re-raised here; :class:`WriterError` if it died)."""
     new_session = own_group and nice > 0 and _own_autogroup()
     job["nice"], job["autogroup"], job["idle"] = nice, new_session, nice > 0 and idle
     ours, theirs = socket.socketpair()
@@ -145,7 +149,7 @@ def _run(job: dict, nice: int, own_group: bool, idle: bool = True, docs: Iterabl
     conn = Connection(ours.detach())
     chunks = _chunks(docs if docs is not None else [])
 
-    def died(e: BaseException) -> WriterError:
+    def died(_e: BaseException) -> WriterError:
         code = proc.wait()
         return WriterError(f"the index writer process exited ({_exit_text(code)}) before finishing: "
                            "the index keeps what it committed before")
