@@ -31,7 +31,12 @@ Sections:
 6. **reopen** — on the database a scale run left: the merges the policy plans now, speculate of the
    segment set vs its largest segment, add/delete one document (medians).
 7. **concurrent** — listing documents and a 16-token generation (embedded models) alone and while
-   another thread adds documents, alternating.
+   another thread adds ~3x ``--tokens`` characters of documents, alternating; the add in a thread of
+   this process (as before), in a writer process at this priority, and as ``SuffixSpec`` does it now
+   (a writer process at nice 19), interleaved. About a minute at ``--tokens 3000000`` on an idle
+   2-core machine::
+
+       python -m bench.bench_index --sections concurrent --tokens 3000000
 
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
@@ -691,46 +696,113 @@ def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root
     return res
 
 
-def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 5) -> dict:
-    """``GET /v1/index/documents`` (``list_documents``) and a short greedy generation with the embedded
-    models, timed alone and while another thread adds ``n_chars`` of documents (what a server's
-    POST does), alternating, in one process."""
+CONCURRENT_MODES = ("thread", "process-nice0", "process-nice19", "process")
+
+
+def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1, probes_alone: int = 3,
+                     modes: tuple[str, ...] = CONCURRENT_MODES, log=print) -> dict:
+    """``GET /v1/index/documents`` (``list_documents``) and a 16-token greedy generation with the
+    embedded models, timed alone and while another thread of this process adds ``n_chars`` of new
+    documents (what a server's POST does), alternating, in one process. Each round runs one add per
+    mode, interleaved, each after ``probes_alone`` probes with nothing else running:
+
+    - ``thread``: ``IndexStore.add_documents`` in the adding thread (the server's POST before);
+    - ``process-nice0``: the same add in a writer process at the server's priority (no interpreter
+      shared: what is left of the slowdown is the cores);
+    - ``process-nice19``: the writer process at nice 19 only (no ``SCHED_IDLE``);
+    - ``process``: ``SuffixSpec.add_documents`` as it is (a writer process, ``SCHED_IDLE``, nice 19).
+
+    Probes record wall time and the generating thread's CPU time (``time.thread_time``). After each
+    probe the prober pauses as long as the probe took (the server busy half of the time: a writer at
+    the lowest priority gets the other half; back-to-back generations would starve it), and the
+    ``probes_alone`` probes alone are taken before and after each add, so that a change of the
+    machine's load during a run weighs on both sides alike.
+    """
     import threading
 
+    from index import writer
     from suffixspec.api import SuffixSpec
 
-    def probe(spec) -> tuple[float, float]:
+    def probe(spec) -> tuple[float, float, float]:
         t0 = time.perf_counter()
         spec.list_documents(limit=20)
         t1 = time.perf_counter()
+        c1 = time.thread_time()
         spec.generate("def area(r):", max_tokens=16, temperature=0)
-        return t1 - t0, time.perf_counter() - t1
+        t2 = time.perf_counter()
+        time.sleep(t2 - t0)
+        return t1 - t0, t2 - t1, time.thread_time() - c1
 
-    big, total = [], 0
-    for p, t in texts:
-        big.append({"text": t, "source": p + "#big"})
-        total += len(t)
-        if total >= n_chars:
-            break
+    def batch(tag: str) -> list[dict]:
+        out, total = [], 0
+        for p, t in texts:
+            out.append({"text": t, "source": f"{p}#{tag}"})
+            total += len(t)
+            if total >= n_chars:
+                break
+        return out
+
+    res: dict = {"modes": {m: {"alone": [], "during": [], "add_s": []} for m in modes}}
     with tempfile.TemporaryDirectory() as d, SuffixSpec(db=Path(d) / "i.db") as spec:
         spec.add_documents([{"text": t, "source": p} for p, t in texts[:20]])
-        probe(spec)
-        alone = [probe(spec) for _ in range(rounds)]
-        adder = threading.Thread(target=spec.add_documents, args=(big,))
-        t = time.perf_counter()
-        adder.start()
-        during = []
-        while adder.is_alive():
-            during.append(probe(spec))
-        adder.join()
-        add_s = time.perf_counter() - t
+        store = spec._writer_store()
+        for _ in range(2):
+            probe(spec)  # warm-up
+
+        def add(mode: str, docs: list[dict]) -> None:
+            ins = [DocInput(x["text"], x["source"]) for x in docs]
+            if mode == "thread":
+                with spec._lock:
+                    store.add_documents(ins, spec._doc_tokenizer)
+            elif mode.startswith("process-nice"):
+                with spec._lock:
+                    writer.add_documents(spec.db_path, ins, spec._doc_tokenizer, nice=int(mode[12:]), idle=False)
+            else:
+                spec.add_documents(docs)
+
+        for r in range(rounds):
+            for mode in modes:
+                m = res["modes"][mode]
+                m["alone"] += [probe(spec) for _ in range(probes_alone)]
+                docs = batch(f"{mode}-{r}")
+                res["add_chars"] = sum(len(x["text"]) for x in docs)
+                adder = threading.Thread(target=add, args=(mode, docs))
+                t = time.perf_counter()
+                adder.start()
+                while adder.is_alive():
+                    m["during"].append(probe(spec))
+                adder.join()
+                m["add_s"].append(time.perf_counter() - t)
+                m["alone"] += [probe(spec) for _ in range(probes_alone)]
+                log(f"  {mode}: add {m['add_s'][-1]:.1f} s, {len(m['during'])} probes during adds so far; "
+                    f"load {os.getloadavg()[0]:.1f}")
     med = statistics.median
-    return {"add_chars": total, "add_s": add_s, "probes_during_add": len(during),
-            "list_alone_ms": med(a for a, _ in alone) * 1e3, "list_during_add_ms": med(a for a, _ in during) * 1e3,
-            "list_during_add_max_ms": max(a for a, _ in during) * 1e3,
-            "generate_alone_ms": med(g for _, g in alone) * 1e3,
-            "generate_during_add_ms": med(g for _, g in during) * 1e3,
-            "generate_during_add_max_ms": max(g for _, g in during) * 1e3}
+    for m in res["modes"].values():
+        al, du = m.pop("alone"), m.pop("during")
+        m.update({"probes_alone": len(al), "probes_during_add": len(du),
+                  "list_alone_ms": med(a for a, _, _ in al) * 1e3, "list_during_add_ms": med(a for a, _, _ in du) * 1e3,
+                  "list_during_add_max_ms": max(a for a, _, _ in du) * 1e3,
+                  "generate_alone_ms": med(g for _, g, _ in al) * 1e3,
+                  "generate_alone_max_ms": max(g for _, g, _ in al) * 1e3,
+                  "generate_during_add_ms": med(g for _, g, _ in du) * 1e3,
+                  "generate_during_add_max_ms": max(g for _, g, _ in du) * 1e3,
+                  "generate_cpu_alone_ms": med(c for _, _, c in al) * 1e3,
+                  "generate_cpu_during_add_ms": med(c for _, _, c in du) * 1e3})
+    res["load_average_end"] = os.getloadavg()[0]
+    return res
+
+
+def report_concurrent(c: dict) -> None:
+    print(f"\n== concurrent: listing and a 16-token generation alone / while {c['add_chars'] / 1e6:.1f} MB are added "
+          f"(medians; max = worst probe; load average at the end {c['load_average_end']:.1f}) ==")
+    print(f"{'add runs':16s} {'add s':>7s} {'probes':>7s} {'list alone':>11s} {'during':>8s} {'max':>7s} "
+          f"{'gen alone':>10s} {'max':>7s} {'during':>8s} {'max':>7s} {'gen CPU alone':>14s} {'during':>8s}")
+    for mode, m in c["modes"].items():
+        print(f"{mode:16s} {statistics.median(m['add_s']):7.1f} {m['probes_during_add']:7d} "
+              f"{m['list_alone_ms']:9.2f}ms {m['list_during_add_ms']:6.2f}ms {m['list_during_add_max_ms']:5.1f}ms "
+              f"{m['generate_alone_ms']:8.1f}ms {m['generate_alone_max_ms']:5.0f}ms "
+              f"{m['generate_during_add_ms']:6.1f}ms {m['generate_during_add_max_ms']:5.0f}ms "
+              f"{m['generate_cpu_alone_ms']:12.1f}ms {m['generate_cpu_during_add_ms']:6.1f}ms")
 
 
 def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main_root: str | None = None,
@@ -896,6 +968,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="checkout of the code to compare with (lookup: its single suffix array; reopen: its segments)")
     ap.add_argument("--compact", action="store_true", help="reopen: also compact (in a child process) and time both")
     ap.add_argument("--workdir", default=None, help="where the scale section keeps its database (default: a temp dir)")
+    ap.add_argument("--rounds", type=int, default=1, help="concurrent: adds per mode (interleaved)")
+    ap.add_argument("--modes", default=",".join(CONCURRENT_MODES),
+                    help="concurrent: where the add runs: thread (in this process, as before), process-nice0 "
+                         "(a writer process at this priority), process-nice19, process (SuffixSpec.add_documents: "
+                         "SCHED_IDLE, nice 19)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -920,8 +997,10 @@ def main(argv: list[str] | None = None) -> None:
                                          compact=args.compact)
         print(json.dumps(results["reopen"]), flush=True)
     if "concurrent" in sections:
-        results["concurrent"] = bench_concurrent(texts, args.tokens * 3)
-        print(json.dumps(results["concurrent"]), flush=True)
+        modes = tuple(args.modes.split(","))
+        results["concurrent"] = bench_concurrent(texts, args.tokens * 3, rounds=args.rounds, modes=modes,
+                                                 log=lambda s: print(s, flush=True))
+        report_concurrent(results["concurrent"])
     if "scale" in sections:
         stages = [int(x) for x in args.scale_tokens.split(",")]
         if args.workdir:

@@ -7,6 +7,7 @@
 - :mod:`index.speculate`: path / tree speculation from a match (SuffixDecoding's rules).
 - :mod:`index.history`: the output history with a token budget.
 - :mod:`index.store`: SQLite store (documents, segments per tokenizer fingerprint, history).
+- :mod:`index.writer`: large adds and merges in a writer process at the lowest CPU priority.
 """
 
 from .incremental import IncrementalIndex

@@ -25,8 +25,11 @@ Writes:
   documents get tombstones in their old segments (one pass over that segment's suffix array);
 - a remove deletes the rows and writes tombstones, in one transaction;
 - merges (:class:`~index.segments.MergePolicy`) rewrite several segments into one with the tombstoned
-  documents left out; they run after adds in a background thread (``auto_merge``) or on request
-  (:meth:`IndexStore.merge_pending`), and commit only if no input changed meanwhile.
+  documents left out; they run after adds in a background thread (``auto_merge``, which hands them to a
+  writer process at the lowest CPU priority, :mod:`index.writer`) or on request
+  (:meth:`IndexStore.merge_pending`), and commit only if no input changed meanwhile;
+- a serving process's large adds and ``index add`` run these same methods in a writer process
+  (:mod:`index.writer`), so that their tokenizing and sorting yield the cores to generations.
 
 Readers never wait: they read the segment list in one WAL snapshot and memory-map immutable files; a
 new segment becomes visible when its transaction commits, a crash or Ctrl-C before that leaves the
@@ -920,10 +923,24 @@ class IndexStore:
         self._merger.start()
 
     def _merge_in_background(self) -> None:
+        from . import writer
+
+        def run(other: IndexStore, compact: bool) -> None:
+            # in a writer process at the lowest priority where one can start: a merge sorts for seconds
+            # and would take the cores (and the interpreter) from the generations of this process
+            if writer.available():
+                writer.merge(self.path, compact=compact, stop=self._stop, policy=self.policy,
+                             flush_tokens=self.flush_tokens, sort_depth=self.sort_depth)
+            elif compact:
+                other.compact(stop=self._stop)
+            else:
+                other.merge_pending(stop=self._stop)
+
         try:
             with IndexStore(self.path, self.sort_depth, auto_merge=False, policy=self.policy,
                             flush_tokens=self.flush_tokens) as other:
-                other.merge_pending(stop=self._stop)
+                if other.pending_merges():
+                    run(other, compact=False)
                 idle = self.policy.idle_compact_s
                 # a read-mostly corpus: once no write came for ``idle`` seconds, compact (readers keep
                 # reading the old segments until the new ones commit; a write meanwhile restarts the wait)
@@ -932,9 +949,10 @@ class IndexStore:
                     if self._stop.wait(idle):
                         return
                     if other.docs_version() == version:
-                        other.compact(stop=self._stop)
+                        run(other, compact=True)
                         return
-                    other.merge_pending(stop=self._stop)
+                    if other.pending_merges():
+                        run(other, compact=False)
         except Exception as e:  # never take the process down; the merges are planned again after the next write
             log.warning("%s: background merge failed: %s", self.path, e)
 

@@ -253,6 +253,7 @@ class SuffixSpec:
         The next generation drafts from them. Returns one record per document (``id``, ``status``
         = added / updated / unchanged, sizes).
         """
+        from index import writer
         from index.store import DocInput
 
         docs = []
@@ -263,7 +264,15 @@ class SuffixSpec:
         with self._lock:
             store = self._writer_store()
             before = {row[0]: row[1] for row in store.db.execute("SELECT path, content_hash FROM documents")}
-            store.add_documents(docs, self._doc_tokenizer)
+            if sum(len(d.text) for d in docs) >= writer.WRITER_PROCESS_CHARS and writer.available():
+                # tokenizing and sorting take the cores for seconds: a child at the lowest priority does
+                # it, so that generations in this process keep their pace (index/writer.py)
+                writer.add_documents(self.db_path, docs, self._doc_tokenizer, merge=store.auto_merge,
+                                     policy=store.policy, flush_tokens=store.flush_tokens,
+                                     sort_depth=store.sort_depth)
+                store._kick_merges()  # the idle compaction, when due
+            else:
+                store.add_documents(docs, self._doc_tokenizer)
             out = []
             for d in docs:
                 key = d.key()

@@ -60,9 +60,12 @@ def index_group() -> None:
 @click.option("--follow-links", is_flag=True,
               help="Also index files that symlinks point to outside PATHS (skipped by default).")
 @click.option("--no-merge", is_flag=True, help="Leave segment merges for later (`index merge`, or a server).")
+@click.option("--nice", default=10, show_default=True, type=click.IntRange(0, 19),
+              help="CPU niceness of the tokenizing and sorting: a writer process in a scheduler group of its "
+                   "own, so that a server on this machine keeps its pace (0: in this process, as it is).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no per-file warnings.")
 def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, tokenizer: str,
-            max_bytes: int | None, follow_links: bool, no_merge: bool, quiet: bool) -> None:
+            max_bytes: int | None, follow_links: bool, no_merge: bool, nice: int, quiet: bool) -> None:
     """Index text files under PATHS (directories are walked recursively).
 
     Binary files (judged from their first 8 KiB), files over --max-bytes, FIFOs and devices,
@@ -72,7 +75,8 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
     read and tokenized as they are streamed into the index (memory stays bounded whatever the corpus
     size); every ~16M tokens a segment is committed, and segments are merged at the end (--no-merge:
     later). Interrupted, the index keeps the segments committed so far (whole files; a rerun skips
-    them as unchanged) and nothing half-built. Exits with status 1 when there is nothing to index.
+    them as unchanged) and nothing half-built. Tokenizing and sorting run at a low CPU priority
+    (--nice). Exits with status 1 when there is nothing to index.
 
     \b
     Examples:
@@ -136,12 +140,23 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
     def status(text: str) -> None:
         bar.set_postfix_str(f"{tokens:,} tokens, {text}")
 
+    from index import writer
+    from index.store import StoreError
+
     tok = _load_tokenizer(tokenizer)
     store = _open_store(db, auto_merge=False)
+    in_child = nice > 0 and writer.available()
     try:
         with bar:
-            summary = store.add_documents(stream(), tok, progress=progress, status=status)
-        merged = 0 if no_merge else _merge(store, quiet)
+            if in_child:
+                summary = writer.add_documents(store.path, stream(), tok, progress=progress, status=status,
+                                               nice=nice, own_group=True)
+            else:
+                summary = store.add_documents(stream(), tok, progress=progress, status=status)
+        merged = 0 if no_merge else _merge(store, quiet, nice=nice if in_child else 0)
+    except StoreError as e:  # the writer process was killed, the database went bad meanwhile
+        bar.close()
+        raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
         bar.close()
         n = store.db.execute("SELECT count(*) FROM documents").fetchone()[0]
@@ -158,13 +173,19 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
         click.echo(f"skipped: {why()}", err=True)
 
 
-def _merge(store, quiet: bool, compact: bool = False) -> int:
-    """Run the pending segment merges, then (``compact``) the compaction, under one progress bar in tokens."""
+def _merge(store, quiet: bool, compact: bool = False, nice: int = 0) -> int:
+    """Run the pending segment merges, then (``compact``) the compaction, under one progress bar in tokens
+    (``nice`` > 0: in a writer process at that niceness, as ``index add`` adds)."""
     from tqdm import tqdm
 
     if not store.pending_merges() and not (compact and store.compaction()):
         return 0
     with tqdm(desc="merging segments", unit="tok", unit_scale=True, disable=quiet, leave=False) as bar:
+        if nice > 0:
+            from index import writer
+
+            return writer.merge(store.path, compact=compact, progress=bar.update, status=bar.set_postfix_str,
+                                nice=nice, own_group=True)
         done = store.merge_pending(progress=bar.update, status=bar.set_postfix_str)
         if compact:
             done += store.compact(progress=bar.update, status=bar.set_postfix_str)

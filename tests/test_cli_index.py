@@ -73,6 +73,18 @@ def test_glob_filters_names(tree, tmp_path, bpe_tokenizer_dir):
     assert "added 2, updated 0, unchanged 0, skipped 0" in res.output
 
 
+def test_add_in_this_process_or_a_writer_process_gives_the_same_index(tree, tmp_path, bpe_tokenizer_dir):
+    """--nice 0 adds in the CLI's process; the default hands tokenizing and sorting to a writer process."""
+    dumps = []
+    for nice in ("0", "10"):
+        db = tmp_path / f"n{nice}.db"
+        res = run(["add", str(tree), "--glob", "*.py", "--tokenizer", str(bpe_tokenizer_dir), "-q", "--nice", nice], db)
+        assert "added 2, updated 0, unchanged 0, skipped 0" in res.output
+        rows = [json.loads(line) for line in run(["list", "--json"], db).output.splitlines()]
+        dumps.append([(r["path"], r["content_hash"], r["tokens"]) for r in rows])
+    assert dumps[0] == dumps[1]
+
+
 def test_env_selects_database(tree, tmp_path, bpe_tokenizer_dir, monkeypatch):
     monkeypatch.setenv("SUFFIXSPEC_DB", str(tmp_path / "env.db"))
     res = CliRunner().invoke(index_group, ["add", str(tree / "readme.md"), "--tokenizer", str(bpe_tokenizer_dir)])
