@@ -26,12 +26,9 @@ class VerifyCost:
     def __init__(self, prior_slope: float = 0.05) -> None:
         self.times: dict[int, float] = {}  # inputs -> exponential moving average of seconds
         self.prior_slope = prior_slope  # before a size is measured: t(n) ~ t(1) * (1 + slope * (n - 1))
-        self._sizes: list[int] = []  # the measured sizes, sorted (DraftGate.hopeless asks dozens per step)
 
     def observe(self, inputs: int, seconds: float) -> None:
         old = self.times.get(inputs)
-        if old is None:
-            bisect.insort(self._sizes, inputs)
         self.times[inputs] = seconds if old is None else 0.8 * old + 0.2 * seconds
 
     def estimate(self, inputs: int) -> float | None:
@@ -39,7 +36,7 @@ class VerifyCost:
             return self.times[inputs]
         if 1 not in self.times:
             return None
-        sizes = self._sizes
+        sizes = sorted(self.times)
         i = bisect.bisect_left(sizes, inputs)
         base = self.times[1]
         if i < len(sizes) and i > 0:  # interpolate between measured neighbours
