@@ -17,6 +17,7 @@ weak drafts are skipped, so text with little repetition is not slowed down.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 
 class VerifyCost:
@@ -65,8 +66,21 @@ class DraftGate:
     exploring alone cost about 0.6 / 9 = 7% of the plain speed where nothing can be drafted; with
     the doubling it falls under 1% after a few misses.
 
+    On sampled requests the gate also knows how sharp the target is at the request's temperature:
+    ``top_mass`` holds moving averages of the mass of the target's 1, 2, ..., 8 likeliest tokens at
+    the positions it sampled. A *deterministic* draft (no ``q``: the one-hot rule) moves from a node
+    with ``c`` children to one of them only when the target's sample lands on one of those ``c``
+    tokens, at most the mass of its ``c`` likeliest; so such a draft can expect no more than
+    :meth:`ceiling` tokens, whatever its score says (a suffix match scores what the text repeated,
+    not what a temperature-1.5 sampler will repeat). :meth:`hopeless` says when no deterministic draft
+    can pay for its verify pass at all; the engine then does not even ask for one.
+    Worked example: top-1 mass 0.2 (temperature 1.5), a chain of 8 nodes scoring 5: expected
+    ``min(5 x calibration, 0.2 + 0.04 + ...) = 0.25`` tokens; t(9) = 1.8 t(1) -> skipped.
+
     Lossless only if the decision ignores what a draft with ``q`` sampled: the engine passes
-    ``Draft.gate_size()`` (the size planned before sampling) and a score fixed before sampling.
+    ``Draft.gate_size()`` (the size planned before sampling) and a score fixed before sampling, and
+    the ceiling (which reads a draft's shape) only for drafts without ``q``; the target's sharpness
+    comes from positions already sampled.
     Judging the sampled length would verify, say, only chains that stopped after one unlikely
     token, and those tokens are not distributed as ``q`` (issue 19: first-token chi-square
     p = 1e-30 on a toy, tests/test_lossless_gates.py). Past outcomes (calibration, costs, how long
@@ -74,7 +88,7 @@ class DraftGate:
     """
 
     def __init__(self, cost: VerifyCost, explore_every: int = 8, max_explore_every: int = 64,
-                 rate: float = 0.2) -> None:
+                 rate: float = 0.2, sharpness_rate: float = 0.3) -> None:
         self.cost = cost
         self.calibration = 1.0  # accepted tokens per promised token (score), moving average per draft
         self.explore_every = explore_every  # verify a skipped-looking draft after this many skips...
@@ -84,12 +98,75 @@ class DraftGate:
         self._interval = explore_every  # skips before the next exploration
         self._skipped = 0
         self._explored = False  # the last draft passed only to explore
+        # sampled requests: moving averages of the mass of the target's k likeliest tokens (k = 1..8)
+        # at the positions it sampled, from a prior of 1; None until one is seen (greedy: always None)
+        self.top_mass: list[float] | None = None
+        self.sharpness_rate = sharpness_rate  # weight of a new position in those averages
+        self.widest = 2  # the most first-position branches of a deterministic draft judged so far (hopeless)
 
-    def worth(self, nodes: int, score: float) -> bool:
+    def observe_target(self, top_mass: Sequence[float]) -> None:
+        """The mass of the target's likeliest tokens where it just sampled (``VerifyOutcome.top_mass``)."""
+        if not top_mass:
+            return
+        if self.top_mass is None or len(self.top_mass) != len(top_mass):
+            # the prior: the target may be sure (as calibration starts at 1), so one unsure first
+            # token (an answer's first word) does not hold back the drafts of the next steps, which
+            # on a copying request are the ones that copy. (Taking the first position at its word,
+            # and holding every unmeasured proposer on the first step, agentic at temperature 0.7
+            # fell from 10.5 to 8.4 tokens per forward; 11.0 with this prior, 11.3 without the gate.)
+            self.top_mass = [1.0] * len(top_mass)
+        r = self.sharpness_rate
+        self.top_mass = [(1 - r) * old + r * new for old, new in zip(self.top_mass, top_mass, strict=True)]
+
+    def ceiling(self, root_width: int, width: int, depth: int) -> float | None:
+        """The most accepted tokens a deterministic draft can expect at the target's sharpness: with
+        ``root_width`` first-position branches, at most ``width`` children per deeper node and
+        ``depth`` levels, ``a1 * (1 + a + ... + a^(depth - 1))`` where ``a1`` and ``a`` are the mass
+        of the target's ``root_width`` and ``width`` likeliest tokens. None: sharpness not known."""
+        m = self.top_mass
+        if m is None or depth <= 0:
+            return None
+        a1 = m[root_width - 1] if 1 <= root_width <= len(m) else 1.0
+        a = m[width - 1] if 1 <= width <= len(m) else 1.0
+        return a1 * (depth if a >= 1.0 else (1.0 - a ** depth) / (1.0 - a))
+
+    def hopeless(self, budget: int) -> bool:
+        """No deterministic draft can pay for its verify pass at the target's current sharpness.
+
+        Checked over the drafts that get the most out of a flat target for their size: ``c`` first
+        branches and one path ``d`` deep below one of them (d = 1, 2, 4, ... up to the budget),
+        ``c + d - 1`` nodes: hopeless when ``(1 + ceiling) * t(1) < t(c + d)`` for all. ``c`` runs up
+        to the widest first level of this request's deterministic drafts so far (``widest``, at least
+        2): the ceiling assumes the branches are the target's likeliest tokens, and 8 of those hold
+        0.5-0.7 of the mass even at temperature 1.5, which would keep a never-drafted shape "worth it".
+        Never before the sharpness and a plain step's time are known."""
+        m = self.top_mass
+        t1 = self.cost.estimate(1)
+        if m is None or t1 is None:
+            return False
+        d = 1
+        while d <= max(1, budget):
+            for c in range(1, min(len(m), self.widest, budget - d + 1) + 1):
+                ceiling = self.ceiling(c, 1, d)
+                tn = self.cost.estimate(c + d)
+                if ceiling is not None and tn is not None and (1.0 + ceiling) * t1 >= tn:
+                    return False
+            d *= 2
+        return True
+
+    def worth(self, nodes: int, score: float, shape: tuple[int, int, int] | None = None) -> bool:
+        """``shape``: (first branches, widest deeper node, depth) of a draft without ``q``, capped by
+        :meth:`ceiling`; None for a draft with ``q`` (its shape is what it sampled)."""
         t1, tn = self.cost.estimate(1), self.cost.estimate(1 + nodes)
         if t1 is None or tn is None:
             return False  # the engine's first step: measure a plain step before judging drafts
         expected = max(0.0, score) * self.calibration
+        ceiling = None
+        if shape is not None:
+            self.widest = max(self.widest, shape[0])
+            ceiling = self.ceiling(*shape)
+        if ceiling is not None:
+            expected = min(expected, ceiling)
         if (1.0 + expected) * t1 >= tn:
             self._skipped = 0
             self._explored = False
@@ -139,6 +216,13 @@ class ProposerGate:
     on its first step, whose lazy prefill of the prompt is then never paid) is not called.
     Worked example: budget 32, the suffix draft scores 20, calibration 0.9 -> 18 >= 16: the draft
     model is skipped; calibration 0.5 -> 10: it is called.
+
+    On sampled requests the engine also holds back (``held``) proposers whose drafts are
+    deterministic (no ``q``) while :meth:`DraftGate.hopeless` says no such draft could pay for its
+    verify pass (cheap or not, their drafts would only be dropped), and, on the request's first step,
+    before the target's sharpness is known, those whose next call pays a one-off setup
+    (``Proposer.setup_pending``): a draft model's first call feeds it the whole prompt, which at a
+    high temperature (nothing accepted) cost about 1.5% of a 128-token request.
     """
 
     def __init__(self, cost: VerifyCost, explore_every: int = 8, cheap_fraction: float = 0.05,
@@ -158,10 +242,13 @@ class ProposerGate:
         self.exploring = False  # a proposer was called this step only to re-measure it: verify its draft
 
     def should_call(self, i: int, copying: frozenset[str] | set[str] = frozenset(), promised: float = 0.0,
-                    budget: int = 0) -> bool:
+                    budget: int = 0, held: bool = False) -> bool:
         """``copying``: the sources of the last step's draft when it was accepted to its end;
         ``promised``: accepted tokens the drafts of the proposers called before this one promise
-        (their scores times the request's calibration), of a ``budget`` of draft nodes."""
+        (their scores times the request's calibration), of a ``budget`` of draft nodes;
+        ``held``: the engine holds this proposer back this step (see the class docstring)."""
+        if held:
+            return False
         t1 = self.cost.estimate(1)
         measured = t1 is not None and i in self.seconds
         known_cheap = measured and self.seconds[i] <= self.cheap_fraction * t1

@@ -219,7 +219,8 @@ class Engine:
                 draft, calls, exploring = planned
                 gated = seq.spec.adaptive and len(draft) and not exploring
                 # judged by gate_size(): a sampled draft's planned size, never what it sampled
-                if gated and not seq.gate.worth(draft.gate_size(), draft.score):
+                shape = draft_shape(draft) if gated and seq.gate.top_mass is not None else None
+                if gated and not seq.gate.worth(draft.gate_size(), draft.score, shape):
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
                 past = seq.past
@@ -240,14 +241,17 @@ class Engine:
 
     def _propose(self, proposers: list[Proposer], prompt: list[int], output: list[int], budget: int,
                  allowed: tuple[str, ...] | None, proposer_gate: ProposerGate | None, copying: set[str],
-                 calibration: float = 1.0) -> tuple[Draft, list[tuple[int, float, set[str]]]]:
+                 calibration: float = 1.0, hopeless: bool = False, unsure: bool = False
+                 ) -> tuple[Draft, list[tuple[int, float, set[str]]]]:
         """The merged draft, and per proposer called: (index, seconds, sources it drafted).
 
         ``copying``: the sources of the last draft when it was accepted to its end (see ProposerGate).
         ``calibration``: the request's accepted-per-promised ratio (DraftGate): the drafts of the
         proposers called so far promise ``sum(score) * calibration`` tokens, which may make a costly
         proposer not worth calling (ProposerGate). A proposer's one-off setup (``setup_s``, a lazy
-        prefill) is not charged to its per-step cost."""
+        prefill) is not charged to its per-step cost. ``hopeless`` (no deterministic draft can pay) and
+        ``unsure`` (the target's sharpness not known yet: the first step) hold back proposers whose
+        drafts carry no ``q``, the latter only those with a setup pending (see ProposerGate)."""
         if budget <= 0 or not proposers:
             return Draft(), []
         context = prompt + output
@@ -257,7 +261,8 @@ class Engine:
             proposer_gate.exploring = False
         for i, p in enumerate(proposers):
             promised = calibration * sum(d.score for d in drafts)
-            if proposer_gate is not None and not proposer_gate.should_call(i, copying, promised, budget):
+            held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
+            if proposer_gate is not None and not proposer_gate.should_call(i, copying, promised, budget, held):
                 continue
             t = time.perf_counter()
             d = p.propose(context, budget)
@@ -365,9 +370,14 @@ class _Sequence:
         budget = min(spec.max_draft_tokens, self.sampling.max_tokens - len(self.output) - 1, room)
         if spec.adaptive:  # a fully accepted draft (copying) may double; a miss falls back to the mean
             budget = min(budget, max(4, round(4 + 2 * self.ema_accepted), 2 * self.copy_run + 2))
+        # sampled requests: is the target too unsure for any deterministic draft to pay (DraftGate)?
+        # Not known yet on the first step (``unsure``)
+        sampled = spec.adaptive and not self.sampling.greedy and bool(self.proposers)
+        unsure = sampled and self.gate.top_mass is None
+        hopeless = sampled and not unsure and self.gate.hopeless(budget)
         draft, calls = self.engine._propose(self.proposers, self.request.prompt_ids, self.output, budget,
                                             self.request.drafters, self.proposer_gate, self.copy_sources,
-                                            self.gate.calibration)
+                                            self.gate.calibration, hopeless, unsure)
         exploring = self.proposer_gate is not None and self.proposer_gate.exploring
         return draft, calls, exploring
 
@@ -406,6 +416,8 @@ class _Sequence:
         self.copy_sources = set(kept_sources) if self.copy_run else set()
         if len(draft):
             self.gate.observe(draft.score, len(kept_sources))
+        for mass in outcome.top_mass:
+            self.gate.observe_target(mass)
         if self.proposer_gate is not None:
             for i, seconds, own in calls:
                 self.proposer_gate.observe(i, seconds, sum(1 for src in kept_sources if src in own), own)
@@ -433,6 +445,17 @@ class _Sequence:
         result = GenerationResult(self.tracker.text, self.output, self.request.prompt_ids, self.finish,
                                   self.sources, self.logprobs, self.stats)
         return StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
+
+
+def draft_shape(draft: Draft) -> tuple[int, int, int] | None:
+    """(first branches, most children of a deeper node, depth) of a draft without ``q``, for
+    ``DraftGate.ceiling``; None for a draft with ``q``, whose shape is what it sampled."""
+    if draft.q is not None or not len(draft):
+        return None
+    kids = draft.children()
+    roots = len(kids.get(-1, ()))
+    deeper = max((len(c) for parent, c in kids.items() if parent >= 0), default=1)
+    return roots, deeper, max(draft.depths())
 
 
 def _logprob_entry(processed: torch.Tensor, token: int, top_n: int) -> dict:

@@ -21,12 +21,14 @@ accepted nodes are ``[0, 2]`` and the target emits 4 -> three new tokens ``5 9 4
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .draft import Draft
 from .sampling import LogitsProcessor, PositionRNG, greedy_token, sample_inverse_cdf, sample_race
+
+TOP_MASS = 8  # how many of the likeliest tokens' masses a sampled outcome reports
 
 
 @dataclass
@@ -37,6 +39,11 @@ class VerifyOutcome:
     token: int  # the token the target emitted after the accepted path (bonus or correction)
     rows: list[int]  # logits row that produced each new token (accepted tokens then ``token``)
     processed: list[torch.Tensor]  # processed logits row per new token (for logprobs), same order
+    # sampled requests, per new token (same order): the mass of the 1, 2, ..., 8 likeliest tokens of
+    # the target's distribution there (empty when greedy); the engine's DraftGate learns the target's
+    # sharpness from it. Every walked row counts, accepted ones too: the rejecting rows alone would
+    # say the target is less sure than it is
+    top_mass: list[tuple[float, ...]] = field(default_factory=list)
 
 
 def verify_tree(
@@ -54,6 +61,7 @@ def verify_tree(
     path: list[int] = []  # tokens accepted so far in this walk
     rows: list[int] = []
     processed_rows: list[torch.Tensor] = []
+    masses: list[tuple[float, ...]] = []
     while True:
         row = cur + 1
         processed = processor.process(logits[row : row + 1], [path])[0]  # [vocab]
@@ -68,17 +76,23 @@ def verify_tree(
                 return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
         else:
             p = processor.probs(processed[None])[0]  # [vocab] float64
+            masses.append(_top_mass(p))
             if children and all(draft.has_q(c) for c in children):
                 nxt, emitted = _known_q_step(draft, children, p, rng, pos)
                 if nxt is None:
-                    return VerifyOutcome(_path_nodes(draft, cur), emitted, rows, processed_rows)
+                    return VerifyOutcome(_path_nodes(draft, cur), emitted, rows, processed_rows, masses)
             else:
                 y = sample_race(p, rng.race(pos, p.shape[-1]))
                 nxt = draft.child_with(children, y)
                 if nxt is None:
-                    return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
+                    return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows, masses)
         cur = nxt
         path.append(draft.tokens[nxt])
+
+
+def _top_mass(p: torch.Tensor, k: int = TOP_MASS) -> tuple[float, ...]:
+    """Cumulative mass of the ``k`` likeliest tokens of ``p``: (p1, p1 + p2, ...)."""
+    return tuple(torch.topk(p, min(k, p.shape[-1])).values.cumsum(0).tolist())
 
 
 def _greedy_walk(draft: Draft, kids: dict[int, list[int]], processed: torch.Tensor) -> VerifyOutcome:

@@ -144,3 +144,64 @@ def test_proposer_gate_skips_a_costly_proposer_when_earlier_drafts_fill_the_budg
     assert not gate.should_call(1, promised=20.0, budget=32)
     gate.observe(2, 0.0001, 0)  # 0.1 ms: cheap (under 5% of a 10 ms step), never skipped
     assert gate.should_call(2, promised=32.0, budget=32)
+
+
+def _linear_cost(slope: float, sizes: int = 40) -> VerifyCost:
+    cost = VerifyCost()
+    for n in range(1, sizes + 1):
+        cost.observe(n, 1.0 + slope * (n - 1))
+    return cost
+
+
+def test_ceiling_caps_a_deterministic_draft_by_the_targets_sharpness():
+    """The docstring's worked example: top-1 mass 0.2, a chain of 8 scoring 5, t(9) = 1.8 t(1)."""
+    gate = DraftGate(_linear_cost(0.1), explore_every=100)
+    assert gate.ceiling(1, 1, 8) is None  # nothing sampled yet: no ceiling
+    assert gate.worth(8, 5.0, (1, 1, 8))
+    gate.top_mass = [0.2, 0.3, 0.35, 0.4, 0.42, 0.44, 0.46, 0.48]  # as averaged over many positions
+    assert gate.ceiling(1, 1, 8) == pytest.approx(0.2 * (1 - 0.2**8) / 0.8)  # 0.25
+    assert gate.ceiling(2, 1, 1) == pytest.approx(0.3)  # two first branches: the top-2 mass
+    assert gate.ceiling(9, 1, 1) == pytest.approx(1.0)  # wider than the masses kept: no bound
+    assert not gate.worth(8, 5.0, (1, 1, 8))  # (1 + 0.25) < 1.8
+    assert gate.worth(8, 5.0)  # a draft with q (no shape): judged by its score alone, 1 + 5 >= 1.8
+
+
+def test_sharpness_is_a_moving_average_of_sampled_positions():
+    gate = DraftGate(VerifyCost())
+    gate.observe_target(())  # a greedy step reports nothing
+    assert gate.top_mass is None
+    gate.observe_target([0.2, 0.4])  # from a prior of 1 (the target may be sure), weight 0.3
+    assert gate.top_mass == pytest.approx([0.76, 0.82])
+    gate.observe_target([1.0, 0.5])
+    assert gate.top_mass == pytest.approx([0.832, 0.724])
+
+
+def test_hopeless_when_no_draft_shape_can_pay_for_its_nodes():
+    flat = [0.2, 0.3, 0.35, 0.4, 0.42, 0.44, 0.46, 0.48]
+    gate = DraftGate(_linear_cost(0.45))  # t(2) = 1.45 t(1), as measured for one node on this CPU
+    assert not gate.hopeless(32)  # sharpness unknown
+    gate.top_mass = flat
+    assert gate.hopeless(32)  # one node would need top-1 mass 0.45; every wider or deeper draft costs more
+    sharp = DraftGate(_linear_cost(0.45))
+    sharp.top_mass = [0.5] + flat[1:]
+    assert not sharp.hopeless(32)  # (1 + 0.5) t(1) >= t(2)
+    # concave costs (as measured: 4 nodes cost little more than one): four first branches holding
+    # 0.6 of the mass pay for t(5) = 1.53 even though no single node does
+    concave = VerifyCost()
+    for n, t in {1: 1.0, 2: 1.45, 5: 1.53, 17: 2.18, 33: 2.82}.items():
+        concave.observe(n, t)
+    wide = DraftGate(concave)
+    wide.top_mass = [0.2, 0.35, 0.45, 0.6, 0.62, 0.64, 0.66, 0.68]
+    assert wide.hopeless(32)  # no draft with more than two first branches seen yet
+    wide.worth(4, 1.0, (4, 1, 1))  # a draft with four: the shape is possible
+    assert not wide.hopeless(32)
+    assert wide.hopeless(3)  # a budget of 3 allows three branches at most: 1 + 0.45 < t(4) = 1.50
+
+
+def test_proposer_gate_holds_back_a_held_proposer_even_when_cheap():
+    cost = VerifyCost()
+    cost.observe(1, 0.010)
+    gate = ProposerGate(cost)
+    assert not gate.should_call(0, held=True) and gate.should_call(0)  # unmeasured
+    gate.observe(0, 0.0001, 0)  # measured cheap
+    assert not gate.should_call(0, held=True) and gate.should_call(0)

@@ -29,9 +29,10 @@ import torch
 
 from suffixspec.budget import DraftGate, VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import Draft
+from suffixspec.draft import SOURCE_PROMPT, Draft
 from suffixspec.engine import Engine
 from suffixspec.loading import LoadedModel
+from suffixspec.proposers import Proposer
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer
 from suffixspec.proposers.testing import RandomTreeProposer
@@ -159,8 +160,8 @@ def _run_seeds(toys, proposers, cost: VerifyCost, seeds: int = SEEDS, tokens: in
     counts = {"drafted": 0, "accepted": 0, "passed": 0, "skipped": 0}
     worth = DraftGate.worth
 
-    def counting_worth(self, nodes, score):  # the real rule, counted
-        ok = worth(self, nodes, score)
+    def counting_worth(self, nodes, score, shape=None):  # the real rule, counted
+        ok = worth(self, nodes, score, shape)
         counts["passed" if ok else "skipped"] += 1
         return ok
 
@@ -264,3 +265,63 @@ def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
     assert max(intervals) > 1 and 1 in intervals, intervals[:50]  # doubled after misses, reset after hits
     assert counts["accepted"] > 0.1 * SEEDS, counts
     assert min(pvalues) > 1e-3, (pvalues, counts)
+
+
+class _LikeliestTree(Proposer):
+    """A deterministic drafter for the Markov toy: the target's two likeliest next tokens as first
+    branches, a chain of likeliest tokens below the first (accepted where the target is sure)."""
+
+    def __init__(self, T: torch.Tensor, depth: int = 4) -> None:
+        self.top = torch.topk(T, 2, dim=-1).indices.tolist()  # [vocab][2]
+        self.depth = depth
+
+    def propose(self, context, budget):
+        first, second = self.top[context[-1]]
+        tokens, parents = [first], [-1]
+        while len(tokens) < min(self.depth, budget):
+            parents.append(len(tokens) - 1)
+            tokens.append(self.top[tokens[-1]][0])
+        if len(tokens) < budget:
+            tokens.append(second)
+            parents.append(-1)
+        return Draft(tokens, parents, [SOURCE_PROMPT] * len(tokens), score=float(self.depth))
+
+
+def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toys, monkeypatch):
+    """The target's sharpness gates (budget.DraftGate ``ceiling`` and ``hopeless``, the engine's
+    hold on proposers without ``q``) judge a deterministic draft by its shape and by the target's
+    distributions at positions already sampled. A pinned cost where both bite: some steps hold the
+    drafter back, some drafts are skipped only because of the ceiling; the law of every position
+    holds, and seeded runs give plain sampling's tokens."""
+    seen = {"hopeless": 0, "hoping": 0, "capped": 0}
+    hopeless, worth = DraftGate.hopeless, DraftGate.worth
+
+    def counting_hopeless(self, budget):
+        out = hopeless(self, budget)
+        seen["hopeless" if out else "hoping"] += 1
+        return out
+
+    def counting_worth(self, nodes, score, shape=None):
+        out = worth(self, nodes, score, shape)
+        saved = (self._skipped, self._explored)  # the uncapped rule, asked without moving the exploration count
+        if not out and shape is not None and worth(self, nodes, score, None):
+            seen["capped"] += 1
+        self._skipped, self._explored = saved
+        return out
+
+    monkeypatch.setattr(DraftGate, "hopeless", counting_hopeless)
+    monkeypatch.setattr(DraftGate, "worth", counting_worth)
+    drafter = _LikeliestTree(toys["T"], depth=10)  # scores 10: its ceiling, not its score, skips some drafts
+    pvalues, counts = _run_seeds(toys, [drafter], PinnedCost(0.6), tokens=6)
+    assert seen["hopeless"] > 0 and seen["hoping"] > 0 and seen["capped"] > 0, seen
+    assert counts["accepted"] > 0.1 * SEEDS, counts
+    assert min(pvalues) > 1e-3, (pvalues, counts, seen)
+
+    engine = Engine(toys["target"])
+    engine.verify_cost = PinnedCost(0.6)
+    for seed in range(40):
+        sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True)
+        engine.proposers = []
+        plain = engine.generate(toys["prompt"], sp, False)
+        engine.proposers = [drafter]
+        assert engine.generate(toys["prompt"], sp, SpeculationConfig(adaptive=True)).token_ids == plain.token_ids

@@ -50,6 +50,21 @@ class Proposer(ABC):
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         """Return a draft of at most ``budget`` nodes continuing ``context`` (empty draft if none)."""
 
+    def drafts_with_q(self) -> bool:
+        """Whether this request's drafts carry ``q`` (tokens sampled from a draft distribution).
+
+        Drafts without it are deterministic given the context (verified by the one-hot rule), so
+        the engine's gates may judge them by their shape and hold the proposer back when the target
+        is too unsure for any of them to pay (``budget.DraftGate.hopeless``); drafts with ``q`` may
+        be judged only by what was fixed before sampling. Called after ``begin``."""
+        return False
+
+    def setup_pending(self) -> bool:
+        """Whether the next ``propose`` pays a one-off setup for this request (``setup_s``: a draft
+        model's prefill of the prompt); the engine defers such a call while it cannot tell whether
+        a draft would be worth anything (a sampled request's first step)."""
+        return False
+
     def update(self, new_tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """``new_tokens`` (accepted draft tokens plus the target's own token) were appended to the context."""
 

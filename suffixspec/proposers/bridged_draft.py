@@ -132,6 +132,12 @@ class BridgedDraftProposer(ModelDrafter):
         super().end(output_ids)
         self.ctx = None
 
+    def drafts_with_q(self) -> bool:
+        return self.mode == "intersection" and not self.sampling.greedy
+
+    def setup_pending(self) -> bool:
+        return self.enabled and self.ctx is None
+
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.setup_s = 0.0
         if not self.enabled or budget <= 0 or not context:

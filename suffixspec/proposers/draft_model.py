@@ -66,6 +66,12 @@ class DraftModelProposer(ModelDrafter):
         super().begin(request)
         self._prefilled = False  # the prompt is fed at the first propose (see ModelDrafter._prefill)
 
+    def drafts_with_q(self) -> bool:
+        return self.sample and not self.sampling.greedy
+
+    def setup_pending(self) -> bool:
+        return self.enabled and not self._prefilled
+
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.setup_s = 0.0
         k = min(budget, self.length.value, self.context_window // 2)
