@@ -484,7 +484,8 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
     A row's step costs its share of a plain pass, ``F = t(rows) / rows`` (its root through the
     matmuls, and its own attention over its cache, which no other row shares), and yields one
     token; its draft adds ``t(inputs + size) - t(inputs)`` and ``expected`` tokens (``score x
-    calibration``, its ``DraftGate``). Skipping a draft does not spare the row its tokens: it makes
+    calibration``, capped for a draft without ``q`` by what the target's sharpness lets it reach:
+    ``DraftGate.expected``). Skipping a draft does not spare the row its tokens: it makes
     them later, about ``F`` per token. So a draft is verified when ``expected x F`` covers what it
     adds to the pass. Drafts are judged in order of expected tokens per node, each against the pass
     as the drafts taken before it left it; drafts that must be verified (non-adaptive requests,
@@ -511,7 +512,8 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
             inputs += size
             seq.batch_skipped = 0
             continue
-        optional.append((size, max(0.0, plan.draft.score) * seq.gate.calibration, seq, plan))
+        shape = plan.draft.gate_shape() if seq.gate.top_mass is not None else None  # sampled rows only
+        optional.append((size, seq.gate.expected(plan.draft.score, shape), seq, plan))
     plain = cost.estimate(rows)  # None: the first pass; measure a plain step before judging drafts
     optional.sort(key=lambda o: -o[1] / max(1, o[0]))  # stable: equal rates keep the rows' order
     for size, expected, seq, plan in optional:

@@ -154,20 +154,25 @@ class DraftGate:
             d *= 2
         return True
 
+    def expected(self, score: float, shape: tuple[int, int, int] | None = None) -> float:
+        """Accepted tokens a draft promises: its score times the calibration, capped by :meth:`ceiling`
+        for a draft without ``q`` (``shape``: ``Draft.gate_shape()``, None for a draft with ``q``).
+        Also what the batched scheduler judges a row's draft by (``batch.choose_drafts``)."""
+        expected = max(0.0, score) * self.calibration
+        if shape is not None and self.top_mass is not None:
+            self.widest = max(self.widest, shape[0])
+            ceiling = self.ceiling(*shape)
+            if ceiling is not None:
+                expected = min(expected, ceiling)
+        return expected
+
     def worth(self, nodes: int, score: float, shape: tuple[int, int, int] | None = None) -> bool:
         """``shape``: (first branches, widest deeper node, depth) of a draft without ``q``, capped by
         :meth:`ceiling`; None for a draft with ``q`` (its shape is what it sampled)."""
         t1, tn = self.cost.estimate(1), self.cost.estimate(1 + nodes)
         if t1 is None or tn is None:
             return False  # the engine's first step: measure a plain step before judging drafts
-        expected = max(0.0, score) * self.calibration
-        ceiling = None
-        if shape is not None:
-            self.widest = max(self.widest, shape[0])
-            ceiling = self.ceiling(*shape)
-        if ceiling is not None:
-            expected = min(expected, ceiling)
-        if (1.0 + expected) * t1 >= tn:
+        if (1.0 + self.expected(score, shape)) * t1 >= tn:
             self._skipped = 0
             self._explored = False
             return True

@@ -93,6 +93,16 @@ class Draft:
             raise ValueError("a draft carrying q needs `planned` (its size fixed before sampling) to be gated")
         return len(self)
 
+    def gate_shape(self) -> tuple[int, int, int] | None:
+        """(first branches, most children of a deeper node, depth) of a draft without ``q``, which a
+        gate may judge (``budget.DraftGate.ceiling``); None for an empty draft or one with ``q``, whose
+        shape is what it sampled. Example: ``Draft.chain([5, 6, 7], "prompt").gate_shape() == (1, 1, 3)``."""
+        if self.q is not None or not len(self):
+            return None
+        kids = self.children()
+        deeper = max((len(c) for parent, c in kids.items() if parent >= 0), default=1)
+        return len(kids.get(-1, ())), deeper, max(self.depths())
+
     def depths(self) -> list[int]:
         """Depth of each node; children of the root have depth 1."""
         out: list[int] = []

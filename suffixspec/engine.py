@@ -219,7 +219,8 @@ class Engine:
                 draft, calls, exploring = planned
                 gated = seq.spec.adaptive and len(draft) and not exploring
                 # judged by gate_size(): a sampled draft's planned size, never what it sampled
-                shape = draft_shape(draft) if gated and seq.gate.top_mass is not None else None
+                # a draft without q is also capped by the target's sharpness (sampled requests only)
+                shape = draft.gate_shape() if gated and seq.gate.top_mass is not None else None
                 if gated and not seq.gate.worth(draft.gate_size(), draft.score, shape):
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
@@ -445,17 +446,6 @@ class _Sequence:
         result = GenerationResult(self.tracker.text, self.output, self.request.prompt_ids, self.finish,
                                   self.sources, self.logprobs, self.stats)
         return StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
-
-
-def draft_shape(draft: Draft) -> tuple[int, int, int] | None:
-    """(first branches, most children of a deeper node, depth) of a draft without ``q``, for
-    ``DraftGate.ceiling``; None for a draft with ``q``, whose shape is what it sampled."""
-    if draft.q is not None or not len(draft):
-        return None
-    kids = draft.children()
-    roots = len(kids.get(-1, ()))
-    deeper = max((len(c) for parent, c in kids.items() if parent >= 0), default=1)
-    return roots, deeper, max(draft.depths())
 
 
 def _logprob_entry(processed: torch.Tensor, token: int, top_n: int) -> dict:

@@ -28,6 +28,7 @@ from suffixspec.batch import (
     forward_rows,
     lean_forward,
 )
+from suffixspec.budget import DraftGate, VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
 from suffixspec.engine import Engine
@@ -272,7 +273,8 @@ def test_batch_inputs_mask_positions():
 class _Seq:
     def __init__(self, adaptive: bool = True, calibration: float = 1.0) -> None:
         self.spec = SpeculationConfig(adaptive=adaptive)
-        self.gate = type("G", (), {"calibration": calibration})()
+        self.gate = DraftGate(VerifyCost())
+        self.gate.calibration = calibration
         self.batch_skipped = 0
 
 
@@ -326,6 +328,29 @@ def test_choose_drafts_worked_example():
         rows = [(_Seq(calibration=calibration), _plan(8, 1.0))]
         choose_drafts(rows, one, 1)
         assert len(rows[0][1].draft) == verified
+
+
+def test_choose_drafts_caps_deterministic_drafts_by_the_targets_sharpness():
+    """A sampled row whose target spreads its mass (top-1 0.2: temperature 1.5) cannot expect the
+    tokens its suffix draft scores: DraftGate.expected caps it at a1 (1 + a + ...) = 0.25, which does
+    not pay for 8 nodes; the same draft on a row whose sharpness is not known (greedy, or no sampled
+    position yet) is verified, and a draft with q is never capped by its (sampled) shape."""
+    cost = PassCost()
+    for inputs, t in ((2, 0.010), (10, 0.012), (18, 0.014)):
+        cost.observe(inputs, t)
+    unsure, fresh = _Seq(), _Seq()
+    for _ in range(30):  # the moving averages start from a prior of 1
+        unsure.gate.observe_target([0.2 + 0.05 * k for k in range(8)])
+    assert unsure.gate.expected(5.0, (1, 1, 8)) < 0.5 < fresh.gate.expected(5.0, (1, 1, 8)) == 5.0
+    rows = [(unsure, _plan(8, 5.0)), (fresh, _plan(8, 5.0))]
+    choose_drafts(rows, cost, 2)
+    assert [len(p.draft) for _, p in rows] == [0, 8]
+    assert unsure.batch_skipped == 1 and fresh.batch_skipped == 0
+    sampled = Draft.chain(list(range(10, 18)), SOURCE_DRAFT_MODEL, score=5.0)
+    sampled.q, sampled.planned = torch.full((8, 32), 1 / 32), 8
+    rows = [(unsure, Plan(sampled, [], False, 0.0)), (fresh, _plan(0, 0.0))]
+    choose_drafts(rows, cost, 2)
+    assert len(rows[0][1].draft) == 8  # judged by score x calibration: 5 x t(2) / 2 >= t(10) - t(2)
 
 
 def test_sliding_window_model_falls_back_to_batch_1(tiny_dir, bpe_tokenizer_dir, caplog):
