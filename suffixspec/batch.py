@@ -597,10 +597,13 @@ class BatchScheduler:
         """Requests in the batch now."""
         return len(self._rows)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = 30.0) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     # -- scheduler thread --------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -172,7 +172,9 @@ class Engine:
         return lambda proposers: _Sequence(self, request, spec, cancel, proposers, cost)
 
     def close(self) -> None:
-        """Let the batch thread end once its requests are done (a later request starts a new one)."""
+        """End the batch thread once its requests are done and wait for it (at most 30 s; a later
+        request starts a new one). Waiting matters at exit: a thread still winding down while the
+        interpreter finalizes aborts the process ("terminate called without an active exception")."""
         scheduler, self._scheduler = self._scheduler, None  # no lock: a batch-1 generation may hold it
         if scheduler is not None:
             scheduler.close()

@@ -8,6 +8,8 @@ batch-1 path (plain decoding, its own DynamicCache).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -351,6 +353,38 @@ def test_choose_drafts_caps_deterministic_drafts_by_the_targets_sharpness():
     rows = [(unsure, Plan(sampled, [], False, 0.0)), (fresh, _plan(0, 0.0))]
     choose_drafts(rows, cost, 2)
     assert len(rows[0][1].draft) == 8  # judged by score x calibration: 5 x t(2) / 2 >= t(10) - t(2)
+
+
+def test_close_waits_for_the_batch_thread(tiny_model_dirs):
+    """Engine.close() returns once the batch thread has ended (see the next test for why)."""
+    engine = Engine(load_model(str(tiny_model_dirs["llama"])), max_num_seqs=2)
+    ts = [threading.Thread(target=engine.generate, args=(p, SamplingParams(max_tokens=4))) for p in PROMPTS[:2]]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    thread = engine._scheduler._thread
+    assert thread is not None and thread.is_alive()
+    engine.close()
+    assert not thread.is_alive()
+
+
+def test_a_closed_batching_engine_exits_cleanly():
+    """A script that batches, closes the engine and exits returns 0: close() used to only signal the
+    batch thread, which then wound down during the interpreter's finalization and the process
+    aborted (exit 134, "terminate called without an active exception"). The embedded target: its
+    passes are large enough for torch's intra-op threads, which the tiny fixtures' are not."""
+    script = ("import sys, threading\n"
+              "from suffixspec.engine import Engine\n"
+              "from suffixspec.config import SamplingParams\n"
+              "from suffixspec.loading import load_model\n"
+              "engine = Engine(load_model(sys.argv[1]), max_num_seqs=2)\n"
+              "ts = [threading.Thread(target=engine.generate, args=('def f(x):', SamplingParams(max_tokens=4)))"
+              " for _ in range(2)]\n"
+              "[t.start() for t in ts]; [t.join() for t in ts]\n"
+              "engine.close()\n")
+    done = subprocess.run([sys.executable, "-c", script, "suffixspec/demo-target"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
 
 
 def test_sliding_window_model_falls_back_to_batch_1(tiny_dir, bpe_tokenizer_dir, caplog):
