@@ -82,7 +82,7 @@ class DraftModelProposer(ModelDrafter):
             self._prefill(context)
             self._prefilled, self.setup_s = True, time.perf_counter() - t
         logits = self.runner.logits_after(self._window(context, k))
-        use_q = self.sample and not self.sampling.greedy
+        use_q = self.drafts_with_q()
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
