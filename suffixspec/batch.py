@@ -512,8 +512,7 @@ def choose_drafts(plans: list[tuple[Any, Plan]], cost: VerifyCost, rows: int, ex
             inputs += size
             seq.batch_skipped = 0
             continue
-        shape = plan.draft.gate_shape() if seq.gate.top_mass is not None else None  # sampled rows only
-        optional.append((size, seq.gate.expected(plan.draft.score, shape), seq, plan))
+        optional.append((size, seq.gate.expected(plan.draft.score, seq.gate.shape_of(plan.draft)), seq, plan))
     plain = cost.estimate(rows)  # None: the first pass; measure a plain step before judging drafts
     optional.sort(key=lambda o: -o[1] / max(1, o[0]))  # stable: equal rates keep the rows' order
     for size, expected, seq, plan in optional:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Any
 
 
 class VerifyCost:
@@ -153,6 +154,11 @@ class DraftGate:
                     return False
             d *= 2
         return True
+
+    def shape_of(self, draft: Any) -> tuple[int, int, int] | None:
+        """The shape :meth:`expected` caps ``draft`` by: ``draft.gate_shape()`` once the target's
+        sharpness is known (sampled requests), else None (greedy requests skip the walk over the draft)."""
+        return draft.gate_shape() if self.top_mass is not None else None
 
     def expected(self, score: float, shape: tuple[int, int, int] | None = None) -> float:
         """Accepted tokens a draft promises: its score times the calibration, capped by :meth:`ceiling`

@@ -222,8 +222,7 @@ class Engine:
                 gated = seq.spec.adaptive and len(draft) and not exploring
                 # judged by gate_size(): a sampled draft's planned size, never what it sampled
                 # a draft without q is also capped by the target's sharpness (sampled requests only)
-                shape = draft.gate_shape() if gated and seq.gate.top_mass is not None else None
-                if gated and not seq.gate.worth(draft.gate_size(), draft.score, shape):
+                if gated and not seq.gate.worth(draft.gate_size(), draft.score, seq.gate.shape_of(draft)):
                     draft, calls = Draft(), []  # not verified: says nothing about the proposers
                 t_proposed = time.perf_counter()
                 past = seq.past
