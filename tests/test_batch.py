@@ -280,6 +280,14 @@ class _Seq:
         self.batch_skipped = 0
 
 
+def _cost(seconds: dict[int, float]) -> PassCost:
+    """A pass cost measured at these input counts."""
+    cost = PassCost()
+    for inputs, t in seconds.items():
+        cost.observe(inputs, t)
+    return cost
+
+
 def _plan(n: int, score: float) -> Plan:
     return Plan(Draft.chain(list(range(10, 10 + n)), "prompt", score=score), [], False, 0.0)
 
@@ -287,9 +295,7 @@ def _plan(n: int, score: float) -> Plan:
 def test_choose_drafts_worked_example():
     """The docstring's example: 4 rows; a draft is verified when its expected tokens, at a row's share
     of a plain pass each, cover what its nodes add to the pass."""
-    cost = PassCost()
-    for inputs, t in ((4, 0.010), (8, 0.012), (16, 0.020)):
-        cost.observe(inputs, t)
+    cost = _cost({4: 0.010, 8: 0.012, 16: 0.020})
     rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
     choose_drafts(rows, cost, 4)
     assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
@@ -299,9 +305,7 @@ def test_choose_drafts_worked_example():
     choose_drafts(rows, cost, 4)
     assert [len(p.draft) for _, p in rows] == [0, 4, 0, 0]
     # cheap wide passes (a GPU): both drafts go
-    flat = PassCost()
-    for inputs in (4, 8, 16):
-        flat.observe(inputs, 0.010)
+    flat = _cost(dict.fromkeys((4, 8, 16), 0.010))
     rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0))]
     choose_drafts(rows, flat, 4)
     assert [len(p.draft) for _, p in rows] == [4, 8]
@@ -313,9 +317,7 @@ def test_choose_drafts_worked_example():
     # second higher than this draft's: skipping it would cost the row a later step of its own
     # (F = t(4) / 4 = 2.5 ms; the second draft adds t(12) - t(8) = 2 ms for 1 token; the old rule,
     # tokens per second of the whole step, skipped it: 7 / 12 ms > 8 / 14 ms)
-    linear = PassCost()
-    for inputs, t in ((4, 0.010), (8, 0.012), (12, 0.014)):
-        linear.observe(inputs, t)
+    linear = _cost({4: 0.010, 8: 0.012, 12: 0.014})
     rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(4, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
     choose_drafts(rows, linear, 4)
     assert [len(p.draft) for _, p in rows] == [4, 4, 0, 0]
@@ -323,9 +325,7 @@ def test_choose_drafts_worked_example():
     choose_drafts(rows, linear, 4)  # 0.7 x 2.5 = 1.75 ms < 2 ms: skipped
     assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
     # one row: the batch-1 rule (1 + expected) * t(1) >= t(1 + nodes)
-    one = PassCost()
-    for inputs, t in ((1, 0.004), (9, 0.006)):
-        one.observe(inputs, t)
+    one = _cost({1: 0.004, 9: 0.006})
     for calibration, verified in ((0.3, 0), (0.8, 8)):
         rows = [(_Seq(calibration=calibration), _plan(8, 1.0))]
         choose_drafts(rows, one, 1)
@@ -337,9 +337,7 @@ def test_choose_drafts_caps_deterministic_drafts_by_the_targets_sharpness():
     tokens its suffix draft scores: DraftGate.expected caps it at a1 (1 + a + ...) = 0.25, which does
     not pay for 8 nodes; the same draft on a row whose sharpness is not known (greedy, or no sampled
     position yet) is verified, and a draft with q is never capped by its (sampled) shape."""
-    cost = PassCost()
-    for inputs, t in ((2, 0.010), (10, 0.012), (18, 0.014)):
-        cost.observe(inputs, t)
+    cost = _cost({2: 0.010, 10: 0.012, 18: 0.014})
     unsure, fresh = _Seq(), _Seq()
     for _ in range(30):  # the moving averages start from a prior of 1
         unsure.gate.observe_target([0.2 + 0.05 * k for k in range(8)])
