@@ -276,20 +276,22 @@ def _child(fd: int) -> int:
                 return
             yield from chunk
 
+    def progress(*counts: int) -> None:  # an add's (docs, tokens, bytes), a merge's tokens
+        conn.send(("progress", *counts))
+
+    def status(text: str) -> None:
+        conn.send(("status", text))
+
     try:
         with IndexStore(job["path"], auto_merge=False, **job["store"]) as store:
             if job["kind"] == "add":
-                result: Any = store.add_documents(
-                    docs(), job["tokenizer"], progress=lambda *a: conn.send(("progress", *a)),
-                    status=lambda text: conn.send(("status", text)))
+                result: Any = store.add_documents(docs(), job["tokenizer"], progress=progress, status=status)
                 if job["merge"]:
                     store.merge_pending()
             else:
-                result = store.merge_pending(progress=lambda n: conn.send(("progress", n)),
-                                             status=lambda text: conn.send(("status", text)))
+                result = store.merge_pending(progress=progress, status=status)
                 if job["compact"]:
-                    result += store.compact(progress=lambda n: conn.send(("progress", n)),
-                                            status=lambda text: conn.send(("status", text)))
+                    result += store.compact(progress=progress, status=status)
         conn.send(("done", result))
         return 0
     except BaseException as e:  # the parent re-raises it (KeyboardInterrupt included)
