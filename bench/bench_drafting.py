@@ -221,7 +221,8 @@ def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: i
 
 def documents_for(model: str, workload: str, n: int, max_tokens: int, tmp: Path) -> Any:
     """The document index the workload indexes first (RAG), or None."""
-    from index.store import DocInput, IndexStore
+    from suffixspec.index.store import DocInput, IndexStore
+
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(model)

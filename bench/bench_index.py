@@ -59,11 +59,10 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-
-from index.incremental import IncrementalIndex
-from index.speculate import SpecParams
-from index.store import DocInput, IndexStore
-from index.suffix_array import SuffixArray
+from suffixspec.index.incremental import IncrementalIndex
+from suffixspec.index.speculate import SpecParams
+from suffixspec.index.store import DocInput, IndexStore
+from suffixspec.index.suffix_array import SuffixArray
 
 ARCTIC_PYTHON = "/work/arctic-venv/bin/python"
 PEERS = {"append_us_per_token": "1.1-1.5", "speculate_us_per_call": 92.0, "speculate_us_per_drafted_token": 5.8,
@@ -118,7 +117,7 @@ def get_tokenizer(name: str | None, texts: list[tuple[str, str]]):
 
 
 def tokenize(tokenizer, texts: list[tuple[str, str]], limit: int) -> list[np.ndarray]:
-    from index.store import encode_batched
+    from suffixspec.index.store import encode_batched
 
     out, total = [], 0
     for i in range(0, len(texts), 256):
@@ -529,7 +528,7 @@ def main_index_module(main_root: str | None, name: str):
 
 _COMPACT_SCRIPT = r"""
 import json, sys, time
-from index.store import IndexStore
+from suffixspec.index.store import IndexStore
 t = time.perf_counter()
 with IndexStore(sys.argv[1], auto_merge=False) as s:
     n = s.compact()
@@ -720,7 +719,8 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
     """
     import threading
 
-    from index import writer
+    from suffixspec.index import writer
+
     from suffixspec.api import SuffixSpec
 
     def probe(spec) -> tuple[float, float, float]:

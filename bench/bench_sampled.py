@@ -90,7 +90,7 @@ def summarize(runs: list[OnOff]) -> dict[str, Any]:
 def document_index(target: Any, docs: list[tuple[str, str]], tmp: Path) -> Any:
     if not docs:
         return None
-    from index.store import DocInput, IndexStore
+    from suffixspec.index.store import DocInput, IndexStore
 
     store = IndexStore(tmp / "docs.db")
     store.add_documents([DocInput(text, path=rel) for rel, text in docs], target.tokenizer)

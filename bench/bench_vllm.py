@@ -164,9 +164,8 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 
 def main_bench(args: argparse.Namespace) -> None:
+    from suffixspec.index.store import DocInput, IndexStore
     from transformers import AutoTokenizer
-
-    from index.store import DocInput, IndexStore
 
     from .workloads import build
 

@@ -124,7 +124,7 @@ def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all", per
 def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any:
     if not docs:
         return None
-    from index.store import DocInput, IndexStore
+    from suffixspec.index.store import DocInput, IndexStore
 
     store = IndexStore(tmp / "bench.db")
     store.add_documents([DocInput(text, path=rel) for rel, text in docs], bench.target.tokenizer)

@@ -26,10 +26,10 @@ Writes:
 - a remove deletes the rows and writes tombstones, in one transaction;
 - merges (:class:`~index.segments.MergePolicy`) rewrite several segments into one with the tombstoned
   documents left out; they run after adds in a background thread (``auto_merge``, which hands them to a
-  writer process at the lowest CPU priority, :mod:`index.writer`) or on request
+  writer process at the lowest CPU priority, :mod:`suffixspec.index.writer`) or on request
   (:meth:`IndexStore.merge_pending`), and commit only if no input changed meanwhile;
 - a serving process's large adds and ``index add`` run these same methods in a writer process
-  (:mod:`index.writer`), so that their tokenizing and sorting yield the cores to generations.
+  (:mod:`suffixspec.index.writer`), so that their tokenizing and sorting yield the cores to generations.
 
 Readers never wait: they read the segment list in one WAL snapshot and memory-map immutable files; a
 new segment becomes visible when its transaction commits, a crash or Ctrl-C before that leaves the

@@ -27,7 +27,7 @@ tokenizer is sent as its Rust backend, not the ``transformers`` object), so smal
 
 Example::
 
-    from index.writer import add_documents
+    from suffixspec.index.writer import add_documents
     summary = add_documents("index.db", docs, tokenizer, progress=lambda d, t, b: None)
 """
 
@@ -52,7 +52,7 @@ from .store import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, AddSummary, DocInp
 
 WRITER_NICE = 19  # the child's niceness (and its autogroup's): it runs on what nothing else wants
 WRITER_PROCESS_CHARS = 1 << 20  # SuffixSpec.add_documents: adds of at least this much text go to a child
-_ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ``index`` package
+_ROOT = str(Path(sys.modules[__package__.rpartition(".")[0]].__file__).resolve().parents[1])  # holds ``suffixspec``
 
 
 class WriterError(StoreError):
@@ -141,7 +141,7 @@ def _run(job: dict, nice: int, own_group: bool, idle: bool = True, docs: Iterabl
     ours, theirs = socket.socketpair()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "index.writer", str(theirs.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=new_session)
     finally:

@@ -98,7 +98,7 @@ class SuffixSpec:
         self.tokenizer = self.engine.tokenizer
         self.suffix = next((p for p in self.proposers if getattr(p, "name", "") == "suffix"), None)
         if self.store is None and self.db_path is not None:  # an engine was given: open the store for documents
-            from index.store import IndexStore
+            from suffixspec.index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
 
@@ -111,7 +111,7 @@ class SuffixSpec:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="suffixspec-")
             return str(Path(self._tmpdir.name) / "index.db")
         if db is None or db is True:
-            from index.store import default_db_path
+            from suffixspec.index.store import default_db_path
 
             return str(default_db_path())
         return str(db)
@@ -134,7 +134,7 @@ class SuffixSpec:
         from .proposers import make_proposer
 
         if self.db_path is not None:
-            from index.store import IndexStore
+            from suffixspec.index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
         proposers: list[Any] = [make_proposer("suffix", db=self.store, tokenizer=target.tokenizer,
@@ -239,7 +239,7 @@ class SuffixSpec:
         if self._writer is None:
             import copy
 
-            from index.store import IndexStore
+            from suffixspec.index.store import IndexStore
 
             self._writer = IndexStore(self.db_path)
             self._doc_tokenizer = copy.deepcopy(self.tokenizer)  # no tokenizer shared with the engine thread
@@ -253,8 +253,8 @@ class SuffixSpec:
         The next generation drafts from them. Returns one record per document (``id``, ``status``
         = added / updated / unchanged, sizes).
         """
-        from index import writer
-        from index.store import DocInput
+        from suffixspec.index import writer
+        from suffixspec.index.store import DocInput
 
         docs = []
         for d in documents:
@@ -292,7 +292,7 @@ class SuffixSpec:
         each skipped one as ``{"object": "document", "id": None, "source", "status": "skipped",
         "reason"}`` (also logged as a warning). A path that does not exist raises FileNotFoundError.
         """
-        from index.files import DEFAULT_MAX_BYTES, read_text, walk
+        from suffixspec.index.files import DEFAULT_MAX_BYTES, read_text, walk
 
         docs, skipped = [], []
         for cand in walk([str(p) for p in paths], tuple(globs), follow_links=follow_links):
@@ -319,7 +319,7 @@ class SuffixSpec:
         local = self.__dict__.setdefault("_readers", threading.local())
         store = getattr(local, "store", None)
         if store is None:
-            from index.store import IndexStore
+            from suffixspec.index.store import IndexStore
 
             store = local.store = IndexStore(self.db_path, auto_merge=False)
             self.__dict__.setdefault("_reader_stores", []).append(store)
@@ -337,7 +337,7 @@ class SuffixSpec:
         return {"data": [self._record(store.get_document(i), store=store) for i in ids], "total": total}
 
     def _record(self, doc: dict, status: str | None = None, store: Any = None) -> dict:
-        from index.fingerprint import tokenizer_fingerprint
+        from suffixspec.index.fingerprint import tokenizer_fingerprint
 
         fp = getattr(self, "_fp", None) or tokenizer_fingerprint(self.tokenizer)
         self._fp = fp
@@ -411,6 +411,6 @@ class SuffixSpec:
 
 
 def _content_hash(text: str) -> str:
-    from index.store import content_hash
+    from suffixspec.index.store import content_hash
 
     return content_hash(text)

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from index.history import OutputHistory
+from suffixspec.index.history import OutputHistory
 
 from .proposers import RequestContext
 from .proposers.suffix import SuffixConfig, SuffixProposer
@@ -226,8 +226,8 @@ class SuffixSpecProposer:
     # ----- storage ---------------------------------------------------------------------------------
     def _open_store(self, model_cfg: Any, write_history: bool) -> None:
         """Load the documents and the persisted history; start the writer and the watcher."""
-        from index.fingerprint import tokenizer_fingerprint
-        from index.store import IndexStore
+        from suffixspec.index.fingerprint import tokenizer_fingerprint
+        from suffixspec.index.store import IndexStore
 
         if self._tokenizer is None:
             from transformers import AutoTokenizer
@@ -264,7 +264,7 @@ class SuffixSpecProposer:
 
     def _writer(self) -> None:
         """Persist finished outputs (its own connection; waits out a long ``index add``, not the engine)."""
-        from index.store import IndexStore
+        from suffixspec.index.store import IndexStore
 
         store = IndexStore(self.db)
         try:
@@ -308,7 +308,7 @@ class SuffixSpecProposer:
 
     def _watcher(self, every_s: float) -> None:
         """Swap in the document arrays when ``index add`` / ``remove`` changed the corpus."""
-        from index.store import IndexStore
+        from suffixspec.index.store import IndexStore
 
         store = IndexStore(self.db)
         try:

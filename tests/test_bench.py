@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from bench.run import run
+from suffixspec.bench.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +48,8 @@ def test_arctic_suffix_drafts_in_our_engine_losslessly(tiny_model_dirs, tmp_path
 
 
 def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
-    from bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
+    from suffixspec.bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
+
     from suffixspec.draft import Draft
     from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
 
@@ -69,8 +69,9 @@ def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
-    from bench.bench_sampled import on_off, proposers_for
-    from bench.workloads import Request
+    from suffixspec.bench.bench_sampled import on_off, proposers_for
+    from suffixspec.bench.workloads import Request
+
     from suffixspec.config import SamplingParams
     from suffixspec.engine import Engine
     from suffixspec.loading import load_model
@@ -85,7 +86,8 @@ def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, ti
 
 
 def test_context_prompts_grow_to_the_asked_length(bpe_tokenizer_dir):
-    from bench.bench_context import build_at
+    from suffixspec.bench.bench_context import build_at
+
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -99,7 +101,7 @@ def test_context_prompts_grow_to_the_asked_length(bpe_tokenizer_dir):
 
 
 def test_size_projection_arithmetic():
-    from bench.bench_size import project, relative_at
+    from suffixspec.bench.bench_size import project, relative_at
 
     rel = {1: 1.2, 2: 1.3, 4: 1.5, 8: 2.0}
     assert relative_at(rel, 0) == 1.0 and relative_at(rel, 3) == pytest.approx(1.4)
@@ -114,10 +116,9 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     """``bench_index --sections reopen --compact`` on a small database of two segments: the compaction runs
     in a child process whose peak memory is sampled, both segment sets (and the main checkout's code over
     the old files) draft the same, and one document added is drafted from by another reader."""
+    from suffixspec.bench.bench_index import PeakMemory, bench_reopen
+    from suffixspec.index.store import DocInput, IndexStore
     from transformers import AutoTokenizer
-
-    from bench.bench_index import PeakMemory, bench_reopen
-    from index.store import DocInput, IndexStore
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
     body = "def area(radius):\n    return 3.14159 * radius * radius  # circle number {i}\n" * 20
@@ -137,7 +138,8 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
 
 
 def test_written_traces_are_the_answers_a_person_would_write(bpe_tokenizer_dir):
-    from bench.bench_drafting import written_traces
+    from suffixspec.bench.bench_drafting import written_traces
+
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tokenizer_bridge import (
+from suffixspec.tokenizer_bridge import (
     BoundaryLattice,
     IncrementalEncoder,
     TokenBridge,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from suffixspec.cli_index import index_group
+from suffixspec.cli.index import index_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,7 +181,7 @@ def test_binary_is_judged_before_size(tmp_path, bpe_tokenizer_dir):
 def test_binary_sniff_reads_only_the_first_bytes(tmp_path):
     import tracemalloc
 
-    from index.files import FileCandidate, read_text
+    from suffixspec.index.files import FileCandidate, read_text
 
     big = tmp_path / "disk.img"
     with open(big, "wb") as f:  # 64 MiB, sparse: a NUL in the first bytes makes it binary
@@ -197,7 +197,7 @@ def test_binary_sniff_reads_only_the_first_bytes(tmp_path):
 
 
 def test_a_file_swapped_for_a_fifo_after_the_walk_does_not_hang(tmp_path):
-    from index.files import FileCandidate, read_text
+    from suffixspec.index.files import FileCandidate, read_text
 
     fifo = tmp_path / "was-a-file.txt"
     os.mkfifo(fifo)  # no writer: a blocking open would wait forever

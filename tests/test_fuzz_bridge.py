@@ -19,8 +19,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from tokenizer_bridge import IncrementalEncoder, TokenBridge, utf8_complete_prefix, vocab_table
+from suffixspec.tokenizer_bridge import IncrementalEncoder, TokenBridge, utf8_complete_prefix, vocab_table
 
 SETTINGS = settings(derandomize=True, deadline=None, database=None, print_blob=False, max_examples=80,
                     suppress_health_check=list(HealthCheck))

@@ -18,9 +18,8 @@ from collections import Counter, deque
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from index import SEP, IncrementalIndex, SpecParams, SuffixArray
-from index.history import OutputHistory
+from suffixspec.index import SEP, IncrementalIndex, SpecParams, SuffixArray
+from suffixspec.index.history import OutputHistory
 
 SETTINGS = settings(derandomize=True, deadline=None, database=None, print_blob=False,
                     suppress_health_check=list(HealthCheck))
@@ -219,7 +218,7 @@ store_op = st.one_of(
 @settings(SETTINGS, max_examples=12)
 @given(ops=st.lists(store_op, min_size=1, max_size=6))
 def test_store_add_remove_against_a_dict(ops, tokenizer, tmp_path_factory):
-    from index.store import DocInput, IndexStore, content_hash
+    from suffixspec.index.store import DocInput, IndexStore, content_hash
 
     store = IndexStore(tmp_path_factory.mktemp("fuzz-store") / "index.db", auto_merge=False)
     ref: dict[str, tuple[int, str]] = {}  # key -> (id, text)
@@ -280,8 +279,8 @@ def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_pat
     """Adds (each a fresh segment, several when ``flush_tokens`` is tiny), replacements and deletes
     (tombstones), merges, compactions (split into segments of at most ``max_tokens``): every lookup equals
     that of one suffix array built over the live documents."""
-    from index.segments import MergePolicy
-    from index.store import DocInput, IndexStore
+    from suffixspec.index.segments import MergePolicy
+    from suffixspec.index.store import DocInput, IndexStore
 
     tok = ByteTok()
     rng = random.Random(seed)
@@ -349,7 +348,7 @@ def test_longest_match_equal_with_and_without_backward_extension(extend_max, mon
     """``SuffixArray._extend`` finds the longest match from the occurrences of a shorter one when they are
     at most ``_EXTEND_MAX``; with 0 it never does (binary search only). Every setting, on a corpus whose
     short suffixes occur dozens of times (tiny alphabet), with and without tombstones, equals brute force."""
-    import index.suffix_array as sam
+    import suffixspec.index.suffix_array as sam
 
     monkeypatch.setattr(sam, "_EXTEND_MAX", extend_max)
     rng = random.Random(7)
@@ -384,7 +383,7 @@ def test_longest_match_equal_with_and_without_backward_extension(extend_max, mon
 def test_gallop_right_equals_bisect_right():
     from bisect import bisect_right
 
-    from index.suffix_array import gallop_right
+    from suffixspec.index.suffix_array import gallop_right
 
     rng = random.Random(3)
     for _ in range(300):
@@ -412,10 +411,10 @@ def test_segment_set_of_both_widths_equals_one_array(extend_max, pos_union, monk
     ranges) answer as one array over the live documents: segments of 16- and 32-bit ids (a large id in some
     documents), tombstones, a tiny alphabet so that short suffixes occur dozens of times. The reference is
     one array searched by bisection only (no backward extension: ranges only)."""
-    import index.segments as segm
-    import index.suffix_array as sam
-    from index.segments import SegmentSet
-    from index.suffix_array import _PosNode
+    import suffixspec.index.segments as segm
+    import suffixspec.index.suffix_array as sam
+    from suffixspec.index.segments import SegmentSet
+    from suffixspec.index.suffix_array import _PosNode
 
     rng = random.Random(11)
     abc = [1, 2, 258]

@@ -286,8 +286,8 @@ def test_generation_survives_a_database_that_refuses_writes(server):
 
 def test_a_full_database_keeps_outputs_in_memory(tmp_path):
     """SQLITE_FULL (the file may not grow) while saving outputs: they stay drafted from, the error is kept."""
-    from index.history import OutputHistory
-    from index.store import IndexStore
+    from suffixspec.index.history import OutputHistory
+    from suffixspec.index.store import IndexStore
 
     store = IndexStore(tmp_path / "full.db")
     store.db.execute(f"PRAGMA max_page_count = {store.db.execute('PRAGMA page_count').fetchone()[0]}")

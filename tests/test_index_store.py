@@ -11,11 +11,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from index.fingerprint import tokenizer_fingerprint
-from index.history import OutputHistory
-from index.segments import SegmentWriter
-from index.store import DB_ENV, DocInput, IndexStore, default_db_path
+from suffixspec.index.fingerprint import tokenizer_fingerprint
+from suffixspec.index.history import OutputHistory
+from suffixspec.index.segments import SegmentWriter
+from suffixspec.index.store import DB_ENV, DocInput, IndexStore, default_db_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +154,7 @@ def test_fingerprint_of_a_real_tokenizer(bpe_tokenizer_dir, unigram_tokenizer_di
 # ----- crash safety -----------------------------------------------------------------------------------
 _WRITER = textwrap.dedent("""
     import sys
-    from index.store import DocInput, IndexStore
+    from suffixspec.index.store import DocInput, IndexStore
 
     class Tok:
         fingerprint = "bytes+0"
@@ -347,10 +346,9 @@ def test_garbage_collection_waits_for_uncommitted_builds(store):
 
 
 def test_encode_batched_matches_encode_texts_with_progress(bpe_tokenizer_dir):
+    from suffixspec.index.fingerprint import encode_texts
+    from suffixspec.index.store import encode_batched
     from transformers import AutoTokenizer
-
-    from index.fingerprint import encode_texts
-    from index.store import encode_batched
 
     texts = [f"def f{i}(x):\n    return x * {i}  # comment {'é' * i}\n" for i in range(40)] + ["", "x"]
     for tok in (AutoTokenizer.from_pretrained(bpe_tokenizer_dir), ByteTok()):
@@ -363,14 +361,14 @@ def test_encode_batched_matches_encode_texts_with_progress(bpe_tokenizer_dir):
 
 _BUILDER = textwrap.dedent("""
     import sys
-    from index.store import DocInput, IndexStore
+    from suffixspec.index.store import DocInput, IndexStore
 
     class Tok:
         fingerprint = "bytes+0"
         def encode(self, text):
             return list(text.encode())
 
-    from index.segments import SegmentWriter
+    from suffixspec.index.segments import SegmentWriter
     original = SegmentWriter.finish
     def paused(self, *args, **kwargs):   # new segment written, no lock held, nothing committed
         out = original(self, *args, **kwargs)
@@ -407,7 +405,7 @@ def test_killed_while_building_outside_the_lock(tmp_path, sig):
 
 # ----- segments --------------------------------------------------------------------------------------
 def test_adds_make_segments_deletes_make_tombstones_merges_drop_them(tmp_path):
-    from index.segments import MergePolicy
+    from suffixspec.index.segments import MergePolicy
 
     tok = ByteTok()
     with IndexStore(tmp_path / "index.db", auto_merge=False,
@@ -437,7 +435,7 @@ def test_adds_make_segments_deletes_make_tombstones_merges_drop_them(tmp_path):
 
 
 def test_background_merge_after_adds(tmp_path):
-    from index.segments import MergePolicy
+    from suffixspec.index.segments import MergePolicy
 
     tok = ByteTok()
     with IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=2, floor_tokens=10, max_tokens=1000)) as s:
@@ -628,7 +626,7 @@ def test_tokenizer_fingerprint_is_remembered_until_the_vocabulary_grows(tmp_path
 
 
 def test_compaction_plan_leaves_full_segments_alone():
-    from index.segments import MergePolicy, SegmentInfo
+    from suffixspec.index.segments import MergePolicy, SegmentInfo
 
     M = 1 << 20
     policy = MergePolicy(max_tokens=128 * M)
@@ -642,7 +640,7 @@ def test_compaction_plan_leaves_full_segments_alone():
 
 
 def test_compact_splits_into_full_segments_and_answers_as_before(tmp_path):
-    from index.segments import MergePolicy
+    from suffixspec.index.segments import MergePolicy
 
     tok = ByteTok()
     texts = {f"{i}.txt": f"document {i} says {'ab' * i}" for i in range(12)}
@@ -670,7 +668,7 @@ def test_idle_compaction_in_the_background(tmp_path):
     """A store that merges in the background compacts once no write came for ``idle_compact_s``."""
     import time
 
-    from index.segments import MergePolicy
+    from suffixspec.index.segments import MergePolicy
 
     tok = ByteTok()
     policy = MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=0.3)
@@ -688,7 +686,7 @@ def test_idle_compaction_in_the_background(tmp_path):
 def test_close_stops_a_background_compaction_that_waits(tmp_path):
     import time
 
-    from index.segments import MergePolicy
+    from suffixspec.index.segments import MergePolicy
 
     tok = ByteTok()
     s = IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=3600))
@@ -718,8 +716,7 @@ def test_tombstone_ranks_from_the_file_equal_those_from_the_mapping(tmp_path, mo
     import random
 
     import numpy as np
-
-    import index.segments as segments
+    import suffixspec.index.segments as segments
 
     monkeypatch.setattr(segments, "_SCAN_CHUNK", 7)  # many chunks, boundaries inside documents
     rng = random.Random(n_dead)

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from index import writer
-from index.segments import MergePolicy
-from index.store import DocInput, IndexStore
+from suffixspec.index import writer
+from suffixspec.index.segments import MergePolicy
+from suffixspec.index.store import DocInput, IndexStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,8 +129,8 @@ def test_interrupted_parent_interrupts_the_writer(tmp_path, tok):
 _PARENT = textwrap.dedent("""
     import sys, time
     from transformers import AutoTokenizer
-    from index import writer
-    from index.store import DocInput
+    from suffixspec.index import writer
+    from suffixspec.index.store import DocInput
 
     tok = AutoTokenizer.from_pretrained(sys.argv[2])
     docs = [DocInput(f"x{i} = {i}\\n" * 3, f"p{i}.py") for i in range(1200)]

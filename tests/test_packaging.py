@@ -1,4 +1,4 @@
-"""The wheel: bench/ and web/ install as suffixspec.bench and suffixspec.web, never as top-level `bench`/`web`.
+"""The wheel: index/, tokenizer_bridge/, bench/ and web/ install under suffixspec; its only top-level name is suffixspec.
 
 The wheel is built offline from a clean copy of the source (a stale build/ folder must not leak old
 files into it), installed with --no-deps into a fresh virtual environment that sees the current
@@ -46,7 +46,7 @@ def _copy_source(dst: Path) -> Path:
 
 @pytest.mark.skipif(importlib.util.find_spec("setuptools.command.bdist_wheel") is None,
                     reason="building the wheel offline needs setuptools>=70.1 (pip install -e '.[dev]')")
-def test_wheel_installs_bench_and_web_under_suffixspec(tmp_path, tiny_model_dirs):
+def test_wheel_installs_one_top_level_package_suffixspec(tmp_path, tiny_model_dirs):
     src = _copy_source(tmp_path / "src")
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
@@ -64,17 +64,20 @@ def test_wheel_installs_bench_and_web_under_suffixspec(tmp_path, tiny_model_dirs
     subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "--no-deps", "--no-index", "-q",
                     str(wheel)], check=True, capture_output=True, timeout=300)
     top = sorted(p.name for p in Path(purelib).iterdir() if not p.name.endswith((".dist-info", ".pth")))
-    assert "bench" not in top and "web" not in top, top
+    assert top == ["suffixspec"], top
 
     work = tmp_path / "elsewhere"  # not the checkout: nothing of it on sys.path
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", SUFFIXSPEC_DB=str(tmp_path / "w.db"))
     check = ("import importlib.util as u, suffixspec, suffixspec.bench.run, suffixspec.bench.workloads as w\n"
-             "print(suffixspec.__file__, u.find_spec('bench'), u.find_spec('web'), w.HELDOUT.is_file())\n")
+             "import suffixspec.index.store, suffixspec.index.writer as wr, suffixspec.tokenizer_bridge\n"
+             "print(suffixspec.__file__, *(u.find_spec(n) for n in ('bench', 'web', 'index', 'tokenizer_bridge')),\n"
+             "      w.HELDOUT.is_file(), wr._ROOT)\n")
     out = subprocess.run([vpy, "-c", check], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(Path(purelib, "suffixspec", "__init__.py")), "None", "None", "True"]
+    assert out.stdout.split() == [str(Path(purelib, "suffixspec", "__init__.py")), "None", "None", "None", "None",
+                                  "True", purelib]
 
     cli = str(venv / "bin" / "suffixspec")
     out = subprocess.run([cli, "bench", "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=120)

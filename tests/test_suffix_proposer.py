@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from suffixspec.index.store import DocInput, IndexStore
+from suffixspec.index.suffix_array import SuffixArray
 
-from index.store import DocInput, IndexStore
-from index.suffix_array import SuffixArray
 from suffixspec.draft import (
     SOURCE_DOCUMENTS,
     SOURCE_HISTORY,
@@ -66,7 +66,7 @@ def test_request_drafters_switch_sources(drafters, expected):
 
 
 def p_params(budget):
-    from index.speculate import SpecParams
+    from suffixspec.index.speculate import SpecParams
 
     return SpecParams(budget, 4.0, 0.0, 0.0, True)
 
@@ -97,7 +97,7 @@ def test_out_of_step_context_is_resynchronised():
 
 
 def test_merge_keeps_best_probability_and_budget():
-    from index.speculate import SpecResult
+    from suffixspec.index.speculate import SpecResult
 
     a = SpecResult([5, 6, 7], [-1, 0, 1], [0.9, 0.5, 0.4], 1.8, 3)
     b = SpecResult([5, 9], [-1, 0], [1.0, 0.6], 1.6, 2)
@@ -178,7 +178,8 @@ def test_engine_greedy_equality(llama, tmp_path, tree):
 
 
 def test_extend_periodic_worked_example_and_refusals():
-    from index.speculate import SpecResult
+    from suffixspec.index.speculate import SpecResult
+
     from suffixspec.proposers.suffix import extend_periodic
 
     context = [1, 2, 3, 7, 8, 9, 7, 8]
@@ -213,7 +214,7 @@ def test_confirmed_run(tokens, expected):
 
 
 def test_merge_gives_the_copied_source_the_budget_first():
-    from index.speculate import SpecResult
+    from suffixspec.index.speculate import SpecResult
 
     a = SpecResult([5, 6, 7], [-1, 0, 1], [1.0, 1.0, 1.0], 3.0, 3)  # two single-occurrence paths
     b = SpecResult([5, 8, 9], [-1, 0, 1], [1.0, 1.0, 1.0], 3.0, 3)
@@ -245,8 +246,8 @@ def test_copy_regime_grows_the_draft_past_its_match_and_ends_at_a_miss():
 
 
 def test_shorter_match_drafts_past_the_live_end_of_a_loop():
-    from index.incremental import IncrementalIndex
-    from index.speculate import SpecParams
+    from suffixspec.index.incremental import IncrementalIndex
+    from suffixspec.index.speculate import SpecParams
 
     loop = [1, 2, 3, 4] * 3 + [1, 2]
     idx = IncrementalIndex()
@@ -276,10 +277,9 @@ def test_match_lengths_pick_the_best_score_of_every_length(seed):
     (SuffixDecoding's rule), checked against a brute-force count over the sequences."""
     import random
 
+    from suffixspec.index.incremental import IncrementalIndex
+    from suffixspec.index.speculate import SpecParams
     from test_suffix_tree import ref_match_len, ref_tree
-
-    from index.incremental import IncrementalIndex
-    from index.speculate import SpecParams
 
     rng = random.Random(seed)
     alphabet = rng.randint(2, 4)
@@ -318,7 +318,7 @@ def _edited_copy() -> tuple[list[int], list[int]]:
 
 
 def test_copy_resumes_after_an_edit_learns_it_and_forgets_it():
-    from bench.bench_drafting import accepted_path
+    from suffixspec.bench.bench_drafting import accepted_path
 
     prompt, _ = _edited_copy()
     p = SuffixProposer(config=SuffixConfig(periodic=False), history=False)
@@ -346,7 +346,7 @@ def test_copy_resumes_after_an_edit_learns_it_and_forgets_it():
 
 
 def test_copy_resume_saves_steps_on_a_rename_and_costs_little_when_not_repeated():
-    from bench.bench_drafting import Trace, replay
+    from suffixspec.bench.bench_drafting import Trace, replay
 
     prompt, edited = _edited_copy()
 
@@ -361,8 +361,8 @@ def test_copy_resume_saves_steps_on_a_rename_and_costs_little_when_not_repeated(
 
 
 def test_history_drafts_an_answer_start_from_how_earlier_outputs_began():
-    from index.history import OutputHistory
-    from index.speculate import SpecParams
+    from suffixspec.index.history import OutputHistory
+    from suffixspec.index.speculate import SpecParams
 
     h = OutputHistory(1000)
     h.add([4, 5, 6])

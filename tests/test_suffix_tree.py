@@ -6,11 +6,10 @@ import random
 
 import numpy as np
 import pytest
-
-from index.history import OutputHistory
-from index.incremental import IncrementalIndex
-from index.speculate import SpecParams
-from index.suffix_array import SEP, SuffixArray, build_suffix_array
+from suffixspec.index.history import OutputHistory
+from suffixspec.index.incremental import IncrementalIndex
+from suffixspec.index.speculate import SpecParams
+from suffixspec.index.suffix_array import SEP, SuffixArray, build_suffix_array
 
 
 # ----- brute-force reference: counts by scanning every sequence -------------------------------------

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from suffixspec.index.store import DocInput, IndexStore
 
-from index.store import DocInput, IndexStore
 from suffixspec.proposers.suffix import SuffixConfig
 from suffixspec.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
 
@@ -338,7 +338,7 @@ def vllm_runs(tmp_path_factory):
     from transformers import AutoTokenizer
 
     sys.path.insert(0, str(ROOT))
-    from bench.bench_vllm import run_worker
+    from suffixspec.bench.bench_vllm import run_worker
 
     tok = AutoTokenizer.from_pretrained(str(MODEL))
     doc_ids, hist_ids = tok(DOC_PROMPT)["input_ids"], tok(HISTORY_PROMPT)["input_ids"]
@@ -386,7 +386,7 @@ def test_vllm_history_grows_across_requests(vllm_runs):
     assert again["spec"]["accepted"] > first["spec"]["accepted"] + 0.3 * n_out
     # the worker's writer thread persisted every output (the last ones once the engine was idle);
     # a request may be saved in pieces and with the tokens vLLM accepted past max_tokens
-    from index.fingerprint import tokenizer_fingerprint
+    from suffixspec.index.fingerprint import tokenizer_fingerprint
 
     with IndexStore(vllm_runs["db"]) as store:
         saved = [s.tolist() for s in store.history_load(tokenizer_fingerprint(vllm_runs["tok"]))]

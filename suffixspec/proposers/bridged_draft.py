@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tokenizer_bridge import BoundaryLattice, DraftContext, TokenBridge
+from suffixspec.tokenizer_bridge import BoundaryLattice, DraftContext, TokenBridge
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
 from . import RequestContext

@@ -112,7 +112,7 @@ def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "au
     ``mode``: ``"auto"``; ``"same"``; ``"text"`` (bridged, text level, one-hot rule) or
     ``"intersection"`` (bridged, token-level intersection with a known ``q``).
     """
-    from tokenizer_bridge import TokenBridge
+    from suffixspec.tokenizer_bridge import TokenBridge
 
     width = int(target.model.get_output_embeddings().weight.shape[0])
     if mode not in ("auto", "same", "text", "intersection"):

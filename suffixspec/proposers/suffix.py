@@ -34,12 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from index.fingerprint import tokenizer_fingerprint
-from index.history import OutputHistory
-from index.incremental import IncrementalIndex
-from index.speculate import SpecParams, SpecResult
-from index.store import IndexStore
-from index.suffix_array import SEP, SuffixArray
+from suffixspec.index.fingerprint import tokenizer_fingerprint
+from suffixspec.index.history import OutputHistory
+from suffixspec.index.incremental import IncrementalIndex
+from suffixspec.index.speculate import SpecParams, SpecResult
+from suffixspec.index.store import IndexStore
+from suffixspec.index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
     SOURCE_DOCUMENTS,
@@ -122,7 +122,7 @@ class SuffixConfig:
 class SuffixProposer(Proposer):
     """Suffix-index drafter over the request, the output history and the document corpus.
 
-    ``db``: an :class:`~index.store.IndexStore`, a database path, or None (no documents, history kept in
+    ``db``: an :class:`~suffixspec.index.store.IndexStore`, a database path, or None (no documents, history kept in
     memory only). The tokenizer fingerprint selects the token ids of the corpus and history: pass the
     target ``tokenizer`` (also lets documents added under another tokenizer be tokenized) or its
     ``fingerprint``.
@@ -308,7 +308,9 @@ class SuffixProposer(Proposer):
         references and prediction before the prompt."""
         if self._decoded is None:
             if self._vocab is None:
-                from tokenizer_bridge.bridge import vocab_table  # per-token bytes, cached per tokenizer
+                from suffixspec.tokenizer_bridge.bridge import (
+                    vocab_table,  # per-token bytes, cached per tokenizer
+                )
 
                 self._vocab = vocab_table(self.tokenizer)
             self._decoded = [(src, self._bytes(ids)) for src, ids in self._text_ids if len(ids) and self._allows(src)]
@@ -333,7 +335,7 @@ class SuffixProposer(Proposer):
         unchanged. On\\n        Windows, use"`` -> draft ``["       ", " Windows", ","]`` (the last
         token ``" use"`` dropped), probability 1 each.
         """
-        from tokenizer_bridge.vocab import utf8_complete_prefix
+        from suffixspec.tokenizer_bridge.vocab import utf8_complete_prefix
 
         texts = self._texts()
         tail = self._bytes(context[-_TEXT_TAIL:])

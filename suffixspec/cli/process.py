@@ -1,7 +1,5 @@
-"""The `suffixspec` command line. Commands are thin wrappers over the Python API.
-
-Start-up stays light: torch and transformers are imported inside the commands that need them.
-"""
+"""What every command shares about the process: one error line for a database that refuses writes,
+and the fast exit of a finished command (no interpreter teardown once torch is loaded)."""
 
 from __future__ import annotations
 
@@ -15,12 +13,12 @@ _fast_exit = False  # set by a command whose files are all closed: skip the inte
 
 
 def allow_fast_exit() -> None:
-    """Let the process end without Python's teardown once the command returns (see ``_Group.main``)."""
+    """Let the process end without Python's teardown once the command returns (see ``Group.main``)."""
     global _fast_exit
     _fast_exit = True
 
 
-class _Group(click.Group):
+class Group(click.Group):
     """Turns a database that refuses writes (read-only file or folder, full disk) into one ``Error:`` line,
     and ends a finished ``generate`` at once: after torch and transformers are loaded, the interpreter's
     teardown (freeing thousands of modules and the model) took 6.5 s of a 49 s run on a loaded 2-core
@@ -48,31 +46,3 @@ class _Group(click.Group):
                 f"the index database refused a write ({msg}); make the file given with --db (default "
                 "$SUFFIXSPEC_DB or ~/.local/share/suffixspec/index.db) and its folder writable, free disk "
                 "space, or pass --db with another file") from None
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="suffixspec")
-def main() -> None:
-    """suffixspec: faster generation for any transformers causal LM, with exactly the same output.
-
-    \b
-    Examples:
-      suffixspec index add docs/ --glob '*.md'
-      suffixspec generate "def fibonacci(n):" --max-tokens 64
-      suffixspec serve --port 8000
-      suffixspec bench --quick
-    """
-
-
-from .cli_serve import generate_cmd, serve_cmd  # noqa: E402  (commands register below the group)
-
-main.add_command(serve_cmd)
-main.add_command(generate_cmd)
-
-from .cli_index import index_group  # noqa: E402
-
-main.add_command(index_group)
-
-from .cli_bench import bench_cmd  # noqa: E402
-
-main.add_command(bench_cmd)

@@ -16,7 +16,7 @@ _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffi
 
 
 def _open_store(db: str | None, **kw):
-    from index.store import IndexStore, StoreError
+    from suffixspec.index.store import IndexStore, StoreError
 
     try:
         return IndexStore(db, **kw)
@@ -87,8 +87,8 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
 
     from tqdm import tqdm
 
-    from index.files import DEFAULT_MAX_BYTES, read_text, walk
-    from index.store import DocInput
+    from suffixspec.index.files import DEFAULT_MAX_BYTES, read_text, walk
+    from suffixspec.index.store import DocInput
 
     limit = max_bytes or DEFAULT_MAX_BYTES
     try:
@@ -140,8 +140,8 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
     def status(text: str) -> None:
         bar.set_postfix_str(f"{tokens:,} tokens, {text}")
 
-    from index import writer
-    from index.store import StoreError
+    from suffixspec.index import writer
+    from suffixspec.index.store import StoreError
 
     tok = _load_tokenizer(tokenizer)
     store = _open_store(db, auto_merge=False)
@@ -182,7 +182,7 @@ def _merge(store, quiet: bool, compact: bool = False, nice: int = 0) -> int:
         return 0
     with tqdm(desc="merging segments", unit="tok", unit_scale=True, disable=quiet, leave=False) as bar:
         if nice > 0:
-            from index import writer
+            from suffixspec.index import writer
 
             return writer.merge(store.path, compact=compact, progress=bar.update, status=bar.set_postfix_str,
                                 nice=nice, own_group=True)
@@ -211,7 +211,7 @@ def merge_cmd(db: str | None, no_compact: bool, quiet: bool) -> None:
 
 
 def _load_tokenizer(name: str):
-    from .loading import load_tokenizer  # transformers: only on the add path
+    from ..loading import load_tokenizer  # transformers: only on the add path
 
     try:
         return load_tokenizer(name)

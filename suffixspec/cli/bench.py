@@ -1,4 +1,4 @@
-"""``suffixspec bench``: the benchmark suite (bench/run.py) from the command line."""
+"""``suffixspec bench``: the benchmark suite (bench/run.py, installed as ``suffixspec.bench``) from the command line."""
 
 from __future__ import annotations
 
@@ -6,21 +6,7 @@ from pathlib import Path
 
 import click
 
-from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
-
-
-def _bench():
-    """``(run, WORKLOADS)`` from the installed ``suffixspec.bench`` (bench/ of the repository, renamed by
-    setup.py so that no top-level ``bench`` lands in site-packages), else from bench/ in a checkout."""
-    try:
-        from .bench.run import run
-        from .bench.workloads import WORKLOADS
-    except ModuleNotFoundError as e:
-        if e.name != "suffixspec.bench":
-            raise
-        from bench.run import run  # a checkout on sys.path, or an editable install made before the rename
-        from bench.workloads import WORKLOADS
-    return run, WORKLOADS
+from ..loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
 @click.command("bench")
@@ -48,7 +34,8 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
       suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all
       suffixspec bench --systems hf_plain,ours_prompt,ours_history,ours_all,arctic_suffix,arctic_suffix_best
     """
-    run, WORKLOADS = _bench()
+    from ..bench.run import run
+    from ..bench.workloads import WORKLOADS
 
     wl = tuple(workloads.split(",")) if workloads else WORKLOADS
     bad = [w for w in wl if w not in WORKLOADS]

@@ -1,0 +1,26 @@
+"""Options shared by the commands that load a model (``serve``, ``generate``)."""
+
+from __future__ import annotations
+
+import click
+
+from ..loading import DEFAULT_TARGET
+
+_model_options = [
+    click.option("--model", default=DEFAULT_TARGET, show_default=True,
+                 help="Target model: a local directory, a hub id, or the embedded suffixspec/demo-target."),
+    click.option("--draft-model", default="auto", show_default=True,
+                 help="Draft model (any tokenizer). 'auto' = the embedded draft with the embedded target; "
+                      "'none' = no draft model."),
+    click.option("--db", type=click.Path(dir_okay=False), default=None,
+                 help="SQLite document store (as for `suffixspec index add --db`); default: $SUFFIXSPEC_DB, "
+                      "else ~/.local/share/suffixspec/index.db."),
+    click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
+    click.option("--dtype", default=None, help="Weights dtype: float32, bfloat16, float16 (default per device)."),
+]
+
+
+def model_options(fn):
+    for opt in reversed(_model_options):
+        fn = opt(fn)
+    return fn
