@@ -231,7 +231,7 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "prediction": "abc"}, "prediction"),
     ("/v1/completions", {"prompt": "x", "speculation": "fast"}, "speculation"),
     ("/v1/completions", {"prompt": "x", "speculation": {"drafters": ["magic"]}}, "speculation.drafters"),
-    ("/v1/completions", {"prompt": "x", "speculation": {"max_draft_tokens": 1000}}, "max_draft_tokens"),
+    ("/v1/completions", {"prompt": "x", "speculation": {"max_draft_tokens": 1000}}, "speculation.max_draft_tokens"),
     ("/v1/completions", {"prompt": "x " * 700}, "prompt"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 5, "max_completion_tokens": "a"}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
