@@ -3,7 +3,6 @@ default, documents are text (never server-side paths), request limits, and no st
 
 from __future__ import annotations
 
-import ast
 import hmac
 import inspect
 import json
@@ -70,31 +69,24 @@ def test_the_right_key_is_accepted_case_insensitive_scheme(client):
     assert client.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
 
 
-def test_key_compare_is_constant_time():
-    """The check uses hmac.compare_digest on bytes, never == / startswith on the key."""
-    src = inspect.getsource(app_module._install_auth)
-    tree = ast.parse(src.lstrip())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "compare_digest"]
-    assert calls, "the API key must be compared with hmac.compare_digest"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any("api_key" in ast.unparse(c) for c in [node.left, *node.comparators]):
-            raise AssertionError(f"the key is compared with an operator: {ast.unparse(node)}")
-    assert app_module.hmac is hmac
-
-
-def test_compare_digest_is_what_runs(app, client, monkeypatch):
+def test_every_key_check_is_one_constant_time_compare_of_the_whole_key(client, monkeypatch):
+    """Right, wrong, short, long, prefix and non-ASCII keys each cost exactly one hmac.compare_digest of
+    the whole given token against the whole key (bytes): no length check or prefix test decides first,
+    so the time taken does not tell how much of a guess was right."""
     seen = []
     real = hmac.compare_digest
 
     def spy(a, b):
-        seen.append((type(a), type(b)))
+        seen.append((a, b))
         return real(a, b)
 
     monkeypatch.setattr(app_module.hmac, "compare_digest", spy)
-    client.get("/v1/models", headers={"Authorization": "Bearer nope"})
-    client.get("/v1/models", headers=AUTH)
-    assert seen == [(bytes, bytes), (bytes, bytes)]
+    for given in ("", "s", KEY[:5], KEY[:-1], KEY + "x", "é" + KEY[1:], KEY):
+        seen.clear()
+        status = client.get("/v1/models", headers={"Authorization": f"Bearer {given}"}).status_code
+        assert status == (200 if given == KEY else 401), given
+        assert len(seen) == 1 and seen[0][1] == KEY.encode() and isinstance(seen[0][0], bytes), (given, seen)
+        assert seen[0][0] == given.encode() or not given.isascii(), (given, seen)  # the whole token, as given
 
 
 # -- binding -----------------------------------------------------------------------------------------
@@ -177,15 +169,6 @@ def test_request_limits_are_clear_400s(client, path, body, param):
     assert resp.get_json()["error"]["param"] == param
 
 
-def test_body_size_limit_is_413_before_parsing(client):
-    big = json.dumps({"prompt": "x" * 9000})
-    resp = client.post("/v1/completions", headers={**AUTH, "Content-Type": "application/json"}, data=big)
-    assert resp.status_code == 413 and "limit" in resp.get_json()["error"]["message"]
-    resp = client.post("/v1/index/documents", headers={**AUTH, "Content-Type": "application/json"},
-                       data=json.dumps({"documents": ["y" * 9000]}))
-    assert resp.status_code == 413
-
-
 # -- no stack trace reaches a client -----------------------------------------------------------------
 
 def _no_trace(text: str) -> None:
@@ -216,7 +199,7 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(st.worker.engine, "stream", boom)
     resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2})
-    assert resp.status_code == 500
+    assert resp.status_code == 500 and resp.get_json()["error"]["type"] == "server_error"
     _no_trace(resp.get_data(as_text=True))
     resp = client.post("/v1/chat/completions", headers=AUTH,
                        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True})
@@ -224,6 +207,12 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     body = resp.get_data(as_text=True)
     _no_trace(body)
     assert '"error"' in body and body.rstrip().endswith("[DONE]")
+    # an engine's ValueError is a refusal of the request's arguments: a 400 with its message, no trace
+    monkeypatch.setattr(st.worker.engine, "stream", lambda *a, **kw: (_ for _ in ()).throw(
+        ValueError("the prompt is too long for this engine; shorten it")))
+    resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2})
+    assert resp.status_code == 400
+    assert resp.get_json()["error"]["message"] == "the prompt is too long for this engine; shorten it"
     monkeypatch.undo()
     assert client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
