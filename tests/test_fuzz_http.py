@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from suffixspec.server import create_app
 
+pytestmark = pytest.mark.slow
+
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SETTINGS = settings(max_examples=60, derandomize=True, deadline=None, database=None, print_blob=False,

@@ -219,3 +219,41 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
 
 def test_debug_mode_is_off(app):
     assert not app.debug and not app.config.get("PROPAGATE_EXCEPTIONS")
+
+
+# -- the project's exceptions are answered by type -----------------------------------------------------
+
+def test_project_exceptions_are_answered_by_type_with_their_message(app, client, monkeypatch):
+    """errors.EXCEPTIONS: a dead index writer is a 503 that says so (never a 400/501 by RuntimeError)."""
+    from suffixspec.index.store import StoreError
+    from suffixspec.index.writer import WriterError
+
+    from suffixspec.server.worker import QueueFull
+
+    st = app.extensions["suffixspec"]
+    died = WriterError("the index writer process exited (killed by SIGKILL) before finishing: nothing was added")
+    monkeypatch.setattr(st.spec, "add_documents", lambda docs: (_ for _ in ()).throw(died))
+    resp = client.post("/v1/index/documents", headers=AUTH, json={"documents": ["a"]})
+    err = resp.get_json()["error"]
+    assert resp.status_code == 503 and err["code"] == "index_writer_failed" and err["type"] == "server_error"
+    assert err["message"] == str(died) and resp.headers["Retry-After"] == str(st.config.retry_after_s)
+    monkeypatch.setattr(st.spec, "index_stats", lambda: (_ for _ in ()).throw(StoreError("index.db is locked")))
+    resp = client.get("/v1/index/stats", headers=AUTH)
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "index_unavailable"
+    assert "Retry-After" not in resp.headers
+    monkeypatch.setattr(st.worker, "submit", lambda job: (_ for _ in ()).throw(QueueFull("32 requests are waiting")))
+    resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 1})
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "queue_full"
+    assert "32 requests are waiting" in resp.get_json()["error"]["message"] and resp.headers["Retry-After"]
+
+
+def test_the_nearest_listed_base_answers_an_unlisted_subclass():
+    from suffixspec.index.store import StoreError
+
+    from suffixspec.server.errors import EXCEPTIONS, answer_for
+
+    class Corrupt(StoreError):
+        pass
+
+    assert answer_for(Corrupt("x")) is EXCEPTIONS[StoreError]
+    assert answer_for(KeyError("x")) is None and answer_for(RuntimeError("x")) is None  # a 500, not a guess
