@@ -50,8 +50,9 @@ def _query(name: str, schema: dict[str, Any], where: str = "query") -> dict[str,
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
 
-def build_spec(cfg: Any, max_context: int) -> dict[str, Any]:
-    """The OpenAPI document for a server with settings ``cfg`` and a model of ``max_context`` tokens."""
+def build_spec(cfg: Any, max_context: int, model_names: list[str] | None = None) -> dict[str, Any]:
+    """The OpenAPI document for a server with settings ``cfg``, a model of ``max_context`` tokens
+    served under ``model_names``."""
     models = request_models(cfg)
     _, defs = models_json_schema(
         [(m, "validation") for m in (models.completion, models.chat, models.add_documents, models.delete_documents,
@@ -60,6 +61,8 @@ def build_spec(cfg: Any, max_context: int) -> dict[str, Any]:
     limit = min(max_context - 1, cfg.max_prompt_tokens or max_context)
     for name, field in (("CompletionRequest", "prompt"), ("ChatRequest", "messages")):
         schemas[name]["properties"][field]["description"] = f"at most {limit} tokens (the server's prompt limit)"
+        if model_names:
+            schemas[name]["properties"]["model"]["enum"] = ["", *sorted(model_names)]
     gen = (400, 401, 404, 413, 503)
     store = (400, 401, 501, 503)
     paths = {
@@ -111,4 +114,4 @@ def _version() -> str:
 @bp.get("/openapi.json")
 def openapi() -> Response:
     st = current_app.extensions["suffixspec"]
-    return jsonify(build_spec(st.config, st.spec.max_context))
+    return jsonify(build_spec(st.config, st.spec.max_context, sorted(st.model_names)))

@@ -160,7 +160,8 @@ class StreamOptions(Body):
 class Message(Body):
     role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
     content: Content | None = None
-    tool_calls: list[Any] | None = Field(None, description="ignored beside a content; alone not supported")
+    tool_calls: list[Any] | None = Field(None, description="not supported (ignored beside a content)",
+                                         json_schema_extra={"maxItems": 0})
 
     @field_validator("tool_calls", mode="after")
     @classmethod
@@ -265,7 +266,8 @@ def _models(limits: Limits) -> RequestModels:
         logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]], _refuse(
             "invalid_value", f"'logit_bias' values must be numbers between -{MAX_LOGIT_BIAS:g} and "
                              f"{MAX_LOGIT_BIAS:g}")] = Field(
-            default_factory=dict, description="token id (as a string) -> bias added to its logit")
+            default_factory=dict, description="token id (as a string) -> bias added to its logit",
+            json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}})
         seed: Int(0, MAX_SEED) = Field(None, description=(
             "fixes the sampled tokens: with the model-free drafters (and a text-mode bridged draft model, or a "
             "same-vocabulary one that does not sample) the output equals speculation off token for token, up "
@@ -334,7 +336,9 @@ def _models(limits: Limits) -> RequestModels:
         echo: Annotated[Literal[False], _unsupported("'echo' is not supported; the response holds only the "
                                                      "completion")] = False
         suffix: Annotated[Literal[""], _unsupported("'suffix' (insertion) is not supported")] = ""
-        prompt: Annotated[str | list[Annotated[int, Field(ge=0)]], BeforeValidator(prompt_shape)] = Field(
+        prompt: Annotated[Annotated[str, Field(json_schema_extra={"minLength": 1})]
+                          | Annotated[list[Annotated[int, Field(ge=0)]], Field(json_schema_extra={"minItems": 1})],
+                          BeforeValidator(prompt_shape)] = Field(
             description="the prompt text, or its token ids; at most the server's prompt limit in tokens")
         logprobs: Int(0, MAX_LOGPROBS) = Field(None, description="top-N log-probabilities per token")
 
