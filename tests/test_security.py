@@ -188,10 +188,6 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     assert resp.status_code == 500
     _no_trace(resp.get_data(as_text=True))
     monkeypatch.undo()
-    monkeypatch.setattr(st.spec, "index_stats", lambda: (_ for _ in ()).throw(KeyError("secret-internal")))
-    resp = client.get("/v1/index/stats", headers=AUTH)
-    assert resp.status_code == 400 and "secret-internal" in resp.get_data(as_text=True)  # a KeyError's message only
-    _no_trace(resp.get_data(as_text=True).replace("secret-internal", ""))
     monkeypatch.setattr(st.spec, "list_documents", lambda **kw: 1 / 0)
     resp = client.get("/v1/index/documents", headers=AUTH)
     assert resp.status_code == 500 and "ZeroDivision" not in resp.get_data(as_text=True)
@@ -245,6 +241,16 @@ def test_project_exceptions_are_answered_by_type_with_their_message(app, client,
     resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 1})
     assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "queue_full"
     assert "32 requests are waiting" in resp.get_json()["error"]["message"] and resp.headers["Retry-After"]
+
+
+@pytest.mark.xfail(strict=True, reason="routes_index._store_call still answers any KeyError with a 400; the "
+                   "index's own exception types (errors.EXCEPTIONS) replace that catch")
+def test_a_key_error_in_the_store_is_a_bug_not_a_bad_request(app, client, monkeypatch):
+    st = app.extensions["suffixspec"]
+    monkeypatch.setattr(st.spec, "index_stats", lambda: (_ for _ in ()).throw(KeyError("secret-internal")))
+    resp = client.get("/v1/index/stats", headers=AUTH)
+    assert resp.status_code == 500
+    _no_trace(resp.get_data(as_text=True))
 
 
 def test_the_nearest_listed_base_answers_an_unlisted_subclass():
