@@ -29,7 +29,7 @@ from tiny import start_server_process
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
-TIMEOUT_S = 300  # per command; a loaded 2-core machine takes ~20 s to start the CLI and load a model
+TIMEOUT_S = 900  # per command: a hang fails; a 2-core machine shared by many jobs took 3 min for a 16-token real-model run
 
 # (pattern on the command or snippet, why it does not run here)
 SKIP = [
