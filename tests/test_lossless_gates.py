@@ -43,7 +43,7 @@ TOKENS = 5  # output positions per run
 SEEDS = 500
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _markov_llama(tokenizer_dir, seed: int, scale: float) -> LoadedModel:
