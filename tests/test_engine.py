@@ -264,6 +264,7 @@ class _FlatCost(VerifyCost):
         pass
 
 
+@pytest.mark.slow  # long generations, ~6 CPU s
 def test_budget_doubles_while_drafts_are_fully_accepted(engines, monkeypatch):
     engine = engines["llama"]
     sp = SamplingParams(max_tokens=200, ignore_eos=True)
