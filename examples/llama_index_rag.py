@@ -1,0 +1,154 @@
+"""A LlamaIndex RAG pipeline over Node.js's API documentation, on suffixspec: the retrieved chunks draft the answer.
+
+The usual LlamaIndex pipeline (read a folder, split the Markdown into sections, embed, retrieve the
+top 2, answer with the default QA prompt) answers each question three ways, interleaved:
+
+- ours:  ``SuffixSpecLLM(spec=...)``, whose query engine hands the retrieved chunks over as references;
+- plain: LlamaIndex's generic OpenAI-compatible client (``OpenAILike``) against a suffixspec server on
+  127.0.0.1 serving the same model: the same pipeline without references (the server still drafts
+  from the prompt, which holds the same chunks);
+- off:   ``SuffixSpecLLM(spec=..., speculation=False)``: plain decoding.
+
+Greedy, so the three answers are identical (checked); what differs is the time. All three share one
+model in this process (the server runs on a thread), the output history is off and so is the prompt
+cache, so each pipeline pays its own prefill; tokens/s are given by CPU time (this process, one torch
+thread) and by wall time, with the load average, since the machine may be shared.
+
+    pip install 'suffixspec[llama-index]' llama-index-llms-openai-like
+    python examples/llama_index_rag.py                      # SmolLM2-135M-Instruct if installed, 10 questions
+    python examples/llama_index_rag.py --questions 2 --max-tokens 64 --model suffixspec/demo-target
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from llama_index.core import SimpleDirectoryReader, VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.node_parser import MarkdownNodeParser, SentenceSplitter
+from rag_common import (
+    NODE_DOCS,
+    QUESTIONS,
+    Timing,
+    default_model,
+    hashed_embedding,
+    load_average,
+    one_torch_thread,
+    timed,
+)
+
+from suffixspec import SuffixSpec
+from suffixspec.integrations.llama_index import SpeculationStats, SuffixSpecLLM
+
+
+class HashedEmbedding(BaseEmbedding):
+    """rag_common.hashed_embedding as a LlamaIndex embedding model (local, no download)."""
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return hashed_embedding(text)
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return hashed_embedding(query)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return hashed_embedding(query)
+
+
+def build_index(folder: Path) -> VectorStoreIndex:
+    docs = SimpleDirectoryReader(str(folder), required_exts=[".md"]).load_data()
+    # one node per Markdown section, long sections cut to 512 tokens
+    splitters = [MarkdownNodeParser(), SentenceSplitter(chunk_size=512, chunk_overlap=0)]
+    return VectorStoreIndex.from_documents(docs, transformations=splitters, embed_model=HashedEmbedding())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct when installed)")
+    ap.add_argument("--docs", type=Path, default=NODE_DOCS, help="a folder of Markdown documentation")
+    ap.add_argument("--questions", type=int, default=len(QUESTIONS), help="how many of the 10 questions")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=2, help="retrieved sections per question")
+    ap.add_argument("--no-baselines", action="store_true", help="only our pipeline (no plain client, no off)")
+    ap.add_argument("--json", type=Path, help="write the per-question figures here")
+    args = ap.parse_args()
+    if not args.docs.is_dir():
+        sys.exit(f"{args.docs} is not a folder; install Debian's nodejs package or pass --docs FOLDER")
+    one_torch_thread()
+    model = args.model or default_model()
+    print(f"model {model}; documents {args.docs}; load average {load_average()}", flush=True)
+    index = build_index(args.docs)
+
+    # history off: earlier answers must not draft later ones; prefix cache off: no pipeline reuses
+    # another's prefill of the same prompt
+    with SuffixSpec(model=model, draft_model=None, db=False, history=False, prefix_cache_mb=0) as spec:
+        ours = SuffixSpecLLM(spec=spec, max_tokens=args.max_tokens)
+        pipelines = {"ours": ours}
+        server = None
+        if not args.no_baselines:
+            from llama_index.llms.openai_like import OpenAILike
+
+            from suffixspec.server import ServerConfig, create_app
+            from suffixspec.server.serve import BackgroundServer
+
+            server = BackgroundServer(create_app(ServerConfig(model=model, max_num_seqs=1), spec=spec))
+            pipelines["plain"] = OpenAILike(api_base=server.url + "/v1", api_key="-", model=model,
+                                            is_chat_model=True, context_window=spec.max_context,
+                                            max_tokens=args.max_tokens, temperature=0.0)
+            pipelines["off"] = SuffixSpecLLM(spec=spec, max_tokens=args.max_tokens, speculation=False)
+        try:
+            run(index, spec, pipelines, args)
+        finally:
+            if server is not None:
+                server.close()
+
+
+def run(index: VectorStoreIndex, spec: SuffixSpec, pipelines: dict, args: argparse.Namespace) -> None:
+    engines = {name: index.as_query_engine(llm=llm, similarity_top_k=args.top_k) for name, llm in pipelines.items()}
+    timing = {name: Timing() for name in engines}
+    rows = []
+    for i, question in enumerate(QUESTIONS[: args.questions]):
+        names = list(engines)
+        names = names[i % len(names):] + names[: i % len(names)]  # each pipeline goes first in turn
+        stats: dict[str, SpeculationStats] = {}
+        cpu_of: dict[str, float] = {}
+        for name in names:
+            with SpeculationStats() as stats[name]:
+                response, cpu, wall = timed(engines[name].query, question)
+            text = str(response)
+            tokens = stats[name].output_tokens or len(spec.tokenizer.encode(text, add_special_tokens=False))
+            timing[name].add(text, tokens, cpu, wall)
+            cpu_of[name] = round(cpu, 3)
+        answer = timing["ours"].texts[-1]
+        identical = all(t.texts[-1] == answer for t in timing.values())
+        row = {"question": question, "tokens": stats["ours"].output_tokens, "identical": identical,
+               "from_references": stats["ours"].accepted("references"),
+               "from_prompt": stats["ours"].accepted("prompt"),
+               **{f"{n}_cpu_s": cpu_of[n] for n in timing}}
+        rows.append(row)
+        print(f"\nQ{i + 1}. {question}\n{answer.strip()}", flush=True)
+        ratios = "  ".join(f"{n} {row[f'{n}_cpu_s']:.1f} s" for n in timing)
+        print(f"  [{row['tokens']} tokens, {row['from_references']} from the retrieved chunks, "
+              f"{row['from_prompt']} from the prompt; CPU {ratios}; identical: {identical}; "
+              f"load {load_average()}]", flush=True)
+    summarize(timing, rows, args)
+
+
+def summarize(timing: dict[str, Timing], rows: list[dict], args: argparse.Namespace) -> None:
+    ours = timing["ours"]
+    print(f"\n{len(rows)} questions, {ours.tokens} tokens, {sum(r['from_references'] for r in rows)} of them "
+          f"drafted from the retrieved chunks; identical answers: {all(r['identical'] for r in rows)}")
+    for name, t in timing.items():
+        line = f"  {name:6} {t.rate('cpu'):6.1f} tokens/CPU-s  {t.rate('wall'):6.1f} tokens/s wall"
+        if name != "ours":
+            line += f"   ours is {t.cpu_s / ours.cpu_s:.2f}x by CPU, {t.wall_s / ours.wall_s:.2f}x by wall"
+        print(line)
+    print(f"load average {load_average()}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "totals": {n: vars(t) for n, t in timing.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
