@@ -22,7 +22,6 @@ thread) and by wall time, with the load average, since the machine may be shared
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,12 +31,12 @@ from llama_index.core.node_parser import MarkdownNodeParser, SentenceSplitter
 from rag_common import (
     NODE_DOCS,
     QUESTIONS,
-    Timing,
+    compare,
     default_model,
     hashed_embedding,
     load_average,
     one_torch_thread,
-    timed,
+    serve_in_process,
 )
 
 from suffixspec import SuffixSpec
@@ -90,64 +89,28 @@ def main() -> None:
         if not args.no_baselines:
             from llama_index.llms.openai_like import OpenAILike
 
-            from suffixspec.server import ServerConfig, create_app
-            from suffixspec.server.serve import BackgroundServer
-
-            server = BackgroundServer(create_app(ServerConfig(model=model, max_num_seqs=1), spec=spec))
+            server = serve_in_process(spec, model)
             pipelines["plain"] = OpenAILike(api_base=server.url + "/v1", api_key="-", model=model,
                                             is_chat_model=True, context_window=spec.max_context,
                                             max_tokens=args.max_tokens, temperature=0.0)
             pipelines["off"] = SuffixSpecLLM(spec=spec, max_tokens=args.max_tokens, speculation=False)
         try:
-            run(index, spec, pipelines, args)
+            engines = {name: index.as_query_engine(llm=llm, similarity_top_k=args.top_k)
+                       for name, llm in pipelines.items()}
+            compare({name: ask(e) for name, e in engines.items()}, QUESTIONS[: args.questions], spec.tokenizer,
+                    args.json)
         finally:
             if server is not None:
                 server.close()
 
 
-def run(index: VectorStoreIndex, spec: SuffixSpec, pipelines: dict, args: argparse.Namespace) -> None:
-    engines = {name: index.as_query_engine(llm=llm, similarity_top_k=args.top_k) for name, llm in pipelines.items()}
-    timing = {name: Timing() for name in engines}
-    rows = []
-    for i, question in enumerate(QUESTIONS[: args.questions]):
-        names = list(engines)
-        names = names[i % len(names):] + names[: i % len(names)]  # each pipeline goes first in turn
-        stats: dict[str, SpeculationStats] = {}
-        cpu_of: dict[str, float] = {}
-        for name in names:
-            with SpeculationStats() as stats[name]:
-                response, cpu, wall = timed(engines[name].query, question)
-            text = str(response)
-            tokens = stats[name].output_tokens or len(spec.tokenizer.encode(text, add_special_tokens=False))
-            timing[name].add(text, tokens, cpu, wall)
-            cpu_of[name] = round(cpu, 3)
-        answer = timing["ours"].texts[-1]
-        identical = all(t.texts[-1] == answer for t in timing.values())
-        row = {"question": question, "tokens": stats["ours"].output_tokens, "identical": identical,
-               "from_references": stats["ours"].accepted("references"),
-               "from_prompt": stats["ours"].accepted("prompt"),
-               **{f"{n}_cpu_s": cpu_of[n] for n in timing}}
-        rows.append(row)
-        print(f"\nQ{i + 1}. {question}\n{answer.strip()}", flush=True)
-        ratios = "  ".join(f"{n} {row[f'{n}_cpu_s']:.1f} s" for n in timing)
-        print(f"  [{row['tokens']} tokens, {row['from_references']} from the retrieved chunks, "
-              f"{row['from_prompt']} from the prompt; CPU {ratios}; identical: {identical}; "
-              f"load {load_average()}]", flush=True)
-    summarize(timing, rows, args)
+def ask(engine):  # noqa: ANN001, ANN201 - a query engine; rag_common.compare's pipeline
+    def answer(question: str) -> tuple[str, dict | None]:
+        with SpeculationStats() as stats:  # the LLM call's metadata (none from a plain client)
+            text = str(engine.query(question))
+        return text, (stats.calls[-1] if stats.calls else None)
 
-
-def summarize(timing: dict[str, Timing], rows: list[dict], args: argparse.Namespace) -> None:
-    ours = timing["ours"]
-    print(f"\n{len(rows)} questions, {ours.tokens} tokens, {sum(r['from_references'] for r in rows)} of them "
-          f"drafted from the retrieved chunks; identical answers: {all(r['identical'] for r in rows)}")
-    for name, t in timing.items():
-        line = f"  {name:6} {t.rate('cpu'):6.1f} tokens/CPU-s  {t.rate('wall'):6.1f} tokens/s wall"
-        if name != "ours":
-            line += f"   ours is {t.cpu_s / ours.cpu_s:.2f}x by CPU, {t.wall_s / ours.wall_s:.2f}x by wall"
-        print(line)
-    print(f"load average {load_average()}")
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "totals": {n: vars(t) for n, t in timing.items()}}, indent=1))
+    return answer
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ finds its section.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -72,6 +73,32 @@ def hashed_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
     return [v / norm for v in vec]
 
 
+def markdown_sections(folder: Path, max_chars: int = 2000) -> list[tuple[str, str]]:
+    """``(source, text)`` per Markdown section of the folder's ``*.md`` files; long sections are cut
+    at blank lines into pieces of at most about ``max_chars``."""
+    out = []
+    for path in sorted(folder.glob("*.md")):
+        for section in re.split(r"\n(?=#{1,6} )", path.read_text(encoding="utf-8", errors="replace")):
+            piece = ""
+            for para in section.split("\n\n"):
+                if piece and len(piece) + len(para) > max_chars:
+                    out.append((str(path), piece))
+                    piece = ""
+                piece = f"{piece}\n\n{para}" if piece else para
+            if piece.strip():
+                out.append((str(path), piece))
+    return out
+
+
+def serve_in_process(spec, model: str):  # noqa: ANN001, ANN201 - a SuffixSpec; a BackgroundServer
+    """The suffixspec server (the app ``suffixspec serve`` runs) on a thread, on the same SuffixSpec:
+    the plain OpenAI-compatible clients reach the very model the integration uses."""
+    from suffixspec.server import ServerConfig, create_app
+    from suffixspec.server.serve import BackgroundServer
+
+    return BackgroundServer(create_app(ServerConfig(model=model, max_num_seqs=1), spec=spec))
+
+
 def one_torch_thread() -> None:
     """Benchmarks on a shared machine: one thread, so the pipelines compared get the same share."""
     import torch
@@ -98,18 +125,57 @@ class Timing:
     wall_s: float = 0.0  # wall-clock seconds
     texts: list[str] = field(default_factory=list)  # the answers, in question order
 
-    def add(self, text: str, tokens: int, cpu_s: float, wall_s: float) -> None:
-        self.texts.append(text)
-        self.tokens += tokens
-        self.cpu_s += cpu_s
-        self.wall_s += wall_s
-
     def rate(self, by: str = "cpu") -> float:
         return self.tokens / (self.cpu_s if by == "cpu" else self.wall_s)
 
 
-def timed(fn, *args, **kw):  # noqa: ANN001, ANN201 - any callable
-    """``(fn(*args, **kw), cpu seconds, wall seconds)``."""
-    c, w = cpu_seconds(), time.perf_counter()
-    out = fn(*args, **kw)
-    return out, cpu_seconds() - c, time.perf_counter() - w
+def compare(pipelines: dict, questions: list[str], tokenizer, json_path: Path | None = None) -> None:  # noqa: ANN001
+    """Ask every question of every pipeline, interleaved (each goes first in turn); print the answers,
+    the tokens drafted from the retrieved chunks, CPU and wall tokens/s and the ratios to ``ours``.
+
+    ``pipelines``: name -> ``ask(question) -> (answer, metadata)``, where metadata is the integration's
+    response metadata (``usage``, ``speculative_decoding``), or None for a plain client.
+    """
+    from suffixspec.integrations.backend import accepted_tokens
+
+    timing = {name: Timing() for name in pipelines}
+    rows = []
+    for i, question in enumerate(questions):
+        names = list(pipelines)
+        names = names[i % len(names):] + names[: i % len(names)]
+        meta, cpu = {}, {}
+        for name in names:
+            c, w = cpu_seconds(), time.perf_counter()
+            text, meta[name] = pipelines[name](question)
+            cpu[name], wall = cpu_seconds() - c, time.perf_counter() - w
+            timing[name].texts.append(text)
+            timing[name].cpu_s += cpu[name]
+            timing[name].wall_s += wall
+        answer, ours = timing["ours"].texts[-1], meta["ours"]
+        for name, t in timing.items():  # a plain client's answer has ours' tokens when it is the same text
+            t.tokens += meta[name]["usage"]["completion_tokens"] if meta[name] else (
+                ours["usage"]["completion_tokens"] if t.texts[-1] == answer
+                else len(tokenizer.encode(t.texts[-1], add_special_tokens=False)))
+        row = {"question": question, "tokens": ours["usage"]["completion_tokens"],
+               "identical": all(t.texts[-1] == answer for t in timing.values()),
+               "from_references": accepted_tokens(ours["speculative_decoding"], "references"),
+               "from_prompt": accepted_tokens(ours["speculative_decoding"], "prompt"),
+               **{f"{n}_cpu_s": round(cpu[n], 3) for n in pipelines}}
+        rows.append(row)
+        print(f"\nQ{i + 1}. {question}\n{answer.strip()}", flush=True)
+        cpus = "  ".join(f"{n} {cpu[n]:.1f} s" for n in pipelines)
+        print(f"  [{row['tokens']} tokens, {row['from_references']} drafted from the retrieved chunks as references, "
+              f"{row['from_prompt']} from the prompt; CPU {cpus}; identical: {row['identical']}; "
+              f"load {load_average()}]", flush=True)
+
+    ours = timing["ours"]
+    print(f"\n{len(rows)} questions, {ours.tokens} tokens, {sum(r['from_references'] for r in rows)} of them "
+          f"drafted from the retrieved chunks as references; identical answers: {all(r['identical'] for r in rows)}")
+    for name, t in timing.items():
+        line = f"  {name:6} {t.rate('cpu'):6.1f} tokens/CPU-s  {t.rate('wall'):6.1f} tokens/s wall"
+        if name != "ours":
+            line += f"   ours is {t.cpu_s / ours.cpu_s:.2f}x as fast by CPU, {t.wall_s / ours.wall_s:.2f}x by wall"
+        print(line)
+    print(f"load average {load_average()}")
+    if json_path:
+        json_path.write_text(json.dumps({"rows": rows, "totals": {n: vars(t) for n, t in timing.items()}}, indent=1))

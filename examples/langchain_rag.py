@@ -1,0 +1,113 @@
+"""A LangChain RAG chain over Node.js's API documentation, on suffixspec: the retrieved documents draft the answer.
+
+The chain of LangChain's RAG tutorial (a vector-store retriever, the tutorial's prompt, a chat model),
+with ``prompt_with_references`` in the prompt's place so the retrieved documents reach the model as
+references. Each question is answered three ways, interleaved:
+
+- ours:  ``ChatSuffixSpec(spec=...)`` with the documents as references;
+- plain: ``langchain-openai``'s ``ChatOpenAI(base_url=...)`` against a suffixspec server on 127.0.0.1
+  serving the same model (the same chain; the server gets no references);
+- off:   ``ChatSuffixSpec(spec=..., speculation=False)``: plain decoding.
+
+Greedy: the three answers are identical (checked). History and the prompt cache are off; tokens/s
+are given by this process's CPU time (one torch thread) and by wall time, with the load average.
+
+    pip install 'suffixspec[langchain]' langchain-openai
+    python examples/langchain_rag.py                       # SmolLM2-135M-Instruct if installed
+    python examples/langchain_rag.py --questions 2 --model suffixspec/demo-target
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
+from rag_common import (
+    NODE_DOCS,
+    QUESTIONS,
+    compare,
+    default_model,
+    hashed_embedding,
+    load_average,
+    markdown_sections,
+    one_torch_thread,
+    serve_in_process,
+)
+
+from suffixspec import SuffixSpec
+from suffixspec.integrations.langchain import ChatSuffixSpec, prompt_with_references
+
+# LangChain's RAG tutorial prompt
+PROMPT = ChatPromptTemplate.from_messages([
+    ("system", "You are an assistant for question-answering tasks. Use the following pieces of retrieved "
+               "context to answer the question. If you don't know the answer, say that you don't know. "
+               "Use three sentences maximum and keep the answer concise.\n\n{context}"),
+    ("human", "{question}"),
+])
+
+
+class HashedEmbeddings(Embeddings):
+    """rag_common.hashed_embedding as LangChain embeddings (local, no download)."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [hashed_embedding(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return hashed_embedding(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct when installed)")
+    ap.add_argument("--docs", type=Path, default=NODE_DOCS, help="a folder of Markdown documentation")
+    ap.add_argument("--questions", type=int, default=len(QUESTIONS), help="how many of the 10 questions")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=2, help="retrieved sections per question")
+    ap.add_argument("--no-baselines", action="store_true", help="only our chain (no plain client, no off)")
+    ap.add_argument("--json", type=Path, help="write the per-question figures here")
+    args = ap.parse_args()
+    if not args.docs.is_dir():
+        sys.exit(f"{args.docs} is not a folder; install Debian's nodejs package or pass --docs FOLDER")
+    one_torch_thread()
+    model = args.model or default_model()
+    print(f"model {model}; documents {args.docs}; load average {load_average()}", flush=True)
+    docs = [Document(page_content=text, metadata={"source": src}) for src, text in markdown_sections(args.docs)]
+    retriever = InMemoryVectorStore.from_documents(docs, HashedEmbeddings()).as_retriever(search_kwargs={"k": args.top_k})
+
+    with SuffixSpec(model=model, draft_model=None, db=False, history=False, prefix_cache_mb=0) as spec:
+        llms = {"ours": ChatSuffixSpec(spec=spec, max_tokens=args.max_tokens)}
+        server = None
+        if not args.no_baselines:
+            from langchain_openai import ChatOpenAI
+
+            server = serve_in_process(spec, model)
+            llms["plain"] = ChatOpenAI(base_url=server.url + "/v1", api_key="-", model=model, temperature=0,
+                                       max_tokens=args.max_tokens)
+            llms["off"] = ChatSuffixSpec(spec=spec, max_tokens=args.max_tokens, speculation=False)
+        try:
+            chains = {name: {"context": retriever, "question": RunnablePassthrough()}
+                      | prompt_with_references(PROMPT) | llm for name, llm in llms.items()}
+            compare({name: ask(chain) for name, chain in chains.items()}, QUESTIONS[: args.questions],
+                    spec.tokenizer, args.json)
+        finally:
+            if server is not None:
+                server.close()
+
+
+def ask(chain):  # noqa: ANN001, ANN201 - an LCEL chain; rag_common.compare's pipeline
+    def answer(question: str) -> tuple[str, dict | None]:
+        message = chain.invoke(question)
+        meta = message.response_metadata
+        return message.content, (meta if "speculative_decoding" in meta else None)
+
+    return answer
+
+
+if __name__ == "__main__":
+    main()
