@@ -19,24 +19,17 @@ are given by this process's CPU time (one torch thread) and by wall time, with t
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 from rag_common import (
-    NODE_DOCS,
     QUESTIONS,
     compare,
-    default_model,
     hashed_embedding,
-    load_average,
     markdown_sections,
-    one_torch_thread,
+    parse_args,
     serve_in_process,
 )
 
@@ -63,20 +56,8 @@ class HashedEmbeddings(Embeddings):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct when installed)")
-    ap.add_argument("--docs", type=Path, default=NODE_DOCS, help="a folder of Markdown documentation")
-    ap.add_argument("--questions", type=int, default=len(QUESTIONS), help="how many of the 10 questions")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--top-k", type=int, default=2, help="retrieved sections per question")
-    ap.add_argument("--no-baselines", action="store_true", help="only our chain (no plain client, no off)")
-    ap.add_argument("--json", type=Path, help="write the per-question figures here")
-    args = ap.parse_args()
-    if not args.docs.is_dir():
-        sys.exit(f"{args.docs} is not a folder; install Debian's nodejs package or pass --docs FOLDER")
-    one_torch_thread()
-    model = args.model or default_model()
-    print(f"model {model}; documents {args.docs}; load average {load_average()}", flush=True)
+    args = parse_args(__doc__)
+    model = args.model
     docs = [Document(page_content=text, metadata={"source": src}) for src, text in markdown_sections(args.docs)]
     retriever = InMemoryVectorStore.from_documents(docs, HashedEmbeddings()).as_retriever(search_kwargs={"k": args.top_k})
 

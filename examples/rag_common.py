@@ -47,6 +47,28 @@ _STOP = set("a an and are as at be by can do does for from how if in is it its o
             "what when which will with".split())
 
 
+def parse_args(doc: str):  # noqa: ANN201 - argparse.Namespace
+    """The examples' options (the same for both frameworks)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct when installed)")
+    ap.add_argument("--docs", type=Path, default=NODE_DOCS, help="a folder of Markdown documentation")
+    ap.add_argument("--questions", type=int, default=len(QUESTIONS), help="how many of the 10 questions")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=2, help="retrieved sections per question")
+    ap.add_argument("--no-baselines", action="store_true", help="only our pipeline (no plain client, no off)")
+    ap.add_argument("--json", type=Path, help="write the per-question figures here")
+    args = ap.parse_args()
+    if not args.docs.is_dir():
+        sys.exit(f"{args.docs} is not a folder; install Debian's nodejs package or pass --docs FOLDER")
+    args.model = args.model or default_model()
+    one_torch_thread()
+    print(f"model {args.model}; documents {args.docs}; load average {load_average()}", flush=True)
+    return args
+
+
 def default_model() -> str:
     """SmolLM2-135M-Instruct by name when suffixspec knows it, else its converted folder, else the demo."""
     from suffixspec.loading import resolve_model_path
@@ -121,36 +143,46 @@ class Timing:
     """One pipeline's totals over the questions."""
 
     tokens: int = 0  # output tokens
-    cpu_s: float = 0.0  # process CPU seconds
-    wall_s: float = 0.0  # wall-clock seconds
+    cpu_s: float = 0.0  # process CPU seconds of the calls
+    wall_s: float = 0.0  # wall-clock seconds of the calls
+    decode_s: float = 0.0  # the engine's own decode time (its time_total_s - time_prefill_s), wall-clock
     texts: list[str] = field(default_factory=list)  # the answers, in question order
 
     def rate(self, by: str = "cpu") -> float:
-        return self.tokens / (self.cpu_s if by == "cpu" else self.wall_s)
+        return self.tokens / max(1e-9, {"cpu": self.cpu_s, "wall": self.wall_s, "decode": self.decode_s}[by])
 
 
-def compare(pipelines: dict, questions: list[str], tokenizer, json_path: Path | None = None) -> None:  # noqa: ANN001
+def compare(pipelines: dict, questions: list[str], tokenizer, json_path: Path | None = None,  # noqa: ANN001
+            warm=None) -> None:  # noqa: ANN001
     """Ask every question of every pipeline, interleaved (each goes first in turn); print the answers,
-    the tokens drafted from the retrieved chunks, CPU and wall tokens/s and the ratios to ``ours``.
+    the tokens drafted from the retrieved chunks, tokens/s and the ratios to ``ours``.
 
-    ``pipelines``: name -> ``ask(question) -> (answer, metadata)``, where metadata is the integration's
-    response metadata (``usage``, ``speculative_decoding``), or None for a plain client.
+    ``pipelines``: name -> ``ask(question) -> (answer, metadata)``; metadata holds ``usage`` and the
+    server's ``speculative_decoding`` object (or is None when the client does not keep them).
+    ``warm(question)``, if given, runs untimed first: a one-token answer that leaves the prompt's
+    keys and values in the engine's prompt cache, so that no timed pipeline pays the prefill (the
+    same for all: speculation only changes the decoding) and the order does not matter.
     """
     from suffixspec.integrations.backend import accepted_tokens
 
     timing = {name: Timing() for name in pipelines}
     rows = []
     for i, question in enumerate(questions):
+        if warm is not None:
+            warm(question)
         names = list(pipelines)
         names = names[i % len(names):] + names[: i % len(names)]
-        meta, cpu = {}, {}
+        meta, cpu, decode = {}, {}, {}
         for name in names:
             c, w = cpu_seconds(), time.perf_counter()
             text, meta[name] = pipelines[name](question)
             cpu[name], wall = cpu_seconds() - c, time.perf_counter() - w
+            sd = (meta[name] or {}).get("speculative_decoding") or {}
+            decode[name] = sd.get("time_total_s", wall) - sd.get("time_prefill_s", 0.0)
             timing[name].texts.append(text)
             timing[name].cpu_s += cpu[name]
             timing[name].wall_s += wall
+            timing[name].decode_s += decode[name]
         answer, ours = timing["ours"].texts[-1], meta["ours"]
         for name, t in timing.items():  # a plain client's answer has ours' tokens when it is the same text
             t.tokens += meta[name]["usage"]["completion_tokens"] if meta[name] else (
@@ -160,21 +192,25 @@ def compare(pipelines: dict, questions: list[str], tokenizer, json_path: Path | 
                "identical": all(t.texts[-1] == answer for t in timing.values()),
                "from_references": accepted_tokens(ours["speculative_decoding"], "references"),
                "from_prompt": accepted_tokens(ours["speculative_decoding"], "prompt"),
-               **{f"{n}_cpu_s": round(cpu[n], 3) for n in pipelines}}
+               **{f"{n}_cpu_s": round(cpu[n], 3) for n in pipelines},
+               **{f"{n}_decode_s": round(decode[n], 3) for n in pipelines},
+               "load": load_average()}
         rows.append(row)
         print(f"\nQ{i + 1}. {question}\n{answer.strip()}", flush=True)
-        cpus = "  ".join(f"{n} {cpu[n]:.1f} s" for n in pipelines)
+        cpus = "  ".join(f"{n} {cpu[n]:.1f}" for n in pipelines)
         print(f"  [{row['tokens']} tokens, {row['from_references']} drafted from the retrieved chunks as references, "
-              f"{row['from_prompt']} from the prompt; CPU {cpus}; identical: {row['identical']}; "
-              f"load {load_average()}]", flush=True)
+              f"{row['from_prompt']} from the prompt; CPU s: {cpus}; identical: {row['identical']}; "
+              f"load {row['load']}]", flush=True)
 
     ours = timing["ours"]
     print(f"\n{len(rows)} questions, {ours.tokens} tokens, {sum(r['from_references'] for r in rows)} of them "
           f"drafted from the retrieved chunks as references; identical answers: {all(r['identical'] for r in rows)}")
+    print("  tokens/s by: process CPU | wall | the engine's decode time (wall); ours / pipeline")
     for name, t in timing.items():
-        line = f"  {name:6} {t.rate('cpu'):6.1f} tokens/CPU-s  {t.rate('wall'):6.1f} tokens/s wall"
+        line = f"  {name:6} {t.rate('cpu'):6.1f} | {t.rate('wall'):6.1f} | {t.rate('decode'):6.1f}"
         if name != "ours":
-            line += f"   ours is {t.cpu_s / ours.cpu_s:.2f}x as fast by CPU, {t.wall_s / ours.wall_s:.2f}x by wall"
+            line += (f"   ours is {t.cpu_s / ours.cpu_s:.2f}x | {t.wall_s / ours.wall_s:.2f}x | "
+                     f"{t.decode_s / ours.decode_s:.2f}x as fast")
         print(line)
     print(f"load average {load_average()}")
     if json_path:

@@ -26,6 +26,16 @@ CORPUS = {
 QUESTION = "def write_config(path, config):"  # retrieves config.py; the answer quotes it
 QUOTED = "json.dump(config, f, indent=2)"  # a line of the retrieved chunk the answer repeats
 MAX_TOKENS = 48
+REFS_ONLY = {"drafters": ["references"]}  # every accepted draft token then comes from the references
+VARIANTS = {"on": None, "refs": REFS_ONLY, "off": False}  # the speculation settings each test compares
+
+
+def demo_spec(one_torch_thread):  # noqa: ANN001, ANN201 - a fixture body: spec = pytest.fixture(...)(demo_spec)
+    """The demo target without a draft model or history (the ``spec`` fixture of the integration tests)."""
+    from suffixspec import SuffixSpec
+
+    with SuffixSpec(draft_model=None, db=False, history=False) as s:
+        yield s
 
 
 def write_corpus(folder: Path) -> Path:

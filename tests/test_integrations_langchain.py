@@ -12,7 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
-from rag_corpus import CORPUS, MAX_TOKENS, QUESTION, QUOTED, served, write_corpus
+from rag_corpus import (
+    CORPUS,
+    MAX_TOKENS,
+    QUESTION,
+    QUOTED,
+    REFS_ONLY,
+    VARIANTS,
+    demo_spec,
+    served,
+    write_corpus,
+)
 
 pytest.importorskip("langchain_core")
 
@@ -24,7 +34,6 @@ from langchain_core.runnables import RunnablePassthrough  # noqa: E402
 
 from suffixspec.integrations.langchain import ChatSuffixSpec, prompt_with_references  # noqa: E402
 
-REFS_ONLY = {"drafters": ["references"]}  # every accepted draft token then comes from the references
 PROMPT = ChatPromptTemplate.from_template("{context}\n\n{question}")  # the demo target then quotes the context
 
 
@@ -54,18 +63,12 @@ def test_prompt_with_references_formats_the_context_and_attaches_the_documents()
     assert as_text.content == "given\n\nq" and as_text.additional_kwargs["references"] == ["given"]
 
 
-@pytest.fixture(scope="module")
-def spec(one_torch_thread):
-    from suffixspec import SuffixSpec
-
-    with SuffixSpec(draft_model=None, db=False, history=False) as s:
-        yield s
+spec = pytest.fixture(scope="module", name="spec")(demo_spec)
 
 
 @pytest.fixture(scope="module")
 def llms(spec):
-    return {name: ChatSuffixSpec(spec=spec, max_tokens=MAX_TOKENS, speculation=speculation)
-            for name, speculation in (("on", None), ("refs", REFS_ONLY), ("off", False))}
+    return {name: ChatSuffixSpec(spec=spec, max_tokens=MAX_TOKENS, speculation=s) for name, s in VARIANTS.items()}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from rag_corpus import MAX_TOKENS, QUESTION, QUOTED, served, write_corpus
+from rag_corpus import MAX_TOKENS, QUESTION, QUOTED, REFS_ONLY, VARIANTS, demo_spec, served, write_corpus
 
 pytest.importorskip("llama_index.core")
 
@@ -21,8 +21,6 @@ from llama_index.core.prompts import PromptTemplate  # noqa: E402
 
 from suffixspec.integrations.llama_index import SpeculationStats, SuffixSpecLLM  # noqa: E402
 
-REFS_ONLY = {"drafters": ["references"]}  # every accepted draft token then comes from the references
-
 
 def test_the_core_never_imports_the_frameworks():
     code = ("import sys, suffixspec, suffixspec.api, suffixspec.integrations, suffixspec.integrations.backend\n"
@@ -31,18 +29,12 @@ def test_the_core_never_imports_the_frameworks():
     assert out.strip() == "[]"
 
 
-@pytest.fixture(scope="module")
-def spec(one_torch_thread):
-    from suffixspec import SuffixSpec
-
-    with SuffixSpec(draft_model=None, db=False, history=False) as s:
-        yield s
+spec = pytest.fixture(scope="module", name="spec")(demo_spec)
 
 
 @pytest.fixture(scope="module")
 def llms(spec):
-    return {name: SuffixSpecLLM(spec=spec, max_tokens=MAX_TOKENS, speculation=speculation)
-            for name, speculation in (("on", None), ("refs", REFS_ONLY), ("off", False))}
+    return {name: SuffixSpecLLM(spec=spec, max_tokens=MAX_TOKENS, speculation=s) for name, s in VARIANTS.items()}
 
 
 @pytest.fixture(scope="module")
