@@ -10,9 +10,10 @@ top 2, answer with the default QA prompt) answers each question three ways, inte
 - off:   ``SuffixSpecLLM(spec=..., speculation=False)``: plain decoding.
 
 Greedy, so the three answers are identical (checked); what differs is the time. All three share one
-model in this process (the server runs on a thread), the output history is off and so is the prompt
-cache, so each pipeline pays its own prefill; tokens/s are given by CPU time (this process, one torch
-thread) and by wall time, with the load average, since the machine may be shared.
+model in this process (the server runs on a thread) and the output history is off. Each question's
+prompt is prefilled once, untimed, into the prompt cache, so the three timed pipelines differ only in
+decoding (which is all speculation changes). Tokens/s by CPU time (this process, one torch thread),
+by wall time and by the engine's own decode time, with the load average, since the machine may be shared.
 
     pip install 'suffixspec[llama-index]' llama-index-llms-openai-like
     python examples/llama_index_rag.py                      # SmolLM2-135M-Instruct if installed, 10 questions
