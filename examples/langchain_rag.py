@@ -75,7 +75,7 @@ def main() -> None:
 
             server = serve_in_process(spec, model)
             llms["plain"] = ChatOpenAI(base_url=server.url + "/v1", api_key="-", model=model, temperature=0,
-                                       max_tokens=args.max_tokens)
+                                       max_tokens=args.max_tokens, timeout=3600, max_retries=0)
             llms["off"] = ChatSuffixSpec(spec=spec, max_tokens=args.max_tokens, speculation=False)
         try:
             compare({name: ask(rag_chain(retriever, llm)) for name, llm in llms.items()},

@@ -78,7 +78,8 @@ def main() -> None:
             server = serve_in_process(spec, model)
             pipelines["plain"] = OpenAILike(api_base=server.url + "/v1", api_key="-", model=model,
                                             is_chat_model=True, context_window=spec.max_context,
-                                            max_tokens=args.max_tokens, temperature=0.0)
+                                            max_tokens=args.max_tokens, temperature=0.0,
+                                            timeout=3600, max_retries=0)  # a retry would run it twice
             pipelines["off"] = SuffixSpecLLM(spec=spec, max_tokens=args.max_tokens, speculation=False)
         try:
             engines = {name: index.as_query_engine(llm=llm, similarity_top_k=args.top_k)

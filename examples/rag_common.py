@@ -196,6 +196,9 @@ def compare(pipelines: dict, questions: list[str], tokenizer, json_path: Path | 
                **{f"{n}_decode_s": round(decode[n], 3) for n in pipelines},
                "load": load_average()}
         rows.append(row)
+        if json_path:  # after every question: a long run cut short keeps what it measured
+            json_path.write_text(json.dumps({"rows": rows, "totals": {n: vars(t) for n, t in timing.items()}},
+                                            indent=1))
         print(f"\nQ{i + 1}. {question}\n{answer.strip()}", flush=True)
         cpus = "  ".join(f"{n} {cpu[n]:.1f}" for n in pipelines)
         print(f"  [{row['tokens']} tokens, {row['from_references']} drafted from the retrieved chunks as references, "
@@ -213,5 +216,3 @@ def compare(pipelines: dict, questions: list[str], tokenizer, json_path: Path | 
                      f"{t.decode_s / ours.decode_s:.2f}x as fast")
         print(line)
     print(f"load average {load_average()}")
-    if json_path:
-        json_path.write_text(json.dumps({"rows": rows, "totals": {n: vars(t) for n, t in timing.items()}}, indent=1))
