@@ -67,8 +67,8 @@ def test_query_engine_answer_is_plain_decoding_and_drafted_from_the_retrieved_ch
             answer = str(engine(index, llms[name]).query(QUESTION))
         assert answer == plain_answer, name
         assert len(stats.calls) == 1
-        per_source = stats.calls[0]["speculative_decoding"]["per_source"]
-        assert per_source["references"]["drafted"] > 0, per_source  # the synthesizer's context reached us
+    per_source = stats.calls[0]["speculative_decoding"]["per_source"]
+    assert per_source["references"]["drafted"] > 0, per_source  # the synthesizer's context reached us
     assert stats.accepted("references") >= MAX_TOKENS // 2  # references only: most of the answer was drafted
     assert stats.calls[0]["accepted_from_references"] == stats.accepted("references")
 
@@ -129,5 +129,6 @@ def test_against_suffixspec_serve(index, llms, plain_answer, tmp_path):
         assert remote.metadata.context_window == llms["off"].metadata.context_window  # asked of /v1/models
         # LlamaIndex's generic OpenAI-compatible client works unchanged (no references: the prompt drafts)
         generic = OpenAILike(api_base=url, api_key="none", model="suffixspec", is_chat_model=True,
-                             context_window=2048, max_tokens=MAX_TOKENS, temperature=0.0)
+                             context_window=2048, max_tokens=MAX_TOKENS, temperature=0.0, timeout=600,
+                             max_retries=0)
         assert str(engine(index, generic).query(QUESTION)) == plain_answer
