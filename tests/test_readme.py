@@ -95,6 +95,8 @@ def test_readme_shell_commands_are_found():
     assert curl.rstrip().endswith("}'")  # the multi-line JSON body stays in its command
 
 
+@pytest.mark.slow  # the README's commands run the default model, SmolLM2-135M-Instruct
+@pytest.mark.real_model
 def test_readme_commands_run_as_written(tmp_path):
     checkout = _fresh_checkout(tmp_path / "clone")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SUFFIXSPEC_API_KEY")}
