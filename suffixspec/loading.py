@@ -115,11 +115,12 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     from .kv import attention_windows
 
     path = resolve_model_path(name_or_path)
-    attention_windows(AutoConfig.from_pretrained(path))  # refuse, before loading weights, a cache we cannot rewind
+    config = AutoConfig.from_pretrained(path)
+    attention_windows(config)  # refuse, before loading weights, a cache we cannot rewind
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
     with _quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype)  # config read once
     model.to(dev).eval()
     tokenizer = _tokenizer_from(path)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype)

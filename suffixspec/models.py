@@ -331,7 +331,7 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     label = src.model.name if src.model else src.path.name
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     bar = tqdm(total=4, desc=f"converting {label} (once)", unit="step", file=sys.stderr, disable=not progress,
                bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
     try:
@@ -354,7 +354,9 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
         bar.close()
     record = {"name": label, "source": src.label, "gguf": str(src.path or src.model.gguf), "sha256": sha,
               **(_stat(src.path) if src.path is not None else {}),
-              "converted_s": round(time.monotonic() - started, 1), "converted_with": _versions()}
+              "converted_s": round(time.monotonic() - started, 1),  # wall: on a busy machine mostly the others
+              "converted_cpu_s": round(time.process_time() - cpu_started, 1),  # this process's CPU, all threads
+              "converted_with": _versions()}
     _write_record(out, record)
     if progress:
         print(f"converted {label} in {record['converted_s']:.0f} s into {cache_dir() / 'models' / src.key}",

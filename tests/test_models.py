@@ -232,12 +232,15 @@ def test_models_command_lists_names_install_cache_size_and_licence(cache, fake_p
     assert set(KNOWN_MODELS) == set(before)
     assert before["tiny-test"]["installed"] and before["tiny-test"]["licence"] == "MIT"
     assert before["tiny-test"]["cached"] == "no" and before["tiny-test"]["cache_bytes"] == 0
-    resolve_model_path("tiny-test", progress=False)
+    res = CliRunner().invoke(main, ["models", "--convert", "tiny-test"])  # ahead of the first use
+    assert res.exit_code == 0 and f"tiny-test: {cache / 'tiny-test'}" in res.output, res.output
     after = rows()["tiny-test"]
     assert after["cached"] == "yes" and after["cache_bytes"] > after["source_bytes"] > 0  # fp32 > the GGUF
     text = CliRunner().invoke(main, ["models"]).output
     assert "smollm2-135m-instruct (default)" in text and "gemma-3-270m" in text and "Gemma Terms of Use" in text
     assert f"cache: {cache}" in text
+    res = CliRunner().invoke(main, ["models", "--convert", "./some-folder"])
+    assert res.exit_code == 2 and "neither a name from this list nor a .gguf file" in res.output
 
     monkeypatch.setitem(KNOWN_MODELS, "tiny-test", KnownModel(**{**fake_package.__dict__, "module": "suffixspec_nope"}))
     text = CliRunner().invoke(main, ["models"]).output

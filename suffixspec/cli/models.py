@@ -16,7 +16,10 @@ def _mb(n: int) -> str:
 
 @click.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per model (one per line).")
-def models_cmd(as_json: bool) -> None:
+@click.option("--convert", multiple=True, metavar="NAME",
+              help="Convert NAME (a name below or a .gguf file) into the cache now rather than on first use, "
+                   "e.g. while building an image (repeatable).")
+def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
     """List the model names --model accepts: installed or not, converted into the cache or not,
     size on disk (the package's GGUF, the converted folder), licence, and the command that installs it.
 
@@ -27,9 +30,18 @@ def models_cmd(as_json: bool) -> None:
     \b
     Examples:
       suffixspec models
+      suffixspec models --convert smollm2-135m-instruct
       suffixspec generate --model smollm2-135m-instruct --chat "What is a suffix tree?"
     """
     from ..models import DEFAULT_MODEL, DEMO_TARGET, KNOWN_MODELS, cache_dir, describe
+
+    for name in convert:
+        if name not in KNOWN_MODELS and not name.lower().endswith(".gguf"):
+            raise click.BadParameter(f"{name!r} is neither a name from this list nor a .gguf file",
+                                     param_hint="--convert")
+        from ..loading import resolve_model_path
+
+        click.echo(f"{name}: {resolve_model_path(name)}", err=True)
 
     rows = [describe(m) for m in KNOWN_MODELS.values()]
     if as_json:
