@@ -104,11 +104,12 @@ class Server:
 
 def requests_pool(n: int, max_tokens: int) -> list[dict]:
     """``n`` completion bodies, code-edit and agentic requests alternating (greedy)."""
-    from suffixspec.loading import DEFAULT_TARGET, load_tokenizer
+    from suffixspec.loading import load_tokenizer
+    from suffixspec.models import DEMO_TARGET
 
     from .workloads import build  # relative: bench/ installs as suffixspec.bench
 
-    tok = load_tokenizer(DEFAULT_TARGET)
+    tok = load_tokenizer(DEMO_TARGET)
     edits: list = []
     for seed in range(n):  # one code edit per held-out file and seed (other windows, other renames)
         if len(edits) >= (n + 1) // 2:

@@ -103,13 +103,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from suffixspec.engine import Engine
-    from suffixspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
+    from suffixspec.loading import load_model, resolve_model_path
+    from suffixspec.models import DEMO_TARGET
 
     name = args.model
     if name is None and not args.random:
         try:
-            resolve_model_path(DEFAULT_TARGET)
-            name = DEFAULT_TARGET
+            resolve_model_path(DEMO_TARGET)
+            name = DEMO_TARGET
         except FileNotFoundError:
             name = None
     if name is None:

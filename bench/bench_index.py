@@ -95,9 +95,10 @@ def load_texts(max_chars: int | None = None) -> list[tuple[str, str]]:
 def get_tokenizer(name: str | None, texts: list[tuple[str, str]]):
     if name is None:
         try:
-            from suffixspec.loading import DEFAULT_TARGET, load_tokenizer
+            from suffixspec.loading import load_tokenizer
+            from suffixspec.models import DEMO_TARGET
 
-            return load_tokenizer(DEFAULT_TARGET), DEFAULT_TARGET
+            return load_tokenizer(DEMO_TARGET), DEMO_TARGET
         except Exception:  # the embedded model may not be trained yet
             pass
     if name:
@@ -743,7 +744,7 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
         return out
 
     res: dict = {"modes": {m: {"alone": [], "during": [], "add_s": []} for m in modes}}
-    with tempfile.TemporaryDirectory() as d, SuffixSpec(db=Path(d) / "i.db") as spec:
+    with tempfile.TemporaryDirectory() as d, SuffixSpec(model="suffixspec/demo-target", db=Path(d) / "i.db") as spec:
         spec.add_documents([{"text": t, "source": p} for p, t in texts[:20]])
         store = spec._writer_store()
         for _ in range(2):

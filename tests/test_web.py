@@ -51,7 +51,7 @@ def server(tiny_model_dirs, tmp_path_factory):
     from suffixspec.server.app import create_app
 
     if EMBEDDED_TARGET.exists():
-        cfg = {}  # embedded demo target + its different-tokenizer draft model
+        cfg = {"model": "suffixspec/demo-target"}  # + its different-tokenizer draft model ("auto")
     else:
         cfg = {"model": str(tiny_model_dirs["llama"]), "draft_model": None}
     cfg.update(api_key=API_KEY, db=str(tmp_path_factory.mktemp("webdb") / "docs.db"))

@@ -10,6 +10,7 @@ import click
 from .bench import bench_cmd
 from .generate import generate_cmd
 from .index import index_group
+from .models import models_cmd
 from .process import Group
 from .serve import serve_cmd
 
@@ -22,11 +23,12 @@ def main() -> None:
     \b
     Examples:
       suffixspec index add docs/ --glob '*.md'
-      suffixspec generate "def fibonacci(n):" --max-tokens 64
+      suffixspec generate --chat "What is a suffix tree?" --max-tokens 64
       suffixspec serve --port 8000
+      suffixspec models
       suffixspec bench --quick
     """
 
 
-for _command in (serve_cmd, generate_cmd, index_group, bench_cmd):
+for _command in (serve_cmd, generate_cmd, index_group, bench_cmd, models_cmd):
     main.add_command(_command)

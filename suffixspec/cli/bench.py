@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
-from ..loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..models import DEFAULT_MODEL, default_draft
 
 
 @click.command("bench")
-@click.option("--model", default=DEFAULT_TARGET, show_default=True, help="Target model: hub id, directory or embedded name.")
-@click.option("--draft-model", default=DEFAULT_DRAFT, show_default=True,
-              help="Draft model with any tokenizer; 'none' to run without one.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Target model: a name from `suffixspec models`, a .gguf file, a folder or a hub id.")
+@click.option("--draft-model", default="auto", show_default=True,
+              help="Draft model with any tokenizer; 'auto' = the one shipped for the target, if any; 'none' = none.")
 @click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems (under 3 minutes).")
 @click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, open_ended.")
 @click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
@@ -43,7 +44,8 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
         raise click.BadParameter(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}", param_hint="--workloads")
     sy = tuple(systems.split(",")) if systems else None
     try:
-        result = run(model, None if draft_model in (None, "", "none") else draft_model, out, quick=quick,
+        draft = default_draft(model) if draft_model == "auto" else draft_model
+        result = run(model, None if draft in (None, "", "none") else draft, out, quick=quick,
                      workloads=wl, systems=sy, requests=requests, max_tokens=max_tokens,
                      log=lambda msg: click.echo(msg, err=True), periodic=not no_periodic)
     except ValueError as exc:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import click
 
-from ..loading import DEFAULT_TARGET
+from ..models import DEFAULT_MODEL
 
 _model_options = [
-    click.option("--model", default=DEFAULT_TARGET, show_default=True,
-                 help="Target model: a local directory, a hub id, or the embedded suffixspec/demo-target."),
+    click.option("--model", default=DEFAULT_MODEL, show_default=True,
+                 help="Target model: a name from `suffixspec models` (smollm2-135m-instruct, gemma-3-270m), "
+                      "a .gguf file, a local folder, a hub id, or the embedded test model suffixspec/demo-target."),
     click.option("--draft-model", default="auto", show_default=True,
-                 help="Draft model (any tokenizer). 'auto' = the embedded draft with the embedded target; "
-                      "'none' = no draft model."),
+                 help="Draft model (any tokenizer), named as --model. 'auto' = the draft model shipped for the "
+                      "target, if any; 'none' = no draft model."),
     click.option("--db", type=click.Path(dir_okay=False), default=None,
                  help="SQLite document store (as for `suffixspec index add --db`); default: $SUFFIXSPEC_DB, "
                       "else ~/.local/share/suffixspec/index.db."),

@@ -1,5 +1,5 @@
-"""What every command shares about the process: one error line for a database that refuses writes,
-and the fast exit of a finished command (no interpreter teardown once torch is loaded)."""
+"""What every command shares about the process: one error line for a database that refuses writes or a
+model whose package is missing, and the fast exit of a finished command (no interpreter teardown once torch is loaded)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,12 @@ class Group(click.Group):
             raise
 
     def invoke(self, ctx: click.Context):
+        from ..models import ModelNotInstalledError
+
         try:
             return super().invoke(ctx)
+        except ModelNotInstalledError as e:  # its message is the pip command that installs the model
+            raise click.ClickException(str(e)) from None
         except sqlite3.OperationalError as e:
             msg = str(e)
             if "readonly" not in msg and "full" not in msg and "unable to open" not in msg and "disk I/O" not in msg:

@@ -53,8 +53,9 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
 
     \b
     Examples:
-      suffixspec serve                                  # embedded demo models on 127.0.0.1:8000
-      suffixspec serve --model Qwen/Qwen2.5-0.5B --draft-model none --db docs.db
+      suffixspec serve                                  # SmolLM2-135M-Instruct on 127.0.0.1:8000
+      suffixspec serve --model gemma-3-270m --db docs.db
+      suffixspec serve --model ./model.gguf --draft-model none
       SUFFIXSPEC_API_KEY=secret suffixspec serve --host 0.0.0.0 --port 8080
       suffixspec serve --served-model-name my-model --served-model-name gpt-4o-mini
     \b

