@@ -438,10 +438,12 @@ def test_index_validation(server, method, path, body, param):
     assert st == 400 and resp["error"]["param"] == param, resp
 
 
-def test_prediction_raises_mean_accepted_length_and_reports_usage(server):
-    """A code edit whose output is known in advance: the prediction drafts it, the output is unchanged."""
+@pytest.mark.parametrize("drafters", [["prompt", "references"], ["prompt"], ["prompt", "prediction"], ["documents"]])
+def test_prediction_raises_mean_accepted_length_and_reports_usage(server, drafters):
+    """A code edit whose output is known in advance: the prediction drafts it, the output is unchanged.
+    It drafts whenever it is given, whichever drafters the request lists ("prediction" among them or not)."""
     prompt, _, bias = copyable(server.app.extensions["suffixspec"].spec, 40)
-    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "speculation": {"drafters": ["prompt", "references"]},
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "speculation": {"drafters": drafters},
             "logit_bias": {str(k): v for k, v in bias.items()}}
     _, _, without = raw(server, "POST", "/v1/completions", body)
     expected = without["choices"][0]["text"]

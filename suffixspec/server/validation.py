@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import SamplingParams, SpeculationConfig
-from ..draft import DRAFTERS
+from ..draft import DRAFTERS, PREDICTION_RULE
 from .config import ServerConfig
 from .errors import APIError, invalid
 
@@ -152,7 +152,8 @@ def _speculation(body: dict) -> SpeculationConfig | None:
                           "invalid_type")
         unknown = [d for d in drafters if d not in DRAFTERS]
         if unknown:
-            raise invalid(f"unknown drafter(s) {unknown} in 'speculation.drafters'; choose from {list(DRAFTERS)}",
+            raise invalid(f"unknown drafter(s) {unknown} in 'speculation.drafters'; choose from {list(DRAFTERS)} "
+                          f"({PREDICTION_RULE})",
                           "speculation.drafters")
     kw: dict[str, Any] = {}
     if drafters is not None:
