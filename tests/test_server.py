@@ -75,6 +75,11 @@ def greedy(server, prompt: str, max_tokens: int = 16) -> str:
 def test_models_lists_the_served_model(client, server):
     models = client.models.list()
     assert [m.id for m in models.data] == [server.app.extensions["suffixspec"].model_id] == ["tiny-llama"]
+    # extensions the web page reads: the tiny tokenizer has a chat template; no draft model is loaded
+    card = models.data[0].model_dump()
+    assert card["chat_template"] is True
+    assert card["drafters"] == ["prompt", "history", "documents", "references", "prediction"]
+    assert client.models.retrieve("m").model_dump() == card
 
 
 def test_completion_matches_the_engine(client, server):
