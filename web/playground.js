@@ -9,7 +9,7 @@ import { SOURCES, normSource, renderLegend, sourceColor, sourceLabel } from "./s
 const $ = (id) => document.getElementById(id);
 
 let model = null; // model id from /v1/models, sent when known
-let drafters = null; // the server's drafters (from /v1/models); null until it says
+let serverDrafters = null; // the server's drafters (from /v1/models); null until it says
 let chatModel = false; // the served model has a chat template
 let modeChosen = false; // the user picked a mode: what the server says no longer changes it
 let controller = null; // AbortController of the running request
@@ -29,7 +29,7 @@ export function setModel(card) {
     showMode();
   }
   if (Array.isArray(card.drafters)) {
-    drafters = card.drafters.map(normSource);
+    serverDrafters = card.drafters.map(normSource);
     showDrafters(card.drafters);
     if (!$("output").childElementCount) renderLegend($("legend"), null, legendIds());
   }
@@ -38,7 +38,7 @@ export function setModel(card) {
 /** The output legend's sources: the target's own tokens and the server's drafters (all sources until the
  * server says which it has), plus any source that drafted something anyway. */
 function legendIds(counts = {}) {
-  return SOURCES.map((x) => x.id).filter((id) => id === "target" || !drafters || drafters.includes(id) || counts[id]);
+  return SOURCES.map((x) => x.id).filter((id) => id === "target" || !serverDrafters || serverDrafters.includes(id) || counts[id]);
 }
 
 function mode() {
