@@ -197,16 +197,19 @@ def test_completion_tokens_are_counted_as_they_are_generated(gated):
     must equal the tokens those events carried, before the request ends."""
     import queue
 
-    from suffixspec.config import SamplingParams
+    from suffixspec.config import SamplingParams, SpeculationConfig
     from suffixspec.server.worker import DONE, Job
 
     srv, gate = gated
     st = srv.app.extensions["suffixspec"]
+    # adaptive=False: no proposer gate, so the gate proposer is asked (and waits) at every step; with the
+    # adaptive one it would skip a proposer that took long, and the request could end between two waits
     job = st.worker.submit(Job(kwargs=dict(prompt=st.spec.encode("import os"),
-                                           sampling=SamplingParams(max_tokens=40, ignore_eos=True))))
+                                           sampling=SamplingParams(max_tokens=40, ignore_eos=True),
+                                           speculation=SpeculationConfig(adaptive=False))))
     assert gate.entered.wait(WAIT)
     seen = 0
-    for _ in range(3):
+    for step in range(1, 4):
         gate.entered.clear()
         gate.permits.release()
         assert gate.entered.wait(WAIT)  # held inside a later step: the steps before it are delivered
@@ -217,7 +220,7 @@ def test_completion_tokens_are_counted_as_they_are_generated(gated):
                 break
             assert ev is not DONE
             seen += len(ev.token_ids)
-        assert 0 < seen < 40 and metric(srv, "suffixspec_completion_tokens_total") == seen
+        assert seen == step and metric(srv, "suffixspec_completion_tokens_total") == seen  # one token a step
     gate.open()
     while job.events.get(timeout=WAIT) is not DONE:
         pass

@@ -651,7 +651,7 @@ def test_drafter_controls_follow_the_server(page, server):
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_metrics_token_rate_follows_a_running_generation(page):
+def test_metrics_token_rate_follows_a_running_generation(page, server):
     """The completion tokens/s line rises while a long request runs (tokens are counted per step, not when
     the request ends); once idle, the acceptance chart has a gap, not a flat line at the all-time rate."""
     set_request(page, max_tokens=1800)
@@ -673,8 +673,9 @@ def test_metrics_token_rate_follows_a_running_generation(page):
     wait(page).until(rate_while_running)
     page.execute_script("document.getElementById('stop').click()")
     wait(page).until(lambda d: by_id(d, "generate").is_enabled())
+    wait(page).until(lambda d: not api(server, "GET", "/health")["busy"])  # the stopped request is recorded
     # Idle: two polls with nothing drafted between them end every acceptance line in a gap.
-    for _ in range(3):
+    for _ in range(2):
         data = page.execute_async_script(poll)["data"]
     assert data["acceptance"] and all(s["points"][-1][1] is None for s in data["acceptance"]), data["acceptance"]
     assert data["tokens"][-1][1] == 0
