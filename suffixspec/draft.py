@@ -16,7 +16,7 @@ node's token was sampled from (siblings share the same row). Nodes without a kno
 lossless for any set of children.
 
 ``planned`` (drafts with ``q``): the node count the drafter fixed *before* sampling (its length
-budget). Whether a draft is verified may not depend on what was sampled (DESIGN.md, "Gates and
+budget). Whether a draft is verified may not depend on what was sampled (docs/design.md, "Gates and
 cuts"): a gate that kept only short sampled chains would keep only chains that stopped after an
 unlikely token, and the kept tokens would no longer be distributed as ``q``. So gates judge
 :meth:`gate_size`, which is ``planned`` for such drafts and ``len()`` for deterministic ones.

@@ -5,7 +5,7 @@ merge. A merged node keeps the source of the first draft that proposed it. The k
 valid only where a node's children all come from one draft (they are then that draft's own
 samples); elsewhere ``q_known`` is cleared and the always-lossless one-hot rule applies.
 
-Nothing here may look at what a draft with ``q`` sampled (DESIGN.md, "Gates and cuts"): drafts are
+Nothing here may look at what a draft with ``q`` sampled (docs/design.md, "Gates and cuts"): drafts are
 ordered by their scores, which such drafts fix before sampling; the budget cut of a sampled chain
 then depends only on the nodes before the cut (a node shared with an earlier draft costs no budget,
 but it is shared, so it is verified one-hot); and the merged draft's ``planned`` size, which the

@@ -1,4 +1,4 @@
-"""Lossless verification of a draft tree against the target's logits (DESIGN.md, "the contract").
+"""Lossless verification of a draft tree against the target's logits (docs/design.md, "The lossless contract").
 
 Given the logits of one forward pass over ``[root] + draft nodes`` (row 0 is the distribution
 after the last committed token, row ``i + 1`` the distribution after draft node ``i``), walk the

@@ -38,6 +38,8 @@ from suffixspec.loading import load_model
 from suffixspec.proposers import Proposer, RequestContext, make_proposer
 from suffixspec.proposers.testing import OracleProposer, RandomTreeProposer
 
+pytestmark = pytest.mark.slow
+
 EVERY_DRAFT = SpeculationConfig(adaptive=False)
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t", "class Point:", "import os"]
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from suffixspec.bench.run import run
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

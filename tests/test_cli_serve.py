@@ -79,6 +79,7 @@ def test_serve_help_defaults_to_localhost():
     assert res.exit_code == 0 and "127.0.0.1" in res.output and "SUFFIXSPEC_API_KEY" in res.output
 
 
+@pytest.mark.slow
 def test_serve_subprocess_answers_and_stops_cleanly(tiny_model_dirs, tmp_path):
     env = dict(os.environ, SUFFIXSPEC_API_KEY="k1", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-c", "from suffixspec.cli import main; main()", "serve", "--model",

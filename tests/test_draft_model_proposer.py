@@ -81,6 +81,7 @@ def test_greedy_equals_plain(models, engine, kind):
             assert spec.stats.mean_accepted_length > 1.5 and spec.stats.steps < plain.stats.steps / 2
 
 
+@pytest.mark.slow  # the greedy sweep above stays in the inner loop
 @pytest.mark.parametrize("kind", DETERMINISTIC)
 @pytest.mark.parametrize("params", [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_p=0.9, seed=5)])
 def test_seeded_sampling_equals_plain(models, engine, kind, params):
@@ -263,6 +264,7 @@ class FlatCost(VerifyCost):
         return 1.0
 
 
+@pytest.mark.slow  # a chi-square test, ~7 CPU s each
 @pytest.mark.parametrize("kind", ["hetero", "self-wide"])
 def test_intersection_sampling_distribution(models, engine, kind, monkeypatch):
     """The bridged known-q drafter leaves the sampled distribution of (t0, t1) equal to plain.

@@ -41,6 +41,7 @@ def _generate(engine: Engine, proposers, prompt, sampling, speculation=None):
         engine.proposers = []
 
 
+@pytest.mark.slow  # 4 drafters x 3 architectures, 5-25 CPU s each
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("kind", ["oracle-chain", "oracle-partial-tree", "wrong", "random-tree"])
 def test_greedy_equals_plain(engines, arch, kind):
@@ -68,6 +69,7 @@ SAMPLING_CASES = [
 ]
 
 
+@pytest.mark.slow  # a sweep of sampling settings x drafters x architectures
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("case", SAMPLING_CASES, ids=lambda c: ",".join(c))
 @pytest.mark.parametrize("kind", ["oracle-partial-tree", "random-tree"])
@@ -262,6 +264,7 @@ class _FlatCost(VerifyCost):
         pass
 
 
+@pytest.mark.slow  # long generations, ~6 CPU s
 def test_budget_doubles_while_drafts_are_fully_accepted(engines, monkeypatch):
     engine = engines["llama"]
     sp = SamplingParams(max_tokens=200, ignore_eos=True)

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 CLI = [sys.executable, "-c", "from suffixspec.cli import main; main()"]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 ENV.pop("SUFFIXSPEC_API_KEY", None)

@@ -21,6 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from suffixspec.tokenizer_bridge import IncrementalEncoder, TokenBridge, utf8_complete_prefix, vocab_table
 
+pytestmark = pytest.mark.slow
+
 SETTINGS = settings(derandomize=True, deadline=None, database=None, print_blob=False, max_examples=80,
                     suppress_health_check=list(HealthCheck))
 PIECES = ["def ", "return", " x", "\n", "\t", "  ", "é", "ß", "你好", "🙂", "🚀", "\u200b", "ﬁ", "Ａ", "a\u0301",

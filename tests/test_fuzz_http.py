@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from suffixspec.server import create_app
 
+pytestmark = pytest.mark.slow
+
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SETTINGS = settings(max_examples=60, derandomize=True, deadline=None, database=None, print_blob=False,
@@ -214,8 +216,86 @@ def test_openapi_describes_every_route(client, app):
     described = {(p, m) for p, ops in spec["paths"].items() for m in ops}
     assert rules <= described, rules - described
     limits = spec["components"]["schemas"]["CompletionRequest"]["properties"]
-    assert limits["max_tokens"]["maximum"] == 4 and limits["references"]["maxItems"] == 4
+    refs = next(s for s in limits["references"]["anyOf"] if s.get("type") == "array")
+    assert limits["max_tokens"]["maximum"] == 4 and refs["maxItems"] == 4
     assert json.dumps(spec)  # plain JSON, no Python objects
+
+
+# -- requests drawn from the served OpenAPI description (the schema and the validation must agree) ----------
+
+def from_schema(schema: dict, root: dict, depth: int = 0) -> st.SearchStrategy:
+    """Values valid under ``schema`` (the subset of JSON Schema /openapi.json uses), refs into ``root``."""
+    if "$ref" in schema:
+        return from_schema(root["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], root, depth)
+    if "anyOf" in schema:
+        return st.one_of([from_schema(_merge(schema, sub), root, depth) for sub in schema["anyOf"]])
+    if "const" in schema:
+        return st.just(schema["const"])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema.get("type")
+    if kind == "null":
+        return st.none()
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "integer":
+        return st.integers(int(schema.get("minimum", -10)), int(min(schema.get("maximum", 600), 10**6)))
+    if kind == "number":
+        lo, hi = schema.get("minimum", schema.get("exclusiveMinimum", -10.0)), schema.get("maximum", 10.0)
+        return st.floats(lo, hi, exclude_min="exclusiveMinimum" in schema, allow_nan=False)
+    if kind == "string":
+        return st.text(st.characters(codec="utf-8"), min_size=schema.get("minLength", 0), max_size=12)
+    if kind == "array":
+        item = from_schema(schema.get("items", {"type": "string"}), root, depth + 1)
+        return st.lists(item, min_size=schema.get("minItems", 0), max_size=min(schema.get("maxItems", 3), 3))
+    if kind == "object":
+        props = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        if not props:  # a map: logit_bias, metadata
+            values = schema.get("additionalProperties")
+            value = from_schema(values, root, depth + 1) if isinstance(values, dict) else st.integers()
+            keys = st.integers(0, 500).map(str) if "propertyNames" in schema else st.text(max_size=6)
+            return st.dictionaries(keys, value, max_size=2)
+        return st.fixed_dictionaries({k: from_schema(v, root, depth + 1) for k, v in props.items() if k in required},
+                                     optional={k: from_schema(v, root, depth + 1) for k, v in props.items()
+                                               if k not in required})
+    return st.none()
+
+
+def _merge(parent: dict, sub: dict) -> dict:
+    """A member of an ``anyOf`` with the constraints written beside it (maxItems on tool_calls)."""
+    out = {k: v for k, v in parent.items() if k not in ("anyOf", "default", "description", "title")}
+    return {**out, **sub}
+
+
+# refusals that need the model or several fields together, which a schema cannot say
+CONTEXT_REFUSALS = ("context_length_exceeded", "outside the vocabulary", "chat template rejected",
+                    "'top_logprobs' needs", "'stream_options' is only allowed", "references and prediction hold")
+
+
+@pytest.fixture(scope="module")
+def served_schema(client):
+    return client.get("/openapi.json").get_json()
+
+
+@pytest.mark.parametrize(("route", "schema"), [("/v1/completions", "CompletionRequest"),
+                                               ("/v1/chat/completions", "ChatRequest"),
+                                               ("/v1/index/documents", "AddDocuments")])
+def test_requests_the_schema_allows_are_served(client, served_schema, route, schema):
+    """Every body valid under /openapi.json is served (2xx), or refused only for what needs the model."""
+    bodies = from_schema({"$ref": f"#/components/schemas/{schema}"}, served_schema)
+
+    @settings(SETTINGS, max_examples=30)
+    @given(body=bodies)
+    def run(body):
+        resp = client.post(route, json=body, headers=AUTH)
+        check(resp, "schema " + route)
+        if resp.status_code >= 400:
+            err = resp.get_json()["error"]
+            assert resp.status_code == 400 and any(r in err["message"] or r == err["code"]
+                                                   for r in CONTEXT_REFUSALS), (body, err)
+
+    run()
 
 
 def test_fuzz_summary(client):

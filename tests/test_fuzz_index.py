@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from suffixspec.index import SEP, IncrementalIndex, SpecParams, SuffixArray
 from suffixspec.index.history import OutputHistory
 
+pytestmark = pytest.mark.slow
+
 SETTINGS = settings(derandomize=True, deadline=None, database=None, print_blob=False,
                     suppress_health_check=list(HealthCheck))
 TRIED: Counter = Counter()

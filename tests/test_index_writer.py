@@ -17,6 +17,8 @@ from suffixspec.index import writer
 from suffixspec.index.segments import MergePolicy
 from suffixspec.index.store import DocInput, IndexStore
 
+pytestmark = pytest.mark.slow  # writer processes, killed on purpose
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,8 @@ import pytest
 from suffixspec.server import create_app
 from suffixspec.server.serve import BackgroundServer
 
+pytestmark = pytest.mark.slow
+
 CLIENTS = 16
 PER_CLIENT = 6
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick brown", "if x is None:"]

@@ -1,7 +1,7 @@
 """The engine's gates keep sampling lossless for drafters that report ``q`` (issue 19, part 1).
 
 A draft whose tokens were *sampled* may be verified, shortened or dropped only on what was known
-before the samples were drawn (DESIGN.md, "Gates and cuts"). The old draft gate judged the sampled
+before the samples were drawn (docs/design.md, "Gates and cuts"). The old draft gate judged the sampled
 chain's length: on a CPU cost profile it verified only the chains that had stopped early, i.e.
 after a token the draft gave little probability, and the tokens that reached verification were no
 longer distributed as ``q``.
@@ -43,7 +43,7 @@ TOKENS = 5  # output positions per run
 SEEDS = 500
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _markov_llama(tokenizer_dir, seed: int, scale: float) -> LoadedModel:

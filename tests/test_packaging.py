@@ -44,6 +44,7 @@ def _copy_source(dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("setuptools.command.bdist_wheel") is None,
                     reason="building the wheel offline needs setuptools>=70.1 (pip install -e '.[dev]')")
 def test_wheel_installs_one_top_level_package_suffixspec(tmp_path, tiny_model_dirs):

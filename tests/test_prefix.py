@@ -49,6 +49,7 @@ def targets(tiny_model_dirs):
     return {arch: load_model(str(path)) for arch, path in tiny_model_dirs.items()}
 
 
+@pytest.mark.slow  # prefills per architecture, ~5 CPU s each
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_batch_1_reuse_equals_full_prefill(targets, arch):
     """Prompts sharing a long head, one after another: the later ones copy it, and every output
@@ -65,6 +66,7 @@ def test_batch_1_reuse_equals_full_prefill(targets, arch):
     assert reusing.prefix_store.hits >= 3 * 2 * reusing.prefix_store.block  # three prompts copied the head
 
 
+@pytest.mark.slow  # batched prefills, ~10 CPU s each
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_batched_joiners_reuse_equals_full_prefill(targets, arch):
     """Joiners sharing a head, some in the same step (the store is empty), some later (they copy it):

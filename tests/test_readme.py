@@ -1,12 +1,14 @@
-"""Every shell command in the README's ```bash blocks runs as written in a fresh checkout.
+"""Every command and Python snippet in README.md and docs/*.md runs as written in a fresh checkout.
 
-The commands run in order, in a copy of the files git tracks (nothing untracked, such as a local
-docs/ folder, can make a command pass here and fail for a new user), with `suffixspec` from this
-environment and a temporary SUFFIXSPEC_DB. ``suffixspec serve`` is started in the background (on a
-free port: ``--port N`` becomes ``--port 0`` and ``127.0.0.1:N`` in later commands the port it
-reports) and stopped with SIGTERM at the end; curl answers must be JSON without an ``error``.
-A few commands cannot run in a unit test; SKIP names them and says why. A new README command is
-run by default.
+Each page runs on its own, its code blocks in order, in a copy of the files git tracks (nothing
+untracked can make a command pass here and fail for a new user), with `suffixspec` and `python`
+from this environment importing the copy's code, and a temporary SUFFIXSPEC_DB. A ```bash block
+is split into commands; a ```python block runs as one script. ``suffixspec serve`` starts in the
+background (``--port N`` becomes ``--port 0``, and ``127.0.0.1:N`` in later blocks the port it
+reports) and is stopped with SIGTERM at the end of the page. A curl answer must be JSON without an
+``error`` (or a stream ending in ``[DONE]``). SKIP names what cannot run in a test, and why; a new
+block runs by default. The README runs the real model it names (``real_model``); docs/ pages use
+the embedded demo models.
 """
 
 from __future__ import annotations
@@ -26,33 +28,47 @@ from tiny import start_server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-TIMEOUT_S = 300  # per command; a loaded 2-core machine takes ~20 s to start the CLI with the embedded models
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+TIMEOUT_S = 900  # per command: a hang fails; a 2-core machine shared by many jobs took 3 min for a 16-token real-model run
 
-# (pattern on the command, why it does not run here)
+# (pattern on the command or snippet, why it does not run here)
 SKIP = [
     (r"^pip install\b", "installs packages: the tests run in the installed environment"),
+    (r"^python -m venv\b|^vllm-env/", "builds vLLM's environment (3.4 GB); tests/test_vllm.py runs vLLM's CPU build"),
     (r"^python -m pytest\b", "the test suite itself"),
     (r"^suffixspec bench\b(?!.*--help)", "benchmarks take minutes (--quick too); tests/test_bench.py runs one on tiny models"),
     (r"^python -m bench\.", "benchmarks take minutes"),
-    (r"^python -m vllm\b", "needs a vLLM environment; tests/test_vllm.py runs vLLM's CPU build"),
+    (r"^python -m vllm\b|^from vllm\b", "needs a vLLM environment; tests/test_vllm.py runs vLLM's CPU build"),
     (r"train_default_models", "retrains the embedded models (an hour or more)"),
 ]
 
 
-def shell_commands(markdown: str) -> list[tuple[int, str]]:
-    """(line number, command) for each command of the ```bash / ```sh / ```shell blocks, in order.
+def code_blocks(markdown: str) -> list[tuple[int, str, str]]:
+    """(line number of the first line, language, text) of each fenced block, in order."""
+    out, lang, start, buf = [], None, 0, []
+    for no, line in enumerate(markdown.splitlines(), 1):
+        if line.startswith("```"):
+            if lang is None:
+                lang, start, buf = line.strip("`").strip(), no + 1, []
+            else:
+                out.append((start, lang, "\n".join(buf)))
+                lang = None
+            continue
+        if lang is not None:
+            buf.append(line)
+    return out
+
+
+def shell_commands(text: str, first_line: int = 1) -> list[tuple[int, str]]:
+    """(line number, command) for each command of a shell block.
 
     A command ends at a line that closes every quote and does not end in a backslash, so a curl
     with a multi-line JSON body is one command. Comment lines and blank lines are dropped.
     """
     out: list[tuple[int, str]] = []
-    in_block, pending, start = False, "", 0
-    for no, line in enumerate(markdown.splitlines(), 1):
-        if line.startswith("```"):
-            in_block = line.strip("`").strip() in ("bash", "sh", "shell", "console")
-            pending = ""
-            continue
-        if not in_block or (not pending and (not line.strip() or line.lstrip().startswith("#"))):
+    pending, start = "", 0
+    for no, line in enumerate(text.splitlines(), first_line):
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if not pending:
             start = no
@@ -68,8 +84,19 @@ def shell_commands(markdown: str) -> list[tuple[int, str]]:
     return out
 
 
-def _skip_reason(cmd: str) -> str | None:
-    return next((why for pat, why in SKIP if re.search(pat, cmd)), None)
+def units(markdown: str) -> list[tuple[int, str, str]]:
+    """(line, "sh" or "python", code): the shell commands and Python snippets of a page, in order."""
+    out: list[tuple[int, str, str]] = []
+    for line, lang, text in code_blocks(markdown):
+        if lang in ("bash", "sh", "shell", "console"):
+            out += [(no, "sh", cmd) for no, cmd in shell_commands(text, line)]
+        elif lang == "python":
+            out.append((line, "python", text))
+    return out
+
+
+def _skip_reason(code: str) -> str | None:
+    return next((why for pat, why in SKIP if re.search(pat, code, re.M)), None)
 
 
 def _fresh_checkout(dst: Path) -> Path:
@@ -87,49 +114,55 @@ def _fresh_checkout(dst: Path) -> Path:
     return dst
 
 
-def test_readme_shell_commands_are_found():
-    cmds = [c for _, c in shell_commands(README.read_text())]
-    assert any(c.startswith("suffixspec generate") for c in cmds)
-    assert any(c.startswith("suffixspec serve") for c in cmds)
-    curl = next(c for c in cmds if c.startswith("curl"))
-    assert curl.rstrip().endswith("}'")  # the multi-line JSON body stays in its command
+def _check_curl(where: str, stdout: str) -> None:
+    if stdout.startswith("data: "):  # a stream: events, then [DONE]
+        assert '"error"' not in stdout and stdout.rstrip().endswith("data: [DONE]"), f"{where}\n{stdout[-2000:]}"
+        return
+    body = json.loads(stdout)
+    assert "error" not in body, f"{where}\n{stdout[:2000]}"
 
 
-def test_readme_commands_run_as_written(tmp_path):
+def run_page(page: Path, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """Run a page's commands and snippets in a fresh checkout; (what ran, what was skipped and why)."""
     checkout = _fresh_checkout(tmp_path / "clone")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SUFFIXSPEC_API_KEY")}
-    env.update(SUFFIXSPEC_DB=str(tmp_path / "readme.db"), HF_HUB_OFFLINE="1",
+    name = page.relative_to(ROOT).as_posix()
+    env = {k: v for k, v in os.environ.items() if k not in ("SUFFIXSPEC_API_KEY",)}
+    env.update(SUFFIXSPEC_DB=str(tmp_path / "docs.db"), HF_HUB_OFFLINE="1", PYTHONPATH=str(checkout),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     server: subprocess.Popen | None = None
-    ports: dict[str, str] = {}  # port written in the README -> the port the server got
+    ports: dict[str, str] = {}  # port written on the page -> the port the server got
     ran, skipped = [], []
     try:
-        for line_no, cmd in shell_commands(README.read_text()):
-            why = _skip_reason(cmd)
+        for line_no, kind, code in units(page.read_text()):
+            why = _skip_reason(code)
+            where = f"{name}:{line_no}: {code.splitlines()[0]}"
             if why:
-                skipped.append(f"README.md:{line_no} {cmd.splitlines()[0]} ({why})")
+                skipped.append(f"{where} ({why})")
                 continue
-            where = f"README.md:{line_no}: {cmd}"
-            if re.match(r"^(\w+=\S+ )*suffixspec serve\b", cmd):
-                assert server is None, f"{where}: a second server"
-                m = re.search(r"--port[ =](\d+)", cmd)
+            if kind == "sh" and re.match(r"^(\w+=\S+ )*suffixspec serve\b", code):
+                assert server is None, f"{where}: a second server on one page"
+                m = re.search(r"--port[ =](\d+)", code)
                 port = m.group(1) if m else "8000"
-                run_cmd = re.sub(r"--port[ =]\d+", "--port 0", cmd) if m else cmd + " --port 0"
+                run_cmd = re.sub(r"--port[ =]\d+", "--port 0", code) if m else code + " --port 0"
                 server, url = start_server_process(["bash", "-c", "exec " + run_cmd], checkout, env, TIMEOUT_S, where)
                 ports[port] = url.rsplit(":", 1)[1]
                 ran.append(where)
                 continue
             for written, real in ports.items():
-                cmd = cmd.replace(f"127.0.0.1:{written}", f"127.0.0.1:{real}").replace(
+                code = code.replace(f"127.0.0.1:{written}", f"127.0.0.1:{real}").replace(
                     f"localhost:{written}", f"localhost:{real}")
-            if re.search(r"(127\.0\.0\.1|localhost):\d+", cmd) and server is None:
-                raise AssertionError(f"{where}: needs the server, but no README command before it starts one")
-            res = subprocess.run(["bash", "-c", cmd], cwd=checkout, env=env, capture_output=True, text=True,
-                                 timeout=TIMEOUT_S)
+            if re.search(r"(127\.0\.0\.1|localhost):\d+", code) and server is None:
+                raise AssertionError(f"{where}: needs the server, but no command before it on the page starts one")
+            if kind == "python":
+                script = tmp_path / f"snippet_{line_no}.py"
+                script.write_text(code + "\n")
+                argv = [sys.executable, str(script)]
+            else:
+                argv = ["bash", "-c", code]
+            res = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
             assert res.returncode == 0, f"{where}\nexit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-            if cmd.startswith("curl"):
-                body = json.loads(res.stdout)
-                assert "error" not in body, f"{where}\n{res.stdout[:2000]}"
+            if kind == "sh" and code.startswith("curl"):
+                _check_curl(where, res.stdout)
             ran.append(where)
     finally:
         if server is not None and server.poll() is None:
@@ -139,5 +172,50 @@ def test_readme_commands_run_as_written(tmp_path):
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+    return ran, skipped
+
+
+# -- the parser, on text made here (fast) ------------------------------------------------------------
+
+def test_blocks_are_split_into_commands_and_snippets():
+    page = ("text\n```bash\n# a comment\nsuffixspec index add docs/ \\\n  --glob '*.md'\n\n"
+            "curl -s http://127.0.0.1:8000/x -d '{\n  \"a\": 1}'\n```\n"
+            "```python\nimport os\nprint(os.sep)\n```\n```json\n{\"error\": {}}\n```\n")
+    got = units(page)
+    assert [(kind, code.splitlines()[0]) for _, kind, code in got] == [
+        ("sh", "suffixspec index add docs/ \\"), ("sh", "curl -s http://127.0.0.1:8000/x -d '{"),
+        ("python", "import os")]
+    assert got[1][2].endswith("}'") and got[0][0] == 4 and got[2][0] == 11
+    assert _skip_reason("from vllm import LLM\nllm = 1") and _skip_reason("pip install x")
+    assert _skip_reason("suffixspec bench --help") is None and _skip_reason("suffixspec generate x") is None
+
+
+def test_every_block_says_its_language():
+    """A command cannot hide from the run below in an unlabelled block: each block is run or says it is data."""
+    for page in PAGES:
+        for line, lang, _ in code_blocks(page.read_text()):
+            assert lang in ("bash", "python", "json", "text"), f"{page.name}:{line}: a ``` block without bash/python/json/text"
+
+
+def test_readme_links_resolve():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).resolve().is_file() or target in MISSING_PAGES, (page.name, target)
+
+
+MISSING_PAGES = {  # pages other parts of the work write; the README links them already
+    "docs/lossless.md", "docs/index.md", "docs/models.md", "docs/integrations.md",
+    "lossless.md", "index.md", "models.md", "integrations.md",
+}
+
+
+# -- the pages, run -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.relative_to(ROOT).as_posix(),
+                                               marks=[pytest.mark.real_model] if p == README else [])
+                                  for p in PAGES])
+def test_page_runs_as_written(page, tmp_path):
+    ran, skipped = run_page(page, tmp_path)
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
-    assert len(ran) >= 4, ran  # generate, serve, index add, index stats at least

@@ -3,7 +3,6 @@ default, documents are text (never server-side paths), request limits, and no st
 
 from __future__ import annotations
 
-import ast
 import hmac
 import inspect
 import json
@@ -70,31 +69,24 @@ def test_the_right_key_is_accepted_case_insensitive_scheme(client):
     assert client.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
 
 
-def test_key_compare_is_constant_time():
-    """The check uses hmac.compare_digest on bytes, never == / startswith on the key."""
-    src = inspect.getsource(app_module._install_auth)
-    tree = ast.parse(src.lstrip())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "compare_digest"]
-    assert calls, "the API key must be compared with hmac.compare_digest"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any("api_key" in ast.unparse(c) for c in [node.left, *node.comparators]):
-            raise AssertionError(f"the key is compared with an operator: {ast.unparse(node)}")
-    assert app_module.hmac is hmac
-
-
-def test_compare_digest_is_what_runs(app, client, monkeypatch):
+def test_every_key_check_is_one_constant_time_compare_of_the_whole_key(client, monkeypatch):
+    """Right, wrong, short, long, prefix and non-ASCII keys each cost exactly one hmac.compare_digest of
+    the whole given token against the whole key (bytes): no length check or prefix test decides first,
+    so the time taken does not tell how much of a guess was right."""
     seen = []
     real = hmac.compare_digest
 
     def spy(a, b):
-        seen.append((type(a), type(b)))
+        seen.append((a, b))
         return real(a, b)
 
     monkeypatch.setattr(app_module.hmac, "compare_digest", spy)
-    client.get("/v1/models", headers={"Authorization": "Bearer nope"})
-    client.get("/v1/models", headers=AUTH)
-    assert seen == [(bytes, bytes), (bytes, bytes)]
+    for given in ("", "s", KEY[:5], KEY[:-1], KEY + "x", "é" + KEY[1:], KEY):
+        seen.clear()
+        status = client.get("/v1/models", headers={"Authorization": f"Bearer {given}"}).status_code
+        assert status == (200 if given == KEY else 401), given
+        assert len(seen) == 1 and seen[0][1] == KEY.encode() and isinstance(seen[0][0], bytes), (given, seen)
+        assert seen[0][0] == given.encode() or not given.isascii(), (given, seen)  # the whole token, as given
 
 
 # -- binding -----------------------------------------------------------------------------------------
@@ -177,15 +169,6 @@ def test_request_limits_are_clear_400s(client, path, body, param):
     assert resp.get_json()["error"]["param"] == param
 
 
-def test_body_size_limit_is_413_before_parsing(client):
-    big = json.dumps({"prompt": "x" * 9000})
-    resp = client.post("/v1/completions", headers={**AUTH, "Content-Type": "application/json"}, data=big)
-    assert resp.status_code == 413 and "limit" in resp.get_json()["error"]["message"]
-    resp = client.post("/v1/index/documents", headers={**AUTH, "Content-Type": "application/json"},
-                       data=json.dumps({"documents": ["y" * 9000]}))
-    assert resp.status_code == 413
-
-
 # -- no stack trace reaches a client -----------------------------------------------------------------
 
 def _no_trace(text: str) -> None:
@@ -205,10 +188,6 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     assert resp.status_code == 500
     _no_trace(resp.get_data(as_text=True))
     monkeypatch.undo()
-    monkeypatch.setattr(st.spec, "index_stats", lambda: (_ for _ in ()).throw(KeyError("secret-internal")))
-    resp = client.get("/v1/index/stats", headers=AUTH)
-    assert resp.status_code == 400 and "secret-internal" in resp.get_data(as_text=True)  # a KeyError's message only
-    _no_trace(resp.get_data(as_text=True).replace("secret-internal", ""))
     monkeypatch.setattr(st.spec, "list_documents", lambda **kw: 1 / 0)
     resp = client.get("/v1/index/documents", headers=AUTH)
     assert resp.status_code == 500 and "ZeroDivision" not in resp.get_data(as_text=True)
@@ -216,7 +195,7 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(st.worker.engine, "stream", boom)
     resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2})
-    assert resp.status_code == 500
+    assert resp.status_code == 500 and resp.get_json()["error"]["type"] == "server_error"
     _no_trace(resp.get_data(as_text=True))
     resp = client.post("/v1/chat/completions", headers=AUTH,
                        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True})
@@ -224,9 +203,63 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     body = resp.get_data(as_text=True)
     _no_trace(body)
     assert '"error"' in body and body.rstrip().endswith("[DONE]")
+    # an engine's ValueError is a refusal of the request's arguments: a 400 with its message, no trace
+    monkeypatch.setattr(st.worker.engine, "stream", lambda *a, **kw: (_ for _ in ()).throw(
+        ValueError("the prompt is too long for this engine; shorten it")))
+    resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2})
+    assert resp.status_code == 400
+    assert resp.get_json()["error"]["message"] == "the prompt is too long for this engine; shorten it"
     monkeypatch.undo()
     assert client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
 def test_debug_mode_is_off(app):
     assert not app.debug and not app.config.get("PROPAGATE_EXCEPTIONS")
+
+
+# -- the project's exceptions are answered by type -----------------------------------------------------
+
+def test_project_exceptions_are_answered_by_type_with_their_message(app, client, monkeypatch):
+    """errors.EXCEPTIONS: a dead index writer is a 503 that says so (never a 400/501 by RuntimeError)."""
+    from suffixspec.index.store import StoreError
+    from suffixspec.index.writer import WriterError
+
+    from suffixspec.server.worker import QueueFull
+
+    st = app.extensions["suffixspec"]
+    died = WriterError("the index writer process exited (killed by SIGKILL) before finishing: nothing was added")
+    monkeypatch.setattr(st.spec, "add_documents", lambda docs: (_ for _ in ()).throw(died))
+    resp = client.post("/v1/index/documents", headers=AUTH, json={"documents": ["a"]})
+    err = resp.get_json()["error"]
+    assert resp.status_code == 503 and err["code"] == "index_writer_failed" and err["type"] == "server_error"
+    assert err["message"] == str(died) and resp.headers["Retry-After"] == str(st.config.retry_after_s)
+    monkeypatch.setattr(st.spec, "index_stats", lambda: (_ for _ in ()).throw(StoreError("index.db is locked")))
+    resp = client.get("/v1/index/stats", headers=AUTH)
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "index_unavailable"
+    assert "Retry-After" not in resp.headers
+    monkeypatch.setattr(st.worker, "submit", lambda job: (_ for _ in ()).throw(QueueFull("32 requests are waiting")))
+    resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 1})
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "queue_full"
+    assert "32 requests are waiting" in resp.get_json()["error"]["message"] and resp.headers["Retry-After"]
+
+
+@pytest.mark.xfail(strict=True, reason="routes_index._store_call still answers any KeyError with a 400; the "
+                   "index's own exception types (errors.EXCEPTIONS) replace that catch")
+def test_a_key_error_in_the_store_is_a_bug_not_a_bad_request(app, client, monkeypatch):
+    st = app.extensions["suffixspec"]
+    monkeypatch.setattr(st.spec, "index_stats", lambda: (_ for _ in ()).throw(KeyError("secret-internal")))
+    resp = client.get("/v1/index/stats", headers=AUTH)
+    assert resp.status_code == 500
+    _no_trace(resp.get_data(as_text=True))
+
+
+def test_the_nearest_listed_base_answers_an_unlisted_subclass():
+    from suffixspec.index.store import StoreError
+
+    from suffixspec.server.errors import EXCEPTIONS, answer_for
+
+    class Corrupt(StoreError):
+        pass
+
+    assert answer_for(Corrupt("x")) is EXCEPTIONS[StoreError]
+    assert answer_for(KeyError("x")) is None and answer_for(RuntimeError("x")) is None  # a 500, not a guess

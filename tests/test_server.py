@@ -236,7 +236,7 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "prediction": "abc"}, "prediction"),
     ("/v1/completions", {"prompt": "x", "speculation": "fast"}, "speculation"),
     ("/v1/completions", {"prompt": "x", "speculation": {"drafters": ["magic"]}}, "speculation.drafters"),
-    ("/v1/completions", {"prompt": "x", "speculation": {"max_draft_tokens": 1000}}, "max_draft_tokens"),
+    ("/v1/completions", {"prompt": "x", "speculation": {"max_draft_tokens": 1000}}, "speculation.max_draft_tokens"),
     ("/v1/completions", {"prompt": "x " * 700}, "prompt"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 5, "max_completion_tokens": "a"}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
@@ -290,17 +290,10 @@ def test_malformed_bodies(server, body, headers, status, code):
         assert resp["error"]["code"] == code
 
 
-# -- auth on every route -----------------------------------------------------------------------------
+# -- auth: tests/test_security.py checks every route in-process; here the real server's answer ------------
 
-V1_ROUTES = [("GET", "/v1/models"), ("GET", "/v1/models/x"), ("POST", "/v1/completions"),
-             ("POST", "/v1/chat/completions"), ("GET", "/v1/index/documents"), ("POST", "/v1/index/documents"),
-             ("DELETE", "/v1/index/documents"), ("GET", "/v1/index/stats"), ("GET", "/v1/nope")]
-
-
-@pytest.mark.parametrize(("method", "path"), V1_ROUTES)
-@pytest.mark.parametrize("key", [None, "wrong", "", KEY + "x"])
-def test_every_v1_route_needs_the_key(server, method, path, key):
-    status, headers, resp = raw(server, method, path, {"prompt": "x"} if method != "GET" else None, key=key)
+def test_a_missing_key_is_a_401_with_the_scheme(server):
+    status, headers, resp = raw(server, "POST", "/v1/completions", {"prompt": "x"}, key=None)
     assert status == 401 and resp["error"]["code"] == "invalid_api_key"
     assert resp["error"]["type"] == "authentication_error" and "Bearer" in headers["www-authenticate"]
 
@@ -351,29 +344,6 @@ def test_metrics_count_requests_tokens_and_queue(server, client):
 def test_health_reports_the_engine(server):
     status, _, body = raw(server, "GET", "/health", key=None)
     assert status == 200 and body["status"] == "ok" and body["auth"] is True and body["max_context"] == 1024
-
-
-def test_no_stack_trace_leaks_on_engine_failure(server, monkeypatch):
-    st = server.app.extensions["suffixspec"]
-
-    def boom(*a, **kw):
-        raise RuntimeError("secret internal detail")
-
-    monkeypatch.setattr(st.worker.engine, "stream", boom)
-    status, _, resp = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
-    assert status == 500 and "secret" not in json.dumps(resp) and resp["error"]["type"] == "server_error"
-    status, _, text = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True})
-    events = sse_events(text)
-    assert "error" in events[0] and "secret" not in text and events[-1] == "[DONE]"
-
-    def refuse(*a, **kw):
-        raise ValueError("the prompt is too long for this engine; shorten it")
-
-    monkeypatch.setattr(st.worker.engine, "stream", refuse)
-    status, _, resp = raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
-    assert status == 400 and resp["error"]["message"] == "the prompt is too long for this engine; shorten it"
-    monkeypatch.undo()
-    assert raw(server, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 
 
 def test_one_worker_owns_the_engine(server):

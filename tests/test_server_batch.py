@@ -25,6 +25,7 @@ def target(tiny_model_dirs):
     return load_model(str(tiny_model_dirs["llama"]))
 
 
+@pytest.mark.slow  # a server and many clients, ~10 CPU s
 def test_concurrent_clients_get_their_alone_output(target):
     alone_engine = Engine(target)
     bodies = []

@@ -154,6 +154,7 @@ def llama(tiny_model_dirs):
     return engine_mod, load_model(str(tiny_model_dirs["llama"]), device="cpu", dtype="float32")
 
 
+@pytest.mark.slow  # a tiny model through the engine, ~9 CPU s per case
 @pytest.mark.parametrize("tree", [True, False])
 def test_engine_greedy_equality(llama, tmp_path, tree):
     engine_mod, target = llama
@@ -418,6 +419,7 @@ def test_text_match_drafts_across_a_tokenization_seam(text_match):
         assert answer[0] not in d.tokens
 
 
+@pytest.mark.slow  # a tiny model through the engine, ~8 CPU s per case
 @pytest.mark.parametrize("case", [dict(), dict(temperature=1.0, seed=3), dict(temperature=0.7, top_p=0.9, seed=4)],
                          ids=["greedy", "t1.0", "t0.7-top-p"])
 def test_text_match_and_answer_starts_keep_engine_output_with_gates_on(llama, case):

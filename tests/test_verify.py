@@ -93,6 +93,7 @@ CASES = ["always-wrong", "argmax-tree", "q-equals-p", "q-zeros-where-p-positive"
          "q-multi-children", "q-chain"]
 
 
+@pytest.mark.slow  # chi-square over many sampled sequences, 3-4 CPU s per case; test_chi2_detects_a_wrong_rule stays
 @pytest.mark.parametrize("case", CASES)
 def test_sequence_distribution_matches_target(case):
     params = SamplingParams(temperature=1.0, max_tokens=2)

@@ -362,6 +362,8 @@ def vllm_runs(tmp_path_factory):
     return {"plain": plain["phases"], "ours": ours["phases"], "db": db, "tok": tok}
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_greedy_output_with_the_proposer_equals_no_speculation(vllm_runs):
     plain, ours = vllm_runs["plain"], vllm_runs["ours"]
     assert ours[0]["outputs"] == plain[0]["outputs"]
@@ -372,6 +374,8 @@ def test_vllm_greedy_output_with_the_proposer_equals_no_speculation(vllm_runs):
     assert ours[3]["spec"]["accepted"] >= len(ours[3]["outputs"][-1]), ours[3]["spec"]
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_drafts_from_documents_indexed_before_start(vllm_runs):
     doc = vllm_runs["ours"][0]
     n_out = len(doc["outputs"][0])
@@ -379,6 +383,8 @@ def test_vllm_drafts_from_documents_indexed_before_start(vllm_runs):
     assert doc["spec"]["accepted"] >= 0.6 * n_out, doc["spec"]
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_history_grows_across_requests(vllm_runs):
     first, again = vllm_runs["ours"][1], vllm_runs["ours"][2]
     n_out = len(again["outputs"][0])

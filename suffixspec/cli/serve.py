@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import click
 
+from ..server.config import ServerConfig
 from .options import model_options
+
+DEFAULTS = ServerConfig  # the dataclass' class attributes are its defaults: the limits are defined there once
 
 
 @click.command("serve")
@@ -31,18 +34,18 @@ from .options import model_options
                    "'*' = any. Default: only this server's own web page (cross-site requests get 403).")
 @click.option("--threads", default=16, show_default=True, type=click.IntRange(1, 256),
               help="waitress worker threads (connections served at once).")
-@click.option("--max-queue", default=32, show_default=True, type=click.IntRange(1, 10_000),
+@click.option("--max-queue", default=DEFAULTS.max_queue, show_default=True, type=click.IntRange(1, 10_000),
               help="Requests that may wait for the engine; more get 503 with Retry-After.")
-@click.option("--max-num-seqs", default=4, show_default=True, type=click.IntRange(1, 256),
+@click.option("--max-num-seqs", default=DEFAULTS.max_num_seqs, show_default=True, type=click.IntRange(1, 256),
               help="Requests stepped together in one target forward pass (continuous batching); "
                    "1 serves one request at a time.")
-@click.option("--prefix-cache-mb", default=256.0, show_default=True, type=click.FloatRange(0),
+@click.option("--prefix-cache-mb", default=float(DEFAULTS.prefix_cache_mb), show_default=True, type=click.FloatRange(0),
               help="Memory for the target's keys/values of earlier prompts: a prompt that starts with the "
                    "same tokens (a shared system prompt, a file sent again) skips that part of the prefill; "
                    "0 turns it off.")
-@click.option("--max-tokens-limit", default=8192, show_default=True, type=click.IntRange(1),
+@click.option("--max-tokens-limit", default=DEFAULTS.max_tokens_limit, show_default=True, type=click.IntRange(1),
               help="Largest max_tokens a request may ask for.")
-@click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(0.01),
+@click.option("--max-body-mb", default=DEFAULTS.max_body_bytes / 2**20, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
 def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, allowed_hosts,
               allowed_origins, threads, max_queue, max_num_seqs, prefix_cache_mb, max_tokens_limit, max_body_mb):
@@ -62,7 +65,7 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
     """
     import logging
 
-    from ..server import ServerConfig, create_app
+    from ..server import create_app
     from ..server.serve import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,6 +1,6 @@
 """The model-free suffix proposer: drafts from the request itself, earlier outputs and the document corpus.
 
-Sources (DESIGN.md, "Suffix index"), each a suffix index with its own lifetime:
+Sources (docs/design.md, "Suffix index"), each a suffix index with its own lifetime:
 
 =============  =======================================  ==========================================
 node source    what it indexes                          lifetime

@@ -22,7 +22,7 @@ from werkzeug.routing import Map, Rule
 
 from . import guards
 from .config import ServerConfig
-from .errors import APIError
+from .errors import EXCEPTIONS, APIError, to_api_error
 from .metrics import Metrics
 from .worker import EngineWorker, Job
 
@@ -138,9 +138,20 @@ def _install_auth(app: Flask, cfg: ServerConfig) -> None:
 
 
 def _install_errors(app: Flask) -> None:
+    retry_after = app.extensions["suffixspec"].config.retry_after_s
+
     @app.errorhandler(APIError)
     def api_error(e: APIError) -> Response:
         return e.response()
+
+    def project_error(e: Exception) -> Response:
+        err = to_api_error(e, retry_after)
+        if err is None or err.status >= 500:
+            log.warning("%s on %s %s: %s", type(e).__name__, request.method, request.path, e)
+        return (err or _internal()).response()
+
+    for exc_type in EXCEPTIONS:  # the project's exceptions, answered by type (errors.EXCEPTIONS)
+        app.register_error_handler(exc_type, project_error)
 
     api_map: list[Map] = []  # built on first use, once every route is registered
 
@@ -175,13 +186,17 @@ def _install_errors(app: Flask) -> None:
     @app.errorhandler(Exception)
     def unexpected(e: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.path)  # the trace stays in the log
-        return APIError("internal server error; see the server log", 500, code="internal_error").response()
+        return _internal().response()
 
     @app.after_request
     def count(resp: Response) -> Response:
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         app.extensions["suffixspec"].metrics.http_requests.labels(rule, str(resp.status_code)).inc()
         return resp
+
+
+def _internal() -> APIError:
+    return APIError("internal server error; see the server log", 500, code="internal_error")
 
 
 def _api_routes(app: Flask) -> Map:

@@ -1,10 +1,26 @@
-"""OpenAI-format errors: ``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status."""
+"""OpenAI-format errors: ``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status.
+
+Two ways an error reaches a client:
+- a route raises ``APIError`` (a refusal it words itself: a bad field, an unknown model);
+- the project's own exceptions are answered by type, from ``EXCEPTIONS`` below. A subclass is
+  answered as its nearest listed base (``WriterError`` is a ``StoreError``); an exception not listed
+  (``KeyError``, ``RuntimeError``, a bug) is a 500 whose message says only "see the server log".
+
+Example: the index writer child is killed while adding documents -> ``WriterError("the index writer
+process exited (killed by SIGKILL) before finishing: ...")`` -> 503, code ``index_writer_failed``,
+that message, ``Retry-After: 2``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Response, jsonify
+
+from ..index.store import StoreError
+from ..index.writer import WriterError
+from .worker import QueueFull, ShuttingDown
 
 # HTTP status -> OpenAI error type.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -39,3 +55,40 @@ class APIError(Exception):
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
     """A 400 about one request field."""
     return APIError(message, 400, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How the server answers one of the project's exception types."""
+
+    status: int  # HTTP status
+    code: str  # the error's "code"
+    message: str = "{exc}"  # shown to the client; {exc} = the exception's own message (written to be shown)
+    retry: bool = False  # send Retry-After (the condition passes: a full queue, a writer to restart)
+
+
+# The project's exceptions -> their answer. Adding a type is one line; order does not matter (the
+# nearest base in the exception's MRO wins).
+EXCEPTIONS: dict[type[BaseException], Answer] = {
+    QueueFull: Answer(503, "queue_full", "the server is busy ({exc}); retry after a moment", retry=True),
+    ShuttingDown: Answer(503, "shutting_down", "the server is shutting down; retry on another instance or later"),
+    StoreError: Answer(503, "index_unavailable"),
+    WriterError: Answer(503, "index_writer_failed", retry=True),
+}
+
+
+def answer_for(exc: BaseException) -> Answer | None:
+    """The answer for ``exc``'s type or its nearest listed base; None for an exception not listed."""
+    for cls in type(exc).__mro__:
+        if cls in EXCEPTIONS:
+            return EXCEPTIONS[cls]
+    return None
+
+
+def to_api_error(exc: BaseException, retry_after_s: int) -> APIError | None:
+    """``exc`` as the APIError its type maps to (None: not one of the project's, a 500)."""
+    ans = answer_for(exc)
+    if ans is None:
+        return None
+    headers = {"Retry-After": str(retry_after_s)} if ans.retry else None
+    return APIError(ans.message.format(exc=str(exc).strip("'\"")), ans.status, code=ans.code, headers=headers)

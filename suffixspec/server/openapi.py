@@ -1,8 +1,9 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of the routes, for clients and API fuzzers.
 
-The request schemas say what ``validation.py`` accepts (types and ranges); the server stays the
-authority (it ignores unknown fields, as OpenAI does, and answers every refusal with a 4xx
-``{"error": {...}}``). The limits shown are the running server's (``ServerConfig``).
+The request bodies' schemas are generated from the models that validate them (``schema.py``), with
+the running server's limits, so the description and the validation cannot disagree. The server
+accepts a little more than the schemas say: it ignores unknown fields (as OpenAI does) and takes
+``null`` for "not sent"; every refusal is a 4xx ``{"error": {...}}``.
 """
 
 from __future__ import annotations
@@ -10,144 +11,82 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
+from pydantic.json_schema import models_json_schema
 
-from ..draft import DRAFTERS
+from .schema import Error, request_models
 
 bp = Blueprint("openapi", __name__)
 
 _JSON = "application/json"
+_ERRORS = {400: "invalid request (param names the field)", 401: "missing or wrong API key", 404: "not found",
+           413: "body too large", 501: "no document store", 503: "busy, shutting down, or the index unavailable"}
 
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _body(schema: str) -> dict[str, Any]:
-    return {"required": True, "content": {_JSON: {"schema": _ref(schema)}}}
-
-
-def _ok(desc: str, schema: dict[str, Any] | None = None, stream: bool = False) -> dict[str, Any]:
-    content: dict[str, Any] = {_JSON: {"schema": schema or {"type": "object"}}}
+def _ok(desc: str, stream: bool = False, content_type: str = _JSON) -> dict[str, Any]:
+    content: dict[str, Any] = {content_type: {"schema": {"type": "object" if content_type == _JSON else "string"}}}
     if stream:
         content["text/event-stream"] = {"schema": {"type": "string"}}
     return {"description": desc, "content": content}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    words = {400: "invalid request (the message names the field)", 401: "missing or wrong API key",
-             404: "not found", 413: "body too large", 501: "no document store", 503: "queue full or shutting down"}
-    return {str(c): {"description": words[c], "content": {_JSON: {"schema": _ref("Error")}}} for c in codes}
+def _op(op_id: str, summary: str, ok: dict[str, Any], errors: tuple[int, ...] = (), body: str | None = None,
+        params: list[dict[str, Any]] | None = None, body_required: bool = True, public: bool = False) -> dict:
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": {"200": ok, **{
+        str(c): {"description": _ERRORS[c], "content": {_JSON: {"schema": _ref("Error")}}} for c in errors}}}
+    if body:
+        op["requestBody"] = {"required": body_required, "content": {_JSON: {"schema": _ref(body)}}}
+    if params:
+        op["parameters"] = params
+    if public:
+        op["security"] = []
+    return op
 
 
-def build_spec(cfg: Any, model_id: str, max_context: int) -> dict[str, Any]:
-    """The OpenAPI document for a server with settings ``cfg``."""
-    num = {"type": "number"}
-    sampling = {
-        "model": {"type": "string", "description": f"ignored; this server serves '{model_id}'"},
-        "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": cfg.max_tokens_limit},
-        "temperature": {**num, "minimum": 0, "maximum": 2},
-        "top_p": {**num, "exclusiveMinimum": 0, "maximum": 1},
-        "top_k": {"type": "integer", "minimum": -1},
-        "seed": {"type": ["integer", "null"], "minimum": 0, "description": (
-            "fixes the sampled tokens. With the model-free drafters (prompt, history, documents, "
-            "references, prediction), a text-mode bridged draft model or a same-vocabulary draft model that "
-            "does not sample, the output equals speculation off (`speculation: false`) token for token, up to "
-            "float rounding when the two best scores of the sampling race are within rounding (rare: see the README); with a draft model that samples "
-            "(same vocabulary, or token-level intersection) the distribution is the same but the tokens are "
-            "not those of speculation off, and may vary run to run (which drafts get verified follows measured "
-            "timings). Greedy (temperature 0) output is always identical")},
-        "presence_penalty": {**num, "minimum": -2, "maximum": 2},
-        "frequency_penalty": {**num, "minimum": -2, "maximum": 2},
-        "stop": {"oneOf": [{"type": "string", "minLength": 1},
-                           {"type": "array", "maxItems": cfg.max_stop, "items": {"type": "string", "minLength": 1}}]},
-        "stream": {"type": "boolean"},
-        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-        "n": {"type": "integer", "enum": [1]},
-        "logit_bias": {"type": "object", "additionalProperties": {**num, "minimum": -100, "maximum": 100}},
-        "ignore_eos": {"type": "boolean"},
-        "references": {"type": "array", "maxItems": cfg.max_references, "items": {"type": "string"},
-                       "description": f"retrieved chunks the output may copy from (at most "
-                                      f"{cfg.max_reference_chars} characters with the prediction)"},
-        "prediction": {"type": "object", "required": ["content"],
-                       "properties": {"type": {"type": "string", "enum": ["content"]},
-                                      "content": {"type": "string"}}},
-        "speculation": {"oneOf": [{"type": "boolean"}, _ref("Speculation")]},
-    }
-    text_part = {"type": "object", "required": ["type", "text"],
-                 "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
-    schemas = {
-        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-            "type": "object", "required": ["message", "type"],
-            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                           "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
-        "Speculation": {"type": "object", "properties": {
-            "drafters": {"type": "array", "items": {"type": "string", "enum": list(DRAFTERS)}},
-            "max_draft_tokens": {"type": "integer", "minimum": 0, "maximum": 256},
-            "enabled": {"type": "boolean"}, "adaptive": {"type": "boolean"}}},
-        "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
-            "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                 {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}],
-                       "description": f"at most {min(max_context - 1, cfg.max_prompt_tokens or max_context)} tokens"},
-            "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
-            "echo": {"type": "boolean", "enum": [False]},
-            **sampling}},
-        "ChatRequest": {"type": "object", "required": ["messages"], "properties": {
-            "messages": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "required": ["role", "content"],
-                "properties": {"role": {"type": "string",
-                                        "enum": ["system", "developer", "user", "assistant", "tool"]},
-                               "content": {"oneOf": [{"type": "string"},
-                                                     {"type": "array", "items": text_part}]}}}},
-            "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": cfg.max_tokens_limit},
-            "logprobs": {"type": "boolean"},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            **sampling}},
-        "Document": {"oneOf": [{"type": "string", "minLength": 1}, {
-            "type": "object", "required": ["text"],
-            "properties": {"text": {"type": "string", "minLength": 1,
-                                    "description": "the document's text itself (never read from a path)"},
-                           "source": {"type": "string", "description": "a name for the document; not read"},
-                           "metadata": {"type": "object"}}}]},
-        "AddDocuments": {"type": "object", "required": ["documents"], "properties": {
-            "documents": {"type": "array", "minItems": 1, "maxItems": cfg.max_documents_per_request,
-                          "items": _ref("Document")}}},
-        "DeleteDocuments": {"type": "object", "properties": {
-            "ids": {"type": "array", "items": {"oneOf": [{"type": "integer"}, {"type": "string"}]}}}},
-    }
-    gen_errors = _errors(400, 401, 413, 503)
+def _query(name: str, schema: dict[str, Any], where: str = "query") -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema}
+
+
+def build_spec(cfg: Any, max_context: int, model_names: list[str] | None = None) -> dict[str, Any]:
+    """The OpenAPI document for a server with settings ``cfg``, a model of ``max_context`` tokens
+    served under ``model_names``."""
+    models = request_models(cfg)
+    _, defs = models_json_schema(
+        [(m, "validation") for m in (models.completion, models.chat, models.add_documents, models.delete_documents,
+                                     Error)], ref_template="#/components/schemas/{model}")
+    schemas = defs["$defs"]
+    limit = min(max_context - 1, cfg.max_prompt_tokens or max_context)
+    for name, field in (("CompletionRequest", "prompt"), ("ChatRequest", "messages")):
+        schemas[name]["properties"][field]["description"] = f"at most {limit} tokens (the server's prompt limit)"
+        if model_names:
+            schemas[name]["properties"]["model"]["enum"] = ["", *sorted(model_names)]
+    gen = (400, 401, 404, 413, 503)
+    store = (400, 401, 501, 503)
     paths = {
-        "/v1/completions": {"post": {"operationId": "createCompletion", "summary": "Text completion",
-                                     "requestBody": _body("CompletionRequest"),
-                                     "responses": {"200": _ok("completion (SSE when stream is true)", stream=True),
-                                                   **gen_errors}}},
-        "/v1/chat/completions": {"post": {"operationId": "createChatCompletion", "summary": "Chat completion",
-                                          "requestBody": _body("ChatRequest"),
-                                          "responses": {"200": _ok("chat completion (SSE when stream is true)",
-                                                                   stream=True), **gen_errors}}},
-        "/v1/models": {"get": {"operationId": "listModels", "responses": {"200": _ok("the served model"),
-                                                                          **_errors(401)}}},
-        "/v1/models/{model}": {"get": {"operationId": "retrieveModel",
-                                       "parameters": [{"name": "model", "in": "path", "required": True,
-                                                       "schema": {"type": "string"}}],
-                                       "responses": {"200": _ok("the model"), **_errors(401, 404)}}},
+        "/v1/completions": {"post": _op("createCompletion", "Text completion", _ok(
+            "completion (server-sent events when stream is true)", stream=True), gen, "CompletionRequest")},
+        "/v1/chat/completions": {"post": _op("createChatCompletion", "Chat completion", _ok(
+            "chat completion (server-sent events when stream is true)", stream=True), gen, "ChatRequest")},
+        "/v1/models": {"get": _op("listModels", "The served model", _ok("a list of one model"), (401,))},
+        "/v1/models/{model}": {"get": _op("retrieveModel", "One model", _ok("the model"), (401, 404),
+                                          params=[_query("model", {"type": "string"}, "path")])},
         "/v1/index/documents": {
-            "get": {"operationId": "listDocuments", "parameters": [
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-                {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
-                {"name": "q", "in": "query", "schema": {"type": "string"}}],
-                    "responses": {"200": _ok("a page of documents"), **_errors(400, 401, 501)}},
-            "post": {"operationId": "addDocuments", "requestBody": _body("AddDocuments"),
-                     "responses": {"200": _ok("one record per document"), **_errors(400, 401, 413, 501)}},
-            "delete": {"operationId": "deleteDocuments",
-                       "parameters": [{"name": "id", "in": "query", "schema": {"type": "string"}}],
-                       "requestBody": {"required": False, "content": {_JSON: {"schema": _ref("DeleteDocuments")}}},
-                       "responses": {"200": _ok("how many were removed"), **_errors(400, 401, 501)}}},
-        "/v1/index/stats": {"get": {"operationId": "indexStats",
-                                    "responses": {"200": _ok("corpus statistics"), **_errors(401, 501)}}},
-        "/health": {"get": {"operationId": "health", "security": [],
-                            "responses": {"200": _ok("serving"), "503": _ok("not serving")}}},
-        "/metrics": {"get": {"operationId": "metrics", "security": [], "responses": {
-            "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "get": _op("listDocuments", "A page of indexed documents", _ok("a page of documents"), store, params=[
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                _query("offset", {"type": "integer", "minimum": 0}),
+                _query("q", {"type": "string", "maxLength": cfg.max_query_chars})]),
+            "post": _op("addDocuments", "Index documents (idempotent by content)", _ok("one record per document"),
+                        store + (413,), "AddDocuments"),
+            "delete": _op("deleteDocuments", "Remove documents", _ok("how many were removed"), store,
+                          "DeleteDocuments", [_query("id", {"type": "string"})], body_required=False)},
+        "/v1/index/stats": {"get": _op("indexStats", "Corpus statistics", _ok("corpus statistics"), (401, 501, 503))},
+        "/health": {"get": _op("health", "Liveness", _ok("serving"), public=True)},
+        "/metrics": {"get": _op("metrics", "Prometheus metrics", _ok("Prometheus text format",
+                                                                     content_type="text/plain"), public=True)},
+        "/openapi.json": {"get": _op("openapi", "This description", _ok("OpenAPI 3.1"), public=True)},
     }
     spec: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -164,15 +103,15 @@ def build_spec(cfg: Any, model_id: str, max_context: int) -> dict[str, Any]:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version("suffixspec")
-    except Exception:  # not installed (running from a checkout)
+    except PackageNotFoundError:  # running from a checkout that was never installed
         return "0"
 
 
 @bp.get("/openapi.json")
 def openapi() -> Response:
     st = current_app.extensions["suffixspec"]
-    return jsonify(build_spec(st.config, st.model_id, st.spec.max_context))
+    return jsonify(build_spec(st.config, st.spec.max_context, sorted(st.model_names)))

@@ -12,12 +12,11 @@ live corpus); adding is idempotent by content hash.
 
 from __future__ import annotations
 
-import json
-
 from flask import Blueprint, Response, jsonify, request
 
-from .errors import APIError, invalid
+from .errors import EXCEPTIONS, APIError, invalid
 from .routes_openai import read_json, state
+from .schema import parse, request_models
 
 bp = Blueprint("index", __name__)
 
@@ -38,6 +37,8 @@ def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
 def _store_call(fn, *args, **kw):
     try:
         return fn(*args, **kw)
+    except tuple(EXCEPTIONS):  # the project's own types are answered by type (errors.EXCEPTIONS)
+        raise
     except (ValueError, KeyError) as e:
         raise invalid(str(e).strip("'\"")) from None
     except RuntimeError as e:  # no index in this installation
@@ -61,53 +62,22 @@ def list_documents() -> Response:
 @bp.post("/v1/index/documents")
 def add_documents() -> Response:
     st = state()
-    body = read_json()
-    docs = body.get("documents")
-    if docs is None and isinstance(body.get("text"), str):  # a single document
-        docs = [body]
-    if not isinstance(docs, list) or not docs:
-        raise invalid('\'documents\' must be a non-empty list of strings or {"text", "source", "metadata"} '
-                      "objects", "documents", "invalid_type")
-    if len(docs) > st.config.max_documents_per_request:
-        raise invalid(f"at most {st.config.max_documents_per_request} documents per request, got {len(docs)}",
-                      "documents")
-    clean = []
-    for i, d in enumerate(docs):
-        p = f"documents[{i}]"
-        if isinstance(d, str):
-            d = {"text": d}
-        if not isinstance(d, dict) or not isinstance(d.get("text"), str):
-            raise invalid(f"'{p}' must be a string or an object with a 'text' string", p, "invalid_type")
-        if not d["text"]:
-            raise invalid(f"'{p}.text' is empty", f"{p}.text")
-        if d.get("source") is not None and not isinstance(d["source"], str):
-            raise invalid(f"'{p}.source' must be a string", f"{p}.source", "invalid_type")
-        meta = d.get("metadata")
-        if meta is not None and not isinstance(meta, dict):
-            raise invalid(f"'{p}.metadata' must be an object", f"{p}.metadata", "invalid_type")
-        clean.append({"text": d["text"], "source": d.get("source"), "metadata": meta or {}})
+    req = parse(request_models(st.config).add_documents, read_json())
+    clean = [{"text": d.text, "source": d.source, "metadata": d.metadata} for d in req.documents]
     added = _store_call(st.spec.add_documents, clean)
     return jsonify({"object": "list", "data": added})
 
 
 @bp.delete("/v1/index/documents")
 def delete_documents() -> Response:
-    spec = state().spec
+    st = state()
     ids: list = request.args.getlist("id")
     if request.get_data(cache=True):
-        body = read_json()
-        more = body.get("ids", [])
-        if not isinstance(more, list):
-            raise invalid("'ids' must be a list of document ids", "ids", "invalid_type")
-        ids += more
+        ids += parse(request_models(st.config).delete_documents, read_json()).ids
     if not ids:
         raise invalid("give the documents to remove as ?id=... or {\"ids\": [...]}", "ids", "missing_required")
-    norm = []
-    for v in ids:
-        if isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise invalid(f"document ids must be integers or strings, got {json.dumps(v)}", "ids", "invalid_type")
-        norm.append(int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else v)  # not int("²")
-    removed = _store_call(spec.remove_documents, norm)
+    norm = [int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else v for v in ids]  # not int("²")
+    removed = _store_call(st.spec.remove_documents, norm)
     return jsonify({"object": "list", "deleted": removed, "ids": norm})
 
 

@@ -14,7 +14,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from .errors import APIError
 from .responses import SSE_DONE, ResponseBuilder, sse
 from .validation import GenRequest, parse_chat, parse_completion
-from .worker import DONE, Job, JobFailed, QueueFull, ShuttingDown
+from .worker import DONE, Job, JobFailed, QueueFull
 
 bp = Blueprint("openai", __name__)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape somewhere in the body
@@ -129,13 +129,10 @@ def _generate(parser: Callable[..., GenRequest], endpoint: str) -> Response:
     job = Job(kwargs=dict(prompt=req.prompt_ids, sampling=req.sampling, speculation=req.speculation,
                           references=req.references, prediction=req.prediction), endpoint=endpoint)
     try:
-        st.worker.submit(job)
-    except QueueFull as e:
+        st.worker.submit(job)  # QueueFull and ShuttingDown are answered by type (errors.EXCEPTIONS)
+    except QueueFull:
         st.metrics.rejected.labels("queue_full").inc()
-        raise APIError(f"the server is busy ({e}); retry after a moment", 503, code="queue_full",
-                       headers={"Retry-After": str(st.config.retry_after_s)}) from None
-    except ShuttingDown:
-        raise APIError("the server is shutting down", 503, code="shutting_down") from None
+        raise
     builder = ResponseBuilder(req.kind, st.model_id, tok, prediction_len, req.logprobs)
     disconnected = request.environ.get("waitress.client_disconnected")
     poll = st.config.disconnect_poll_s
