@@ -156,6 +156,31 @@ class SuffixSpec:
     def max_context(self) -> int:
         return int(self.engine.max_context)
 
+    @property
+    def drafters(self) -> list[str]:
+        """The drafters this object has, named as ``speculation.drafters`` names them (in ``DRAFTERS``
+        order): the suffix index's request sources, ``history`` when outputs are kept, ``documents``
+        with a store, ``draft_model`` when one is loaded. ``SuffixSpec(draft_model=None, db=False,
+        history=False).drafters == ["prompt", "references", "prediction"]``."""
+        from . import draft as d  # (local: keeps this change off the module's import lines)
+
+        have: set[str] = set()
+        for p in self.proposers:
+            if getattr(p, "name", "") == "suffix":
+                have |= {d.SOURCE_PROMPT, d.SOURCE_REFERENCES, d.SOURCE_PREDICTION}
+                if getattr(p, "history", None) is not None:
+                    have.add(d.SOURCE_HISTORY)
+                if getattr(p, "store", None) is not None or getattr(p, "documents", None) is not None:
+                    have.add(d.SOURCE_DOCUMENTS)
+            elif getattr(p, "name", "") in d.DRAFTERS:  # draft_model (same or another tokenizer)
+                have.add(p.name)
+        return [name for name in d.DRAFTERS if name in have]
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the target's tokenizer has a chat template (else ``render_chat`` writes a plain transcript)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of a completion prompt, exactly as generation sees them."""
         enc = getattr(self.engine, "encode", None)
@@ -166,7 +191,7 @@ class SuffixSpec:
     def render_chat(self, messages: Sequence[Message | dict]) -> str:
         """The prompt text the tokenizer's chat template makes of ``messages`` (ready for the assistant)."""
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not self.has_chat_template:
             # No template: a plain transcript, so base models still get a sensible prompt.
             return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:"
         return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .draft import DRAFTERS
+from .draft import DRAFTERS, PREDICTION_RULE
 
 
 @dataclass
@@ -56,7 +56,9 @@ class SpeculationConfig:
     """Which drafters run for a request and how large a draft tree may be."""
 
     enabled: bool = True  # False: plain decoding, one target token per step
-    drafters: tuple[str, ...] | None = None  # subset of DRAFTERS to use; None = every drafter loaded
+    # subset of DRAFTERS to use; None = every drafter loaded. A request's prediction drafts whenever it is
+    # given, named here or not (draft.drafter_allows): send no prediction to run without it
+    drafters: tuple[str, ...] | None = None
     max_draft_tokens: int = 32  # node budget for the merged draft tree
     adaptive: bool = True  # shrink/grow the budget from measured acceptance
 
@@ -65,6 +67,6 @@ class SpeculationConfig:
             self.drafters = tuple(self.drafters)
             unknown = [d for d in self.drafters if d not in DRAFTERS]
             if unknown:
-                raise ValueError(f"unknown drafter(s) {unknown}; choose from {list(DRAFTERS)}")
+                raise ValueError(f"unknown drafter(s) {unknown}; choose from {list(DRAFTERS)} ({PREDICTION_RULE})")
         if not 0 <= self.max_draft_tokens <= 256:
             raise ValueError(f"max_draft_tokens must be between 0 and 256, got {self.max_draft_tokens}")

@@ -42,8 +42,27 @@ SOURCE_TARGET = "target"  # a token sampled by the target itself (bonus or corre
 # Node provenance values a proposer may put in Draft.sources.
 DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_PREDICTION,
                  SOURCE_DRAFT_MODEL)
-# Drafter names a request may switch on or off (`speculation.drafters`); "references" covers the prediction.
-DRAFTERS = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_DRAFT_MODEL)
+# Drafter names a request may choose with `speculation.drafters`. A request's `prediction` drafts
+# whenever the request gives one, whether the list names "prediction" or not (see drafter_allows).
+DRAFTERS = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_PREDICTION,
+            SOURCE_DRAFT_MODEL)
+PREDICTION_RULE = "a request's prediction drafts whenever it is given, listed or not"
+
+
+def drafter_allows(drafters: Sequence[str] | None, source: str) -> bool:
+    """Whether a request whose ``speculation.drafters`` is ``drafters`` lets draft nodes of ``source`` in.
+
+    ``None`` allows every source. The prediction is the exception to the list: a client that sends
+    ``prediction`` asks for it to be used (OpenAI's predicted outputs have no other switch), and a list
+    such as ``["prompt"]`` written to leave out the server's other drafters must not silently drop it.
+    To run without it, send no prediction (or ``speculation: false`` for no drafting at all)::
+
+        drafter_allows(("prompt",), "prompt")      -> True
+        drafter_allows(("prompt",), "documents")   -> False
+        drafter_allows(("prompt",), "prediction")  -> True   (given, so used)
+        drafter_allows(None, "documents")          -> True
+    """
+    return drafters is None or source == SOURCE_PREDICTION or source in drafters
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch
 from .budget import DraftGate, ProposerGate, VerifyCost
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
-from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES, SOURCE_TARGET, Draft
+from .draft import SOURCE_TARGET, Draft, drafter_allows
 from .kv import attention_windows, keep_accepted, new_cache, tree_inputs
 from .loading import LoadedModel
 from .merge import merge_drafts
@@ -61,10 +61,6 @@ class StreamEvent:
     sources: list[str] = field(default_factory=list)  # source per committed token
     logprobs: list[dict] | None = None  # entries (as in GenerationResult.logprobs) for token_ids, if asked
     result: GenerationResult | None = None  # set on the final event only
-
-
-def _drafter_of(source: str) -> str:
-    return SOURCE_REFERENCES if source == SOURCE_PREDICTION else source
 
 
 class Engine:
@@ -269,7 +265,7 @@ class Engine:
             t = time.perf_counter()
             d = p.propose(context, budget)
             calls.append((i, max(0.0, time.perf_counter() - t - getattr(p, "setup_s", 0.0)), set(d.sources)))
-            if len(d) and (allowed is None or all(_drafter_of(s) in allowed for s in d.sources)):
+            if len(d) and (allowed is None or all(drafter_allows(allowed, s) for s in d.sources)):
                 drafts.append(d)
         return merge_drafts(drafts, budget), calls
 

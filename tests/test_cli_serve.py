@@ -46,6 +46,34 @@ def test_generate_usage_errors(tiny_model_dirs, tmp_path):
     assert res.exit_code == 1 and "magic" in res.output
 
 
+def test_generate_reports_decode_speed_apart_from_prefill_and_first_step(tiny_model_dirs, tmp_path):
+    args = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
+            "--db", str(tmp_path / "i.db"), "--max-tokens", "12", "--drafters", "prompt"]
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    timing = out["timing"]
+    assert timing["first_step_tokens"] + timing["decode_tokens"] == out["completion_tokens"]
+    assert min(timing["load_s"], timing["prefill_s"], timing["first_step_s"]) > 0
+    if out["speculative_decoding"]["steps"] > 1:
+        assert timing["decode_tokens_per_s"] == round(timing["decode_tokens"] / timing["decode_s"], 2)
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    assert "decode: " in text.stderr and "prefill " in text.stderr and "first step " in text.stderr
+    one = CliRunner().invoke(main, [*args[:-4], "--max-tokens", "1"])  # one step: no decode speed to give
+    assert one.exit_code == 0 and "ended in its first step" in one.stderr, one.output
+
+
+@pytest.mark.parametrize("extra", [["--no-speculation"], ["--max-tokens", "1"], ["--drafters", "prompt"]])
+def test_generate_loads_no_draft_model_it_cannot_use(tiny_model_dirs, tmp_path, extra):
+    """A request that cannot draft from the draft model does not wait for it to load (a missing one shows it)."""
+    args = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model",
+            str(tmp_path / "no-such-draft-model"), "--db", str(tmp_path / "i.db"), "--max-tokens", "4"]
+    assert CliRunner().invoke(main, args).exit_code != 0  # it is loaded when it can draft
+    res = CliRunner().invoke(main, [*args, *extra])
+    assert res.exit_code == 0, res.output
+
+
 def test_serve_help_defaults_to_localhost():
     res = CliRunner().invoke(main, ["serve", "--help"])
     assert res.exit_code == 0 and "127.0.0.1" in res.output and "SUFFIXSPEC_API_KEY" in res.output

@@ -75,6 +75,11 @@ def greedy(server, prompt: str, max_tokens: int = 16) -> str:
 def test_models_lists_the_served_model(client, server):
     models = client.models.list()
     assert [m.id for m in models.data] == [server.app.extensions["suffixspec"].model_id] == ["tiny-llama"]
+    # extensions the web page reads: the tiny tokenizer has a chat template; no draft model is loaded
+    card = models.data[0].model_dump()
+    assert card["chat_template"] is True
+    assert card["drafters"] == ["prompt", "history", "documents", "references", "prediction"]
+    assert client.models.retrieve("m").model_dump() == card
 
 
 def test_completion_matches_the_engine(client, server):
@@ -408,10 +413,12 @@ def test_index_validation(server, method, path, body, param):
     assert st == 400 and resp["error"]["param"] == param, resp
 
 
-def test_prediction_raises_mean_accepted_length_and_reports_usage(server):
-    """A code edit whose output is known in advance: the prediction drafts it, the output is unchanged."""
+@pytest.mark.parametrize("drafters", [["prompt", "references"], ["prompt"], ["prompt", "prediction"], ["documents"]])
+def test_prediction_raises_mean_accepted_length_and_reports_usage(server, drafters):
+    """A code edit whose output is known in advance: the prediction drafts it, the output is unchanged.
+    It drafts whenever it is given, whichever drafters the request lists ("prediction" among them or not)."""
     prompt, _, bias = copyable(server.app.extensions["suffixspec"].spec, 40)
-    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "speculation": {"drafters": ["prompt", "references"]},
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "speculation": {"drafters": drafters},
             "logit_bias": {str(k): v for k, v in bias.items()}}
     _, _, without = raw(server, "POST", "/v1/completions", body)
     expected = without["choices"][0]["text"]

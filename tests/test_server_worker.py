@@ -188,3 +188,40 @@ def test_shutdown_finishes_running_refuses_queued_and_new(gated):
     assert status == 200 and text.rstrip().endswith("data: [DONE]")  # the running stream was completed
     assert '"finish_reason":"length"' in text
     assert not st.worker.alive and st.spec._closed
+
+
+def test_completion_tokens_are_counted_as_they_are_generated(gated):
+    """The metrics page's tokens/s follows a running generation: each step's tokens count when committed.
+
+    While the engine waits at the gate inside a step, every earlier step's event is out: the counter
+    must equal the tokens those events carried, before the request ends."""
+    import queue
+
+    from suffixspec.config import SamplingParams, SpeculationConfig
+    from suffixspec.server.worker import DONE, Job
+
+    srv, gate = gated
+    st = srv.app.extensions["suffixspec"]
+    # adaptive=False: no proposer gate, so the gate proposer is asked (and waits) at every step; with the
+    # adaptive one it would skip a proposer that took long, and the request could end between two waits
+    job = st.worker.submit(Job(kwargs=dict(prompt=st.spec.encode("import os"),
+                                           sampling=SamplingParams(max_tokens=40, ignore_eos=True),
+                                           speculation=SpeculationConfig(adaptive=False))))
+    assert gate.entered.wait(WAIT)
+    seen = 0
+    for step in range(1, 4):
+        gate.entered.clear()
+        gate.permits.release()
+        assert gate.entered.wait(WAIT)  # held inside a later step: the steps before it are delivered
+        while True:
+            try:
+                ev = job.events.get_nowait()
+            except queue.Empty:
+                break
+            assert ev is not DONE
+            seen += len(ev.token_ids)
+        assert seen == step and metric(srv, "suffixspec_completion_tokens_total") == seen  # one token a step
+    gate.open()
+    while job.events.get(timeout=WAIT) is not DONE:
+        pass
+    assert metric(srv, "suffixspec_completion_tokens_total") == 40  # counted once, not again at the end

@@ -45,10 +45,13 @@ def test_pick_mode_takes_the_best_scoring_source():
 
 @pytest.mark.parametrize("drafters, expected", [
     (None, {SOURCE_PROMPT, SOURCE_REFERENCES, SOURCE_PREDICTION, SOURCE_DOCUMENTS}),
-    ((SOURCE_PROMPT,), {SOURCE_PROMPT}),
-    ((SOURCE_REFERENCES,), {SOURCE_REFERENCES, SOURCE_PREDICTION}),  # "references" covers the prediction
-    ((SOURCE_DOCUMENTS, SOURCE_HISTORY), {SOURCE_DOCUMENTS}),
-    (("draft_model",), set()),
+    # a given prediction drafts whatever the list says (draft.drafter_allows)
+    ((SOURCE_PROMPT,), {SOURCE_PROMPT, SOURCE_PREDICTION}),
+    ((SOURCE_REFERENCES,), {SOURCE_REFERENCES, SOURCE_PREDICTION}),
+    ((SOURCE_PREDICTION,), {SOURCE_PREDICTION}),
+    ((SOURCE_PROMPT, SOURCE_PREDICTION), {SOURCE_PROMPT, SOURCE_PREDICTION}),
+    ((SOURCE_DOCUMENTS, SOURCE_HISTORY), {SOURCE_DOCUMENTS, SOURCE_PREDICTION}),
+    (("draft_model",), {SOURCE_PREDICTION}),
 ])
 def test_request_drafters_switch_sources(drafters, expected):
     docs = SuffixArray.build([[1, 2, 3, 40, 41]])

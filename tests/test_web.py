@@ -43,26 +43,47 @@ def _browser_paths() -> tuple[str, str]:
 
 # ------------------------------------------------------------------------------------- fixtures
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dirs, tmp_path_factory):
-    """The real app on an ephemeral 127.0.0.1 port, with an API key; yields its base URL."""
+def serve(cfg: dict):
+    """Context manager: the real app with ``cfg`` (plus the API key) on an ephemeral 127.0.0.1 port; its base URL."""
+    import contextlib
+
     from werkzeug.serving import make_server
 
     from suffixspec.server.app import create_app
 
+    @contextlib.contextmanager
+    def run():
+        app = create_app({**cfg, "api_key": API_KEY})
+        httpd = make_server("127.0.0.1", 0, app, threaded=True)
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_port}/"
+        finally:
+            httpd.shutdown()
+            app.extensions["suffixspec"].shutdown()
+            thread.join(10)
+
+    return run()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dirs, tmp_path_factory):
+    """The real app on an ephemeral 127.0.0.1 port, with an API key; yields its base URL."""
     if EMBEDDED_TARGET.exists():
         cfg = {"model": "suffixspec/demo-target"}  # + its different-tokenizer draft model ("auto")
     else:
         cfg = {"model": str(tiny_model_dirs["llama"]), "draft_model": None}
-    cfg.update(api_key=API_KEY, db=str(tmp_path_factory.mktemp("webdb") / "docs.db"))
-    app = create_app(cfg)
-    httpd = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}/"
-    httpd.shutdown()
-    app.extensions["suffixspec"].shutdown()
-    thread.join(10)
+    with serve({**cfg, "db": str(tmp_path_factory.mktemp("webdb") / "docs.db")}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def chat_server(tiny_model_dirs, tmp_path_factory):
+    """A tiny llama whose tokenizer has a chat template, served without a draft model (`--draft-model none`)."""
+    with serve({"model": str(tiny_model_dirs["llama"]), "draft_model": None,
+                "db": str(tmp_path_factory.mktemp("chatdb") / "docs.db")}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +105,36 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
-@pytest.fixture
-def page(server, browser):
-    """The page freshly loaded with the right API key in sessionStorage; checks for JS errors after."""
+def open_page(browser, url: str):
+    """Load the page at ``url`` (light scheme, 1280 px) with the right API key in sessionStorage, once it
+    has heard from the server (the model's card included); yields it, then checks for JS errors."""
     browser.set_window_size(1280, 900)
-    browser.get(server + "favicon.svg")  # same origin, so the page's sessionStorage; the page itself not yet
+    color_scheme(browser, "light")
+    browser.get(url + "favicon.svg")  # same origin, so the page's sessionStorage; the page itself not yet
     browser.execute_script("sessionStorage.setItem('suffixspec.apiKey', arguments[0])", API_KEY)
-    browser.get(server)
-    wait(browser).until(lambda d: "connecting" not in d.find_element("id", "server-status").text)
+    browser.get(url)
+    wait(browser).until(lambda d: "connecting" not in d.find_element("id", "server-status").text
+                        and "·" in d.find_element("id", "server-status").text)  # "server ok · <model>"
     yield browser
     errors = [e["message"] for e in browser.get_log("browser")
               if e["level"] == "SEVERE" and "401" not in e["message"] and "favicon.ico" not in e["message"]]
     assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(server, browser):
+    yield from open_page(browser, server)
+
+
+@pytest.fixture
+def chat_page(chat_server, browser):
+    yield from open_page(browser, chat_server)
+
+
+def color_scheme(driver, scheme: str) -> None:
+    """Emulate the user's light or dark preference (prefers-color-scheme)."""
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                           {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
 
 
 def wait(driver, timeout: float = WAIT_S):
@@ -163,7 +202,14 @@ PROMPT = ("def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + 
           "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n")
 
 
+def set_mode(driver, mode: str) -> None:
+    driver.find_element("css selector", f'input[name="mode"][value="{mode}"]').click()
+    wait(driver, 10).until(lambda d: by_id(d, "user-msg" if mode == "chat" else "prompt").is_displayed())
+
+
 def set_request(driver, max_tokens: int = 48) -> None:
+    """A Prompt-mode request (the page opens in Chat mode for a model with a chat template)."""
+    set_mode(driver, "prompt")
     driver.execute_script("arguments[0].value = arguments[1]", by_id(driver, "prompt"), PROMPT)
     fill(driver, "max-tokens", str(max_tokens))
     fill(driver, "temperature", "0")
@@ -247,8 +293,7 @@ def test_compare_shows_speedup_and_identical_outputs(page):
 
 
 def test_chat_mode_keeps_the_conversation(page):
-    page.find_element("css selector", 'input[name="mode"][value="chat"]').click()
-    wait(page, 10).until(lambda d: by_id(d, "user-msg").is_displayed())
+    set_mode(page, "chat")
     assert not by_id(page, "prompt").is_displayed()
     fill(page, "user-msg", "def add(a, b):")
     fill(page, "max-tokens", "12")
@@ -328,13 +373,20 @@ def test_wrong_api_key_shows_clear_message(page):
     assert by_id(page, "key-state").text == "key accepted"
 
 
-def test_metrics_view_polls_prometheus_text(page):
-    set_request(page, max_tokens=8)
+def generate_between_polls(page, max_tokens: int) -> None:
+    """Poll the metrics, run one generation, poll again: the charts then have an interval holding it."""
+    by_id(page, "tab-metrics").click()  # showing the view polls
+    wait(page).until(lambda d: "Last poll" in by_id(d, "metrics-status").text)
+    by_id(page, "tab-playground").click()
+    set_request(page, max_tokens=max_tokens)
     by_id(page, "generate").click()
     wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
     by_id(page, "tab-metrics").click()
-    by_id(page, "metrics-now").click()
-    wait(page).until(lambda d: "Last poll" in by_id(d, "metrics-status").text)
+    page.execute_async_script("import('./metrics.js').then((m) => m.poll()).then(arguments[arguments.length - 1])")
+
+
+def test_metrics_view_polls_prometheus_text(page):
+    generate_between_polls(page, 8)
     totals = by_id(page, "metric-totals").text
     m = re.search(r"Requests\s+(\d+)", totals)
     assert m and int(m.group(1)) >= 1, totals
@@ -478,11 +530,7 @@ def test_documents_with_the_same_name_are_told_apart(page, server):
 def test_metrics_list_every_source_even_where_lines_overlap(page, server):
     import urllib.request
 
-    set_request(page, max_tokens=16)
-    by_id(page, "generate").click()
-    wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–"))
-    by_id(page, "tab-metrics").click()
-    by_id(page, "metrics-now").click()
+    generate_between_polls(page, 16)
     wait(page).until(lambda d: by_id(d, "acc-table").is_displayed())
     status = by_id(page, "metrics-status").text
     assert re.search(r"\d+ values read from /metrics", status) and "samples" not in status, status
@@ -493,9 +541,14 @@ def test_metrics_list_every_source_even_where_lines_overlap(page, server):
     assert {r.get_attribute("data-source") for r in rows} == drafting  # every source, 0% ones included
     for r in rows:
         assert re.search(r"\d+(\.\d)?%$", r.text), r.text
-    # Each line of the chart has its own dash pattern, so one lying on another still shows.
+    # Each line of the chart has its own dash pattern, so one lying on another still shows; a source that
+    # drafted nothing in the interval has no line there (a gap).
+    data = page.execute_async_script(
+        "import('./metrics.js').then((m) => arguments[arguments.length - 1](m.chartData().acceptance))")
+    drawn = [s["id"] for s in data if any(p[1] is not None for p in s["points"])]
+    assert drawn, data
     dashes = [p.get_attribute("stroke-dasharray") or "" for p in page.find_elements("css selector", "#acc-chart svg path")]
-    assert len(dashes) == len(drafting) and len(set(dashes)) == len(dashes), dashes
+    assert len(dashes) == len(drawn) and len(set(dashes)) == len(dashes), dashes
 
 
 def test_api_key_placeholder_fits_at_desktop_and_phone_widths(page):
@@ -520,3 +573,134 @@ def test_api_key_placeholder_fits_at_desktop_and_phone_widths(page):
     by_id(page, "key-save").click()
     wait(page).until(lambda d: by_id(d, "key-state").text == "key accepted")
     assert by_id(page, "key-forget").is_displayed()
+
+
+# ------------------------------------------------------------------ first use with a chat model (issue 29)
+
+def visible_drafters(driver) -> set[str]:
+    return {b.get_attribute("value") for b in driver.find_elements("css selector", 'input[name="drafter"]')
+            if b.find_element("xpath", "..").is_displayed()}
+
+
+def model_card(url: str) -> dict:
+    return api(url, "GET", "/v1/models")["data"][0]
+
+
+# The colours the step chart draws and the colours of the legend's swatches, both as the browser resolves them.
+CHART_AND_LEGEND_COLOURS = """
+    const bars = [...document.querySelectorAll('#step-chart svg rect')].map((r) => getComputedStyle(r).fill);
+    const legend = [...document.querySelectorAll('#legend .swatch')].map((s) => getComputedStyle(s).backgroundColor);
+    return [[...new Set(bars)], [...new Set(legend)]];
+"""
+
+
+def check_layouts(driver, name: str) -> list[Path]:
+    """Screenshots at 1280 and 390 px, light and dark; no width may scroll sideways."""
+    shots = []
+    for width in (1280, 390):
+        driver.set_window_size(width, 900)
+        wait(driver, 10).until(lambda d, w=width: abs(d.execute_script("return window.innerWidth") - w) < 20)
+        for scheme in ("light", "dark"):
+            color_scheme(driver, scheme)
+            overflow = driver.execute_script(
+                "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            assert overflow <= 1, f"{name}: the page scrolls sideways by {overflow}px at {width}px ({scheme})"
+            shots.append(screenshot(driver, f"{name}-{width}-{scheme}"))
+    color_scheme(driver, "light")
+    driver.set_window_size(1280, 900)
+    return shots
+
+
+def ask(driver, question: str, max_tokens: int) -> str:
+    """Ask in Chat mode (the page must have opened in it); the assistant's answer as the chat log shows it."""
+    assert driver.find_element("css selector", 'input[name="mode"][value="chat"]').is_selected()
+    assert by_id(driver, "user-msg").is_displayed() and not by_id(driver, "prompt").is_displayed()
+    fill(driver, "user-msg", question)
+    fill(driver, "max-tokens", str(max_tokens))
+    by_id(driver, "generate").click()
+    wait(driver).until(lambda d: d.find_elements("css selector", "#chat-log .msg.assistant")
+                       and by_id(d, "generate").is_enabled())
+    assert not by_id(driver, "gen-error").is_displayed(), by_id(driver, "gen-error").text
+    assert f"user: {question}" in by_id(driver, "chat-log").text
+    return driver.find_element("css selector", "#chat-log .msg.assistant").text.removeprefix("assistant:").strip()
+
+
+def test_chat_model_opens_in_chat_mode_with_only_the_servers_drafters(chat_page, chat_server):
+    """A model with a chat template: the page opens in Chat mode, lists only the drafters the server has
+    (no draft model here), a first question gets an answer, and the step chart's colours are in the legend."""
+    card = model_card(chat_server)
+    assert card["chat_template"] is True and "draft_model" not in card["drafters"]
+    assert visible_drafters(chat_page) == set(card["drafters"]) - {"prediction"}  # the prediction has its box
+    assert "draft model" not in by_id(chat_page, "gen-form").text
+    answer = ask(chat_page, "What is the capital of France?", 24)
+    assert answer and chat_page.execute_script("return document.getElementById('output').textContent.trim()")
+    bars, legend = chat_page.execute_script(CHART_AND_LEGEND_COLOURS)
+    assert bars and set(bars) <= set(legend), f"step chart colours {bars} not all in the legend {legend}"
+    # Prompt mode on a chat model says what Chat mode does; choosing a mode sticks.
+    set_mode(chat_page, "prompt")
+    assert by_id(chat_page, "mode-hint").is_displayed()
+    set_mode(chat_page, "chat")
+    check_layouts(chat_page, "chat-tiny")
+
+
+def test_drafter_controls_follow_the_server(page, server):
+    card = model_card(server)
+    assert visible_drafters(page) == set(card["drafters"]) - {"prediction"}
+    if EMBEDDED_TARGET.exists():  # the embedded target comes with its draft model
+        assert "draft_model" in visible_drafters(page)
+
+
+def test_metrics_token_rate_follows_a_running_generation(page, server):
+    """The completion tokens/s line rises while a long request runs (tokens are counted per step, not when
+    the request ends); once idle, the acceptance chart has a gap, not a flat line at the all-time rate."""
+    set_request(page, max_tokens=1800)
+    by_id(page, "generate").click()
+    wait(page).until(lambda d: d.find_elements("css selector", "#output .tok"))
+    by_id(page, "tab-metrics").click()
+    poll = """
+        const done = arguments[arguments.length - 1];
+        import('./metrics.js').then(async (m) => {
+          await m.poll();
+          done({running: !document.getElementById('stop').disabled, data: m.chartData()});
+        });"""
+
+    def rate_while_running(d):
+        got = d.execute_async_script(poll)
+        assert got["running"], f"the request ended before the token rate rose: {got['data']['tokens']}"
+        return got["data"]["tokens"] and got["data"]["tokens"][-1][1] > 0
+
+    wait(page).until(rate_while_running)
+    page.execute_script("document.getElementById('stop').click()")
+    wait(page).until(lambda d: by_id(d, "generate").is_enabled())
+    wait(page).until(lambda d: not api(server, "GET", "/health")["busy"])  # the stopped request is recorded
+    # Idle: two polls with nothing drafted between them end every acceptance line in a gap.
+    for _ in range(2):
+        data = page.execute_async_script(poll)["data"]
+    assert data["acceptance"] and all(s["points"][-1][1] is None for s in data["acceptance"]), data["acceptance"]
+    assert data["tokens"][-1][1] == 0
+    screenshot(page, "metrics-after-long-request")
+
+
+SMOLLM2 = "/work/models/smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(tmp_path_factory):
+    """SmolLM2-135M-Instruct from its folder (else by name, once the name resolves), no draft model."""
+    import os
+
+    model = os.environ.get("SUFFIXSPEC_SMOLLM2") or (SMOLLM2 if Path(SMOLLM2).is_dir() else "smollm2-135m-instruct")
+    with serve({"model": model, "draft_model": None, "db": str(tmp_path_factory.mktemp("smoldb") / "docs.db")}) as url:
+        yield url
+
+
+@pytest.mark.real_model
+def test_real_chat_model_first_question(smollm2_server, browser):
+    """What the issue's user did: SmolLM2 served with --draft-model none, a question typed into the page."""
+    for page in open_page(browser, smollm2_server):
+        assert visible_drafters(page) == {"prompt", "history", "documents", "references"}
+        answer = ask(page, "What is the capital of France?", 24)
+        assert "Paris" in answer, answer
+        bars, legend = page.execute_script(CHART_AND_LEGEND_COLOURS)
+        assert set(bars) <= set(legend), f"step chart colours {bars} not all in the legend {legend}"
+        check_layouts(page, "chat-smollm2")

@@ -56,9 +56,10 @@ async function checkServer() {
   }
   try {
     const models = await getJSON("/v1/models");
-    const id = models.data && models.data[0] && models.data[0].id;
+    const card = (models.data && models.data[0]) || {};
+    const id = card.id;
     if (id) {
-      setModel(id);
+      setModel(card);
       // Local model paths are long: show the last part, the whole id on hover.
       status.textContent += ` · ${id.split("/").filter(Boolean).pop() || id}`;
       status.title = `model ${id}`;

@@ -2,9 +2,12 @@
 
 const NS = "http://www.w3.org/2000/svg";
 
-function el(name, attrs = {}, text) {
+/** An SVG element. `css` properties go through the CSSOM (the page's Content-Security-Policy refuses
+ * style attributes), and may be CSS expressions such as var(--src-prompt). */
+function el(name, { css = {}, ...attrs } = {}, text) {
   const node = document.createElementNS(NS, name);
   for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  for (const [k, v] of Object.entries(css)) node.style.setProperty(k, v);
   if (text !== undefined) node.textContent = text;
   return node;
 }
@@ -13,6 +16,24 @@ function svgRoot(width, height, label) {
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": label, preserveAspectRatio: "none" });
   svg.appendChild(el("title", {}, label));
   return svg;
+}
+
+// Charts are drawn at their container's width, so that text stays 11 px. When a container changes width
+// (a window resized, a phone turned), it is drawn again with the same data, on the next frame: redrawing
+// inside the observer would resize what it observes and make the browser report a loop.
+const drawers = new WeakMap(); // container -> {width, draw}
+const resized = typeof ResizeObserver === "function"
+  ? new ResizeObserver((entries) => {
+    for (const e of entries) {
+      const d = drawers.get(e.target);
+      if (d && e.target.clientWidth && Math.abs(e.target.clientWidth - d.width) >= 1) requestAnimationFrame(d.draw);
+    }
+  })
+  : null;
+
+function remember(container, draw) {
+  drawers.set(container, { width: container.clientWidth, draw });
+  if (resized) resized.observe(container);
 }
 
 function niceMax(v) {
@@ -24,10 +45,14 @@ function niceMax(v) {
 
 /**
  * Stacked bars. bars: [{label, parts: [{value, color, name}]}]. Fills `container` with an SVG.
+ * Colours may be CSS expressions such as "var(--src-prompt)" (set as style properties, not attributes), so
+ * a chart follows the page from light to dark without being drawn again.
  * Draws at most `maxBars` bars (the latest ones) so long generations stay readable.
  */
-export function stackedBars(container, bars, { label = "bar chart", maxBars = 120, height = 120 } = {}) {
+export function stackedBars(container, bars, opts = {}) {
+  const { label = "bar chart", maxBars = 120, height = 120 } = opts;
   container.replaceChildren();
+  remember(container, () => stackedBars(container, bars, opts));
   if (!bars.length) {
     container.appendChild(Object.assign(document.createElement("p"), { className: "empty", textContent: "no data yet" }));
     return;
@@ -57,7 +82,7 @@ export function stackedBars(container, bars, { label = "bar chart", maxBars = 12
       if (!part.value) continue;
       const h = (part.value / top) * plotH;
       y -= h;
-      g.appendChild(el("rect", { x: padL + i * bw + bw * 0.1, y, width: Math.max(bw * 0.8, 0.5), height: h, fill: part.color }));
+      g.appendChild(el("rect", { x: padL + i * bw + bw * 0.1, y, width: Math.max(bw * 0.8, 0.5), height: h, css: { fill: part.color } }));
     }
     svg.appendChild(g);
   });
@@ -71,15 +96,20 @@ export function stackedBars(container, bars, { label = "bar chart", maxBars = 12
 }
 
 /**
- * Multi-line chart. series: [{name, color, points: [[t, y], ...], dash?}] with t in ms since epoch
- * (dash: an SVG stroke-dasharray, so that lines which coincide stay visible).
- * yMax fixes the scale (e.g. 1 for rates); otherwise it follows the data.
+ * Multi-line chart. series: [{name, color, points: [[t, y], ...], dash?}] with t in ms since epoch; a
+ * null y leaves a gap in the line (no value there), and a point with gaps on both sides is drawn as a dot.
+ * dash: an SVG stroke-dasharray, so that lines which coincide stay visible.
+ * yMax fixes the scale (e.g. 1 for rates); otherwise it follows the data. `empty`: the text shown
+ * while no series has a value.
  */
-export function lines(container, series, { label = "line chart", yMax = null, height = 180, yFormat = fmtNum } = {}) {
+export function lines(container, series, opts = {}) {
+  const { label = "line chart", yMax = null, height = 180, yFormat = fmtNum, empty = "waiting for data…" } = opts;
   container.replaceChildren();
+  remember(container, () => lines(container, series, opts));
   const all = series.flatMap((s) => s.points);
-  if (all.length < 1) {
-    container.appendChild(Object.assign(document.createElement("p"), { className: "empty", textContent: "waiting for data…" }));
+  const values = all.filter((p) => p[1] !== null);
+  if (values.length < 1) {
+    container.appendChild(Object.assign(document.createElement("p"), { className: "empty", textContent: empty }));
     return;
   }
   const width = Math.max(240, container.clientWidth || 600);
@@ -88,7 +118,7 @@ export function lines(container, series, { label = "line chart", yMax = null, he
   const padT = 8;
   const t0 = Math.min(...all.map((p) => p[0]));
   const t1 = Math.max(...all.map((p) => p[0]), t0 + 1);
-  const top = yMax ?? niceMax(Math.max(...all.map((p) => p[1]), 0));
+  const top = yMax ?? niceMax(Math.max(...values.map((p) => p[1]), 0));
   const plotW = width - padL - 6;
   const plotH = height - padB - padT;
   const x = (t) => padL + ((t - t0) / (t1 - t0)) * plotW;
@@ -103,13 +133,19 @@ export function lines(container, series, { label = "line chart", yMax = null, he
   svg.appendChild(el("text", { x: padL, y: height - 4, class: "axis" }, new Date(t0).toLocaleTimeString()));
   svg.appendChild(el("text", { x: width - 6, y: height - 4, class: "axis", "text-anchor": "end" }, new Date(t1).toLocaleTimeString()));
   for (const s of series) {
-    if (!s.points.length) continue;
-    const d = s.points.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
-    const path = el("path", { d, fill: "none", stroke: s.color, "stroke-width": 2, ...(s.dash ? { "stroke-dasharray": s.dash } : {}) });
+    const pts = s.points;
+    if (!pts.some((p) => p[1] !== null)) continue;
+    // "M" starts a segment after a gap; a point alone between gaps gets a dot, or nothing would show it.
+    const d = pts.map((p, i) => (p[1] === null ? "" : `${i && pts[i - 1][1] !== null ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`))
+      .filter(Boolean).join(" ");
+    const path = el("path", { d, fill: "none", css: { stroke: s.color }, "stroke-width": 2, ...(s.dash ? { "stroke-dasharray": s.dash } : {}) });
     path.appendChild(el("title", {}, s.name));
     svg.appendChild(path);
-    const last = s.points[s.points.length - 1];
-    svg.appendChild(el("circle", { cx: x(last[0]), cy: y(last[1]), r: 3, fill: s.color }));
+    pts.forEach((p, i) => {
+      const alone = p[1] !== null && !(pts[i - 1] && pts[i - 1][1] !== null) && !(pts[i + 1] && pts[i + 1][1] !== null);
+      const last = p[1] !== null && i === pts.length - 1;
+      if (alone || last) svg.appendChild(el("circle", { cx: x(p[0]), cy: y(p[1]), r: 3, css: { fill: s.color } }));
+    });
   }
   container.appendChild(svg);
 }

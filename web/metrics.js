@@ -63,10 +63,20 @@ export function summarize(samples) {
 const history = []; // [{t, ...summarize()}]
 let timer = null;
 let visible = false;
+let drawn = { acceptance: [], tokens: [], requests: [] }; // the charts' series as last drawn
+
+/**
+ * The series the charts show, as last drawn: `tokens` and `requests` are [[t ms, per second], ...];
+ * `acceptance` is [{id, points: [[t ms, rate or null], ...]}] (null: nothing drafted in that interval).
+ * Read by the browser tests; handy in the console too.
+ */
+export function chartData() {
+  return drawn;
+}
 
 const dd = addStat;
 
-const cssVar = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+const cssVar = (name) => `var(${name}, #888)`; // resolved by the browser, so colours follow light/dark
 
 function ratio(a, b) {
   return b ? a / b : NaN;
@@ -89,20 +99,19 @@ function render() {
     dd(dl, "Mean tokens per step", fmtNum(ratio(last.completionTokens, last.steps)));
   }
 
-  // Acceptance rate per source over each polling interval (cumulative when nothing new was drafted).
+  // Acceptance rate per source over each polling interval. An interval in which nothing was drafted
+  // (idle, or a long request still running: drafts are counted when a request ends) has no rate: a gap,
+  // not the all-time rate (that is in the table below).
   const sources = new Set();
   for (const h of history) for (const k of Object.keys(h.drafted || {})) sources.add(k);
   const acc = [...sources].map((src) => {
     const points = [];
-    for (let i = 0; i < history.length; i++) {
+    for (let i = 1; i < history.length; i++) {
       const h = history[i];
-      const d = (h.drafted || {})[src] || 0;
-      const a = (h.accepted || {})[src] || 0;
       const prev = history[i - 1];
-      const dd0 = prev ? d - ((prev.drafted || {})[src] || 0) : 0;
-      const da0 = prev ? a - ((prev.accepted || {})[src] || 0) : 0;
-      const r = dd0 > 0 ? da0 / dd0 : ratio(a, d);
-      if (Number.isFinite(r)) points.push([h.t, r]);
+      const drafted = ((h.drafted || {})[src] || 0) - ((prev.drafted || {})[src] || 0);
+      const accepted = ((h.accepted || {})[src] || 0) - ((prev.accepted || {})[src] || 0);
+      points.push([h.t, drafted > 0 ? accepted / drafted : null]);
     }
     const id = normSource(src);
     return { name: sourceLabel(id), color: sourceColor(id), points, id };
@@ -112,7 +121,10 @@ function render() {
   acc.forEach((s, i) => {
     s.dash = DASHES[i % DASHES.length];
   });
-  lines($("acc-chart"), acc, { label: "Acceptance rate by source over time", yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%` });
+  lines($("acc-chart"), acc, {
+    label: "Acceptance rate by source over time", yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%`,
+    empty: history.length < 2 ? "waiting for a second poll…" : "nothing drafted between these polls",
+  });
   renderLegend($("acc-legend"), null, acc.map((s) => s.id));
   renderSourceTable([...sources], last);
 
@@ -132,7 +144,9 @@ function render() {
     { name: "completion tokens/s", color: cssVar("--chart-tokens"), points: perSec("completionTokens") },
     { name: "requests/s", color: cssVar("--chart-requests"), points: perSec("requests"), dash: "6 3" },
   ];
-  lines($("tok-chart"), tok, { label: "Completion tokens and requests per second" });
+  lines($("tok-chart"), tok, { label: "Completion tokens and requests per second",
+                               empty: "waiting for a second poll…" });
+  drawn = { acceptance: acc.map(({ id, points }) => ({ id, points })), tokens: tok[0].points, requests: tok[1].points };
   const leg = $("tok-legend");
   leg.replaceChildren();
   for (const s of tok) {

@@ -9,15 +9,62 @@ import { SOURCES, normSource, renderLegend, sourceColor, sourceLabel } from "./s
 const $ = (id) => document.getElementById(id);
 
 let model = null; // model id from /v1/models, sent when known
+let serverDrafters = null; // the server's drafters (from /v1/models); null until it says
+let chatModel = false; // the served model has a chat template
+let modeChosen = false; // the user picked a mode: what the server says no longer changes it
 let controller = null; // AbortController of the running request
 const chat = []; // [{role, content}] of the conversation so far
 
-export function setModel(id) {
-  model = id;
+/**
+ * The served model as GET /v1/models describes it: `id` (sent with each request), `chat_template`
+ * (a chat model opens in Chat mode: in Prompt mode its first token is often its end-of-turn token, and
+ * the output is empty) and `drafters` (only the server's drafters get a switch). A server that does not
+ * send a field leaves that part of the page as it is.
+ */
+export function setModel(card) {
+  model = card.id || null;
+  if (card.chat_template !== undefined) {
+    chatModel = Boolean(card.chat_template);
+    if (!modeChosen) setMode(chatModel ? "chat" : "prompt");
+    showMode();
+  }
+  if (Array.isArray(card.drafters)) {
+    serverDrafters = card.drafters.map(normSource);
+    showDrafters(card.drafters);
+    if (!$("output").childElementCount) renderLegend($("legend"), null, legendIds());
+  }
+}
+
+/** The output legend's sources: the target's own tokens and the server's drafters (all sources until the
+ * server says which it has), plus any source that drafted something anyway. */
+function legendIds(counts = {}) {
+  return SOURCES.map((x) => x.id).filter((id) => id === "target" || !serverDrafters || serverDrafters.includes(id) || counts[id]);
 }
 
 function mode() {
   return document.querySelector('input[name="mode"]:checked').value;
+}
+
+function setMode(value) {
+  for (const r of document.querySelectorAll('input[name="mode"]')) r.checked = r.value === value;
+}
+
+/** Show the box of the current mode; in Prompt mode on a chat model, say that Chat applies the template. */
+function showMode() {
+  const chatMode = mode() === "chat";
+  $("prompt-box").hidden = chatMode;
+  $("chat-box").hidden = !chatMode;
+  $("mode-hint").hidden = chatMode || !chatModel;
+}
+
+/** One switch per drafter the server has; the others are hidden and off, so no request names them. */
+function showDrafters(names) {
+  for (const box of document.querySelectorAll('input[name="drafter"]')) {
+    const have = names.includes(box.value);
+    box.closest("label").hidden = !have;
+    if (!have) box.checked = false;
+  }
+  $("prediction-note").hidden = !names.includes("prediction");
 }
 
 function numberOr(id, fallback) {
@@ -51,11 +98,13 @@ export function buildPayload(overrides = {}) {
     body.prompt = $("prompt").value;
   }
   const drafters = [...document.querySelectorAll('input[name="drafter"]:checked')].map((c) => c.value);
-  body.speculation = drafters.length
-    ? { drafters, max_draft_tokens: Math.max(0, Math.round(numberOr("max-draft", 32))) }
-    : false;
   const prediction = $("prediction").value;
   if (prediction.trim()) body.prediction = { type: "content", content: prediction };
+  // A given prediction drafts whichever drafters are on (the server's rule), so with none on the
+  // request still speculates, from the prediction alone.
+  body.speculation = drafters.length || body.prediction
+    ? { drafters, max_draft_tokens: Math.max(0, Math.round(numberOr("max-draft", 32))) }
+    : false;
   const refs = $("references")
     .value.split(/^\s*---\s*$/m)
     .map((r) => r.replace(/^\n+|\n+$/g, ""))
@@ -94,7 +143,12 @@ export async function runStream(body, { onPiece = () => {}, signal } = {}) {
       const text = chunkText(chunk);
       let prov = Array.isArray(chunk.provenance) ? chunk.provenance : null;
       if (!prov || !prov.length) prov = text ? [{ text, source: "target" }] : [];
-      if (!prov.length) return;
+      if (!prov.length) {
+        // The last step's chunk comes even when its tokens have no text (a chat model's end-of-turn
+        // token): it is still a step, and counting it keeps chunks and steps one to one.
+        if (choice && choice.finish_reason) run.steps.push({});
+        return;
+      }
       // One chunk per decode step: its runs, in characters per source (token counts come with the stats).
       const step = {};
       const stepIndex = run.steps.length;
@@ -126,7 +180,7 @@ function clearOutput() {
   $("per-source").hidden = true;
   stackedBars($("step-chart"), []);
   stackedBars($("pos-chart"), []);
-  renderLegend($("legend"));
+  renderLegend($("legend"), null, legendIds());
 }
 
 function appendPiece(text, source, step) {
@@ -162,7 +216,7 @@ function countSources(run) {
 const stat = addStat;
 
 function cssVar(name) {
-  return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+  return `var(${name}, #888)`; // resolved by the browser, so colours follow light/dark
 }
 
 function pct(v) {
@@ -255,10 +309,15 @@ function splitAccepted(n, chars) {
   return out;
 }
 
+const UNKNOWN_LABEL = "drafted, source not known";
+
+/** Tokens per step. A step whose drafted tokens cannot be told apart by source (its text came in
+ * another step's chunk) is drawn in its own colour, and the legend then lists that colour too. */
 function renderSteps(run) {
   const ids = SOURCES.map((x) => x.id).filter((id) => id !== "target");
   const perStep = (run.stats && run.stats.accepted_per_step) || null;
   let bars;
+  let unknown = false;
   if (perStep) {
     // Exact accepted lengths from the stats; sources from the matching chunk when chunks and steps line up.
     // Sources per step: from the matching chunk when chunks and steps line up one to one (a step whose
@@ -266,12 +325,14 @@ function renderSteps(run) {
     const aligned = run.steps.length === perStep.length;
     const used = Object.entries(run.stats.per_source || {}).filter(([, v]) => v.accepted).map(([k]) => normSource(k));
     bars = perStep.map((n, i) => {
-      const split = aligned ? splitAccepted(n, run.steps[i]) : used.length === 1 ? { [used[0]]: n } : { drafted: n };
+      let split = aligned ? splitAccepted(n, run.steps[i]) : { drafted: n };
+      if (split.drafted && used.length === 1) split = { [used[0]]: n }; // only one source could have drafted it
+      unknown ||= Boolean(split.drafted);
       return {
         label: `step ${i + 1}`,
         parts: [
           ...ids.map((id) => ({ value: split[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
-          { value: split.drafted || 0, color: cssVar("--chart-drafted"), name: "drafted (several sources)" },
+          { value: split.drafted || 0, color: cssVar("--chart-drafted"), name: UNKNOWN_LABEL },
           { value: 1, color: sourceColor("target"), name: sourceLabel("target") },
         ],
       };
@@ -284,11 +345,20 @@ function renderSteps(run) {
     }));
   }
   stackedBars($("step-chart"), bars, { label: "Tokens per decoding step, by source" });
+  if (unknown) {
+    const li = document.createElement("li");
+    li.className = "legend-item src-unknown";
+    const sw = document.createElement("span");
+    sw.className = "swatch";
+    sw.setAttribute("aria-hidden", "true");
+    li.append(sw, document.createTextNode(`${UNKNOWN_LABEL} (step chart)`));
+    $("legend").appendChild(li);
+  }
 }
 
 function renderSummary(run) {
   const { counts, unit } = countSources(run);
-  renderLegend($("legend"), counts);
+  renderLegend($("legend"), counts, legendIds(counts));
   const steps = (run.stats && run.stats.steps) ?? run.steps.length;
   const drafted = Object.entries(counts).reduce((a, [src, n]) => a + (src === "target" ? 0 : n), 0);
   $("out-summary").textContent =
@@ -463,11 +533,11 @@ export function initPlayground() {
   stackedBars($("step-chart"), []);
   stackedBars($("pos-chart"), []);
   renderChat();
+  showMode();
   for (const r of document.querySelectorAll('input[name="mode"]')) {
     r.addEventListener("change", () => {
-      const chatMode = mode() === "chat";
-      $("prompt-box").hidden = chatMode;
-      $("chat-box").hidden = !chatMode;
+      modeChosen = true;
+      showMode();
     });
   }
   $("gen-form").addEventListener("submit", (e) => {

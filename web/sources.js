@@ -29,10 +29,10 @@ export function sourceLabel(id) {
   return (byId[id] || byId.target).label;
 }
 
-/** The CSS colour of a source, read from the stylesheet so charts and text agree. */
+/** The colour of a source as a CSS expression: the stylesheet's --src-<id>, so charts and text agree in
+ * light and dark mode alike. */
 export function sourceColor(id) {
-  const v = getComputedStyle(document.documentElement).getPropertyValue(`--src-${id}`).trim();
-  return v || "#888";
+  return `var(--src-${id}, #888)`;
 }
 
 /** Fill a <ul> legend with swatches; counts (optional) is {source: n}. */

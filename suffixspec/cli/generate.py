@@ -1,11 +1,20 @@
-"""``suffixspec generate``: one generation, a thin wrapper over ``SuffixSpec.generate`` / ``stream``.
+"""``suffixspec generate``: one generation, a thin wrapper over ``SuffixSpec.stream``.
 
 torch and transformers are imported inside the command, so ``suffixspec --help`` stays fast.
+
+What it reports apart (``Timing``): loading, the prefill, the first decode step and the decode speed
+after it. The first forward pass and the first draft of a process pay one-time set-up (the first
+step of SmolLM2 also builds the suffix index's vocabulary table, about a second on a 2-core machine),
+so the decode tokens/s is measured over the steps after the first. The draft model is loaded only
+when the request can draft from it (not with ``--no-speculation``, ``--max-tokens 1`` or
+``--drafters`` without ``draft_model``).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import click
@@ -16,6 +25,44 @@ from .process import allow_fast_exit
 
 def _read(path: str) -> str:
     return Path(path).read_text(encoding="utf-8")
+
+
+@dataclass
+class Timing:
+    """Where one ``generate`` run's seconds went. Example: 40 prompt tokens, 7 completion tokens in 5
+    steps -> prefill 0.40 s, first step 1.30 s (2 tokens), then 5 tokens in 0.50 s: 10 tokens/s decode."""
+
+    load_s: float  # building SuffixSpec: importing torch and transformers, tokenizer, model(s), store
+    prefill_s: float  # the engine's prefill of the prompt (the process's first forward pass)
+    first_step_s: float  # the first decode step (with the prompt's tokenizing): pays one-time set-up
+    first_step_tokens: int  # tokens the first step produced
+    decode_s: float  # the steps after the first
+    decode_tokens: int  # tokens those steps produced
+
+    def __post_init__(self) -> None:
+        if min(self.load_s, self.prefill_s, self.first_step_s, self.decode_s) < 0:
+            raise ValueError(f"a Timing holds a negative duration: {self}")
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens per second after the first step; None when there was no later step."""
+        return self.decode_tokens / self.decode_s if self.decode_tokens and self.decode_s > 0 else None
+
+    def to_dict(self) -> dict:
+        out = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        rate = self.decode_tokens_per_s
+        out["decode_tokens_per_s"] = None if rate is None else round(rate, 2)
+        return out
+
+
+def _draft_model_needed(speculation, max_tokens: int) -> bool:
+    """Whether the request can draft from a draft model: it speculates, does not leave the draft model out,
+    and has room for a draft (the first token of an output is the target's own: --max-tokens 1 never drafts)."""
+    if max_tokens <= 1:
+        return False
+    if speculation is None:
+        return True
+    return speculation.enabled and (speculation.drafters is None or "draft_model" in speculation.drafters)
 
 
 @click.command("generate")
@@ -35,7 +82,8 @@ def _read(path: str) -> str:
 @click.option("--prediction", type=click.Path(exists=True, dir_okay=False),
               help="A file holding the expected output (code edits).")
 @click.option("--drafters", default=None,
-              help="Comma-separated drafters to use: prompt,history,documents,references,draft_model.")
+              help="Comma-separated drafters to use: prompt,history,documents,references,prediction,draft_model "
+                   "(a --prediction drafts whenever it is given, listed or not).")
 @click.option("--max-draft-tokens", default=None, type=click.IntRange(0, 256))
 @click.option("--no-speculation", is_flag=True, help="Plain decoding (one target token per step), for comparison.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
@@ -47,6 +95,10 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
                  top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation, stream,
                  as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
+
+    The statistics give the decode speed apart from loading, the prefill and the first step: a
+    process's first forward pass and first draft pay one-time set-up, so a one-off run is slower per
+    token than a server that has answered before.
 
     Every output is saved in the output history of the --db store (default
     ~/.local/share/suffixspec/index.db), and later runs draft from it: that is why a second
@@ -77,29 +129,26 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
         speculation = None
     try:
         speculation = SuffixSpec.speculation_config(speculation)  # bad drafter names fail before loading
+        if not _draft_model_needed(speculation, max_tokens):
+            draft_model = None  # loading it would only delay the first token
+        t = time.perf_counter()
         spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype,
                           history=not no_history)
+        load_s = time.perf_counter() - t
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
                   prediction=_read(prediction) if prediction else None, max_tokens=max_tokens,
                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=list(stop))
         source = dict(messages=[{"role": "user", "content": prompt}]) if chat else dict(prompt=prompt)
-        if stream and not as_json:
-            result = None
-            for ev in spec.stream(**source, **kw):
-                click.echo(ev.text, nl=False)
-                result = ev.result or result
-            click.echo()
-        else:
-            result = spec.generate(**source, **kw)
+        result, timing = _run(spec, source, kw, load_s, echo=stream and not as_json)
         spec.close()
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: a model or file that cannot be read (transformers says which)
         raise click.ClickException(str(e)) from None
     stats = result.stats.to_dict()
     pred = _prediction_tokens(spec, result, stats, kw["prediction"])
     if as_json:
         out = {"text": result.text, "finish_reason": result.finish_reason,
                "prompt_tokens": len(result.prompt_token_ids), "completion_tokens": len(result.token_ids),
-               "speculative_decoding": stats}
+               "timing": timing.to_dict(), "speculative_decoding": stats}
         if pred is not None:
             out["completion_tokens_details"] = pred
         click.echo(json.dumps(out, ensure_ascii=False))
@@ -107,8 +156,36 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
         return
     if not stream:
         click.echo(result.text)
-    _print_stats(result, stats, pred)
+    _print_stats(result, stats, timing, pred)
     allow_fast_exit()  # the store is closed and the output printed: nothing is left to finalize
+
+
+def _run(spec, source: dict, kw: dict, load_s: float, echo: bool):
+    """Stream the generation (printing its text when ``echo``) and time its steps: (result, Timing).
+
+    The engine sends one event per decode step, then a last one with the result; the first step's event
+    comes after the prefill, so first step = time to it - prefill."""
+    result = None
+    t0 = time.perf_counter()
+    first_at = last_at = None
+    first_tokens = tokens = 0
+    for ev in spec.stream(**source, **kw):
+        now = time.perf_counter()
+        if ev.token_ids:
+            tokens += len(ev.token_ids)
+            if first_at is None:
+                first_at, first_tokens = now, len(ev.token_ids)
+            last_at = now
+        if echo:
+            click.echo(ev.text, nl=False)
+        result = ev.result or result
+    if echo:
+        click.echo()
+    prefill = float(result.stats.time_prefill_s)
+    first_at = first_at or time.perf_counter()
+    timing = Timing(load_s, prefill, max(0.0, first_at - t0 - prefill), first_tokens,
+                    (last_at or first_at) - first_at, tokens - first_tokens)
+    return result, timing
 
 
 def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dict | None:
@@ -122,12 +199,24 @@ def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dic
     return {k: details[k] for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
 
 
-def _print_stats(result, stats: dict, pred: dict | None = None) -> None:
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None) -> None:
     per_source = ", ".join(f"{src} {d['accepted']}/{d['drafted']}" for src, d in stats["per_source"].items())
-    secs = stats["time_total_s"] or 1e-9
+    rate = timing.decode_tokens_per_s
+    decode = (f"decode: {rate:.1f} tokens/s ({timing.decode_tokens} tokens in {timing.decode_s:.2f}s, after "
+              "the first step)" if rate is not None else
+              "decode: the output ended in its first step; ask for more tokens to measure the decode speed")
     lines = [
         f"finish: {result.finish_reason}; {len(result.prompt_token_ids)} prompt + {len(result.token_ids)} "
-        f"completion tokens in {secs:.2f}s ({len(result.token_ids) / secs:.1f} tokens/s)",
+        "completion tokens",
+        decode,
+        f"prefill {timing.prefill_s:.2f}s ({_n(len(result.prompt_token_ids), 'token')}), first step "
+        f"{timing.first_step_s:.2f}s ({_n(timing.first_step_tokens, 'token')}): both include this process's "
+        f"one-time warm-up (first forward pass, first draft); start-up {timing.load_s:.2f}s (imports, "
+        "tokenizer, model, store)",
         f"steps: {stats['steps']}; mean accepted length {stats['mean_accepted_length']:.2f} tokens/step; "
         f"acceptance {stats['acceptance_rate']:.1%} ({stats['accepted_tokens']}/{stats['drafted_tokens']} drafted)",
     ]

@@ -48,14 +48,11 @@ from ..draft import (
     SOURCE_PROMPT,
     SOURCE_REFERENCES,
     Draft,
+    drafter_allows,
 )
 from . import Proposer, RequestContext
 
 PROPOSER_NAME = "suffix"
-# which drafter switch (RequestContext.drafters) enables each node source
-_DRAFTER_OF = {SOURCE_PROMPT: SOURCE_PROMPT, SOURCE_REFERENCES: SOURCE_REFERENCES,
-               SOURCE_PREDICTION: SOURCE_REFERENCES, SOURCE_HISTORY: SOURCE_HISTORY,
-               SOURCE_DOCUMENTS: SOURCE_DOCUMENTS}
 
 
 @dataclass
@@ -237,7 +234,7 @@ class SuffixProposer(Proposer):
             self.history.flush()
 
     def _allows(self, source: str) -> bool:
-        return self._allowed is None or _DRAFTER_OF[source] in self._allowed
+        return drafter_allows(self._allowed, source)  # the prediction drafts whenever given
 
     # ----- drafting ----------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> Draft:

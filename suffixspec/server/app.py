@@ -86,7 +86,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
         metrics.record_generation(job.endpoint, job.result, wait)
 
     spec.engine.step_observer = metrics.record_pass  # batch size of every target forward pass
-    worker = holder["w"] = EngineWorker(spec.engine, cfg.max_queue, on_result)
+    worker = holder["w"] = EngineWorker(spec.engine, cfg.max_queue, on_result, metrics.record_step)
     history = getattr(spec, "history_status", None)
     if history is not None:
         from prometheus_client import Gauge

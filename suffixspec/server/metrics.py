@@ -1,5 +1,7 @@
 """Prometheus metrics for ``GET /metrics`` (one registry per app, so several apps can live in one process).
 
+Completion tokens are counted step by step as the engine commits them (``record_step``), so their
+rate follows a long generation while it runs; the other per-request figures are added when it ends.
 Per-step latency comes as a pair of counters (``suffixspec_steps_total`` and
 ``suffixspec_step_seconds_total``): their rate ratio is the mean time per decode step. The mean
 accepted length is kept exact over all requests (step-weighted), not as a last-value gauge.
@@ -69,8 +71,7 @@ class Metrics:
         """Add one finished GenerationResult to the counters."""
         stats = result.stats.to_dict() if hasattr(result.stats, "to_dict") else dict(result.stats)
         self.generations.labels(endpoint, result.finish_reason).inc()
-        self.prompt_tokens.inc(len(result.prompt_token_ids))
-        self.completion_tokens.inc(len(result.token_ids))
+        self.prompt_tokens.inc(len(result.prompt_token_ids))  # completion tokens: record_step, as they come
         for src, d in (stats.get("per_source") or {}).items():
             self.drafted.labels(src).inc(d.get("drafted", 0))
             self.accepted.labels(src).inc(d.get("accepted", 0))
@@ -94,6 +95,13 @@ class Metrics:
         self.request_latency.observe(total)
         if queue_wait_s is not None:
             self.queue_wait.observe(queue_wait_s)
+
+    def record_step(self, event: Any) -> None:
+        """One decode step's StreamEvent: its committed tokens count as generated now (a cancelled request's
+        tokens too: they were generated). The final event carries none, so nothing is counted twice."""
+        n = len(getattr(event, "token_ids", None) or ())
+        if n:
+            self.completion_tokens.inc(n)
 
     def record_pass(self, rows: int, inputs: int) -> None:
         """One target forward pass of ``rows`` requests and ``inputs`` input tokens (the engine calls it)."""

@@ -76,11 +76,19 @@ def read_json() -> dict:
     return body
 
 
+def model_card() -> dict:
+    """The served model as ``/v1/models`` lists it. Besides OpenAI's fields: ``max_model_len`` (as vLLM),
+    ``chat_template`` (whether chat requests get the model's template; the web page opens in Chat mode
+    then) and ``drafters`` (the names ``speculation.drafters`` may give on this server)."""
+    st = state()
+    return {"id": st.model_id, "object": "model", "created": st.started, "owned_by": "suffixspec",
+            "max_model_len": st.spec.max_context, "chat_template": st.spec.has_chat_template,
+            "drafters": st.spec.drafters}
+
+
 @bp.get("/v1/models")
 def models() -> Response:
-    st = state()
-    return jsonify({"object": "list", "data": [{"id": st.model_id, "object": "model", "created": st.started,
-                                                "owned_by": "suffixspec", "max_model_len": st.spec.max_context}]})
+    return jsonify({"object": "list", "data": [model_card()]})
 
 
 def check_model(name: str) -> None:
@@ -95,10 +103,8 @@ def check_model(name: str) -> None:
 
 @bp.get("/v1/models/<path:model>")
 def model(model: str) -> Response:
-    st = state()
     check_model(model)
-    return jsonify({"id": st.model_id, "object": "model", "created": st.started, "owned_by": "suffixspec",
-                    "max_model_len": st.spec.max_context})
+    return jsonify(model_card())
 
 
 @bp.post("/v1/completions")

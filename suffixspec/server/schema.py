@@ -31,7 +31,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..draft import DRAFTERS
+from ..draft import DRAFTERS, PREDICTION_RULE
 from .errors import APIError, invalid
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -129,7 +129,7 @@ def _drafters(v: Any) -> Any:
     unknown = [d for d in v if d not in DRAFTERS]
     if unknown:
         raise PydanticCustomError("invalid_value", f"unknown drafter(s) {unknown} in 'speculation.drafters'; "
-                                  f"choose from {list(DRAFTERS)}")
+                                  f"choose from {list(DRAFTERS)} ({PREDICTION_RULE})")
     return v
 
 
@@ -137,7 +137,8 @@ class Speculation(Body):
     """Per-request speculation: which drafters, how many draft tokens (``false`` = plain decoding)."""
 
     drafters: Annotated[list[Literal[DRAFTERS]], BeforeValidator(_drafters)] | None = Field(  # type: ignore[valid-type]
-        None, description="drafters to use; default: every drafter the server loaded")
+        None, description="drafters to use; default: every drafter the server loaded (GET /v1/models lists "
+                          f"them); {PREDICTION_RULE}")
     max_draft_tokens: Int(0, MAX_DRAFT_TOKENS) = Field(None, description="draft tree node budget")
     enabled: bool | None = None
     adaptive: bool | None = Field(None, description="let the budget follow measured acceptance and costs")

@@ -62,9 +62,11 @@ class Job:
 class EngineWorker:
     """Daemon threads that run jobs on ``engine.stream``, as many at once as the engine batches."""
 
-    def __init__(self, engine: Any, max_queue: int, on_result: Callable[[Job], None] | None = None) -> None:
+    def __init__(self, engine: Any, max_queue: int, on_result: Callable[[Job], None] | None = None,
+                 on_step: Callable[[Any], None] | None = None) -> None:
         self.engine = engine
         self.on_result = on_result  # called in a worker thread with each finished job (metrics)
+        self.on_step = on_step  # called in a worker thread with each StreamEvent as it comes (live metrics)
         self.max_queue = max(1, max_queue)  # jobs that may wait; more get QueueFull
         # unbounded underneath, so the shutdown sentinels (one per thread) never block; submit() bounds it
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -129,6 +131,8 @@ class EngineWorker:
             for ev in self.engine.stream(cancel=job.cancel, **job.kwargs):
                 if getattr(ev, "result", None) is not None:
                     job.result = ev.result
+                if self.on_step is not None:  # before the client sees the step, so metrics never lag it
+                    self.on_step(ev)
                 job.events.put(ev)
                 delivered = True
         except ValueError as e:
