@@ -8,6 +8,7 @@ equals plain sampling, and sampled drafts (``q`` with zeros where ``p > 0``) kee
 from __future__ import annotations
 
 import pytest
+import test_lossless_gates
 import torch
 
 from suffixspec.config import SamplingParams, SpeculationConfig
@@ -22,6 +23,8 @@ from suffixspec.proposers.shallow_draft import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+toys = pytest.fixture(scope="module")(test_lossless_gates.toys.__wrapped__)  # the Markov toy, shared
 
 PROMPTS = ["def add(a, b):\n", "The quick brown fox", "for i in range(10):\n\tprint("]
 
@@ -138,5 +141,3 @@ def test_sampled_drafts_keep_the_target_law_with_gates_on(toys):
     assert counts["accepted"] > 0.1 * SEEDS, counts
     assert min(pvalues) > 1e-3, (pvalues, counts)
 
-
-from test_lossless_gates import toys  # noqa: E402,F401  (the Markov toy fixture, shared)

@@ -30,8 +30,8 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch

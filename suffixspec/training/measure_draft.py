@@ -10,8 +10,14 @@ draft tokens each accepted with probability ``a`` (given the previous ones) yiel
 Worked example: t(1) = 70 ms, t(4) = 90 ms, c = 3 ms, k = 3: break-even where
 ``(1 + a + a^2 + a^3) * 70 = 99`` -> a = 0.31; 1.25x needs ``1 + a + a^2 + a^3 = 1.77`` -> a = 0.51.
 
+``--fp16-kernel`` adds ``t(n)`` of the same target with every linear layer on fbgemm's float16-packed
+weights, measured interleaved with the float32 one: on this CPU MKL's float32 kernels stream the
+weights once per input row up to about 4 rows, so ``t(2)`` is ~1.6 ``t(1)`` and even a free draft needs
+~0.57 acceptance per token to break even; the packed kernel's ``t(n)`` is nearly flat there.
+
     python -m suffixspec.training.measure_draft --target /work/models/smollm2-135m-instruct \\
-        --draft suffixspec/default_models/smollm2-shallow-draft [--tokens 128] [--costs] [--json out.json]
+        --draft suffixspec/default_models/smollm2-shallow-draft [--tokens 128] [--costs [--fp16-kernel]]
+        [--no-run] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,11 +36,9 @@ import torch
 def load_draft(path: str, target: Any) -> tuple[Any, Any]:
     """(LoadedModel, proposer) for a draft folder: a shallow draft borrows the target's embedding and
     head; any other model goes through ``make_draft_proposer`` (same vocabulary or the bridge)."""
-    from suffixspec.loading import load_model
+    from suffixspec.loading import load_model, resolve_model_path
     from suffixspec.proposers.draft_model import make_draft_proposer
     from suffixspec.proposers.shallow_draft import ShallowDraftProposer, is_shallow_draft, load_shallow_draft
-
-    from ..loading import resolve_model_path
 
     folder = resolve_model_path(path)
     if is_shallow_draft(folder):
@@ -87,34 +91,67 @@ def run_systems(engine: Any, prompts: list[list[int]], systems: dict[str, Any], 
         o["cpu_tokens_per_s"] = o["tokens"] / o["cpu_s"]
         o["cpu_ratio_vs_plain"] = (o["tokens"] / o["cpu_s"]) / (base["tokens"] / base["cpu_s"])
         o["tokens_per_pass"] = o["tokens"] / max(1, o["steps"])
-        o["accept_per_position"] = [round(a / d, 3) if d else None for a, d in zip(
-            o["accepted_pos"] + [0] * (len(o["drafted_pos"]) - len(o["accepted_pos"])), o["drafted_pos"])]
+        accepted = o["accepted_pos"] + [0] * (len(o["drafted_pos"]) - len(o["accepted_pos"]))
+        o["accept_per_position"] = [round(a / d, 3) if d else None
+                                    for a, d in zip(accepted, o["drafted_pos"], strict=True)]
     return out
 
 
+class _PackedFp16Linear(torch.nn.Module):
+    """``nn.Linear`` through fbgemm with float16-packed weights (float32 activations and sums): the
+    kernel whose cost stays nearly flat from 1 to 4-8 input rows on this CPU, where MKL's float32
+    kernels grow about linearly (each row streams the weights again). For the "what would pay" figure."""
+
+    def __init__(self, lin: torch.nn.Linear) -> None:
+        super().__init__()
+        self.packed = torch.fbgemm_pack_gemm_matrix_fp16(lin.weight.detach())
+        self.bias = torch.zeros(lin.out_features) if lin.bias is None else lin.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return torch.fbgemm_linear_fp16_weight(rows, self.packed, self.bias).reshape(*x.shape[:-1], -1)
+
+
+def fp16_weight_copy(path: str) -> Any:
+    """The target loaded again with every linear layer (head included) on fbgemm float16 weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, _PackedFp16Linear(child))
+    return model
+
+
 @torch.inference_mode()
-def verify_costs(target: Any, sizes: tuple[int, ...], rounds: int, context: int = 400) -> dict[int, float]:
-    """Median CPU seconds of one target pass over ``n`` new tokens (a chain) after ``context`` cached ones."""
+def verify_costs(models: dict[str, Any], sizes: tuple[int, ...], rounds: int, context: int = 400
+                 ) -> dict[str, dict[int, float]]:
+    """Median CPU seconds of one pass over ``n`` new tokens (a chain, tree mask as the engine sends it)
+    after ``context`` cached ones, per model; sizes and models interleaved in every round."""
     from suffixspec.kv import new_cache, tree_inputs
 
-    model = target.model
-    cache = new_cache(model.config)
     g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(100, int(model.config.vocab_size) - 100, (1, context), generator=g)
-    model(input_ids=ctx, cache=cache, use_cache=True)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
+    first = next(iter(models.values()))
+    ctx = torch.randint(100, int(first.config.vocab_size) - 100, (1, context), generator=g)
+    caches = {}
+    for name, model in models.items():
+        caches[name] = new_cache(model.config)
+        model(input_ids=ctx, cache=caches[name], use_cache=True)
+    times: dict[tuple[str, int], list[float]] = {(m, n): [] for m in models for n in sizes}
     for _ in range(rounds):
         for n in sizes:
             ids = torch.randint(100, 10_000, (1, n), generator=g)
-            kwargs: dict[str, Any] = {"cache": cache, "use_cache": True}
-            if n > 1:
-                kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(list(range(-1, n - 2)), context,
-                                                                                 model.dtype, "cpu")
-            c = time.thread_time()
-            model(input_ids=ids, **kwargs)
-            times[n].append(time.thread_time() - c)
-            cache.crop(-n)
-    return {n: statistics.median(v) for n, v in times.items()}
+            for name, model in models.items():
+                kwargs: dict[str, Any] = {"cache": caches[name], "use_cache": True}
+                if n > 1:
+                    kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(
+                        list(range(-1, n - 2)), context, torch.float32, "cpu")
+                c = time.thread_time()
+                model(input_ids=ids, **kwargs)
+                times[(name, n)].append(time.thread_time() - c)
+                caches[name].crop(-n)
+    return {m: {n: statistics.median(times[(m, n)]) for n in sizes} for m in models}
 
 
 def draft_cost(proposer: Any, context: list[int], rounds: int) -> float:
@@ -164,13 +201,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--costs", action="store_true", help="also measure t(n), the draft's cost and break-even")
     ap.add_argument("--cost-rounds", type=int, default=5)
+    ap.add_argument("--fp16-kernel", action="store_true",
+                    help="with --costs: also t(n) of the target on fbgemm float16 weights (what would pay)")
     ap.add_argument("--no-run", action="store_true", help="only the costs")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from suffixspec.config import SpeculationConfig
     from suffixspec.engine import Engine
-    from suffixspec.loading import load_model
+    from suffixspec.loading import load_model, resolve_model_path
     from suffixspec.training.distill import chat_ids, eval_prompts
 
     target = load_model(args.target, device="cpu")
@@ -178,11 +217,16 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {"target": args.target, "draft": args.draft, "load_start": os.getloadavg()}
     prompts = [chat_ids(target.tokenizer, p) for p in eval_prompts()[: args.prompts]]
     if args.costs:
-        t = verify_costs(target, (1, 2, 3, 4, 5, 6, 8), args.cost_rounds)
+        models = {"fp32": target.model}
+        if args.fp16_kernel:
+            models["fp16-weights"] = fp16_weight_copy(resolve_model_path(args.target))
+        t_all = verify_costs(models, (1, 2, 3, 4, 5, 6, 8), args.cost_rounds)
         c = draft_cost(proposer, prompts[0] * 2, args.cost_rounds)
-        report["costs"] = {"t_ms": {n: round(1000 * v, 2) for n, v in t.items()}, "draft_ms_per_token": round(1000 * c, 3),
-                           "break_even_accept": break_even(t, c), "accept_for_1.25x": break_even(t, c, 1.25),
-                           "load": os.getloadavg()}
+        report["costs"] = {"draft_ms_per_token": round(1000 * c, 3), "load": os.getloadavg()}
+        for name, t in t_all.items():
+            report["costs"][name] = {"t_ms": {n: round(1000 * v, 2) for n, v in t.items()},
+                                     "break_even_accept": break_even(t, c), "accept_for_1.25x": break_even(t, c, 1.25),
+                                     "free_draft_break_even": break_even(t, 0.0)}
         print(json.dumps(report["costs"]), flush=True)
     if not args.no_run:
         engine = Engine(target, prefix_cache_mb=0)
