@@ -73,11 +73,14 @@ def chat_ids(tokenizer: Any, user: str) -> list[int]:
                                               add_generation_prompt=True, return_dict=False))
 
 
-def load_target(path: str) -> tuple[Any, Any]:
+def load_target(path: str, device: str = "cpu") -> tuple[Any, Any]:
+    """The target in float32 on ``device`` (a GPU, when a run has one, trains and generates far faster)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    from suffixspec.loading import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), dtype=torch.float32).to(device).eval()
     return model, tok
 
 
@@ -93,8 +96,9 @@ def generate_batch(model: Any, tok: Any, prompts: list[str], new_tokens: int, te
     rows = [chat_ids(tok, p) for p in prompts]
     width = max(len(r) for r in rows)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    device = model.get_input_embeddings().weight.device
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
     torch.manual_seed(seed)
     sample = temperature > 0
     out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=sample,
@@ -112,14 +116,14 @@ def generate_batch(model: Any, tok: Any, prompts: list[str], new_tokens: int, te
         logp = torch.log_softmax(logits[b, :n].float(), dim=-1)
         top = torch.topk(logp, keep_top, dim=-1)
         result.append({"ids": torch.tensor(prompt + toks[:n], dtype=torch.int32), "start": len(prompt),
-                       "top_ids": top.indices.to(torch.int32), "top_logp": top.values.to(torch.float16)})
+                       "top_ids": top.indices.to(torch.int32).cpu(), "top_logp": top.values.to(torch.float16).cpu()})
     return result
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     """Write ``out/teacher/s{sample}-b{batch}.pt`` files; existing ones are kept (resume)."""
     torch.set_num_threads(args.threads)
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, args.device)
     prompts = train_prompts()
     folder = Path(args.out) / "teacher"
     folder.mkdir(parents=True, exist_ok=True)
@@ -146,7 +150,7 @@ def cmd_references(args: argparse.Namespace) -> None:
     path = Path(args.out) / "eval_greedy.pt"
     if path.exists():
         return
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, args.device)
     rows = generate_batch(model, tok, eval_prompts(), args.new_tokens, 0.0, args.keep_top, seed=0)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(rows, path)
@@ -250,13 +254,13 @@ def agreement(model: Any, rows: list[dict], head_tokens: torch.Tensor | None = N
     (teacher forcing on the target's own greedy answer)."""
     out = []
     for r in rows:
-        ids = r["ids"].long()[None]
+        ids = r["ids"].long()[None].to(model.get_input_embeddings().weight.device)
         logits = model(input_ids=ids).logits[0]  # [T, head or vocab]
         pred = logits.argmax(-1)
         if head_tokens is not None:
-            pred = head_tokens[pred]
+            pred = head_tokens.to(pred.device)[pred]
         start = r["start"]
-        out.append((pred[start - 1: len(r["ids"]) - 1] == ids[0, start:]).float())
+        out.append((pred[start - 1: len(r["ids"]) - 1] == ids[0, start:]).float().cpu())
     return out
 
 
@@ -279,7 +283,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from suffixspec.training.train_default_models import Checkpointer, train_loop
 
     torch.set_num_threads(args.threads)
-    target, tok = load_target(args.target)
+    target, tok = load_target(args.target, args.device)
     rows = load_teacher(args.out)
     if not rows:
         raise SystemExit(f"no teacher data in {args.out}/teacher: run `generate` first")
@@ -320,15 +324,26 @@ def trained_model(args: argparse.Namespace, target: Any) -> Any:
     return model.eval(), spec, state
 
 
+def _untrained(args: argparse.Namespace, target: Any, tok: Any) -> Any:
+    """A draft of the target layers ``--init-layers``, untrained (for cost measurements and baselines);
+    its head: the teacher answers' most frequent tokens, or the first ``--head`` ids without any."""
+    rows = load_teacher(args.out)
+    head = head_vocabulary(rows, args.head, [tok.eos_token_id]) if rows else torch.arange(args.head)
+    return new_shallow(target, [int(x) for x in args.init_layers.split(",")], head).eval()
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     """The trained layers into a model folder (``save_shallow_draft``), with the training record."""
     from suffixspec.proposers.shallow_draft import save_shallow_draft
 
-    target, tok = load_target(args.target)
-    model, spec, state = trained_model(args, target)
-    info = {"init_layers": spec["init_layers"], "teacher_answers": spec["rows"],
-            "steps": state["step"] if state else 0, "minutes": round(state["spent"] / 60, 1) if state else 0.0,
-            "probes": state.get("probes", []) if state else []}
+    target, tok = load_target(args.target, args.device)
+    if args.init_layers:
+        model, info = _untrained(args, target, tok), {"init_layers": args.init_layers, "untrained": True}
+    else:
+        model, spec, state = trained_model(args, target)
+        info = {"init_layers": spec["init_layers"], "teacher_answers": spec["rows"],
+                "steps": state["step"] if state else 0, "minutes": round(state["spent"] / 60, 1) if state else 0.0,
+                "probes": state.get("probes", []) if state else []}
     save_shallow_draft(model, args.to, args.target_name, info)
     if args.with_tokenizer:
         tok.save_pretrained(args.to)
@@ -339,12 +354,10 @@ def cmd_measure(args: argparse.Namespace) -> None:
     """Teacher-forced acceptance per position on the benchmark answers: the draft of ``--name`` (or,
     with ``--init-layers``, an untrained one: target layers copied, no training)."""
     torch.set_num_threads(args.threads)
-    target, tok = load_target(args.target)
+    target, tok = load_target(args.target, args.device)
     refs = torch.load(Path(args.out) / "eval_greedy.pt", weights_only=False)
     if args.init_layers:
-        rows = load_teacher(args.out)
-        head = head_vocabulary(rows, args.head, [tok.eos_token_id]) if rows else torch.arange(args.head)
-        model = new_shallow(target, [int(x) for x in args.init_layers.split(",")], head).eval()
+        model = _untrained(args, target, tok)
     else:
         model = trained_model(args, target)[0]
     acc = acceptance(agreement(model, refs, model.head_tokens), args.depth)
@@ -387,6 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--to", required=True, help="model folder to write (suffixspec/default_models/NAME)")
     p.add_argument("--target-name", default="smollm2-135m-instruct")
     p.add_argument("--with-tokenizer", action="store_true")
+    p.add_argument("--init-layers", default=None, help="export an untrained draft of these target layers")
+    p.add_argument("--head", type=int, default=8192)
     p = sub.add_parser("measure")
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
@@ -395,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init-layers", default=None, help="measure an untrained draft made of these target layers")
     p.add_argument("--head", type=int, default=8192)
     p.add_argument("--depth", type=int, default=6)
+    for p in sub.choices.values():
+        p.add_argument("--device", default="cpu", help="cpu, or cuda when the run has a GPU")
     args = ap.parse_args(argv)
     {"generate": cmd_generate, "references": cmd_references, "train": cmd_train, "export": cmd_export,
      "measure": cmd_measure}[args.cmd](args)
