@@ -127,15 +127,22 @@ def cmd_generate(args: argparse.Namespace) -> None:
     prompts = train_prompts()
     folder = Path(args.out) / "teacher"
     folder.mkdir(parents=True, exist_ok=True)
+    lengths = [len(chat_ids(tok, p)) for p in prompts]
     for s in range(args.samples):  # every prompt once before any twice: a run stopped early still covers them
-        order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(1000 + s)).tolist()
-        for b in range(0, len(order), args.batch):
-            path = folder / f"s{s:02d}-b{b // args.batch:04d}.pt"
+        # one batch pads every prompt to its longest (prefill and attention grow with it): batches are
+        # stretches of similar lengths (the order among equal lengths drawn per sample), run in random order
+        draw = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(1000 + s)).tolist()
+        order = sorted((i for i in draw if lengths[i] <= args.max_prompt), key=lengths.__getitem__)
+        batches = [order[b:b + args.batch] for b in range(0, len(order), args.batch)]
+        visit = torch.randperm(len(batches), generator=torch.Generator().manual_seed(2000 + s)).tolist()
+        for b in visit:
+            path = folder / f"s{s:02d}-b{b:04d}.pt"
             if path.exists():
                 continue
+            group = batches[b]
             t = time.time()
-            rows = generate_batch(model, tok, [prompts[i] for i in order[b:b + args.batch]], args.new_tokens,
-                                  args.temperature, args.keep_top, seed=s * 100_003 + b)
+            rows = generate_batch(model, tok, [prompts[i] for i in group], args.new_tokens, args.temperature,
+                                  args.keep_top, seed=s * 100_003 + b)
             tmp = path.with_suffix(".tmp")
             torch.save(rows, tmp)
             tmp.replace(path)
@@ -380,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--batch", type=int, default=32)
             p.add_argument("--samples", type=int, default=4, help="answers per prompt")
             p.add_argument("--temperature", type=float, default=0.8)
+            p.add_argument("--max-prompt", type=int, default=384, help="skip prompts longer than this (tokens)")
     p = sub.add_parser("train")
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
