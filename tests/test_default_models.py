@@ -100,3 +100,19 @@ def test_size_and_model_cards():
         assert "held-out loss" in card and "tokens/s" in card
     assert total <= 60 * 2**20  # the two together ship in the package: at most 60 MB
     assert (Path(resolve_model_path(DEFAULT_TARGET)).parents[1] / "training" / "heldout.txt").exists()
+
+
+def test_shipped_drafts_exist_fit_and_are_shallow_drafts():
+    """Every entry of the target -> shipped draft mapping (``shallow_draft.SHIPPED_DRAFTS``) names a
+    shallow draft folder inside the package with a model card; all of them together stay under 30 MB."""
+    from suffixspec.proposers.shallow_draft import SHIPPED_DRAFTS, default_draft_for, is_shallow_draft
+
+    total = 0
+    for target_name, name in SHIPPED_DRAFTS.items():
+        folder = Path(resolve_model_path(name))
+        assert is_shallow_draft(folder) and (folder / "README.md").exists(), name
+        assert json.loads((folder / "config.json").read_text())["suffixspec_shallow"]["target"] == target_name
+        assert default_draft_for(target_name) == name
+        total += sum(f.stat().st_size for f in folder.iterdir())
+    assert total <= 30 * 2**20
+    assert default_draft_for("no-such-target") is None

@@ -143,11 +143,13 @@ def _request_stop(signum, frame) -> None:  # SIGTERM / SIGINT: checkpoint at the
 def train_loop(model, make_batch, lr: float, minutes: float, max_steps: int | None, name: str,
                warmup: int = 50, schedule: str = "cosine", restrict=None, after_step=None, maker=None,
                ckpt: Checkpointer | None = None, ckpt_minutes: float = 5.0, probe=None,
-               probe_minutes: float = 10.0, init: Checkpointer | None = None) -> dict:
+               probe_minutes: float = 10.0, init: Checkpointer | None = None, loss_fn=None) -> dict:
     """AdamW over the wall-clock budget (or ``max_steps`` when given) with a learning-rate
     ``schedule``: ``cosine`` (warmup, then down to 10%), ``constant`` (warmup, then the peak: the
     stable part of a warmup-stable-decay schedule, which can be resumed for any length of time) or
     ``decay`` (linear from the peak to 0: the short final part, started from ``init``'s state).
+    ``loss_fn(model, batch)``: the loss of one ``make_batch(progress)`` (default: ``masked_loss`` of
+    its ``(ids, mask)``; the distilled drafts pass a loss against the target's probabilities).
     ``after_step()`` runs after every optimizer step (the frozen circuit's restore).
 
     Resumable: when ``ckpt`` holds a state of this phase, training goes on from it (same step, same
@@ -212,9 +214,12 @@ def train_loop(model, make_batch, lr: float, minutes: float, max_steps: int | No
             scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr * scale
-        ids, mask = make_batch(progress)  # built on the CPU from the seeded example maker
-        ids, mask = ids.to(device), mask.to(device)
-        loss = masked_loss(model, ids, mask, restrict)
+        batch = make_batch(progress)  # built on the CPU from the seeded example maker
+        if loss_fn is not None:
+            loss = loss_fn(model, [b.to(device) for b in batch])
+        else:
+            ids, mask = batch[0].to(device), batch[1].to(device)
+            loss = masked_loss(model, ids, mask, restrict)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
