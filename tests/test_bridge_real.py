@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.gemma, pytest.mark.usefixtures("one_torch_thread")]
 
 PROMPTS = [
     "The capital of France is Paris. The capital of Germany is",

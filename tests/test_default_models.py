@@ -103,16 +103,18 @@ def test_size_and_model_cards():
 
 
 def test_shipped_drafts_exist_fit_and_are_shallow_drafts():
-    """Every entry of the target -> shipped draft mapping (``shallow_draft.SHIPPED_DRAFTS``) names a
-    shallow draft folder inside the package with a model card; all of them together stay under 30 MB."""
-    from suffixspec.proposers.shallow_draft import SHIPPED_DRAFTS, default_draft_for, is_shallow_draft
+    """Every shipped draft a known model names (``KnownModel.draft``, what ``draft_model="auto"`` picks) is a
+    shallow draft folder inside the package with a model card, trained for that target; together <= 30 MB."""
+    from suffixspec.models import KNOWN_MODELS, default_draft
+    from suffixspec.proposers.shallow_draft import is_shallow_draft
 
     total = 0
-    for target_name, name in SHIPPED_DRAFTS.items():
-        folder = Path(resolve_model_path(name))
-        assert is_shallow_draft(folder) and (folder / "README.md").exists(), name
+    for target_name, known in KNOWN_MODELS.items():
+        if known.draft is None:
+            continue
+        folder = Path(resolve_model_path(known.draft))
+        assert is_shallow_draft(folder) and (folder / "README.md").exists(), known.draft
         assert json.loads((folder / "config.json").read_text())["suffixspec_shallow"]["target"] == target_name
-        assert default_draft_for(target_name) == name
+        assert default_draft(target_name) == known.draft
         total += sum(f.stat().st_size for f in folder.iterdir())
     assert total <= 30 * 2**20
-    assert default_draft_for("no-such-target") is None

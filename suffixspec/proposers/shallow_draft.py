@@ -34,18 +34,6 @@ if TYPE_CHECKING:
     from ..loading import LoadedModel
 
 SHALLOW_KEY = "suffixspec_shallow"  # config.json entry that marks a shallow draft
-# the drafts shipped in suffixspec/default_models, by the target name they were trained for
-SHIPPED_DRAFTS: dict[str, str] = {}
-
-
-def default_draft_for(target_name: str) -> str | None:
-    """The shipped draft (``suffixspec/<folder>``) trained for ``target_name``, or None.
-
-    The loader's "auto" draft calls this with the target's resolved name (``smollm2-135m-instruct``) and,
-    when it answers, loads the draft with :func:`load_shallow_draft` (it needs the loaded target)."""
-    return SHIPPED_DRAFTS.get(target_name)
-
-
 def is_shallow_draft(folder: str | Path) -> bool:
     cfg = Path(folder) / "config.json"
     return cfg.exists() and SHALLOW_KEY in json.loads(cfg.read_text(encoding="utf-8"))
