@@ -117,7 +117,7 @@ def get_tokenizer(name: str | None, texts: list[tuple[str, str]]):
 
 
 def tokenize(tokenizer, texts: list[tuple[str, str]], limit: int) -> list[np.ndarray]:
-    from suffixspec.index.store import encode_batched
+    from suffixspec.index.fingerprint import encode_batched
 
     out, total = [], 0
     for i in range(0, len(texts), 256):
@@ -530,7 +530,7 @@ _COMPACT_SCRIPT = r"""
 import json, sys, time
 from suffixspec.index.store import IndexStore
 t = time.perf_counter()
-with IndexStore(sys.argv[1], auto_merge=False) as s:
+with IndexStore(sys.argv[1]) as s:
     n = s.compact()
 print(json.dumps({"compactions": n, "compact_s": time.perf_counter() - t}))
 """
@@ -572,7 +572,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
 
     files = source_files()
     db = workdir / "scale.db"
-    store = IndexStore(db, auto_merge=False)
+    store = IndexStore(db)
     mem = PeakMemory().__enter__()  # sampled for the whole run, beside ru_maxrss
     out = []
     done_tokens, text_bytes = 0, 0
@@ -615,7 +615,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
                **_timed_lookups(index, ctxs, params)}
         # one new document, until a reader drafts from it; then its deletion
         marker = f"def scale_marker_{target}(alpha, beta):\n    return alpha * {target} + beta - 17\n" * 3
-        reader = IndexStore(db, auto_merge=False)
+        reader = IndexStore(db)
         reader.document_index(tokenizer)
         t = time.perf_counter()
         store.add_documents([DocInput(marker, f"marker-{target}.py")], tokenizer)
@@ -662,7 +662,7 @@ def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root
     mod = main_index_module(main_root, "suffix_array")
     old = mod.SuffixArray.build(seqs) if mod is not None else None
     with tempfile.TemporaryDirectory() as d:
-        store = IndexStore(Path(d) / "i.db", auto_merge=False, flush_tokens=1 << 21)
+        store = IndexStore(Path(d) / "i.db", flush_tokens=1 << 21)
         store.add_documents([DocInput(t, p) for (p, t), _ in zip(texts, seqs, strict=False)], tokenizer)
         res["segments_before_merge"] = len(store.segment_infos(next(iter(store.stats()["tokenizers"]))))
         store.merge_pending()
@@ -745,18 +745,19 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
     res: dict = {"modes": {m: {"alone": [], "during": [], "add_s": []} for m in modes}}
     with tempfile.TemporaryDirectory() as d, SuffixSpec(db=Path(d) / "i.db") as spec:
         spec.add_documents([{"text": t, "source": p} for p, t in texts[:20]])
-        store = spec._writer_store()
+        index = spec.documents  # the DocumentIndex behind spec.add_documents
+        store, doc_tokenizer = index.store, index.tokenizer().tokenizer
         for _ in range(2):
             probe(spec)  # warm-up
 
         def add(mode: str, docs: list[dict]) -> None:
             ins = [DocInput(x["text"], x["source"]) for x in docs]
             if mode == "thread":
-                with spec._lock:
-                    store.add_documents(ins, spec._doc_tokenizer)
+                with index._lock:
+                    store.add_documents(ins, doc_tokenizer)
             elif mode.startswith("process-nice"):
-                with spec._lock:
-                    writer.add_documents(spec.db_path, ins, spec._doc_tokenizer, nice=int(mode[12:]), idle=False)
+                with index._lock:
+                    writer.add_documents(spec.db_path, ins, doc_tokenizer, nice=int(mode[12:]), idle=False)
             else:
                 spec.add_documents(docs)
 
@@ -816,7 +817,7 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     import resource
 
     db = workdir / "scale.db"
-    store = IndexStore(db, auto_merge=False)
+    store = IndexStore(db)
     t = time.perf_counter()
     merges = store.merge_pending()
     res: dict = {"merges": merges, "merge_s": time.perf_counter() - t}
@@ -875,7 +876,7 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     res["identical_drafts"] = f"{same}/{len(ctxs)}"
     res["load_average"] = os.getloadavg()[0]
     adds, dels = [], []
-    reader = IndexStore(db, auto_merge=False)
+    reader = IndexStore(db)
     reader.document_index(tokenizer)
     for i in range(rounds):
         marker = f"def reopen_marker_{i}(alpha, beta):\n    return alpha * {i} + beta - 17\n" * 3

@@ -220,7 +220,7 @@ store_op = st.one_of(
 def test_store_add_remove_against_a_dict(ops, tokenizer, tmp_path_factory):
     from suffixspec.index.store import DocInput, IndexStore, content_hash
 
-    store = IndexStore(tmp_path_factory.mktemp("fuzz-store") / "index.db", auto_merge=False)
+    store = IndexStore(tmp_path_factory.mktemp("fuzz-store") / "index.db")
     ref: dict[str, tuple[int, str]] = {}  # key -> (id, text)
     try:
         for name, arg in ops:
@@ -284,7 +284,7 @@ def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_pat
 
     tok = ByteTok()
     rng = random.Random(seed)
-    store = IndexStore(tmp_path_factory.mktemp("fuzz-seg") / "index.db", auto_merge=False, flush_tokens=12,
+    store = IndexStore(tmp_path_factory.mktemp("fuzz-seg") / "index.db", flush_tokens=12,
                        policy=MergePolicy(fanout=2, floor_tokens=8, max_tokens=200))
     ref: dict[str, str] = {}
     try:
