@@ -6,6 +6,8 @@ from typing import Any
 
 from flask import Response, jsonify
 
+from ..index.errors import InvalidDocument, NoDocumentStore, ReadOnlyStore, StoreError, WriterDied
+
 # HTTP status -> OpenAI error type.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
@@ -39,3 +41,23 @@ class APIError(Exception):
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
     """A 400 about one request field."""
     return APIError(message, 400, param=param, code=code)
+
+
+# The document index's exceptions (suffixspec.index.errors) -> (HTTP status, code); a subclass is answered
+# as its nearest listed base. Their messages are written to be shown (what happened, what to do).
+INDEX_ERRORS: dict[type[Exception], tuple[int, str]] = {
+    InvalidDocument: (400, "invalid_value"),
+    NoDocumentStore: (501, "index_unavailable"),
+    ReadOnlyStore: (503, "index_read_only"),
+    WriterDied: (503, "index_writer_died"),
+    StoreError: (503, "index_unavailable"),
+}
+
+
+def index_error(exc: Exception) -> APIError | None:
+    """The answer to one of the document index's exceptions (None: not one of them)."""
+    for cls in type(exc).__mro__:
+        if cls in INDEX_ERRORS:
+            status, code = INDEX_ERRORS[cls]
+            return APIError(str(exc), status, code=code)
+    return None

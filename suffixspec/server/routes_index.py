@@ -16,7 +16,7 @@ import json
 
 from flask import Blueprint, Response, jsonify, request
 
-from .errors import APIError, invalid
+from .errors import INDEX_ERRORS, index_error, invalid
 from .routes_openai import read_json, state
 
 bp = Blueprint("index", __name__)
@@ -36,12 +36,11 @@ def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
 
 
 def _store_call(fn, *args, **kw):
+    """``fn(...)``, the document index's exceptions answered by type (errors.INDEX_ERRORS); others are a 500."""
     try:
         return fn(*args, **kw)
-    except (ValueError, KeyError) as e:
-        raise invalid(str(e).strip("'\"")) from None
-    except RuntimeError as e:  # no index in this installation
-        raise APIError(str(e), 501, code="index_unavailable") from None
+    except tuple(INDEX_ERRORS) as e:
+        raise index_error(e) from None
 
 
 @bp.get("/v1/index/documents")
