@@ -8,7 +8,8 @@ Tables::
                 ids (uint32 blob) only in databases of earlier versions, until their first load
     segments    id, fingerprint, name, width, n_tokens, n_seqs, dead (tombstone file), dead_seqs,
                 dead_tokens, created_at
-    tokenizers  fingerprint -> name, added_at, used_at (last served or indexed for), source (what it was
+    tokenizers  fingerprint -> name (its name_or_path), added_at, model (the model it was served or added
+                for, as the user named it), used_at (last served or indexed for), source (what it was
                 loaded from), backend (its serialized fast tokenizer), see :mod:`index.tokenizer_table`
     history     id, fingerprint, n_tokens, ids (blob), created_at      (finished outputs, oldest first)
     meta        key -> value: "docs_version" (bumped by every change of the document index)
@@ -39,8 +40,8 @@ _REQUIRED = {"documents": {"id", "path", "content_hash", "text", "metadata", "n_
              "history": {"id", "fingerprint", "n_tokens", "ids", "created_at"},
              "meta": {"key", "value"}}
 # columns added since the first version: (table, column, SQL type), added on open
-_ADDED_COLUMNS = [("doc_tokens", "segment", "INTEGER"), ("tokenizers", "used_at", "FLOAT"),
-                  ("tokenizers", "source", "TEXT"), ("tokenizers", "backend", "TEXT")]
+_ADDED_COLUMNS = [("doc_tokens", "segment", "INTEGER"), ("tokenizers", "model", "TEXT"),
+                  ("tokenizers", "used_at", "FLOAT"), ("tokenizers", "source", "TEXT"), ("tokenizers", "backend", "TEXT")]
 
 
 def default_db_path() -> Path:
@@ -123,7 +124,7 @@ def _create_schema(db: sqlite_utils.Database) -> None:
                                 pk=("doc_id", "fingerprint"), foreign_keys=[("doc_id", "documents", "id")],
                                 if_not_exists=True)
     if "tokenizers" not in names:
-        db["tokenizers"].create({"fingerprint": str, "name": str, "added_at": float, "used_at": float,
+        db["tokenizers"].create({"fingerprint": str, "name": str, "added_at": float, "model": str, "used_at": float,
                                  "source": str, "backend": str}, pk="fingerprint", if_not_exists=True)
     if "history" not in names:
         db["history"].create({"id": int, "fingerprint": str, "n_tokens": int, "ids": bytes, "created_at": float},

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import tokenizer_table, writer
 from .database import busy_timeout, default_db_path, refused_write
 from .documents import FLUSH_TOKENS
 from .errors import InvalidDocument, ReadOnlyStore
@@ -49,6 +48,12 @@ from .records import AddSummary, DocInput, ProgressFn
 from .segments import MergePolicy
 from .store import IndexStore
 from .suffix_array import DEFAULT_SORT_DEPTH
+from .tokenizer_table import TokenizerInfo, by_source, last_used, source_key
+from .tokenizer_table import load as load_kept_tokenizer
+from .writer import WRITER_NICE, WRITER_PROCESS_CHARS
+from .writer import add_documents as add_in_writer
+from .writer import available as writer_available
+from .writer import merge as merge_in_writer
 
 CHARS_PER_TOKEN = 4  # about this much text per token: a merge's size in the units of an add's
 MARK_TIMEOUT_S = 0.5  # recording the served tokenizer waits at most this long for another writer
@@ -61,7 +66,7 @@ class TokenizerChoice:
 
     tokenizer: Any  # a transformers tokenizer, a BackendTokenizer, or anything index.fingerprint accepts
     name: str  # what to call it: the model name or folder the user gave
-    source: str | None = None  # tokenizer_table.source_key of the folder it was loaded from
+    source: str | None = None  # index.tokenizer_table.source_key of the folder it was loaded from
 
 
 @dataclass
@@ -91,14 +96,16 @@ class DocumentIndex:
         nice: the niceness of the writer process large adds and merges run in (0: always in this process).
         own_group: start the writer process in a scheduler group of its own (a command in another
             terminal than the server it must not slow down).
+        writer_chars: adds (and merges) of at least this much text run in the writer process (default
+            ``WRITER_PROCESS_CHARS``, 1 MiB).
         policy, flush_tokens, sort_depth: the store's (see :class:`~index.store.IndexStore`).
     """
 
     def __init__(self, db: str | os.PathLike | None = None, *, tokenizer: Any = None,
                  load_tokenizer: Callable[[DocumentIndex], TokenizerChoice] | None = None,
-                 model: str | None = None, background_merges: bool = False, nice: int = writer.WRITER_NICE,
-                 own_group: bool = False, policy: MergePolicy | None = None, flush_tokens: int = FLUSH_TOKENS,
-                 sort_depth: int = DEFAULT_SORT_DEPTH) -> None:
+                 model: str | None = None, background_merges: bool = False, nice: int = WRITER_NICE,
+                 own_group: bool = False, writer_chars: int | None = None, policy: MergePolicy | None = None,
+                 flush_tokens: int = FLUSH_TOKENS, sort_depth: int = DEFAULT_SORT_DEPTH) -> None:
         if nice < 0:
             raise ValueError(f"nice must be >= 0 (0: in this process), got {nice}")
         self.path = Path(db).expanduser() if db else default_db_path()
@@ -108,6 +115,7 @@ class DocumentIndex:
         self.background_merges = background_merges
         self.nice = nice
         self.own_group = own_group
+        self.writer_chars = writer_chars  # work on this much text or more goes to the writer (None: WRITER_PROCESS_CHARS)
         self._choice = TokenizerChoice(tokenizer, model or "") if tokenizer is not None else None
         self._load_tokenizer = load_tokenizer
         self._served: str | None = None  # fingerprint of the tokenizer served with this index (see serve)
@@ -168,33 +176,34 @@ class DocumentIndex:
     def tokenizer(self) -> TokenizerChoice:
         """The tokenizer documents are added for (loaded now if it is loaded on demand)."""
         if self._choice is None:
-            if self._load_tokenizer is None:
-                raise InvalidDocument("this document index has no tokenizer to index documents for: give "
-                                      "tokenizer= or load_tokenizer=")
+            if self._load_tokenizer is None:  # how it was built, not a document: a programming error
+                raise TypeError("this DocumentIndex has no tokenizer to index documents for: give it tokenizer= "
+                                "or load_tokenizer=")
             self._choice = self._load_tokenizer(self)
         return self._choice
 
-    def last_tokenizer(self) -> tokenizer_table.TokenizerInfo | None:
+    def last_tokenizer(self) -> TokenizerInfo | None:
         """The tokenizer the store served or indexed for last (None: the store knows none)."""
-        return tokenizer_table.last_used(self._reader().db)
+        return last_used(self._reader().db)
 
     def stored_tokenizer(self, fingerprint: str | None = None, source: str | None = None) -> BackendTokenizer | None:
         """A tokenizer the store keeps, by fingerprint or by what it was loaded from (a
         :func:`~index.tokenizer_table.source_key`): loads without transformers. None: not kept."""
         db = self._reader().db
-        fp = fingerprint or (tokenizer_table.by_source(db, source) if source else None)
-        return tokenizer_table.load(db, fp) if fp else None
+        fp = fingerprint or (by_source(db, source) if source else None)
+        return load_kept_tokenizer(db, fp) if fp else None
 
-    def serve(self, tokenizer: Any, name: str | None = None) -> None:
+    def serve(self, tokenizer: Any, name: str | None = None, fingerprint: str | None = None) -> None:
         """Make ``tokenizer`` (a served model's) the one listings and statistics are for, and record it in
-        the store as the one last served, so that ``index add`` defaults to it. Recording is best effort: a
-        store that refuses writes (read-only, busy for long) is left as it is."""
+        the store as the one last served, so that ``index add`` defaults to it (``fingerprint``: its
+        fingerprint when already known: hashing a large vocabulary takes up to a second). Recording is
+        best effort: a store that refuses writes (read-only, busy for long) is left as it is."""
         store = self.store
-        self._served = store.fingerprint(tokenizer)
-        source = tokenizer_table.source_key(getattr(tokenizer, "name_or_path", "") or "")
+        self._served = fingerprint or store.fingerprint(tokenizer)
+        source = source_key(getattr(tokenizer, "name_or_path", "") or "")
         try:
             with self._lock, busy_timeout(store.db, MARK_TIMEOUT_S):
-                store.register_tokenizer(tokenizer, name=name, source=source, used=True)
+                store.register_tokenizer(tokenizer, model=name, source=source, used=True, fingerprint=self._served)
         except sqlite3.Error as e:
             log.info("%s: the served tokenizer is not recorded (%s)", self.path, e)
 
@@ -259,17 +268,17 @@ class DocumentIndex:
 
     def _add(self, docs: Iterator[DocInput], size_chars: int, progress: ProgressFn | None,
              status: Callable[[str], None] | None) -> AddSummary:
-        choice = self.tokenizer()
         with self._lock, self._writing():
+            choice = self.tokenizer()
             store = self.store
             if self._in_writer(size_chars):
                 # tokenizing and sorting take the cores for seconds: a child at a low priority does it, so
                 # that generations keep their pace (index/writer.py)
-                summary = writer.add_documents(self.path, docs, choice.tokenizer, progress=progress, status=status,
+                summary = add_in_writer(self.path, docs, choice.tokenizer, progress=progress, status=status,
                                                nice=self.nice, own_group=self.own_group, **self._store_options())
             else:
                 summary = store.add_documents(docs, choice.tokenizer, progress=progress, status=status)
-            store.register_tokenizer(choice.tokenizer, name=choice.name or None, source=choice.source, used=True)
+            store.register_tokenizer(choice.tokenizer, model=choice.name or None, source=choice.source, used=True)
         self._kick_merges()
         return summary
 
@@ -287,7 +296,8 @@ class DocumentIndex:
     def _in_writer(self, work_chars: int) -> bool:
         """Whether work on about ``work_chars`` of text runs in a writer process (else in this one): the
         one place this is decided (see the module docstring)."""
-        return self.nice > 0 and work_chars >= writer.WRITER_PROCESS_CHARS and writer.available()
+        limit = WRITER_PROCESS_CHARS if self.writer_chars is None else self.writer_chars
+        return self.nice > 0 and work_chars >= limit and writer_available()
 
     def _store_options(self) -> dict[str, Any]:
         return {"policy": self.policy, "flush_tokens": self.flush_tokens, "sort_depth": self.sort_depth}
@@ -346,7 +356,7 @@ class DocumentIndex:
     def _run_merges(self, store: IndexStore, compact: bool, progress: Callable[[int], None] | None = None,
                     status: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> int:
         if self._in_writer(store.merges.pending_tokens(compact) * CHARS_PER_TOKEN):
-            return writer.merge(store.path, compact=compact, progress=progress, status=status, stop=stop,
+            return merge_in_writer(store.path, compact=compact, progress=progress, status=status, stop=stop,
                                 nice=self.nice, own_group=self.own_group, **self._store_options())
         done = store.merge_pending(progress, status, stop)
         if compact and not (stop is not None and stop.is_set()):

@@ -31,13 +31,14 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
-from . import tokenizer_table
 from .catalogue import SegmentCatalogue
 from .database import bump_docs_version, write_txn
 from .errors import InvalidDocument
 from .fingerprint import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, encode_batched
 from .records import ADDED, UNCHANGED, UPDATED, AddSummary, DocInput, ProgressFn, content_hash, text_bytes
 from .segments import SegmentWriter
+from .tokenizer_table import known as tokenizer_known
+from .tokenizer_table import register as register_tokenizer
 
 FLUSH_TOKENS = 16 << 20  # an add commits a segment at least every this many tokens (~10 bytes/token to sort)
 PREVIEW_CHARS = 160  # the start of a document's text that a listing shows
@@ -304,9 +305,9 @@ class DocumentTable:
             if not rows:
                 return
         if tokenizer is not None:
-            if not tokenizer_table.known(self.db, fp):
-                tokenizer_table.register(self.db, tokenizer, fp)
-        elif not tokenizer_table.known(self.db, fp):
+            if not tokenizer_known(self.db, fp):
+                register_tokenizer(self.db, tokenizer, fp)
+        elif not tokenizer_known(self.db, fp):
             return
         if not quiet:
             log.info("%s: indexing %d document(s) for tokenizer %s", self.where, len(rows), fp[:12])

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import tokenizer_table
 from .catalogue import SegmentCatalogue
 from .database import bump_docs_version, connect, default_db_path, docs_version, write_txn
 from .documents import FLUSH_TOKENS, DocumentTable
@@ -44,6 +43,7 @@ from .maintenance import Merges
 from .records import AddSummary, DocInput, ProgressFn
 from .segments import MergePolicy, SegmentInfo, SegmentSet
 from .suffix_array import DEFAULT_SORT_DEPTH
+from .tokenizer_table import TokenizerInfo, infos, known, register
 
 __all__ = ["AddSummary", "DocInput", "IndexStore", "StoreError"]
 log = logging.getLogger("suffixspec.index")
@@ -83,14 +83,15 @@ class IndexStore:
     def fingerprints(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT fingerprint FROM tokenizers ORDER BY added_at")]
 
-    def register_tokenizer(self, tokenizer: Any, *, name: str | None = None, source: str | None = None,
-                           used: bool = False) -> str:
-        """``tokenizer``'s fingerprint, recorded in the store (see :func:`index.tokenizer_table.register`):
-        ``used`` marks it as the tokenizer served or indexed for last. Writes only what changes."""
-        fp = self.fingerprint(tokenizer)
-        if self.readonly or (tokenizer_table.known(self.db, fp) and not (name or source or used)):
+    def register_tokenizer(self, tokenizer: Any, *, model: str | None = None, source: str | None = None,
+                           used: bool = False, fingerprint: str | None = None) -> str:
+        """``tokenizer``'s fingerprint (``fingerprint`` when the caller knows it), recorded in the store (see
+        :func:`index.tokenizer_table.register`): ``used`` marks it as the tokenizer served or indexed for
+        last. Writes only what changes."""
+        fp = fingerprint or self.fingerprint(tokenizer)
+        if self.readonly or (known(self.db, fp) and not (model or source or used)):
             return fp  # known: no write, so no wait behind another writer
-        tokenizer_table.register(self.db, tokenizer, fp, name=name, source=source, used=used)
+        register(self.db, tokenizer, fp, model=model, source=source, used=used)
         return fp
 
     # ----- documents ---------------------------------------------------------------------------------
@@ -196,12 +197,12 @@ class IndexStore:
         """
         n_docs, n_bytes = self.documents.count()
         pending, compaction = self.merges.pending(), self.merges.compaction()
-        known = tokenizer_table.infos(self.db)
+        known = infos(self.db)
         if fingerprint is None and known:
             fingerprint = known[0].fingerprint
         per_fp = {info.fingerprint: self._tokenizer_stats(info, n_docs, pending, compaction) for info in known}
         if fingerprint is not None and fingerprint not in per_fp:  # served, but nothing indexed for it yet
-            per_fp[fingerprint] = self._tokenizer_stats(tokenizer_table.TokenizerInfo(fingerprint, "", None, False),
+            per_fp[fingerprint] = self._tokenizer_stats(TokenizerInfo(fingerprint, "", None, None, False),
                                                         n_docs, pending, compaction)
         current = per_fp.get(fingerprint) if fingerprint else None
         disk = sum(p.stat().st_size for p in [self.path, Path(str(self.path) + "-wal"), Path(str(self.path) + "-shm")]
@@ -214,14 +215,14 @@ class IndexStore:
                 "segments": len(current["segments"]) if current else 0,
                 "pending_merges": len(current["pending_merges"]) if current else 0,
                 "memory_estimate_bytes": current["memory_estimate_bytes"] if current else 0,
-                "also_indexed_for": [{"fingerprint": fp, "tokenizer": v["tokenizer"],
+                "also_indexed_for": [{"fingerprint": fp, "tokenizer": v["tokenizer"], "model": v["model"],
                                       "document_tokens": v["document_tokens"],
                                       "documents_tokenized": v["documents_tokenized"]}
                                      for fp, v in per_fp.items() if fp != fingerprint],
                 "bytes_on_disk": disk + arrays, "db_bytes": disk, "arrays_bytes": arrays,
                 "tokenizers": per_fp}
 
-    def _tokenizer_stats(self, info: tokenizer_table.TokenizerInfo, n_docs: int, pending: dict, compaction: dict
+    def _tokenizer_stats(self, info: TokenizerInfo, n_docs: int, pending: dict, compaction: dict
                          ) -> dict[str, Any]:
         fp = info.fingerprint
         n_tok, n_tok_docs, n_unindexed = self.db.execute(
@@ -230,7 +231,7 @@ class IndexStore:
         h_n, h_tok = self.history.counts(fp)
         segs = self.catalogue.infos(fp)
         mapped = sum((s.width + 4) * (s.tokens + s.sequences) for s in segs)
-        return {"fingerprint": fp, "tokenizer": info.name, "used_at": info.used_at,
+        return {"fingerprint": fp, "tokenizer": info.name, "model": info.model, "used_at": info.used_at,
                 "document_tokens": n_tok, "documents_tokenized": n_tok_docs - n_unindexed,
                 "history_outputs": h_n, "history_tokens": h_tok,
                 "arrays_current": n_unindexed == 0 and n_tok_docs - n_unindexed == n_docs,

@@ -36,9 +36,15 @@ class TokenizerInfo:
     """One row of the ``tokenizers`` table."""
 
     fingerprint: str  # tokenizer_fingerprint: the key of its token ids and segments
-    name: str  # what it is called: the model name or folder it was served or added as
+    name: str  # the tokenizer's name_or_path (the folder or hub id it was loaded from)
+    model: str | None  # the model it was served or added for, as the user named it (None: not recorded)
     used_at: float | None  # when it was last served or indexed for (None: never recorded)
     loadable: bool  # its serialized backend is stored: load() rebuilds it without transformers
+
+    @property
+    def label(self) -> str:
+        """What to call it: the model's name when known, else the tokenizer's."""
+        return self.model or self.name
 
 
 def source_key(folder: str | os.PathLike) -> str | None:
@@ -66,31 +72,35 @@ def source_key(folder: str | os.PathLike) -> str | None:
     return json.dumps({"folder": str(p.resolve()), "files": files, "transformers": reader})
 
 
-def register(db: sqlite_utils.Database, tokenizer: Any, fingerprint: str, *, name: str | None = None,
+def register(db: sqlite_utils.Database, tokenizer: Any, fingerprint: str, *, model: str | None = None,
              source: str | None = None, used: bool = False) -> None:
-    """Record ``tokenizer`` (inside or outside a transaction): its row is created once; ``name`` and
-    ``source`` update it; ``used`` marks it as the one served or indexed for last. Its serialized backend
-    is stored the first time a row is written for a fast tokenizer (a few MB, once)."""
+    """Record ``tokenizer`` (inside or outside a transaction): its row is created once; ``model`` (the model
+    it serves, as the user named it) and ``source`` update it; ``used`` marks it as the one served or
+    indexed for last. Its serialized backend is stored the first time a row is written for a fast
+    tokenizer (a few MB, once)."""
     now = time.time()
-    row = db.execute("SELECT backend IS NOT NULL FROM tokenizers WHERE fingerprint = ?", [fingerprint]).fetchone()
+    row = db.execute("SELECT backend IS NOT NULL, model, source, used_at IS NOT NULL AND used_at = "
+                     "(SELECT max(used_at) FROM tokenizers) FROM tokenizers WHERE fingerprint = ?",
+                     [fingerprint]).fetchone()
     if row is None:
         backend = backend_only(tokenizer)
-        db.execute("INSERT OR IGNORE INTO tokenizers (fingerprint, name, added_at, used_at, source, backend) "
-                   "VALUES (?, ?, ?, ?, ?, ?)",
-                   [fingerprint, name or tokenizer_name(tokenizer), now, now if used else None, source,
+        db.execute("INSERT OR IGNORE INTO tokenizers (fingerprint, name, added_at, model, used_at, source, backend) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [fingerprint, tokenizer_name(tokenizer), now, model, now if used else None, source,
                     backend.to_json() if backend is not None else None])
         return
+    has_backend, old_model, old_source, is_last = row
     sets, args = [], []
-    if name:
-        sets.append("name = ?")
-        args.append(name)
-    if source:
+    if model and model != old_model:
+        sets.append("model = ?")
+        args.append(model)
+    if source and source != old_source:
         sets.append("source = ?")
         args.append(source)
-    if used:
+    if used and not is_last:  # already the last used: no write (each is a transaction, a sync to disk)
         sets.append("used_at = ?")
         args.append(now)
-    if not row[0]:
+    if not has_backend:
         backend = backend_only(tokenizer)
         if backend is not None:
             sets.append("backend = ?")
@@ -108,10 +118,10 @@ def infos(db: sqlite_utils.Database) -> list[TokenizerInfo]:
     if "tokenizers" not in db.table_names():
         return []
     if not has_column(db, "tokenizers", "used_at"):  # a read-only database of an earlier version
-        return [TokenizerInfo(fp, name, None, False)
+        return [TokenizerInfo(fp, name, None, None, False)
                 for fp, name in db.execute("SELECT fingerprint, name FROM tokenizers ORDER BY added_at")]
-    return [TokenizerInfo(fp, name, used, bool(loadable)) for fp, name, used, loadable in db.execute(
-        "SELECT fingerprint, name, used_at, backend IS NOT NULL FROM tokenizers "
+    return [TokenizerInfo(fp, name, model, used, bool(loadable)) for fp, name, model, used, loadable in db.execute(
+        "SELECT fingerprint, name, model, used_at, backend IS NOT NULL FROM tokenizers "
         "ORDER BY used_at IS NULL, used_at DESC, added_at")]
 
 

@@ -5,7 +5,7 @@ An add spends its time tokenizing (the tokenizer's threads take every core) and 
 segment; a merge, sorting. Run in a thread of a serving process they slow its generations down
 (measured: a 16-token generation 56 ms alone, 164 ms median and 1.5 s worst while a 9 MB add ran in
 another thread; the adding thread itself held the interpreter lock for ~4% of the add, the rest was
-its tokenizer's threads taking the cores; see the README's "Document index at scale"). Here the same
+its tokenizer's threads taking the cores; see docs/index.md, "The writer process"). Here the same
 work (:meth:`IndexStore.add_documents`, :meth:`IndexStore.merge_pending`, :meth:`IndexStore.compact`,
 unchanged) runs in a child process:
 
@@ -79,14 +79,13 @@ def _own_autogroup() -> bool:
 
 def add_documents(path: str | os.PathLike, docs: Iterable[DocInput], tokenizer: Any,
                   progress: ProgressFn | None = None, status: Callable[[str], None] | None = None,
-                  merge: bool = False, nice: int = WRITER_NICE, own_group: bool = False, idle: bool = True,
+                  nice: int = WRITER_NICE, own_group: bool = False, idle: bool = True,
                   **store_kw: Any) -> AddSummary:
     """:meth:`IndexStore.add_documents` of ``docs`` into the database at ``path``, run by a writer
-    process at low priority (see the module docstring); with ``merge``, the pending merges after it.
+    process at low priority (see the module docstring).
     ``nice``: its niceness (0: as this process); ``idle`` (with ``nice`` > 0): also the ``SCHED_IDLE``
     policy; ``own_group``: in a scheduler autogroup of its own, whose niceness it sets. ``store_kw``: ``IndexStore`` options (``flush_tokens``, ``policy``, ``sort_depth``)."""
-    job = {"kind": "add", "path": str(path), "store": store_kw, "tokenizer": portable_tokenizer(tokenizer),
-           "merge": merge}
+    job = {"kind": "add", "path": str(path), "store": store_kw, "tokenizer": portable_tokenizer(tokenizer)}
     return _run(job, nice, own_group, idle, docs=docs, progress=progress, status=status)
 
 

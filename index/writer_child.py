@@ -70,8 +70,6 @@ def _child(fd: int) -> int:
         with IndexStore(job["path"], **job["store"]) as store:
             if job["kind"] == "add":
                 result: Any = store.add_documents(docs(), job["tokenizer"], progress=progress, status=status)
-                if job["merge"]:
-                    store.merge_pending()
             else:
                 result = store.merge_pending(progress=progress, status=status)
                 if job["compact"]:

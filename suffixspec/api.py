@@ -244,7 +244,7 @@ class SuffixSpec:
             return TokenizerChoice(copy.deepcopy(self.tokenizer), self.model_name)
 
         index = DocumentIndex(self.db_path, load_tokenizer=own_tokenizer, background_merges=True)
-        index.serve(self.tokenizer, self.model_name)
+        index.serve(self.tokenizer, self.model_name, fingerprint=getattr(self.suffix, "fingerprint", None))
         return index
 
     def _docs(self) -> Any:

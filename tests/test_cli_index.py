@@ -73,13 +73,14 @@ def test_glob_filters_names(tree, tmp_path, bpe_tokenizer_dir):
     assert "added 2, updated 0, unchanged 0, skipped 0" in res.output
 
 
+@pytest.mark.slow  # starts a writer process
 def test_add_in_this_process_or_a_writer_process_gives_the_same_index(tree, tmp_path, bpe_tokenizer_dir,
                                                                        monkeypatch):
     """--nice 0 adds in the CLI's process; by default an add of 1 MiB of text or more hands tokenizing and
     sorting to a writer process (here: of 1 byte or more)."""
-    from suffixspec.index import writer
+    from suffixspec.index import document_index
 
-    monkeypatch.setattr(writer, "WRITER_PROCESS_CHARS", 1)
+    monkeypatch.setattr(document_index, "WRITER_PROCESS_CHARS", 1)
     dumps = []
     for nice in ("0", "10"):
         db = tmp_path / f"n{nice}.db"

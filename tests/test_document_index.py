@@ -4,29 +4,16 @@ statistics, the tokenizers the store keeps, background merges and the idle compa
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
-from suffixspec.index import DocumentIndex, InvalidDocument, tokenizer_table, writer
+from suffixspec.index import DocumentIndex, InvalidDocument, tokenizer_table
 from suffixspec.index.document_index import TokenizerChoice
 from suffixspec.index.records import DocInput
 from suffixspec.index.segments import MergePolicy
-
-
-class ByteTok:
-    """One id per UTF-8 byte (plus an offset, to tell two tokenizers apart)."""
-
-    def __init__(self, offset: int = 0) -> None:
-        self.offset = offset
-        self.fingerprint = f"bytes+{offset}"
-
-    def encode(self, text: str) -> list[int]:
-        return [b + self.offset for b in text.encode("utf-8")]
-
-
-def ids(text: str, offset: int = 0) -> list[int]:
-    return ByteTok(offset).encode(text)
+from test_index_store import ByteTok, _full_scans, ids
 
 
 @pytest.fixture(scope="module")
@@ -81,20 +68,30 @@ def test_empty_files_are_skipped_and_nothing_is_created_without_a_file_to_index(
     index.close()
 
 
-def test_small_adds_run_in_this_process_large_ones_in_a_writer_process(tmp_path, tok, monkeypatch):
-    """The one rule: below WRITER_PROCESS_CHARS of text an add runs here at this priority (a child at a low
-    priority may wait seconds for a core on a busy machine); at or above it, in the writer process."""
-    started = []
-    real = writer.add_documents
-    monkeypatch.setattr(writer, "add_documents", lambda *a, **k: started.append(1) or real(*a, **k))
-    monkeypatch.setattr(writer, "WRITER_PROCESS_CHARS", 1000)
-    with DocumentIndex(tmp_path / "i.db", tokenizer=tok) as index:
-        assert index.add_documents(["x = 1\n" * 10])[0]["status"] == "added" and started == []
-        assert index.add_documents(["y = 2\n" * 200])[0]["status"] == "added" and started == [1]
+def _children() -> list[str]:
+    """This process' child processes (any thread's)."""
+    pid = os.getpid()
+    return [k for t in os.listdir(f"/proc/{pid}/task") for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+
+
+@pytest.mark.slow  # starts a writer process
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the writer process in /proc")
+def test_small_adds_run_in_this_process_large_ones_in_a_writer_process(tmp_path, tok):
+    """The one rule: below ``writer_chars`` of text (1 MiB by default) an add runs here at this priority (a
+    child at a low priority may wait seconds for a core on a busy machine); at or above it, in the writer
+    process, seen running while the add reports progress."""
+    seen = []
+    with DocumentIndex(tmp_path / "i.db", tokenizer=tok, writer_chars=1000) as index:
+        index.add_documents(["x = 1\n" * 10], progress=lambda *_: seen.append(bool(_children())))  # 60 chars
+        assert seen and not any(seen)
+        seen.clear()
+        index.add_documents(["y = 2\n" * 200], progress=lambda *_: seen.append(bool(_children())))  # 1,200 chars
+        assert seen and all(seen)
         assert index.list_documents()["total"] == 2
-    with DocumentIndex(tmp_path / "j.db", tokenizer=tok, nice=0) as index:  # nice 0: always here
-        index.add_documents(["y = 2\n" * 200])
-        assert started == [1]
+    seen.clear()
+    with DocumentIndex(tmp_path / "j.db", tokenizer=tok, writer_chars=1000, nice=0) as index:  # nice 0: always here
+        index.add_documents(["y = 2\n" * 200], progress=lambda *_: seen.append(bool(_children())))
+        assert seen and not any(seen)
 
 
 def test_statistics_are_those_of_the_served_tokenizer_and_count_documents_once(tmp_path):
@@ -107,11 +104,11 @@ def test_statistics_are_those_of_the_served_tokenizer_and_count_documents_once(t
         index.store.document_index(a)  # a server loads the documents: indexed for its tokenizer too
         st = index.stats()
         assert st["documents"] == 1 and st["fingerprint"] == a.fingerprint and st["tokens"] == 18
-        assert st["tokenizer"]["tokenizer"] == "model-a" and st["tokenizer"]["arrays_current"] is True
-        assert [(o["tokenizer"], o["document_tokens"]) for o in st["also_indexed_for"]] == [("model-b", 18)]
+        assert st["tokenizer"]["model"] == "model-a" and st["tokenizer"]["arrays_current"] is True
+        assert [(o["model"], o["document_tokens"]) for o in st["also_indexed_for"]] == [("model-b", 18)]
         assert index.list_documents()["data"][0]["num_tokens"] == 18
     with DocumentIndex(db) as cli:  # no tokenizer given (`index stats`): the one served last
-        assert cli.stats()["fingerprint"] == a.fingerprint and cli.last_tokenizer().name == "model-a"
+        assert cli.stats()["fingerprint"] == a.fingerprint and cli.last_tokenizer().model == "model-a"
 
 
 def test_the_store_keeps_a_served_fast_tokenizer_and_gives_it_back_without_transformers(tmp_path, tok,
@@ -121,7 +118,8 @@ def test_the_store_keeps_a_served_fast_tokenizer_and_gives_it_back_without_trans
     with DocumentIndex(tmp_path / "i.db") as index:
         index.serve(tok, "tiny-bpe")
         last = index.last_tokenizer()
-        assert last.name == "tiny-bpe" and last.fingerprint == tokenizer_fingerprint(tok) and last.loadable
+        assert last.model == "tiny-bpe" and last.name == str(bpe_tokenizer_dir) and last.loadable
+        assert last.fingerprint == tokenizer_fingerprint(tok)
         kept = index.stored_tokenizer(last.fingerprint)
         assert kept.fingerprint == last.fingerprint and tokenizer_fingerprint(kept) == last.fingerprint
         texts = ["def f(x):\n    return x + 1\n", "naïve café ☕", ""]
@@ -145,8 +143,6 @@ def test_source_key_changes_with_the_tokenizer_files(tmp_path, bpe_tokenizer_dir
 def test_adds_and_removes_read_no_whole_table(tmp_path):
     """Through the facade, as SuffixSpec and the routes call it: an add of one document to a store of many,
     its records and a remove go through indexes only (the documents table holds the texts)."""
-    from test_index_store import _full_scans
-
     db = tmp_path / "i.db"
     with DocumentIndex(db, tokenizer=ByteTok()) as index:
         index.add_documents([{"text": f"document number {i}", "source": f"{i}.txt"} for i in range(30)])

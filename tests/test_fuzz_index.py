@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from suffixspec.index import SEP, IncrementalIndex, SpecParams, SuffixArray
 from suffixspec.index.history import OutputHistory
 
+pytestmark = pytest.mark.slow  # hypothesis fuzzing
+
 SETTINGS = settings(derandomize=True, deadline=None, database=None, print_blob=False,
                     suppress_health_check=list(HealthCheck))
 TRIED: Counter = Counter()
@@ -218,7 +220,8 @@ store_op = st.one_of(
 @settings(SETTINGS, max_examples=12)
 @given(ops=st.lists(store_op, min_size=1, max_size=6))
 def test_store_add_remove_against_a_dict(ops, tokenizer, tmp_path_factory):
-    from suffixspec.index.store import DocInput, IndexStore, content_hash
+    from suffixspec.index.records import DocInput, content_hash
+    from suffixspec.index.store import IndexStore
 
     store = IndexStore(tmp_path_factory.mktemp("fuzz-store") / "index.db")
     ref: dict[str, tuple[int, str]] = {}  # key -> (id, text)
@@ -273,7 +276,7 @@ seg_op = st.one_of(
 )
 
 
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=60)
 @given(ops=st.lists(seg_op, min_size=1, max_size=12), seed=st.integers(0, 2**16))
 def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_path_factory):
     """Adds (each a fresh segment, several when ``flush_tokens`` is tiny), replacements and deletes

@@ -224,6 +224,7 @@ def _paused_writer(tmp_path: Path, source: str, db: Path, mode: str):
             proc.wait()
 
 
+@pytest.mark.slow  # a writer process per case, killed
 @pytest.mark.parametrize("mode, sig", [
     ("transaction", signal.SIGKILL),
     ("tokenize", signal.SIGKILL),
@@ -387,6 +388,7 @@ _BUILDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a writer process per case, killed
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_while_building_outside_the_lock(tmp_path, sig):
     db, before, files_before = _old_index(tmp_path)

@@ -17,6 +17,8 @@ from suffixspec.index import WriterDied, writer
 from suffixspec.index.segments import MergePolicy
 from suffixspec.index.store import DocInput, IndexStore
 
+pytestmark = pytest.mark.slow  # every test starts writer processes (and kills some)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -179,12 +181,14 @@ def test_killed_parent_stops_the_writer(tmp_path, tok, bpe_tokenizer_dir):
 def test_suffixspec_adds_large_batches_in_a_writer_process(tmp_path, tiny_model_dirs, monkeypatch):
     """Above WRITER_PROCESS_CHARS the facade's add goes through the writer: same records, and the next
     generation drafts from the documents."""
+    from suffixspec.index import document_index
+
     from suffixspec import SuffixSpec
 
     calls = []
-    real = writer.add_documents
-    monkeypatch.setattr(writer, "WRITER_PROCESS_CHARS", 1)
-    monkeypatch.setattr(writer, "add_documents", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = document_index.add_in_writer
+    monkeypatch.setattr(document_index, "WRITER_PROCESS_CHARS", 1)
+    monkeypatch.setattr(document_index, "add_in_writer", lambda *a, **k: calls.append(1) or real(*a, **k))
     with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=tmp_path / "s.db") as spec:
         text = "alpha beta gamma delta epsilon " * 20
         recs = spec.add_documents([{"text": text, "source": "a.txt"}, "other text"])

@@ -184,7 +184,7 @@ const humanKey = (k) => k.replace(/_/g, " ").replace(/^./, (c) => c.toUpperCase(
  * disk, memory, and what this server holds in memory. Documents are indexed per tokenizer: the other
  * tokenizers the store indexed for are one folded line ("Also indexed for"), not figures of their own.
  * Machine paths (database, tokenizer folders) stay in a "Files" disclosure.
- * Example: {documents: 40, tokens: 81234, tokenizer: {tokenizer: "smollm2-135m-instruct", segments: [..3]}}
+ * Example: {documents: 40, tokens: 81234, tokenizer: {model: "smollm2-135m-instruct", segments: [..3]}}
  *   -> "Documents 40", "Tokens 81,234 for smollm2-135m-instruct", "Segments 3".
  */
 function renderStats(box, s) {
@@ -197,7 +197,7 @@ function renderStats(box, s) {
     stat(main, "Documents", fmtNum(s.documents), s.document_bytes !== undefined ? `${fmtBytes(s.document_bytes)} of text` : "");
   }
   if (s.tokens !== undefined) {
-    stat(main, "Tokens", fmtNum(Number(s.tokens) || 0), t ? `for ${tokenizerName(t.tokenizer)}` : "");
+    stat(main, "Tokens", fmtNum(Number(s.tokens) || 0), t ? `for ${tokenizerName(t.model || t.tokenizer)}` : "");
   }
   if (t) {
     const segs = t.segments || [];
@@ -205,7 +205,7 @@ function renderStats(box, s) {
     stat(main, "Segments", fmtNum(segs.length), pending ? `${plural(pending, "merge")} pending` : "searched as one index");
     const missing = (s.documents ?? 0) - (t.documents_tokenized ?? 0);
     if (t.arrays_current === false && missing > 0) {
-      stat(main, "Not indexed yet", plural(missing, "document"), `for ${tokenizerName(t.tokenizer)}: the next generation indexes them`);
+      stat(main, "Not indexed yet", plural(missing, "document"), `for ${tokenizerName(t.model || t.tokenizer)}: the next generation indexes them`);
     }
   }
   if (s.bytes_on_disk !== undefined) {
@@ -219,7 +219,7 @@ function renderStats(box, s) {
   }
   const others = s.also_indexed_for || [];
   if (others.length) {
-    stat(main, "Also indexed for", others.map((o) => tokenizerName(o.tokenizer)).join(", "),
+    stat(main, "Also indexed for", others.map((o) => tokenizerName(o.model || o.tokenizer)).join(", "),
          "documents indexed for other models too; not served here");
   }
   if (s.served) {

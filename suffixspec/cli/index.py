@@ -114,22 +114,18 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, mode
     """
     from collections import Counter
 
-    from tqdm import tqdm
-
     index = _index(db, load_tokenizer=_tokenizer_loader(model, tokenizer, quiet), nice=nice, own_group=True)
     try:
         files = index.find_files(paths, globs, follow_links, max_bytes)
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from e
     skipped: Counter[str] = Counter()  # skip kind -> files
-    bar = tqdm(total=files.total_bytes, desc="indexing", unit="B", unit_scale=True,
-               disable=quiet or not files.candidates)
+    bar = _bar(quiet or not files.candidates, total=files.total_bytes, desc="indexing", unit="B", unit_scale=True)
     tokens = 0
 
     def on_skip(path: str, kind: str, reason: str) -> None:
         skipped[kind] += 1
-        if not quiet:
-            tqdm.write(f"warning: skipped {path}: {reason}", file=sys.stderr)
+        _note(f"warning: skipped {path}: {reason}", quiet)
 
     def progress(n_docs: int, n_tokens: int, n_bytes: int) -> None:
         nonlocal tokens
@@ -181,28 +177,30 @@ def _tokenizer_loader(model: str | None, tokenizer: str | None, quiet: bool):
         name, why = tokenizer or model, "--tokenizer" if tokenizer else "--model"
         if not name and os.environ.get(MODEL_ENV):
             name, why = os.environ[MODEL_ENV], f"${MODEL_ENV}"
+        label = name
         if not name:
             last = index.last_tokenizer()
             kept = index.stored_tokenizer(last.fingerprint) if last is not None else None
             if kept is not None:
-                _note(f"indexing for {last.name} (tokenizer {last.fingerprint[:12]}: the one this store was last "
+                _note(f"indexing for {last.label} (tokenizer {last.fingerprint[:12]}: the one this store was last "
                       "served or indexed with; --model to choose another)", quiet)
-                return TokenizerChoice(kept, last.name)
-            if last is not None:
-                name, why = last.name, "the tokenizer this store was last served or indexed with"
+                return TokenizerChoice(kept, last.label)
+            if last is not None:  # not kept (a slow tokenizer): loaded from where it was loaded before
+                name, label, why = last.name, last.label, "the one this store was last served or indexed with"
         if not name:
             from ..loading import DEFAULT_TARGET
 
             name, why = DEFAULT_TARGET, "the default model; --model to choose another"
-        choice = _load(index, name)
-        _note(f"indexing for {name} (tokenizer {index.store.fingerprint(choice.tokenizer)[:12]}: {why})", quiet)
+        choice = _load(index, name, label or name)
+        _note(f"indexing for {choice.name} (tokenizer {index.store.fingerprint(choice.tokenizer)[:12]}: {why})", quiet)
         return choice
 
     return load
 
 
-def _load(index, name: str):
-    """The tokenizer of model ``name``: the one the store keeps for its folder, else loaded by transformers."""
+def _load(index, name: str, label: str):
+    """The tokenizer of model ``name`` (called ``label``): the one the store keeps for its folder, else
+    loaded by transformers."""
     from suffixspec.index.document_index import TokenizerChoice
     from suffixspec.index.tokenizer_table import source_key
 
@@ -212,7 +210,7 @@ def _load(index, name: str):
         folder = resolve_model_path(name)
         source = source_key(folder)
         kept = index.stored_tokenizer(source=source) if source else None
-        return TokenizerChoice(kept or load_tokenizer(name), name, source)
+        return TokenizerChoice(kept or load_tokenizer(name), label, source)
     except (OSError, ValueError) as e:
         raise click.ClickException(f"cannot load the tokenizer of {name!r}: {e}\n"
                                    "pass --model with a model name or a local model folder (or --tokenizer with a "
@@ -228,12 +226,38 @@ def _note(text: str, quiet: bool) -> None:
 
 def _merge(index, quiet: bool, compact: bool) -> int:
     """The pending segment merges, then (``compact``) the compaction, under one progress bar in tokens."""
-    from tqdm import tqdm
-
     if not index.pending_work(compact):
         return 0
-    with tqdm(desc="merging segments", unit="tok", unit_scale=True, disable=quiet, leave=False) as bar:
+    with _bar(quiet, desc="merging segments", unit="tok", unit_scale=True, leave=False) as bar:
         return index.merge(compact, progress=bar.update, status=bar.set_postfix_str)
+
+
+class _NoBar:
+    """What ``--quiet`` shows: nothing (and tqdm, 0.05-0.1 s of imports, is not loaded)."""
+
+    def update(self, *_a: Any) -> None:
+        pass
+
+    def set_postfix_str(self, *_a: Any, **_kw: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+
+def _bar(hidden: bool, **kw: Any):
+    """A tqdm progress bar, or a :class:`_NoBar` when ``hidden``."""
+    if hidden:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(**kw)
 
 
 @index_group.command("merge")
@@ -334,7 +358,7 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
     click.echo(f"documents:       {st['documents']} ({_human(st['document_bytes'])} of text)")
     info = st["tokenizer"]
     if info is not None:
-        click.echo(f"tokenizer:       {info['tokenizer'] or '(not recorded)'} ({st['fingerprint'][:12]}): "
+        click.echo(f"tokenizer:       {info['model'] or info['tokenizer'] or '(not recorded)'} ({st['fingerprint'][:12]}): "
                    f"{info['document_tokens']} document tokens, {info['history_tokens']} history tokens in "
                    f"{info['history_outputs']} outputs"
                    + ("" if info["arrays_current"] else
@@ -351,7 +375,7 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
                 click.echo(f"  compaction:    {len(info['compaction'])} segments can be rewritten as fewer "
                            "(run `suffixspec index merge`)")
     if st["also_indexed_for"]:
-        click.echo("also indexed for: " + ", ".join(f"{o['tokenizer']} ({o['fingerprint'][:12]}, "
+        click.echo("also indexed for: " + ", ".join(f"{o['model'] or o['tokenizer']} ({o['fingerprint'][:12]}, "
                                                     f"{o['document_tokens']} tokens)" for o in st["also_indexed_for"]))
     click.echo(f"bytes on disk:   {_human(st['bytes_on_disk'])} (database {_human(st['db_bytes'])}, "
                f"arrays {_human(st['arrays_bytes'])})")
