@@ -220,7 +220,7 @@ function renderStats(box, s) {
   const others = s.also_indexed_for || [];
   if (others.length) {
     stat(main, "Also indexed for", others.map((o) => tokenizerName(o.model || o.tokenizer)).join(", "),
-         "documents indexed for other models too; not served here");
+         "their arrays are not used by this server");
   }
   if (s.served) {
     const dl = group(box, "Loaded in this server");
