@@ -847,7 +847,7 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     old_seg, old_sa, old_spec = (main_index_module(main_root, m) for m in ("segments", "suffix_array", "speculate"))
     if old_seg is not None:
         fp = next(iter(store.stats()["tokenizers"]))
-        old = old_seg.SegmentSet([old_sa.SuffixArray.load(store.arrays_dir / i.name, dead=store._tombstones(i.dead_file)[0])
+        old = old_seg.SegmentSet([old_sa.SuffixArray.load(store.arrays_dir / i.name, dead=store.catalogue.tombstones(i.dead_file)[0])
                                   for i in store.segment_infos(fp)])  # with the tombstones, as the store loads them
         systems["segments_main_code"] = (old, old_spec.SpecParams(max_spec_tokens=32, use_tree_spec=True))
     if compact:
