@@ -85,7 +85,7 @@ def add_documents(path: str | os.PathLike, docs: Iterable[DocInput], tokenizer: 
     process at low priority (see the module docstring).
     ``nice``: its niceness (0: as this process); ``idle`` (with ``nice`` > 0): also the ``SCHED_IDLE``
     policy; ``own_group``: in a scheduler autogroup of its own, whose niceness it sets. ``store_kw``: ``IndexStore`` options (``flush_tokens``, ``policy``, ``sort_depth``)."""
-    job = {"kind": "add", "path": str(path), "store": store_kw, "tokenizer": portable_tokenizer(tokenizer)}
+    job = {"kind": "add", "path": os.path.abspath(path), "store": store_kw, "tokenizer": portable_tokenizer(tokenizer)}
     return _run(job, nice, own_group, idle, docs=docs, progress=progress, status=status)
 
 
@@ -94,7 +94,7 @@ def merge(path: str | os.PathLike, compact: bool = False, progress: Callable[[in
           nice: int = WRITER_NICE, own_group: bool = False, **store_kw: Any) -> int:
     """:meth:`IndexStore.merge_pending` (then, with ``compact``, :meth:`IndexStore.compact`) in a writer
     process; returns the merges done. ``stop`` set: the child is interrupted (its merge rolls back)."""
-    job = {"kind": "merge", "path": str(path), "store": store_kw, "compact": compact}
+    job = {"kind": "merge", "path": os.path.abspath(path), "store": store_kw, "compact": compact}
     return _run(job, nice, own_group, progress=progress, status=status, stop=stop)
 
 
@@ -123,8 +123,10 @@ def _run(job: dict, nice: int, own_group: bool, idle: bool = True, docs: Iterabl
     ours, theirs = socket.socketpair()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
     try:
+        # started in the folder that holds this very ``suffixspec``: ``-m`` looks in the working directory
+        # first, where another checkout's could be
         proc = subprocess.Popen([sys.executable, "-m", _CHILD, str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, cwd=_ROOT,
                                 start_new_session=new_session)
     finally:
         theirs.close()

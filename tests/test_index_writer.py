@@ -199,3 +199,14 @@ def test_suffixspec_adds_large_batches_in_a_writer_process(tmp_path, tiny_model_
         assert idx is not None and idx.num_sequences == 2
         ids = spec.tokenizer(text, add_special_tokens=False)["input_ids"]
         assert idx.count(ids[5:12]) >= 1
+
+
+def test_writer_process_runs_this_code_on_a_relative_path(tmp_path, tok, monkeypatch):
+    """The child starts in the folder that holds this ``suffixspec`` (``-m`` looks in the working directory
+    first, where another checkout may be), so a database named relative to the caller's directory is
+    made absolute first."""
+    (tmp_path / "suffixspec").mkdir()  # a decoy package where the caller stands: never imported by the child
+    (tmp_path / "suffixspec" / "__init__.py").write_text("raise SystemExit('the decoy was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    got = writer.add_documents("rel.db", _docs(3), tok)
+    assert got.added == 3 and (tmp_path / "rel.db").exists()
