@@ -38,6 +38,19 @@ Sections:
 
        python -m bench.bench_index --sections concurrent --tokens 3000000
 
+8. **add** — adding one small document (``DocumentIndex.add_documents``, what ``SuffixSpec.add_documents``,
+   the POST route and ``index add`` run) to stores already holding 100 and 20,000 documents, interleaved:
+   CPU and wall time per add, and the cost of the whole-table read adds made before::
+
+       python -m bench.bench_index --sections add --tokenizer /work/models/smollm2-135m-instruct
+
+9. **busy-add** — ``suffixspec index add`` of one small file against ``suffixspec index stats``, fresh
+   processes, alternating, on a store of ~100 MB of source text indexed for ``--busy-model``, while another
+   process generates with that model (one torch thread). Indexing the corpus takes most of the time:
+   keep it with ``--workdir``::
+
+       python -m bench.bench_index --sections busy-add --workdir /tmp/busy --rounds 7
+
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
 """
@@ -118,7 +131,7 @@ def get_tokenizer(name: str | None, texts: list[tuple[str, str]]):
 
 
 def tokenize(tokenizer, texts: list[tuple[str, str]], limit: int) -> list[np.ndarray]:
-    from suffixspec.index.store import encode_batched
+    from suffixspec.index.fingerprint import encode_batched
 
     out, total = [], 0
     for i in range(0, len(texts), 256):
@@ -531,7 +544,7 @@ _COMPACT_SCRIPT = r"""
 import json, sys, time
 from suffixspec.index.store import IndexStore
 t = time.perf_counter()
-with IndexStore(sys.argv[1], auto_merge=False) as s:
+with IndexStore(sys.argv[1]) as s:
     n = s.compact()
 print(json.dumps({"compactions": n, "compact_s": time.perf_counter() - t}))
 """
@@ -573,7 +586,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
 
     files = source_files()
     db = workdir / "scale.db"
-    store = IndexStore(db, auto_merge=False)
+    store = IndexStore(db)
     mem = PeakMemory().__enter__()  # sampled for the whole run, beside ru_maxrss
     out = []
     done_tokens, text_bytes = 0, 0
@@ -616,7 +629,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
                **_timed_lookups(index, ctxs, params)}
         # one new document, until a reader drafts from it; then its deletion
         marker = f"def scale_marker_{target}(alpha, beta):\n    return alpha * {target} + beta - 17\n" * 3
-        reader = IndexStore(db, auto_merge=False)
+        reader = IndexStore(db)
         reader.document_index(tokenizer)
         t = time.perf_counter()
         store.add_documents([DocInput(marker, f"marker-{target}.py")], tokenizer)
@@ -663,7 +676,7 @@ def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root
     mod = main_index_module(main_root, "suffix_array")
     old = mod.SuffixArray.build(seqs) if mod is not None else None
     with tempfile.TemporaryDirectory() as d:
-        store = IndexStore(Path(d) / "i.db", auto_merge=False, flush_tokens=1 << 21)
+        store = IndexStore(Path(d) / "i.db", flush_tokens=1 << 21)
         store.add_documents([DocInput(t, p) for (p, t), _ in zip(texts, seqs, strict=False)], tokenizer)
         res["segments_before_merge"] = len(store.segment_infos(next(iter(store.stats()["tokenizers"]))))
         store.merge_pending()
@@ -746,18 +759,19 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
     res: dict = {"modes": {m: {"alone": [], "during": [], "add_s": []} for m in modes}}
     with tempfile.TemporaryDirectory() as d, SuffixSpec(model="suffixspec/demo-target", db=Path(d) / "i.db") as spec:
         spec.add_documents([{"text": t, "source": p} for p, t in texts[:20]])
-        store = spec._writer_store()
+        index = spec.documents  # the DocumentIndex behind spec.add_documents
+        store, doc_tokenizer = index.store, index.tokenizer().tokenizer
         for _ in range(2):
             probe(spec)  # warm-up
 
         def add(mode: str, docs: list[dict]) -> None:
             ins = [DocInput(x["text"], x["source"]) for x in docs]
             if mode == "thread":
-                with spec._lock:
-                    store.add_documents(ins, spec._doc_tokenizer)
+                with index._lock:
+                    store.add_documents(ins, doc_tokenizer)
             elif mode.startswith("process-nice"):
-                with spec._lock:
-                    writer.add_documents(spec.db_path, ins, spec._doc_tokenizer, nice=int(mode[12:]), idle=False)
+                with index._lock:
+                    writer.add_documents(spec.db_path, ins, doc_tokenizer, nice=int(mode[12:]), idle=False)
             else:
                 spec.add_documents(docs)
 
@@ -817,7 +831,7 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     import resource
 
     db = workdir / "scale.db"
-    store = IndexStore(db, auto_merge=False)
+    store = IndexStore(db)
     t = time.perf_counter()
     merges = store.merge_pending()
     res: dict = {"merges": merges, "merge_s": time.perf_counter() - t}
@@ -834,7 +848,7 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     old_seg, old_sa, old_spec = (main_index_module(main_root, m) for m in ("segments", "suffix_array", "speculate"))
     if old_seg is not None:
         fp = next(iter(store.stats()["tokenizers"]))
-        old = old_seg.SegmentSet([old_sa.SuffixArray.load(store.arrays_dir / i.name, dead=store._tombstones(i.dead_file)[0])
+        old = old_seg.SegmentSet([old_sa.SuffixArray.load(store.arrays_dir / i.name, dead=store.catalogue.tombstones(i.dead_file)[0])
                                   for i in store.segment_infos(fp)])  # with the tombstones, as the store loads them
         systems["segments_main_code"] = (old, old_spec.SpecParams(max_spec_tokens=32, use_tree_spec=True))
     if compact:
@@ -876,7 +890,7 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     res["identical_drafts"] = f"{same}/{len(ctxs)}"
     res["load_average"] = os.getloadavg()[0]
     adds, dels = [], []
-    reader = IndexStore(db, auto_merge=False)
+    reader = IndexStore(db)
     reader.document_index(tokenizer)
     for i in range(rounds):
         marker = f"def reopen_marker_{i}(alpha, beta):\n    return alpha * {i} + beta - 17\n" * 3
@@ -901,6 +915,188 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     reader.close()
     store.close()
     return res
+
+
+# ----- 8. add: one document's cost beside 100 or 20,000 ------------------------------------------------------
+def small_documents(texts: list[tuple[str, str]], n: int, chars: int = 600) -> list[dict]:
+    """``n`` documents of about ``chars`` characters cut from the standard library's sources."""
+    out = []
+    while len(out) < n:
+        for path, text in texts:
+            for k in range(0, len(text) - chars, chars):
+                out.append({"text": text[k:k + chars], "source": f"{path}:{k}#{len(out) // 10**6}"})
+                if len(out) >= n:
+                    return out
+    return out
+
+
+def bench_add_cost(tokenizer, texts: list[tuple[str, str]], sizes: list[int], adds: int, log=print) -> dict:
+    """``DocumentIndex.add_documents`` of one new small document (what ``SuffixSpec.add_documents``, ``POST
+    /v1/index/documents`` and ``index add`` of one file run) into stores already holding ``sizes`` documents
+    (compacted, as a corpus is after its first add), the stores interleaved add by add; CPU time
+    (``time.process_time``) and wall time per add, medians. Beside them: reading every document's (path,
+    hash), which SuffixSpec.add_documents did on every add before (what it would cost now)."""
+    from suffixspec.index import DocumentIndex
+
+    pool = small_documents(texts, max(sizes))
+    res: dict = {"sizes": {}, "adds": adds}
+    with tempfile.TemporaryDirectory() as d:
+        indexes = {}
+        for n in sizes:
+            t = time.perf_counter()
+            index = indexes[n] = DocumentIndex(Path(d) / f"{n}.db", tokenizer=tokenizer, nice=0)
+            index.add_documents(pool[:n])
+            index.merge(compact=True)
+            log(f"  add: {n} documents stored in {time.perf_counter() - t:.1f} s; load {os.getloadavg()[0]:.1f}")
+            res["sizes"][n] = {"cpu_ms": [], "wall_ms": [], "segments": len(index.store.segment_infos(
+                index.store.fingerprint(tokenizer)))}
+        for k in range(adds + 1):  # the first round warms caches up: not counted
+            for n, index in indexes.items():
+                doc = {"text": f"def added_{k}(x):\n    return x * {k} + {n}\n", "source": f"added/{k}.py"}
+                c, t = time.process_time(), time.perf_counter()
+                (rec,) = index.add_documents([doc])
+                wall, cpu = time.perf_counter() - t, time.process_time() - c
+                assert rec["status"] == "added"
+                if k:
+                    res["sizes"][n]["cpu_ms"].append(cpu * 1e3)
+                    res["sizes"][n]["wall_ms"].append(wall * 1e3)
+        for n, index in indexes.items():
+            db = index.store.db
+            t = time.perf_counter()
+            for _ in range(3):
+                db.execute("SELECT path, content_hash FROM documents").fetchall()
+            res["sizes"][n]["read_every_row_ms"] = (time.perf_counter() - t) / 3 * 1e3
+            index.close()
+    for v in res["sizes"].values():
+        cpu, wall = v.pop("cpu_ms"), v.pop("wall_ms")
+        v.update({"cpu_ms_median": statistics.median(cpu), "wall_ms_median": statistics.median(wall),
+                  "wall_ms_max": max(wall)})
+    lo, hi = min(sizes), max(sizes)
+    res["cpu_ratio"] = res["sizes"][hi]["cpu_ms_median"] / res["sizes"][lo]["cpu_ms_median"]
+    res["load_average_end"] = os.getloadavg()[0]
+    return res
+
+
+def report_add_cost(r: dict) -> None:
+    print(f"\n== add: one small document added to a store of N documents ({r['adds']} adds each, interleaved; "
+          f"medians; load average at the end {r['load_average_end']:.1f}) ==")
+    print(f"{'documents':>10s} {'segments':>9s} {'CPU ms':>8s} {'wall ms':>8s} {'wall max':>9s} "
+          f"{'reading every row (before) ms':>30s}")
+    for n, v in r["sizes"].items():
+        print(f"{n:>10,d} {v['segments']:>9d} {v['cpu_ms_median']:>8.1f} {v['wall_ms_median']:>8.1f} "
+              f"{v['wall_ms_max']:>9.1f} {v['read_every_row_ms']:>30.1f}")
+    print(f"CPU time per add, largest / smallest store: {r['cpu_ratio']:.2f}")
+
+
+# ----- 9. busy-add: one small file added to a large index while another process generates -------------------
+_GENERATOR = """
+import sys, time, torch
+torch.set_num_threads(1)
+from suffixspec import SuffixSpec
+spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False)
+print("generating", flush=True)
+while True:  # until killed: one long greedy generation after the other
+    spec.generate("Write a long story about a lighthouse keeper.", max_tokens=400, temperature=0, ignore_eos=True)
+"""
+
+
+def build_busy_index(model: str, workdir: Path, corpus_bytes: int, log=print) -> Path:
+    """``workdir/busy.db``: about ``corpus_bytes`` of source text indexed for ``model``'s tokenizer and
+    compacted, the model recorded as served (built once; run it niced on a shared machine)."""
+    from suffixspec.index import DocumentIndex
+
+    from suffixspec.loading import load_tokenizer
+
+    db = workdir / "busy.db"
+    if not db.exists():
+        t = time.perf_counter()
+        tokenizer = load_tokenizer(model)
+        with DocumentIndex(db, tokenizer=tokenizer, model=model, nice=0) as index:
+            index.serve(tokenizer, model)  # as a server of the model does: `index add` then defaults to it
+            index.store.add_documents(stream_docs(source_files(), int(corpus_bytes / 3.6)), tokenizer)  # streamed
+            index.merge(compact=True)
+        log(f"  busy-add: {corpus_bytes / 1e6:.0f} MB indexed in {time.perf_counter() - t:.0f} s")
+    return db
+
+
+def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, main_root: str | None = None,
+                   log=print) -> dict:
+    """``suffixspec index add`` of one small new file and ``suffixspec index stats`` on a store of about
+    ``corpus_bytes`` of text (indexed for ``model``'s tokenizer first, kept in ``workdir``), each run as a
+    fresh process, alternating, while another process generates with ``model`` (one torch thread, greedy,
+    back to back, in a session of its own as a server in another terminal). Wall time of each command; the add's excess over stats is what a user waits for the
+    add itself. With ``main_root``: the same add by that checkout's code, interleaved."""
+    import resource
+    import subprocess
+
+    from suffixspec.index import DocumentIndex
+
+    db = build_busy_index(model, workdir, corpus_bytes, log)
+    with DocumentIndex(db) as index:
+        st = index.stats()
+    res: dict = {"documents": st["documents"], "document_bytes": st["document_bytes"], "tokens": st["tokens"],
+                 "segments": st["segments"], "rounds": rounds, "stats_s": [], "add_s": [], "main_add_s": []}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TOKENIZERS_PARALLELISM": "true"}
+    # in a session of its own, as a server started from another terminal: its own scheduler autogroup
+    gen = subprocess.Popen([sys.executable, "-c", _GENERATOR, model], stdout=subprocess.PIPE, text=True, env=env,
+                           start_new_session=True)
+    try:
+        assert gen.stdout.readline().strip() == "generating"
+        time.sleep(5)  # the first generation is under way (past its prefill)
+
+        def timed_cli(args: list[str], root: str | None = None) -> tuple[float, float]:
+            """(wall, CPU) seconds of ``suffixspec index ARGS`` run from ``root``'s code (default: this one),
+            started in ``workdir`` so that no checkout is on its path but the one named."""
+            e = env if root is None else {**env, "PYTHONPATH": root}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "suffixspec", "index", *args, "--db", str(db)],
+                                 capture_output=True, text=True, env=e, cwd=workdir)
+            wall = time.perf_counter() - t
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            assert out.returncode == 0, out.stderr[-2000:]
+            return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+        for k in range(rounds):
+            res["stats_s"].append(timed_cli(["stats"]))
+            note = workdir / f"note-{time.time_ns()}.md"
+            note.write_text(f"# note {k}\n\nA small file added while a generation runs.\n")
+            res["add_s"].append(timed_cli(["add", str(note), "-q"]))
+            if main_root:
+                note = workdir / f"note-{time.time_ns()}.md"
+                note.write_text(f"# note {k}, main\n\nA small file added while a generation runs.\n")
+                res["main_add_s"].append(timed_cli(["add", str(note), "-q", "--tokenizer", model], main_root))
+            log(f"  busy-add round {k}: stats {res['stats_s'][-1][0]:.2f} s ({res['stats_s'][-1][1]:.2f} CPU), "
+                f"add {res['add_s'][-1][0]:.2f} s ({res['add_s'][-1][1]:.2f} CPU)"
+                + (f", main's add {res['main_add_s'][-1][0]:.2f} s ({res['main_add_s'][-1][1]:.2f} CPU)"
+                   if main_root else "") + f"; load {os.getloadavg()[0]:.1f}")
+        assert gen.poll() is None, "the generation stopped"
+    finally:
+        gen.kill()
+        gen.wait()
+    med = statistics.median
+    res["excess_s"] = [a[0] - s[0] for a, s in zip(res["add_s"], res["stats_s"], strict=True)]
+    res["excess_cpu_s"] = [a[1] - s[1] for a, s in zip(res["add_s"], res["stats_s"], strict=True)]
+    res.update({"stats_median_s": med(w for w, _ in res["stats_s"]), "add_median_s": med(w for w, _ in res["add_s"]),
+                "stats_cpu_median_s": med(c for _, c in res["stats_s"]),
+                "add_cpu_median_s": med(c for _, c in res["add_s"]),
+                "excess_median_s": med(res["excess_s"]), "excess_max_s": max(res["excess_s"]),
+                "excess_cpu_median_s": med(res["excess_cpu_s"]), "load_average_end": os.getloadavg()[0]})
+    if res["main_add_s"]:
+        res["main_add_median_s"] = med(w for w, _ in res["main_add_s"])
+        res["main_add_cpu_median_s"] = med(c for _, c in res["main_add_s"])
+    return res
+
+
+def report_busy_add(r: dict) -> None:
+    print(f"\n== busy-add: `index add` of one small file vs `index stats`, {r['document_bytes'] / 1e6:.0f} MB indexed "
+          f"({r['documents']:,} documents, {r['tokens']:,} tokens, {r['segments']} segments), a generation running in "
+          f"another process; {r['rounds']} rounds; load average at the end {r['load_average_end']:.1f} ==")
+    print(f"index stats {r['stats_median_s']:.2f} s ({r['stats_cpu_median_s']:.2f} s CPU), index add "
+          f"{r['add_median_s']:.2f} s ({r['add_cpu_median_s']:.2f} s CPU), medians; the add's excess: median "
+          f"{r['excess_median_s']:.2f} s ({r['excess_cpu_median_s']:.2f} s CPU), worst {r['excess_max_s']:.2f} s"
+          + (f"; main's index add {r['main_add_median_s']:.2f} s ({r['main_add_cpu_median_s']:.2f} s CPU)"
+             if "main_add_median_s" in r else ""))
 
 
 # ----- report -----------------------------------------------------------------------------------------
@@ -962,6 +1158,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated: micro, corpus, history, lookup (segments vs main's array at --tokens), "
                          "concurrent (listing and generation during an add of ~--tokens tokens), "
                          "reopen (merges, lookups, add/delete one on the database of a scale run in --workdir), "
+                         "add (one small document added beside --add-sizes documents), "
+                         "busy-add (index add of one file vs index stats on a --busy-bytes index while another "
+                         "process generates; --workdir keeps the index), "
                          "scale (streamed add up to --scale-tokens; run alone, niced, in the background)")
     ap.add_argument("--scale-tokens", default="25000000,50000000,100000000,200000000",
                     help="cumulative stages of the scale section")
@@ -974,6 +1173,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="concurrent: where the add runs: thread (in this process, as before), process-nice0 "
                          "(a writer process at this priority), process-nice19, process (SuffixSpec.add_documents: "
                          "SCHED_IDLE, nice 19)")
+    ap.add_argument("--add-sizes", default="100,20000", help="add: documents already stored, per store")
+    ap.add_argument("--adds", type=int, default=15, help="add: small documents added to each store (interleaved)")
+    ap.add_argument("--busy-model", default="/work/models/smollm2-135m-instruct",
+                    help="busy-add: the model the index is for and the other process generates with")
+    ap.add_argument("--busy-bytes", type=int, default=100_000_000, help="busy-add: text indexed first")
+    ap.add_argument("--compare-main", action="store_true", help="busy-add: also time --main-root's index add")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -1002,6 +1207,17 @@ def main(argv: list[str] | None = None) -> None:
         results["concurrent"] = bench_concurrent(texts, args.tokens * 3, rounds=args.rounds, modes=modes,
                                                  log=lambda s: print(s, flush=True))
         report_concurrent(results["concurrent"])
+    if "add" in sections:
+        results["add"] = bench_add_cost(tokenizer, texts, [int(x) for x in args.add_sizes.split(",")], args.adds,
+                                        log=lambda s: print(s, flush=True))
+        report_add_cost(results["add"])
+    if "busy-add" in sections:
+        workdir = Path(args.workdir or tempfile.mkdtemp(prefix="busy-add-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        results["busy_add"] = bench_busy_add(args.busy_model, workdir, args.busy_bytes, max(args.rounds, 5),
+                                             main_root=args.main_root if args.compare_main else None,
+                                             log=lambda s: print(s, flush=True))
+        report_busy_add(results["busy_add"])
     if "scale" in sections:
         stages = [int(x) for x in args.scale_tokens.split(",")]
         if args.workdir:

@@ -7,7 +7,8 @@ What is skipped, and why:
 - FIFOs, sockets and devices (opening a FIFO would block the walk forever);
 - binary files, judged from their first bytes (a NUL byte or invalid UTF-8 in the first 8 KiB), so
   a 1 GB binary costs one 8 KiB read and a 3 MB ``.so`` is reported as binary, not as too large;
-- text files larger than ``max_bytes``.
+- text files larger than ``max_bytes``;
+- empty files, and files of whitespace only (``py.typed``, ``REQUESTED``): nothing to draft from.
 
 Example: with ``docs/`` holding ``a.md``, ``logo.png`` and ``secrets -> /etc/passwd``,
 ``[read_text(c) for c in walk(["docs"])]`` gives ``a.md`` with its text, ``logo.png`` skipped as
@@ -32,6 +33,7 @@ _SKIP_DIRS = {"__pycache__", "node_modules"}
 # Kinds of skip, as counted in the summary of ``index add``.
 BINARY = "binary"
 TOO_LARGE = "too large"
+EMPTY = "empty"
 UNREADABLE = "unreadable"
 LINK_OUTSIDE = "symlink outside the given paths"
 LINK_DANGLING = "dangling symlink"
@@ -181,7 +183,8 @@ def read_text(cand: FileCandidate, max_bytes: int = DEFAULT_MAX_BYTES) -> FileTe
     """The file's UTF-8 text, or a skip reason.
 
     Binary is judged first, from the first 8 KiB only (a NUL byte, or bytes that are not UTF-8),
-    then the size: a large binary is "binary", a large text file "too large".
+    then the size: a large binary is "binary", a large text file "too large"; a file with no text but
+    whitespace is "empty".
     """
     if cand.skip_kind is not None:
         reason = cand.skip_kind + (f" ({cand.skip_detail})" if cand.skip_detail else "")
@@ -211,4 +214,6 @@ def read_text(cand: FileCandidate, max_bytes: int = DEFAULT_MAX_BYTES) -> FileTe
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return FileText(cand.path, None, f"{BINARY} (not UTF-8)", BINARY)
+    if not text.strip():
+        return FileText(cand.path, None, EMPTY if not text else f"{EMPTY} (whitespace only)", EMPTY)
     return FileText(cand.path, text)

@@ -5,8 +5,8 @@ costs about a microsecond per token). When the budget is exceeded, the oldest ou
 the history is at most ``evict_to`` of the budget, and the index is rebuilt from the rest in one
 vectorised pass, so eviction costs O(budget) once per ``(1 - evict_to) * budget`` tokens added.
 
-With a store, every output is also written to SQLite (trimmed to the same budget) and a restart
-reloads the newest outputs that fit the budget. Writing never stalls a request: if another process
+With a store, every output is also written to its ``history`` table (:class:`HistoryTable`, trimmed to
+the same budget) and a restart reloads the newest outputs that fit the budget. Writing never stalls a request: if another process
 holds the write lock (a long ``index add``), outputs wait in memory and go out with a later write
 or :meth:`OutputHistory.flush`. A database that refuses writes (read-only file, full disk) never fails
 a generation either: the outputs stay in memory only, ``write_error`` says why and ``write_failures``
@@ -17,23 +17,89 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+import sqlite_utils
 
+from .database import busy_timeout, write_txn
 from .incremental import IncrementalIndex
 from .speculate import SpecParams, SpecResult
-from .store import IndexStore
 
 log = logging.getLogger(__name__)
+
+
+class HistoryTable:
+    """The ``history`` table: finished outputs per tokenizer fingerprint, oldest first."""
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self.db = db
+
+    def append_many(self, fingerprint: str, outputs: Sequence[Sequence[int]], budget_tokens: int | None = None,
+                    timeout_s: float | None = None) -> None:
+        """Persist finished outputs in one transaction, then drop the oldest beyond ``budget_tokens``. With
+        ``timeout_s``, wait at most that long for another writer (a long ``index add``) and raise
+        ``sqlite3.OperationalError`` instead of blocking."""
+        with busy_timeout(self.db, timeout_s), write_txn(self.db):
+            for ids in outputs:
+                blob = np.asarray(ids, dtype="<u4").tobytes()
+                self.db.execute("INSERT INTO history (fingerprint, n_tokens, ids, created_at) VALUES (?, ?, ?, ?)",
+                                [fingerprint, len(ids), blob, time.time()])
+            if budget_tokens is not None:
+                self._trim(fingerprint, budget_tokens)
+
+    def _trim(self, fingerprint: str, budget_tokens: int) -> None:
+        total = 0
+        cutoff = None
+        for hid, n in self.db.execute("SELECT id, n_tokens FROM history WHERE fingerprint = ? ORDER BY id DESC",
+                                      [fingerprint]):
+            total += n
+            if total > budget_tokens:
+                cutoff = hid
+                break
+        if cutoff is not None:
+            self.db.execute("DELETE FROM history WHERE fingerprint = ? AND id <= ?", [fingerprint, cutoff])
+
+    def load(self, fingerprint: str, budget_tokens: int | None = None) -> list[np.ndarray]:
+        """Finished outputs for this tokenizer, oldest first, the newest ones within ``budget_tokens``."""
+        out: list[np.ndarray] = []
+        total = 0
+        for n, blob in self.db.execute("SELECT n_tokens, ids FROM history WHERE fingerprint = ? ORDER BY id DESC",
+                                       [fingerprint]):
+            if budget_tokens is not None and total + n > budget_tokens:
+                break
+            total += n
+            out.append(np.frombuffer(blob, dtype="<u4"))
+        return out[::-1]
+
+    def clear(self, fingerprint: str | None = None) -> None:
+        if fingerprint is None:
+            self.db.execute("DELETE FROM history")
+        else:
+            self.db.execute("DELETE FROM history WHERE fingerprint = ?", [fingerprint])
+
+    def counts(self, fingerprint: str) -> tuple[int, int]:
+        """(outputs, tokens) kept for ``fingerprint``."""
+        return self.db.execute("SELECT count(*), coalesce(sum(n_tokens), 0) FROM history WHERE fingerprint = ?",
+                               [fingerprint]).fetchone()
+
+
+class _Persisted(Protocol):
+    """A store that keeps the history (:class:`~index.store.IndexStore`)."""
+
+    path: Path
+    history: HistoryTable
 
 
 class OutputHistory:
     """Suffix index over earlier requests' outputs (one per tokenizer fingerprint)."""
 
-    def __init__(self, budget_tokens: int = 1_000_000, store: IndexStore | None = None,
+    def __init__(self, budget_tokens: int = 1_000_000, store: _Persisted | None = None,
                  fingerprint: str | None = None, evict_to: float = 0.9, max_candidates: int = 128) -> None:
         if budget_tokens < 1:
             raise ValueError(f"budget_tokens must be >= 1, got {budget_tokens}")
@@ -51,7 +117,7 @@ class OutputHistory:
         self.write_failures = 0  # outputs the database refused to store (kept in memory only)
         self.index = IncrementalIndex(max_candidates)
         if store is not None:
-            for seq in store.history_load(fingerprint, budget_tokens):
+            for seq in store.history.load(fingerprint, budget_tokens):
                 self._outputs.append(seq)
                 self._tokens += len(seq)
             self._rebuild()
@@ -86,7 +152,7 @@ class OutputHistory:
         if self.store is None or not self._pending:
             return True
         try:
-            self.store.history_append_many(self.fingerprint, self._pending, self.budget_tokens, timeout_s)
+            self.store.history.append_many(self.fingerprint, self._pending, self.budget_tokens, timeout_s)
         except sqlite3.OperationalError as e:
             if "locked" in str(e) or "busy" in str(e):
                 if timeout_s is not None:
@@ -126,7 +192,7 @@ class OutputHistory:
         self._tokens = 0
         self._rebuild()
         if self.store is not None:
-            self.store.history_clear(self.fingerprint)
+            self.store.history.clear(self.fingerprint)
 
     def speculate(self, context: Sequence[int], params: SpecParams, max_depth: int = 64) -> SpecResult:
         return self.index.speculate(context, params, max_depth)

@@ -1,10 +1,11 @@
-"""Large index writes in a writer process at the lowest CPU priority, out of the readers' way.
+"""Large index writes in a writer process at the lowest CPU priority, out of the readers' way (the
+parent's side; the child is :mod:`index.writer_child`).
 
 An add spends its time tokenizing (the tokenizer's threads take every core) and sorting the new
 segment; a merge, sorting. Run in a thread of a serving process they slow its generations down
 (measured: a 16-token generation 56 ms alone, 164 ms median and 1.5 s worst while a 9 MB add ran in
 another thread; the adding thread itself held the interpreter lock for ~4% of the add, the rest was
-its tokenizer's threads taking the cores; see the README's "Document index at scale"). Here the same
+its tokenizer's threads taking the cores; see docs/index.md, "The writer process"). Here the same
 work (:meth:`IndexStore.add_documents`, :meth:`IndexStore.merge_pending`, :meth:`IndexStore.compact`,
 unchanged) runs in a child process:
 
@@ -22,8 +23,9 @@ unchanged) runs in a child process:
   flight: memory stays bounded), progress and status come back, then the :class:`AddSummary`.
 
 Starting the child costs ~0.4 s of CPU (importing numpy, sqlite-utils and ``tokenizers``; a fast
-tokenizer is sent as its Rust backend, not the ``transformers`` object), so small adds stay in-process
-(``SuffixSpec.add_documents`` below ``WRITER_PROCESS_CHARS``).
+tokenizer is sent as its Rust backend, not the ``transformers`` object), and at the lowest priority on a
+busy machine it may wait seconds for a core: small adds stay in-process, at the caller's priority
+(:class:`~index.document_index.DocumentIndex` decides, below ``WRITER_PROCESS_CHARS``).
 
 Example::
 
@@ -34,50 +36,31 @@ Example::
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .store import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, AddSummary, DocInput, ProgressFn, StoreError
+from .errors import WriterDied
+from .fingerprint import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, backend_only
+from .records import AddSummary, DocInput, ProgressFn
 
 WRITER_NICE = 19  # the child's niceness (and its autogroup's): it runs on what nothing else wants
-WRITER_PROCESS_CHARS = 1 << 20  # SuffixSpec.add_documents: adds of at least this much text go to a child
+WRITER_PROCESS_CHARS = 1 << 20  # adds of less text than this run in the caller's process
 _ROOT = str(Path(sys.modules[__package__.rpartition(".")[0]].__file__).resolve().parents[1])  # holds ``suffixspec``
-
-
-class WriterError(StoreError):
-    """The writer process died before answering (killed, out of memory): the index keeps its previous state."""
-
-
-@dataclass
-class BackendTokenizer:
-    """What the writer needs of a fast tokenizer: its Rust backend, fingerprint and name (pickled to the
-    child without importing ``transformers`` there; same ids and fingerprint as the full tokenizer)."""
-
-    backend_tokenizer: Any  # tokenizers.Tokenizer
-    fingerprint: str  # tokenizer_fingerprint of the full tokenizer (its special tokens included)
-    name_or_path: str
+_CHILD = f"{__package__}.writer_child"
 
 
 def portable_tokenizer(tokenizer: Any) -> Any:
-    """``tokenizer`` as sent to the child: a :class:`BackendTokenizer` for a fast tokenizer, else itself
-    (it must then be picklable, its class importable)."""
-    from .fingerprint import tokenizer_fingerprint, tokenizer_name
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "encode_batch_fast") or isinstance(tokenizer, BackendTokenizer):
-        return tokenizer
-    return BackendTokenizer(backend, tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer))
+    """``tokenizer`` as sent to the child: a :class:`~index.fingerprint.BackendTokenizer` for a fast
+    tokenizer, else itself (it must then be picklable, its class importable)."""
+    return backend_only(tokenizer) or tokenizer
 
 
 def available() -> bool:
@@ -96,14 +79,13 @@ def _own_autogroup() -> bool:
 
 def add_documents(path: str | os.PathLike, docs: Iterable[DocInput], tokenizer: Any,
                   progress: ProgressFn | None = None, status: Callable[[str], None] | None = None,
-                  merge: bool = False, nice: int = WRITER_NICE, own_group: bool = False, idle: bool = True,
+                  nice: int = WRITER_NICE, own_group: bool = False, idle: bool = True,
                   **store_kw: Any) -> AddSummary:
     """:meth:`IndexStore.add_documents` of ``docs`` into the database at ``path``, run by a writer
-    process at low priority (see the module docstring); with ``merge``, the pending merges after it.
+    process at low priority (see the module docstring).
     ``nice``: its niceness (0: as this process); ``idle`` (with ``nice`` > 0): also the ``SCHED_IDLE``
     policy; ``own_group``: in a scheduler autogroup of its own, whose niceness it sets. ``store_kw``: ``IndexStore`` options (``flush_tokens``, ``policy``, ``sort_depth``)."""
-    job = {"kind": "add", "path": str(path), "store": store_kw, "tokenizer": portable_tokenizer(tokenizer),
-           "merge": merge}
+    job = {"kind": "add", "path": os.path.abspath(path), "store": store_kw, "tokenizer": portable_tokenizer(tokenizer)}
     return _run(job, nice, own_group, idle, docs=docs, progress=progress, status=status)
 
 
@@ -112,7 +94,7 @@ def merge(path: str | os.PathLike, compact: bool = False, progress: Callable[[in
           nice: int = WRITER_NICE, own_group: bool = False, **store_kw: Any) -> int:
     """:meth:`IndexStore.merge_pending` (then, with ``compact``, :meth:`IndexStore.compact`) in a writer
     process; returns the merges done. ``stop`` set: the child is interrupted (its merge rolls back)."""
-    job = {"kind": "merge", "path": str(path), "store": store_kw, "compact": compact}
+    job = {"kind": "merge", "path": os.path.abspath(path), "store": store_kw, "compact": compact}
     return _run(job, nice, own_group, progress=progress, status=status, stop=stop)
 
 
@@ -135,24 +117,27 @@ def _run(job: dict, nice: int, own_group: bool, idle: bool = True, docs: Iterabl
          progress: Callable | None = None, status: Callable[[str], None] | None = None,
          stop: threading.Event | None = None) -> Any:
     """Start the child, send ``job``, serve its requests for documents and relay its messages until it
-    answers (its result) or fails (its exception, re-raised here; :class:`WriterError` if it died)."""
+    answers (its result) or fails (its exception, re-raised here; :class:`WriterDied` if it died)."""
     new_session = own_group and nice > 0 and _own_autogroup()
     job["nice"], job["autogroup"], job["idle"] = nice, new_session, nice > 0 and idle
     ours, theirs = socket.socketpair()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
+        # started in the folder that holds this very ``suffixspec``: ``-m`` looks in the working directory
+        # first, where another checkout's could be
+        proc = subprocess.Popen([sys.executable, "-m", _CHILD, str(theirs.fileno())],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, cwd=_ROOT,
                                 start_new_session=new_session)
     finally:
         theirs.close()
     conn = Connection(ours.detach())
     chunks = _chunks(docs if docs is not None else [])
 
-    def died(_e: BaseException) -> WriterError:
+    def died(_e: BaseException) -> WriterDied:
         code = proc.wait()
-        return WriterError(f"the index writer process exited ({_exit_text(code)}) before finishing: "
-                           "the index keeps what it committed before")
+        return WriterDied(f"the index writer process exited ({_exit_text(code)}) before finishing; the index "
+                          "keeps what it committed before: retry (if it dies again, the machine may be short of "
+                          "memory: add fewer documents at a time)")
 
     try:
         try:
@@ -233,78 +218,3 @@ def _exit_text(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"status {code}"
-
-
-# ----- child side ----------------------------------------------------------------------------------------
-def _lower_priority(nice: int, autogroup: bool, idle: bool) -> None:
-    if idle and hasattr(os, "SCHED_IDLE"):
-        # SCHED_IDLE: a thread waking in the same group preempts this process at once (a niced one may
-        # finish its time slice first: torch's threads wake hundreds of times per generation); the
-        # tokenizer's threads, started later, inherit it
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
-            pass
-    if nice <= 0:
-        return
-    if autogroup:  # alone in a new session: its autogroup is this process
-        try:
-            with open("/proc/self/autogroup", "w") as f:
-                f.write(str(nice))
-        except OSError:
-            pass
-    try:
-        os.nice(max(0, nice - os.nice(0)))
-    except OSError:
-        pass
-
-
-def _child(fd: int) -> int:
-    conn = Connection(fd)
-    try:
-        job = conn.recv()
-    except EOFError:
-        return 1
-    _lower_priority(job["nice"], job["autogroup"], job["idle"])
-    from .store import IndexStore
-
-    def docs() -> Iterator[DocInput]:
-        while True:
-            conn.send(("more",))
-            chunk = conn.recv()  # EOFError when the parent died: the add aborts, nothing is committed
-            if chunk is None:
-                return
-            yield from chunk
-
-    def progress(*counts: int) -> None:  # an add's (docs, tokens, bytes), a merge's tokens
-        conn.send(("progress", *counts))
-
-    def status(text: str) -> None:
-        conn.send(("status", text))
-
-    try:
-        with IndexStore(job["path"], auto_merge=False, **job["store"]) as store:
-            if job["kind"] == "add":
-                result: Any = store.add_documents(docs(), job["tokenizer"], progress=progress, status=status)
-                if job["merge"]:
-                    store.merge_pending()
-            else:
-                result = store.merge_pending(progress=progress, status=status)
-                if job["compact"]:
-                    result += store.compact(progress=progress, status=status)
-        conn.send(("done", result))
-        return 0
-    except BaseException as e:  # the parent re-raises it (KeyboardInterrupt included)
-        try:
-            pickle.dumps(e)
-        except Exception:
-            e = StoreError(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-        try:
-            conn.send(("error", e))
-        except OSError:
-            pass
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(_child(int(sys.argv[1])))

@@ -79,7 +79,7 @@ class SuffixSpec:
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
                  engine: Any = None, history: bool = True, max_num_seqs: int = 1,
                  prefix_cache_mb: float = 256) -> None:
-        self._lock = threading.RLock()  # document writes and close()
+        self._lock = threading.RLock()  # close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
         self._closed = False
@@ -92,7 +92,7 @@ class SuffixSpec:
         self.history = bool(history)  # draft from and save the output history
         self.db_path = self._db_path(db)  # None: no store
         self.store: Any = None  # IndexStore the suffix proposer reads (used by the engine thread only)
-        self._writer: Any = None  # a second connection for document writes from other threads
+        self.documents: Any = None  # suffixspec.index.DocumentIndex: the document methods below go through it
         if engine is not None:
             self.engine = engine
             self.proposers = list(getattr(engine, "proposers", []))
@@ -105,6 +105,8 @@ class SuffixSpec:
             from suffixspec.index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
+        if self.db_path is not None:
+            self.documents = self._document_index()
 
     def _db_path(self, db: str | Path | None | bool) -> str | None:
         if db is False:
@@ -115,7 +117,7 @@ class SuffixSpec:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="suffixspec-")
             return str(Path(self._tmpdir.name) / "index.db")
         if db is None or db is True:
-            from suffixspec.index.store import default_db_path
+            from suffixspec.index.database import default_db_path
 
             return str(default_db_path())
         return str(db)
@@ -259,20 +261,28 @@ class SuffixSpec:
 
     # -- documents ----------------------------------------------------------------------------
 
-    def _writer_store(self) -> Any:
-        """The store connection for document writes and listings (never the engine thread's one:
-        SQLite transactions are per connection, and the engine writes the output history)."""
-        if self.db_path is None:
-            raise RuntimeError("this SuffixSpec runs without a document store (db=False); "
-                               "give db=PATH to add documents")
-        if self._writer is None:
-            import copy
+    def _document_index(self) -> Any:
+        """The document index the methods below use (``suffixspec index`` uses the same one): it indexes
+        for this model's tokenizer, and large adds and merges run in a writer process at the lowest
+        priority, merges in the background."""
+        import copy
 
-            from suffixspec.index.store import IndexStore
+        from suffixspec.index.document_index import DocumentIndex, TokenizerChoice
 
-            self._writer = IndexStore(self.db_path)
-            self._doc_tokenizer = copy.deepcopy(self.tokenizer)  # no tokenizer shared with the engine thread
-        return self._writer
+        def own_tokenizer(_index: Any) -> TokenizerChoice:  # no tokenizer shared with the engine thread
+            return TokenizerChoice(copy.deepcopy(self.tokenizer), self.model_name)
+
+        index = DocumentIndex(self.db_path, load_tokenizer=own_tokenizer, background_merges=True)
+        index.serve(self.tokenizer, self.model_name, fingerprint=getattr(self.suffix, "fingerprint", None))
+        return index
+
+    def _docs(self) -> Any:
+        if self.documents is None:
+            from suffixspec.index.errors import NoDocumentStore
+
+            raise NoDocumentStore("this SuffixSpec runs without a document store (db=False); give db=PATH to add "
+                                  "documents")
+        return self.documents
 
     def add_documents(self, documents: Sequence[str | dict]) -> list[dict]:
         """Add texts, or ``{"text", "source", "metadata"}`` dicts, to the document index.
@@ -280,113 +290,39 @@ class SuffixSpec:
         A document's identity is its ``source`` (a path or name) or, without one, its content hash:
         re-adding the same text changes nothing, a new text under the same source replaces the old.
         The next generation drafts from them. Returns one record per document (``id``, ``status``
-        = added / updated / unchanged, sizes).
+        = added / updated / unchanged, sizes). A document without text raises ``InvalidDocument``.
         """
-        from suffixspec.index import writer
-        from suffixspec.index.store import DocInput
-
-        docs = []
-        for d in documents:
-            if isinstance(d, str):
-                d = {"text": d}
-            docs.append(DocInput(d["text"], d.get("source") or None, dict(d.get("metadata") or {})))
-        with self._lock:
-            store = self._writer_store()
-            before = {row[0]: row[1] for row in store.db.execute("SELECT path, content_hash FROM documents")}
-            if sum(len(d.text) for d in docs) >= writer.WRITER_PROCESS_CHARS and writer.available():
-                # tokenizing and sorting take the cores for seconds: a child at the lowest priority does
-                # it, so that generations in this process keep their pace (index/writer.py)
-                writer.add_documents(self.db_path, docs, self._doc_tokenizer, merge=store.auto_merge,
-                                     policy=store.policy, flush_tokens=store.flush_tokens,
-                                     sort_depth=store.sort_depth)
-                store._kick_merges()  # the idle compaction, when due
-            else:
-                store.add_documents(docs, self._doc_tokenizer)
-            out = []
-            for d in docs:
-                key = d.key()
-                row = store.db.execute("SELECT id FROM documents WHERE path = ?", [key]).fetchone()
-                status = "added" if key not in before else (
-                    "unchanged" if before[key] == _content_hash(d.text) else "updated")
-                out.append(self._record(store.get_document(row[0]), status))
-        return out
+        return self._docs().add_documents(documents)
 
     def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = (), follow_links: bool = False,
                   max_bytes: int | None = None) -> list[dict]:
-        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``).
+        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``), as
+        ``suffixspec index add`` does with the same options.
 
-        Skips what ``suffixspec index add`` skips (binary files, files over ``max_bytes`` = 2 MiB by
-        default, FIFOs and devices, dangling or looping symlinks, and symlinks out of ``paths`` unless
-        ``follow_links``). Returns one record per file: the added ones as ``add_documents`` gives them,
-        each skipped one as ``{"object": "document", "id": None, "source", "status": "skipped",
-        "reason"}`` (also logged as a warning). A path that does not exist raises FileNotFoundError.
+        Skips binary and empty files, files over ``max_bytes`` (2 MiB by default), FIFOs and devices,
+        dangling or looping symlinks, and symlinks out of ``paths`` unless ``follow_links``. Returns one
+        record per file: the added ones as ``add_documents`` gives them, each skipped one as
+        ``{"object": "document", "id": None, "source", "status": "skipped", "reason"}`` (also logged as
+        a warning). A path that does not exist raises FileNotFoundError.
         """
-        from suffixspec.index.files import DEFAULT_MAX_BYTES, read_text, walk
-
-        docs, skipped = [], []
-        for cand in walk([str(p) for p in paths], tuple(globs), follow_links=follow_links):
-            ft = read_text(cand, max_bytes or DEFAULT_MAX_BYTES)
-            if ft.text is not None:
-                docs.append({"text": ft.text, "source": str(ft.path), "metadata": {"size": cand.size}})
-            else:
-                log.warning("skipped %s: %s", ft.path, ft.skip_reason)
-                skipped.append({"object": "document", "id": None, "source": str(ft.path), "status": "skipped",
-                                "reason": ft.skip_reason})
-        return (self.add_documents(docs) if docs else []) + skipped
+        index = self._docs()
+        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes,
+                                  on_skip=lambda path, _kind, why: log.warning("skipped %s: %s", path, why))
+        return index.records(summary) + [{"object": "document", "id": None, "source": path, "status": "skipped",
+                                          "reason": why} for path, _kind, why in summary.skipped_files]
 
     def remove_documents(self, ids: Sequence[int | str]) -> int:
         """Remove documents by id (or source path); returns how many were removed."""
-        with self._lock:
-            return self._writer_store().remove(list(ids))
-
-    def _reader_store(self) -> Any:
-        """This thread's own read connection: listings read a WAL snapshot and never wait for a writer
-        (an add holds ``_lock`` and the writer connection while it tokenizes and sorts)."""
-        if self.db_path is None:
-            raise RuntimeError("this SuffixSpec runs without a document store (db=False); "
-                               "give db=PATH to add documents")
-        local = self.__dict__.setdefault("_readers", threading.local())
-        store = getattr(local, "store", None)
-        if store is None:
-            from suffixspec.index.store import IndexStore
-
-            store = local.store = IndexStore(self.db_path, auto_merge=False)
-            self.__dict__.setdefault("_reader_stores", []).append(store)
-        return store
+        return self._docs().remove_documents(ids)
 
     def list_documents(self, limit: int = 20, offset: int = 0, query: str | None = None) -> dict:
         """``{"data": [records], "total": N}``, newest first; ``query`` filters by source or text."""
-        store = self._reader_store()  # no lock: a reader of its own
-        where, args = "", []
-        if query:
-            where, args = "WHERE path LIKE ? OR text LIKE ? OR metadata LIKE ?", [f"%{query}%"] * 3
-        total = store.db.execute(f"SELECT count(*) FROM documents {where}", args).fetchone()[0]
-        ids = [r[0] for r in store.db.execute(f"SELECT id FROM documents {where} ORDER BY id DESC "
-                                              "LIMIT ? OFFSET ?", [*args, limit, offset])]
-        return {"data": [self._record(store.get_document(i), store=store) for i in ids], "total": total}
-
-    def _record(self, doc: dict, status: str | None = None, store: Any = None) -> dict:
-        from suffixspec.index.fingerprint import tokenizer_fingerprint
-
-        fp = getattr(self, "_fp", None) or tokenizer_fingerprint(self.tokenizer)
-        self._fp = fp
-        row = (store or self._writer_store()).db.execute("SELECT n_tokens FROM doc_tokens WHERE doc_id = ? AND fingerprint = ?",
-                                              [doc["id"], fp]).fetchone()
-        path = doc["path"]
-        meta = doc.get("metadata") or {}
-        rec = {"id": doc["id"], "object": "document",
-               "source": None if path.startswith("text:") else path,
-               "name": meta.get("name") or (Path(path).name if not path.startswith("text:") else ""),
-               "num_tokens": row[0] if row else None, "num_chars": len(doc["text"]),
-               "n_bytes": doc["n_bytes"], "content_hash": doc["content_hash"], "added_at": doc["added_at"],
-               "metadata": meta, "preview": doc["text"][:160]}
-        if status is not None:
-            rec["status"] = status
-        return rec
+        return self._docs().list_documents(limit, offset, query)
 
     def index_stats(self) -> dict:
-        """Corpus statistics of the store, plus what this process holds in memory."""
-        stats = dict(self._reader_store().stats())
+        """Corpus statistics of the store for this model's tokenizer (other tokenizers the documents are
+        indexed for under ``also_indexed_for``), plus what this process holds in memory (``served``)."""
+        stats = self._docs().stats()
         if self.suffix is not None:
             hist = getattr(self.suffix, "history", None)
             docs = getattr(self.suffix, "documents", None)
@@ -421,8 +357,7 @@ class SuffixSpec:
             self._closed = True
             calls = [getattr(self.engine, "close", None)]  # the batch thread, if one runs
             calls += [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
-            calls += [s.close for s in (self._writer, self.store, *self.__dict__.get("_reader_stores", []))
-                      if s is not None]
+            calls += [s.close for s in (self.documents, self.store) if s is not None]
             for fn in calls:
                 if callable(fn):
                     try:
@@ -438,8 +373,3 @@ class SuffixSpec:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _content_hash(text: str) -> str:
-    from suffixspec.index.store import content_hash
-
-    return content_hash(text)

@@ -244,7 +244,7 @@ class SuffixSpecProposer:
             # documents stored under another tokenizer are tokenized once here, at start-up
             self._documents = store.document_index(self._tokenizer)
             self._docs_version = store.docs_version()
-            for seq in store.history_load(self.fingerprint, self.config.history_tokens):
+            for seq in store.history.load(self.fingerprint, self.config.history_tokens):
                 self._history.add(seq)
         finally:
             store.close()
@@ -283,7 +283,7 @@ class SuffixSpecProposer:
                 for attempt in range(5):
                     try:
                         if batch:
-                            store.history_append_many(self.fingerprint, batch, self.config.history_tokens)
+                            store.history.append_many(self.fingerprint, batch, self.config.history_tokens)
                         break
                     except sqlite3.OperationalError as e:  # locked past busy_timeout: try again later
                         log.warning("suffixspec: history write failed (%s), attempt %d", e, attempt + 1)

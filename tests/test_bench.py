@@ -124,7 +124,7 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
     body = "def area(radius):\n    return 3.14159 * radius * radius  # circle number {i}\n" * 20
-    with IndexStore(tmp_path / "scale.db", auto_merge=False) as s:
+    with IndexStore(tmp_path / "scale.db") as s:
         for part in range(2):
             s.add_documents([DocInput(body.replace("{i}", f"{part}-{i}"), f"{part}-{i}.py") for i in range(5)], tok)
         assert len(s.segment_infos(s.fingerprints()[0])) == 2

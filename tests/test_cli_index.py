@@ -49,7 +49,7 @@ def test_add_list_stats_remove(tree, tmp_path, bpe_tokenizer_dir):
     assert listed.exit_code == 0
     assert "readme.md" in listed.output and "deep.py" in listed.output and "image.png" not in listed.output
     rows = [json.loads(line) for line in run(["list", "--json"], db).output.splitlines()]
-    assert len(rows) == 3 and all(sum(r["tokens"].values()) > 0 for r in rows)
+    assert len(rows) == 3 and all(r["num_tokens"] > 0 and sum(r["tokens"].values()) == r["num_tokens"] for r in rows)
 
     stats = json.loads(run(["stats", "--json"], db).output)
     assert stats["documents"] == 3 and stats["bytes_on_disk"] > 0 and stats["memory_estimate_bytes"] > 0
@@ -60,10 +60,10 @@ def test_add_list_stats_remove(tree, tmp_path, bpe_tokenizer_dir):
     res = run(["add", str(tree), "--tokenizer", str(bpe_tokenizer_dir), "--max-bytes", "4096", "-q"], db)
     assert "added 0, updated 1, unchanged 2, skipped 3" in res.output
 
-    mod = next(r for r in rows if r["path"].endswith("mod.py"))
+    mod = next(r for r in rows if r["source"].endswith("mod.py"))
     res = run(["remove", str(mod["id"]), str(tree / "readme.md")], db)
     assert "removed 2 document(s)" in res.output
-    assert [r["path"].endswith("deep.py") for r in map(json.loads, run(["list", "--json"], db).output.splitlines())] \
+    assert [r["source"].endswith("deep.py") for r in map(json.loads, run(["list", "--json"], db).output.splitlines())] \
         == [True]
 
 
@@ -73,15 +73,21 @@ def test_glob_filters_names(tree, tmp_path, bpe_tokenizer_dir):
     assert "added 2, updated 0, unchanged 0, skipped 0" in res.output
 
 
-def test_add_in_this_process_or_a_writer_process_gives_the_same_index(tree, tmp_path, bpe_tokenizer_dir):
-    """--nice 0 adds in the CLI's process; the default hands tokenizing and sorting to a writer process."""
+@pytest.mark.slow  # starts a writer process
+def test_add_in_this_process_or_a_writer_process_gives_the_same_index(tree, tmp_path, bpe_tokenizer_dir,
+                                                                       monkeypatch):
+    """--nice 0 adds in the CLI's process; by default an add of 1 MiB of text or more hands tokenizing and
+    sorting to a writer process (here: of 1 byte or more)."""
+    from suffixspec.index import document_index
+
+    monkeypatch.setattr(document_index, "WRITER_PROCESS_CHARS", 1)
     dumps = []
     for nice in ("0", "10"):
         db = tmp_path / f"n{nice}.db"
         res = run(["add", str(tree), "--glob", "*.py", "--tokenizer", str(bpe_tokenizer_dir), "-q", "--nice", nice], db)
         assert "added 2, updated 0, unchanged 0, skipped 0" in res.output
         rows = [json.loads(line) for line in run(["list", "--json"], db).output.splitlines()]
-        dumps.append([(r["path"], r["content_hash"], r["tokens"]) for r in rows])
+        dumps.append([(r["source"], r["content_hash"], r["tokens"]) for r in rows])
     assert dumps[0] == dumps[1]
 
 
@@ -94,7 +100,7 @@ def test_env_selects_database(tree, tmp_path, bpe_tokenizer_dir, monkeypatch):
 def test_bad_tokenizer_is_a_clear_error(tree, tmp_path):
     res = CliRunner().invoke(index_group, ["add", str(tree), "--db", str(tmp_path / "x.db"),
                                            "--tokenizer", str(tmp_path / "no-such-model")])
-    assert res.exit_code != 0 and "cannot load tokenizer" in res.output
+    assert res.exit_code != 0 and "cannot load the tokenizer of" in res.output and "--model" in res.output
 
 
 def test_help_has_examples():
@@ -133,12 +139,12 @@ def test_links_out_of_the_tree_are_skipped_unless_asked(tmp_path, bpe_tokenizer_
     assert f"skipped {docs / 'secret.txt'}: symlink outside the given paths (-> {outside / 'secret.txt'})" in res.output
     assert f"skipped {docs / 'private'}: symlink outside the given paths" in res.output and "--follow-links" in res.output
     assert "skipped: 2 symlink outside the given paths" in res.output
-    paths = [json.loads(line)["path"] for line in run(["list", "--json"], db).output.splitlines()]
+    paths = [json.loads(line)["source"] for line in run(["list", "--json"], db).output.splitlines()]
     assert paths == [str(docs / "a.md")]
 
     res = run(["add", str(docs), "--follow-links", "--tokenizer", str(bpe_tokenizer_dir)], db)
     assert res.exit_code == 0 and "added 2, updated 0, unchanged 1, skipped 0" in res.output, res.output
-    paths = {json.loads(line)["path"] for line in run(["list", "--json"], db).output.splitlines()}
+    paths = {json.loads(line)["source"] for line in run(["list", "--json"], db).output.splitlines()}
     assert paths == {str(docs / "a.md"), str(outside / "secret.txt"), str(outside / "private" / "key.txt")}
 
 
@@ -264,3 +270,62 @@ def test_merge_compacts_and_stats_says_when_it_would(tree, tmp_path, bpe_tokeniz
     assert "1 merge(s) done" in run(["merge"], db).output
     out = run(["stats"], db).output
     assert "segments:      1" in out and "compaction" not in out
+
+
+# --- which tokenizer documents are indexed for --------------------------------------------------------------
+
+
+def test_add_defaults_to_the_tokenizer_the_store_was_served_with_and_needs_no_transformers(tmp_path,
+                                                                                          bpe_tokenizer_dir):
+    """The store keeps the tokenizer it was served or indexed with: the next `index add` without --model
+    indexes for it, loaded with the `tokenizers` library alone (transformers imports torch: seconds)."""
+    db = tmp_path / "t.db"
+    (tmp_path / "a.md").write_text("first note\n")
+    (tmp_path / "b.md").write_text("second note\n")
+    res = run(["add", str(tmp_path / "a.md"), "--tokenizer", str(bpe_tokenizer_dir)], db)
+    assert res.exit_code == 0 and f"indexing for {bpe_tokenizer_dir} (tokenizer " in res.output, res.output
+    code = ("import sys; from suffixspec.cli import main; "
+            "main(['index', 'add', sys.argv[2], '--db', sys.argv[1]], standalone_mode=False); "
+            "print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, str(db), str(tmp_path / "b.md")], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout and "added 1, updated 0, unchanged 0, skipped 0, tokens " in out.stdout
+    assert "the one this store was last served or indexed with" in out.stderr
+    rows = [json.loads(line) for line in run(["list", "--json"], db).output.splitlines()]
+    assert len(rows) == 2 and len({fp for r in rows for fp in r["tokens"]}) == 1  # one tokenizer for both
+    assert f"tokenizer:       {bpe_tokenizer_dir} (" in run(["stats"], db).output
+
+
+def test_model_comes_from_the_environment(tmp_path, bpe_tokenizer_dir, monkeypatch):
+    monkeypatch.setenv("SUFFIXSPEC_MODEL", str(bpe_tokenizer_dir))
+    (tmp_path / "a.md").write_text("a note\n")
+    res = run(["add", str(tmp_path / "a.md")], tmp_path / "e.db")
+    assert res.exit_code == 0 and f"indexing for {bpe_tokenizer_dir} (tokenizer" in res.output
+    assert "$SUFFIXSPEC_MODEL)" in res.output and f" for {bpe_tokenizer_dir}  (" in res.output
+
+
+def test_empty_files_are_skipped_and_counted(tmp_path, bpe_tokenizer_dir):
+    pkg = tmp_path / "site-packages" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("VERSION = 1\n")
+    (pkg / "py.typed").write_text("")
+    (pkg / "REQUESTED").write_text("")
+    res = run(["add", str(pkg), "--tokenizer", str(bpe_tokenizer_dir)], tmp_path / "p.db")
+    assert res.exit_code == 0, res.output
+    assert "added 1, updated 0, unchanged 0, skipped 2" in res.output and "skipped: 2 empty" in res.output
+    assert f"warning: skipped {pkg / 'py.typed'}: empty" in res.output
+
+
+def test_list_pages_and_searches_as_the_api_does(tmp_path, bpe_tokenizer_dir):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(5):
+        (docs / f"n{i}.md").write_text(f"note {i} about {'cats' if i % 2 else 'dogs'}\n")
+    db = tmp_path / "l.db"
+    assert run(["add", str(docs), "--tokenizer", str(bpe_tokenizer_dir), "-q"], db).exit_code == 0
+    out = run(["list", "--limit", "2", "--offset", "1"], db).output
+    assert out.count(".md") == 2 and "2-3 of 5 (--limit / --offset for more)" in out
+    rows = [json.loads(line) for line in run(["list", "--query", "cats", "--json"], db).output.splitlines()]
+    assert sorted(Path(r["source"]).name for r in rows) == ["n1.md", "n3.md"]
+    assert "no documents matching 'birds'" in run(["list", "--query", "birds"], db).output

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # subprocess servers, kill -9
 
 CLI = [sys.executable, "-c", "from suffixspec.cli import main; main()"]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -92,6 +92,7 @@ def db_state(db) -> tuple[str, dict[str, str], int]:
         conn.close()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the writer process in /proc")
 def test_kill9_during_add_and_generation_then_restart(tiny_model_dirs, tmp_path):
     model, db = tiny_model_dirs["llama"], tmp_path / "index.db"
     first = [{"text": f"def helper_{i}(x):\n    return x * {i} + {i}\n", "source": f"lib/h{i}.py"} for i in range(5)]
@@ -102,26 +103,32 @@ def test_kill9_during_add_and_generation_then_restart(tiny_model_dirs, tmp_path)
             assert srv.call("POST", "/v1/completions", {"prompt": p, "max_tokens": 8, "temperature": 0})[0] == 200
         _, docs_before, hist_before = db_state(db)
         assert set(docs_before) == {d["source"] for d in first} and hist_before >= 2
-        # in flight at the kill: a long streaming generation and a large document add
-        big = {"documents": [{"text": "x = [" + ", ".join(str(i) for i in range(40000)) + "]\n",
+        # in flight at the kill: a long streaming generation and a large document add (over 1 MiB of text: it
+        # runs in the server's writer process), each waited for until it is seen running
+        big = {"documents": [{"text": "x = [" + ", ".join(str(i) for i in range(200_000)) + "]\n",
                               "source": "big.py"}]}
-        gen = threading.Thread(target=lambda: _swallow(srv.call, "POST", "/v1/completions",
-                                                       {"prompt": "class Point:", "max_tokens": 400, "stream": True,
-                                                        "ignore_eos": True}), daemon=True)
+        streaming = threading.Event()
+        gen = threading.Thread(target=_stream, args=(srv, {"prompt": "class Point:", "max_tokens": 1000, "stream": True,
+                                                           "ignore_eos": True}, streaming), daemon=True)
         add = threading.Thread(target=lambda: _swallow(srv.call, "POST", "/v1/index/documents", big), daemon=True)
         gen.start()
-        time.sleep(0.3)
+        assert streaming.wait(120), "no token was streamed"  # the generation is in flight
         add.start()
-        time.sleep(0.4)
+        writer_pid = _child_of(srv.proc.pid, timeout_s=120)  # the add is in flight: its writer process runs
+        assert gen.is_alive()  # and the generation still streams
         srv.kill9()
         gen.join(10)
         add.join(10)
+        deadline = time.monotonic() + 120
+        while _alive(writer_pid):  # the orphaned writer reads the end of its pipe and aborts
+            assert time.monotonic() < deadline, "the writer process outlived its server"
+            time.sleep(0.05)
     finally:
         srv.stop()
     ok, docs, hist = db_state(db)
     assert ok == "ok"
     assert {k: docs[k] for k in docs_before} == docs_before  # every document added before is there, unchanged
-    assert set(docs) - set(docs_before) <= {"big.py"}  # the add is all or nothing
+    assert set(docs) == set(docs_before)  # the add killed in flight left nothing behind
     assert hist >= hist_before  # the output history up to the last flush
     srv = Server(model, db)  # a restart serves from the same store
     try:
@@ -133,6 +140,17 @@ def test_kill9_during_add_and_generation_then_restart(tiny_model_dirs, tmp_path)
                                                            "temperature": 0, "speculation": {"drafters": ["documents"]}})
         assert status == 200 and out["choices"][0]["finish_reason"] in ("stop", "length")
         assert srv.call("GET", "/health")[0] == 200
+
+        # the writer process of a large add is killed: a 503 that says what to do, and nothing half-added
+        answer = {}
+        adder = threading.Thread(target=lambda: answer.update(r=srv.call("POST", "/v1/index/documents", big)))
+        adder.start()
+        os.kill(_child_of(srv.proc.pid, timeout_s=120), signal.SIGKILL)
+        adder.join(120)
+        status, body = answer["r"]
+        assert status == 503 and body["error"]["code"] == "index_writer_died", body
+        assert "killed by SIGKILL" in body["error"]["message"] and "retry" in body["error"]["message"]
+        assert srv.call("GET", "/v1/index/stats")[1]["documents"] == len(docs)
 
         # the CLI adds documents to the same database while the server serves from it
         tree = tmp_path / "tree"
@@ -158,6 +176,43 @@ def test_kill9_during_add_and_generation_then_restart(tiny_model_dirs, tmp_path)
         srv.stop()
     assert srv.proc.returncode == 0, "".join(srv.log)[-2000:]
     assert db_state(db)[0] == "ok"
+
+
+def _stream(srv: Server, body: dict, first: threading.Event) -> None:
+    """POST a streaming completion and read it; ``first`` is set at its first event (tokens are coming)."""
+    conn = http.client.HTTPConnection(*srv.url, timeout=120)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        for line in conn.getresponse():
+            if line.startswith(b"data:"):
+                first.set()
+    except (OSError, http.client.HTTPException):  # the server was killed under the request
+        pass
+    finally:
+        conn.close()
+
+
+def _child_of(pid: int, timeout_s: float) -> int:
+    """The first child process ``pid`` starts (any of its threads), waited for."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                kids = open(f"/proc/{pid}/task/{task}/children").read().split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            if kids:
+                return int(kids[0])
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} started no child in {timeout_s} s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
 
 
 def _swallow(fn, *a):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from suffixspec.index import SEP, IncrementalIndex, SpecParams, SuffixArray
 from suffixspec.index.history import OutputHistory
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # hypothesis fuzzing
 
 SETTINGS = settings(derandomize=True, deadline=None, database=None, print_blob=False,
                     suppress_health_check=list(HealthCheck))
@@ -220,9 +220,10 @@ store_op = st.one_of(
 @settings(SETTINGS, max_examples=12)
 @given(ops=st.lists(store_op, min_size=1, max_size=6))
 def test_store_add_remove_against_a_dict(ops, tokenizer, tmp_path_factory):
-    from suffixspec.index.store import DocInput, IndexStore, content_hash
+    from suffixspec.index.records import DocInput, content_hash
+    from suffixspec.index.store import IndexStore
 
-    store = IndexStore(tmp_path_factory.mktemp("fuzz-store") / "index.db", auto_merge=False)
+    store = IndexStore(tmp_path_factory.mktemp("fuzz-store") / "index.db")
     ref: dict[str, tuple[int, str]] = {}  # key -> (id, text)
     try:
         for name, arg in ops:
@@ -275,7 +276,7 @@ seg_op = st.one_of(
 )
 
 
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=60)
 @given(ops=st.lists(seg_op, min_size=1, max_size=12), seed=st.integers(0, 2**16))
 def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_path_factory):
     """Adds (each a fresh segment, several when ``flush_tokens`` is tiny), replacements and deletes
@@ -286,7 +287,7 @@ def test_segments_answer_as_one_array_over_the_live_documents(ops, seed, tmp_pat
 
     tok = ByteTok()
     rng = random.Random(seed)
-    store = IndexStore(tmp_path_factory.mktemp("fuzz-seg") / "index.db", auto_merge=False, flush_tokens=12,
+    store = IndexStore(tmp_path_factory.mktemp("fuzz-seg") / "index.db", flush_tokens=12,
                        policy=MergePolicy(fanout=2, floor_tokens=8, max_tokens=200))
     ref: dict[str, str] = {}
     try:

@@ -478,3 +478,26 @@ def test_generate_shows_prediction_tokens(tiny_model_dirs, tmp_path):
     d = out["completion_tokens_details"]
     assert d["accepted_prediction_tokens"] >= 0 and d["rejected_prediction_tokens"] >= 0
     assert f"{d['accepted_prediction_tokens']} tokens accepted, {d['rejected_prediction_tokens']} rejected" in line
+
+
+# -- the document index's errors, by type ----------------------------------------------------------------
+
+def test_index_errors_are_answered_by_type(server, tiny_model_dirs):
+    """Raised for real: the database refusing a document write is a 503 that says why and what to do; a
+    server without a store answers its index routes with a 501 (suffixspec.server.errors.INDEX_ERRORS)."""
+    db = server.app.extensions["suffixspec"].spec.documents.store.db
+    db.execute("PRAGMA query_only = 1")  # the index's write connection now refuses writes
+    try:
+        status, _, resp = call(server, "POST", "/v1/index/documents", {"documents": ["refused text"]})
+    finally:
+        db.execute("PRAGMA query_only = 0")
+    assert status == 503 and resp["error"]["code"] == "index_read_only", resp
+    assert "refused a write" in resp["error"]["message"] and "writable" in resp["error"]["message"]
+    assert call(server, "POST", "/v1/index/documents", {"documents": ["accepted text"]})[0] == 200
+    app = create_app({"model": str(tiny_model_dirs["llama"]), "draft_model": None, "db": False})
+    try:
+        resp = app.test_client().get("/v1/index/documents")
+        assert resp.status_code == 501 and resp.get_json()["error"]["code"] == "index_unavailable"
+        assert "without a document store" in resp.get_json()["error"]["message"]
+    finally:
+        app.extensions["suffixspec"].shutdown()

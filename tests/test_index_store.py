@@ -11,10 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from suffixspec.index.database import DB_ENV, default_db_path
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
+from suffixspec.index.records import DocInput
 from suffixspec.index.segments import SegmentWriter
-from suffixspec.index.store import DB_ENV, DocInput, IndexStore, default_db_path
+from suffixspec.index.store import IndexStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,11 +109,13 @@ def test_one_corpus_serves_two_tokenizers(store):
     # the other tokenizer's ids are made on first use, then served from its own arrays
     sa_b = store.document_index(b)
     assert sa_b.count(ids("corpus", 1000)) == 1 and sa_b.count(ids("corpus")) == 0
-    st = store.stats()
-    assert st["tokens"] == {a.fingerprint: 18, b.fingerprint: 18}
+    st = store.stats(a.fingerprint)  # the documents counted once; the figures of one tokenizer, the other folded
+    assert st["documents"] == 1 and st["tokens"] == 18 and st["tokenizer"]["document_tokens"] == 18
+    assert [(o["fingerprint"], o["document_tokens"]) for o in st["also_indexed_for"]] == [(b.fingerprint, 18)]
     # adding with one tokenizer leaves the other's arrays stale until a process with it loads them
     store.add_documents([DocInput("more", "more.txt")], a)
-    assert store.stats()["tokenizers"][b.fingerprint]["arrays_current"] is False
+    assert store.stats(b.fingerprint)["tokenizer"]["arrays_current"] is False
+    assert store.stats()["fingerprint"] == a.fingerprint  # by default: the tokenizer last indexed for
     assert store.document_index(b).count(ids("more", 1000)) == 1
 
 
@@ -136,9 +140,9 @@ def test_persistence_round_trip_loads_arrays_without_rebuild(tmp_path):
 
 def test_history_budget_is_persisted(store):
     for i in range(5):
-        store.history_append("fp", [i] * 4, budget_tokens=10)
-    assert [a.tolist() for a in store.history_load("fp")] == [[3] * 4, [4] * 4]
-    assert store.history_load("other") == []
+        store.history.append_many("fp", [[i] * 4], budget_tokens=10)
+    assert [a.tolist() for a in store.history.load("fp")] == [[3] * 4, [4] * 4]
+    assert store.history.load("other") == []
 
 
 def test_fingerprint_of_a_real_tokenizer(bpe_tokenizer_dir, unigram_tokenizer_dir):
@@ -168,12 +172,13 @@ _WRITER = textwrap.dedent("""
 
     MODE = sys.argv[2]
     if MODE == "transaction":   # rows inserted, segment and tombstones written, COMMIT not yet reached
-        original = IndexStore._bump
-        def paused(self):
-            original(self)
+        from suffixspec.index import catalogue
+        original = catalogue.bump_docs_version
+        def paused(db):
+            original(db)
             print("PAUSED", flush=True)
             sys.stdin.readline()
-        IndexStore._bump = paused
+        catalogue.bump_docs_version = paused
     store = IndexStore(sys.argv[1])
     docs = [DocInput(f"new document number {i} " * 20, f"new{i}.txt") for i in range(10)]
     docs.append(DocInput("old zero was changed", "old0.txt"))
@@ -219,6 +224,7 @@ def _paused_writer(tmp_path: Path, source: str, db: Path, mode: str):
             proc.wait()
 
 
+@pytest.mark.slow  # a writer process per case, killed
 @pytest.mark.parametrize("mode, sig", [
     ("transaction", signal.SIGKILL),
     ("tokenize", signal.SIGKILL),
@@ -259,7 +265,7 @@ def test_history_write_does_not_wait_for_a_long_add(tmp_path):
         blocker.close()
         hist.add([4, 5])
         assert not hist._pending
-        assert [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3], [4, 5]]
+        assert [a.tolist() for a in s.history.load("fp")] == [[1, 2, 3], [4, 5]]
 
 
 # ----- arrays built outside the write lock ------------------------------------------------------------
@@ -270,7 +276,7 @@ def _assert_consistent(s: IndexStore, fp: str) -> None:
     live = []
     for info in s.segment_infos(fp):
         docids = np.load(s.arrays_dir / f"{info.name}.docids.npy")
-        dead = set(s._tombstones(info.dead_file)[1].tolist())
+        dead = set(s.catalogue.tombstones(info.dead_file)[1].tolist())
         live += [int(d) for k, d in enumerate(docids) if k not in dead]
     assert sorted(live) == [d["id"] for d in s.list_documents()]
     assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
@@ -280,13 +286,13 @@ def test_write_lock_is_free_while_the_arrays_are_built(tmp_path, monkeypatch):
     db = tmp_path / "index.db"
     tok = ByteTok()
     seen = []
-    with IndexStore(db, auto_merge=False) as s, IndexStore(db) as other:
+    with IndexStore(db) as s, IndexStore(db) as other:
         s.add_documents([DocInput("first text", "a.txt")], tok)
         original = SegmentWriter.finish
 
         def build(self, *args, **kwargs):
             out = original(self, *args, **kwargs)  # the suffixes are sorted with no lock held:
-            other.history_append_many("fp", [[1, 2, 3]], timeout_s=0.2)  # another writer goes ahead at once
+            other.history.append_many("fp", [[1, 2, 3]], timeout_s=0.2)  # another writer goes ahead at once
             seen.append(other.list_documents())  # and readers still see the old corpus
             return out
 
@@ -294,7 +300,7 @@ def test_write_lock_is_free_while_the_arrays_are_built(tmp_path, monkeypatch):
         s.add_documents([DocInput("second text", "b.txt")], tok)
         assert [d["path"] for d in seen[0]] == ["a.txt"]
         assert s.remove(["a.txt"]) == 1
-        assert len(seen) == 1 and [a.tolist() for a in s.history_load("fp")] == [[1, 2, 3]]
+        assert len(seen) == 1 and [a.tolist() for a in s.history.load("fp")] == [[1, 2, 3]]
         assert s.document_index(tok.fingerprint).count(ids("second")) == 1
         _assert_consistent(s, tok.fingerprint)
 
@@ -302,7 +308,7 @@ def test_write_lock_is_free_while_the_arrays_are_built(tmp_path, monkeypatch):
 def test_a_writer_committing_during_the_build_is_not_lost(tmp_path, monkeypatch):
     db = tmp_path / "index.db"
     tok = ByteTok()
-    with IndexStore(db, auto_merge=False) as s, IndexStore(db, auto_merge=False) as other:
+    with IndexStore(db) as s, IndexStore(db) as other:
         s.add_documents([DocInput("old text", "old.txt"), DocInput("doomed text", "doomed.txt")], tok)
         original = SegmentWriter.finish
         calls = []
@@ -337,17 +343,16 @@ def test_garbage_collection_waits_for_uncommitted_builds(store):
     store.add_documents([DocInput("some text", "a.txt")], tok)
     stray = store.arrays_dir / "0123456789ab-9-1-00000000.tok"
     stray.write_bytes(b"")
-    with store._build_guard():  # a writer with uncommitted files
-        store._collect_garbage()
+    with store.catalogue.build_guard():  # a writer with uncommitted files
+        store.catalogue.collect_garbage()
         assert stray.exists()
-    store._collect_garbage()
+    store.catalogue.collect_garbage()
     assert not stray.exists()
     _assert_consistent(store, tok.fingerprint)
 
 
 def test_encode_batched_matches_encode_texts_with_progress(bpe_tokenizer_dir):
-    from suffixspec.index.fingerprint import encode_texts
-    from suffixspec.index.store import encode_batched
+    from suffixspec.index.fingerprint import encode_batched, encode_texts
     from transformers import AutoTokenizer
 
     texts = [f"def f{i}(x):\n    return x * {i}  # comment {'é' * i}\n" for i in range(40)] + ["", "x"]
@@ -383,13 +388,14 @@ _BUILDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a writer process per case, killed
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_while_building_outside_the_lock(tmp_path, sig):
     db, before, files_before = _old_index(tmp_path)
     with _paused_writer(tmp_path, _BUILDER, db, "x") as proc:
         with IndexStore(db) as other:  # no write lock is held: other writers go ahead at once
-            other.history_append_many("fp", [[1, 2]], timeout_s=0.5)
-            other._collect_garbage()  # and must not delete the builder's files (it holds the flock)
+            other.history.append_many("fp", [[1, 2]], timeout_s=0.5)
+            other.catalogue.collect_garbage()  # and must not delete the builder's files (it holds the flock)
         assert len(list((tmp_path / "index.db.arrays").iterdir())) > len(files_before)
         proc.send_signal(sig)
         proc.wait(timeout=180)  # a loaded 2-core machine can take a while to unwind
@@ -408,7 +414,7 @@ def test_adds_make_segments_deletes_make_tombstones_merges_drop_them(tmp_path):
     from suffixspec.index.segments import MergePolicy
 
     tok = ByteTok()
-    with IndexStore(tmp_path / "index.db", auto_merge=False,
+    with IndexStore(tmp_path / "index.db",
                     policy=MergePolicy(fanout=3, floor_tokens=1000, max_tokens=10000)) as s:
         s.add_documents([DocInput("document 0 about segments", "0.txt"),
                          DocInput("document 1 about segments", "1.txt")], tok)
@@ -434,22 +440,10 @@ def test_adds_make_segments_deletes_make_tombstones_merges_drop_them(tmp_path):
         assert st["segments"] == 1 and st["pending_merges"] == 0
 
 
-def test_background_merge_after_adds(tmp_path):
-    from suffixspec.index.segments import MergePolicy
-
-    tok = ByteTok()
-    with IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=2, floor_tokens=10, max_tokens=1000)) as s:
-        s.add_documents([DocInput("first of two", "a.txt")], tok)
-        s.add_documents([DocInput("second of two", "b.txt")], tok)  # a merge is due: a thread runs it
-        s._merger.join(timeout=60)
-        assert len(s.segment_infos(tok.fingerprint)) == 1
-        assert s.document_index(tok).count(ids(" of two")) == 2
-
-
 def test_sixteen_bit_tokens_widen_when_an_id_does_not_fit(tmp_path):
     tok = ByteTok(offset=70000)  # ids above 65535: the segment stores 4 bytes per token
     small = ByteTok()
-    with IndexStore(tmp_path / "index.db", auto_merge=False) as s:
+    with IndexStore(tmp_path / "index.db") as s:
         s.add_documents([DocInput("wide ids", "w.txt")], tok)
         s.add_documents([DocInput("narrow ids", "n.txt")], small)
         assert [i.width for i in s.segment_infos(tok.fingerprint)] == [4]
@@ -580,7 +574,7 @@ def test_adding_one_document_and_reloading_read_no_whole_table(tmp_path):
     included; 0.26 s + 0.15 s at 44k documents). Now both go through indexes and segment totals."""
     tok = ByteTok()
     db = tmp_path / "index.db"
-    with IndexStore(db, auto_merge=False) as writer, IndexStore(db, auto_merge=False) as reader:
+    with IndexStore(db) as writer, IndexStore(db) as reader:
         writer.add_documents([DocInput(f"document number {i}", f"{i}.txt") for i in range(20)], tok)
         reader.document_index(tok)
         traced: list[str] = []
@@ -600,17 +594,17 @@ def test_reload_still_indexes_documents_missing_from_the_segments(tmp_path):
     """The cheap check (live sequences of the segments == documents) does not hide a document that has
     no segment for a tokenizer: added under another one, or whose segment row was lost."""
     a, b = ByteTok(0), ByteTok(1000)
-    with IndexStore(tmp_path / "index.db", auto_merge=False) as s:
+    with IndexStore(tmp_path / "index.db") as s:
         s.add_documents([DocInput("first text", "1.txt"), DocInput("second text", "2.txt")], a)
-        assert s._all_indexed(a.fingerprint) and not s._all_indexed(b.fingerprint)
+        assert s.documents.all_indexed(a.fingerprint) and not s.documents.all_indexed(b.fingerprint)
         s.add_documents([DocInput("third text", "3.txt")], b)  # a does not know 3.txt yet
-        assert not s._all_indexed(a.fingerprint)
-        assert s.document_index(a).count(ids("third")) == 1 and s._all_indexed(a.fingerprint)
+        assert not s.documents.all_indexed(a.fingerprint)
+        assert s.document_index(a).count(ids("third")) == 1 and s.documents.all_indexed(a.fingerprint)
         s.db.execute("DELETE FROM segments WHERE id = (SELECT min(id) FROM segments WHERE fingerprint = ?)",
                      [a.fingerprint])
         s.db.execute("UPDATE doc_tokens SET segment = NULL WHERE fingerprint = ? AND segment NOT IN "
                      "(SELECT id FROM segments)", [a.fingerprint])
-        assert not s._all_indexed(a.fingerprint)
+        assert not s.documents.all_indexed(a.fingerprint)
         assert s.document_index(a).count(ids(" text")) == 3
 
 
@@ -618,11 +612,11 @@ def test_tokenizer_fingerprint_is_remembered_until_the_vocabulary_grows(tmp_path
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
-    with IndexStore(tmp_path / "index.db", auto_merge=False) as s:
-        fp = s._fingerprint(tok)
-        assert fp == tokenizer_fingerprint(tok) and s._fingerprint(tok) is fp
+    with IndexStore(tmp_path / "index.db") as s:
+        fp = s.fingerprint(tok)
+        assert fp == tokenizer_fingerprint(tok) and s.fingerprint(tok) is fp
         tok.add_tokens(["<brand_new_token>"])
-        assert s._fingerprint(tok) == tokenizer_fingerprint(tok) != fp
+        assert s.fingerprint(tok) == tokenizer_fingerprint(tok) != fp
 
 
 def test_compaction_plan_leaves_full_segments_alone():
@@ -644,7 +638,7 @@ def test_compact_splits_into_full_segments_and_answers_as_before(tmp_path):
 
     tok = ByteTok()
     texts = {f"{i}.txt": f"document {i} says {'ab' * i}" for i in range(12)}
-    with IndexStore(tmp_path / "index.db", auto_merge=False, policy=MergePolicy(max_tokens=100)) as s:
+    with IndexStore(tmp_path / "index.db", policy=MergePolicy(max_tokens=100)) as s:
         for path, text in texts.items():
             s.add_documents([DocInput(text, path)], tok)  # one segment each
         s.remove(["3.txt"])
@@ -662,40 +656,6 @@ def test_compact_splits_into_full_segments_and_answers_as_before(tmp_path):
         assert sorted(after.sequences()) == sorted(ids(t) for t in texts.values())
         assert [after.continuations(c) for c in ctxs] == drafts
         assert {p.name for p in s.arrays_dir.iterdir()} == s.referenced_files()
-
-
-def test_idle_compaction_in_the_background(tmp_path):
-    """A store that merges in the background compacts once no write came for ``idle_compact_s``."""
-    import time
-
-    from suffixspec.index.segments import MergePolicy
-
-    tok = ByteTok()
-    policy = MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=0.3)
-    with IndexStore(tmp_path / "index.db", policy=policy) as s:
-        for i in range(3):
-            s.add_documents([DocInput(f"idle corpus text {i}", f"{i}.txt")], tok)
-        assert len(s.segment_infos(tok.fingerprint)) == 3  # no merge is due: fanout 8
-        deadline = time.monotonic() + 60
-        while len(s.segment_infos(tok.fingerprint)) > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(s.segment_infos(tok.fingerprint)) == 1
-        assert s.document_index(tok).count(ids("idle corpus text ")) == 3
-
-
-def test_close_stops_a_background_compaction_that_waits(tmp_path):
-    import time
-
-    from suffixspec.index.segments import MergePolicy
-
-    tok = ByteTok()
-    s = IndexStore(tmp_path / "index.db", policy=MergePolicy(fanout=8, max_tokens=1000, idle_compact_s=3600))
-    s.add_documents([DocInput("one", "1.txt")], tok)
-    s.add_documents([DocInput("two", "2.txt")], tok)
-    assert s._merger is not None and s._merger.is_alive()  # waiting for an idle hour
-    t = time.monotonic()
-    s.close()
-    assert time.monotonic() - t < 10
 
 
 def test_the_last_version_of_a_path_repeated_in_one_add_wins_even_if_it_is_the_stored_one(store):

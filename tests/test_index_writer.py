@@ -1,5 +1,5 @@
-"""Adds and merges in a writer process (index/writer.py): the same index as in-process, and a killed or
-interrupted writer (or its parent) leaves the previous state."""
+"""Adds and merges in a writer process (index/writer.py, index/writer_child.py): the same index as
+in-process, and a killed or interrupted writer (or its parent) leaves the previous state."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from suffixspec.index import writer
+from suffixspec.index import WriterDied, writer
 from suffixspec.index.segments import MergePolicy
 from suffixspec.index.store import DocInput, IndexStore
 
-pytestmark = pytest.mark.slow  # writer processes, killed on purpose
+pytestmark = pytest.mark.slow  # every test starts writer processes (and kills some)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def _docs(n: int, tag: str = "") -> list[DocInput]:
 
 
 def _state(db: Path, tok) -> tuple:
-    with IndexStore(db, auto_merge=False) as s:
+    with IndexStore(db) as s:
         docs = [(d["id"], d["path"], d["content_hash"], d["tokens"], d["metadata"]) for d in s.list_documents()]
         idx = s.document_index(tok)
         seqs = sorted(map(tuple, idx.sequences())) if idx is not None else []
@@ -52,7 +52,7 @@ def test_writer_process_builds_the_same_index(tmp_path, tok):
     segments (small flush) and chunks; progress adds up to the whole add; an unchanged re-add is a no-op."""
     docs = _docs(700)  # > 512 documents: two chunks over the pipe
     here, there = tmp_path / "here.db", tmp_path / "there.db"
-    with IndexStore(here, auto_merge=False, flush_tokens=3000) as s:
+    with IndexStore(here, flush_tokens=3000) as s:
         want = s.add_documents(docs, tok)
     seen = []
     statuses = []
@@ -64,7 +64,7 @@ def test_writer_process_builds_the_same_index(tmp_path, tok):
     assert statuses and all(s.startswith("sorting") for s in statuses)
     a, b = _state(here, tok), _state(there, tok)
     assert a[0] == [(*r[:4], r[4]) for r in b[0]] and a[1] == b[1] and len(a[1]) == 700
-    with IndexStore(there, auto_merge=False) as s:
+    with IndexStore(there) as s:
         assert len(s.segment_infos(s.fingerprints()[0])) > 1
         assert _files(there) == s.referenced_files()
     again = writer.add_documents(there, docs[:10], tok)
@@ -75,11 +75,11 @@ def test_writer_process_merges_and_compacts(tmp_path, tok):
     db = tmp_path / "m.db"
     policy = MergePolicy(max_segments=1, idle_compact_s=None)
     for k in range(3):
-        with IndexStore(db, auto_merge=False, policy=policy) as s:
+        with IndexStore(db, policy=policy) as s:
             s.add_documents(_docs(30, f"_{k}"), tok)
     before = _state(db, tok)
     assert writer.merge(db, policy=policy) >= 1
-    with IndexStore(db, auto_merge=False, policy=policy) as s:
+    with IndexStore(db, policy=policy) as s:
         assert len(s.segment_infos(s.fingerprints()[0])) == 1 and _files(db) == s.referenced_files()
     assert _state(db, tok) == before
     stop = threading.Event()
@@ -90,7 +90,7 @@ def test_writer_process_merges_and_compacts(tmp_path, tok):
 
 def _kill_at_first_progress(tmp_path, tok, sig_or_exc):
     db = tmp_path / "k.db"
-    with IndexStore(db, auto_merge=False) as s:
+    with IndexStore(db) as s:
         s.add_documents(_docs(5, "_old"), tok)
     before, files_before = _state(db, tok), _files(db)
 
@@ -109,10 +109,10 @@ def _kill_at_first_progress(tmp_path, tok, sig_or_exc):
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc to find the writer process")
 def test_killed_writer_process_leaves_old_state(tmp_path, tok):
     db, before, files_before, progress = _kill_at_first_progress(tmp_path, tok, signal.SIGKILL)
-    with pytest.raises(writer.WriterError, match="killed by SIGKILL"):
+    with pytest.raises(WriterDied, match="killed by SIGKILL"):
         writer.add_documents(db, _docs(1200, "_new"), tok, progress=progress)
     assert _state(db, tok) == before
-    with IndexStore(db, auto_merge=False) as s:  # the next writer collects what the killed one left
+    with IndexStore(db) as s:  # the next writer collects what the killed one left
         assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         s.add_documents([DocInput("after the crash", "after.txt")], tok)
         assert _files(db) == s.referenced_files()
@@ -154,7 +154,7 @@ def _alive(pid: int) -> bool:
 def test_killed_parent_stops_the_writer(tmp_path, tok, bpe_tokenizer_dir):
     """The parent dies (kill -9) mid-add: the child reads the end of its pipe, aborts, commits nothing."""
     db = tmp_path / "p.db"
-    with IndexStore(db, auto_merge=False) as s:
+    with IndexStore(db) as s:
         s.add_documents(_docs(5, "_old"), tok)
     before, files_before = _state(db, tok), _files(db)
     script = tmp_path / "parent.py"
@@ -181,12 +181,14 @@ def test_killed_parent_stops_the_writer(tmp_path, tok, bpe_tokenizer_dir):
 def test_suffixspec_adds_large_batches_in_a_writer_process(tmp_path, tiny_model_dirs, monkeypatch):
     """Above WRITER_PROCESS_CHARS the facade's add goes through the writer: same records, and the next
     generation drafts from the documents."""
+    from suffixspec.index import document_index
+
     from suffixspec import SuffixSpec
 
     calls = []
-    real = writer.add_documents
-    monkeypatch.setattr(writer, "WRITER_PROCESS_CHARS", 1)
-    monkeypatch.setattr(writer, "add_documents", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = document_index.add_in_writer
+    monkeypatch.setattr(document_index, "WRITER_PROCESS_CHARS", 1)
+    monkeypatch.setattr(document_index, "add_in_writer", lambda *a, **k: calls.append(1) or real(*a, **k))
     with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=None, db=tmp_path / "s.db") as spec:
         text = "alpha beta gamma delta epsilon " * 20
         recs = spec.add_documents([{"text": text, "source": "a.txt"}, "other text"])
@@ -197,3 +199,14 @@ def test_suffixspec_adds_large_batches_in_a_writer_process(tmp_path, tiny_model_
         assert idx is not None and idx.num_sequences == 2
         ids = spec.tokenizer(text, add_special_tokens=False)["input_ids"]
         assert idx.count(ids[5:12]) >= 1
+
+
+def test_writer_process_runs_this_code_on_a_relative_path(tmp_path, tok, monkeypatch):
+    """The child starts in the folder that holds this ``suffixspec`` (``-m`` looks in the working directory
+    first, where another checkout may be), so a database named relative to the caller's directory is
+    made absolute first."""
+    (tmp_path / "suffixspec").mkdir()  # a decoy package where the caller stands: never imported by the child
+    (tmp_path / "suffixspec" / "__init__.py").write_text("raise SystemExit('the decoy was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    got = writer.add_documents("rel.db", _docs(3), tok)
+    assert got.added == 3 and (tmp_path / "rel.db").exists()

@@ -210,7 +210,7 @@ def test_documents_and_history_persist_in_the_store(tmp_path):
     b.step(p)
     p.close()  # what the worker's exit does: remaining outputs written, threads stopped
     with IndexStore(db) as store:
-        saved = store.history_load("ids-vllm")
+        saved = store.history.load("ids-vllm")
     assert [s.tolist() for s in saved] == [doc[2:], [6]]
     # a restarted worker drafts from the persisted history
     q = _proposer(db=db, tokenizer=Tok(), write_history=False)
@@ -235,7 +235,7 @@ def test_outputs_are_saved_when_the_engine_goes_idle(tmp_path):
     while not saved and time.time() < deadline:
         time.sleep(0.1)
         with IndexStore(db) as store:
-            saved = [s.tolist() for s in store.history_load("ids-vllm")]
+            saved = [s.tolist() for s in store.history.load("ids-vllm")]
     assert saved == [[4, 5, 6]] and p.history_tokens == 3
     b.step(p)  # still there: nothing more to save; it leaves later with no new tokens
     b.remove(0)
@@ -395,7 +395,7 @@ def test_vllm_history_grows_across_requests(vllm_runs):
     from suffixspec.index.fingerprint import tokenizer_fingerprint
 
     with IndexStore(vllm_runs["db"]) as store:
-        saved = [s.tolist() for s in store.history_load(tokenizer_fingerprint(vllm_runs["tok"]))]
+        saved = [s.tolist() for s in store.history.load(tokenizer_fingerprint(vllm_runs["tok"]))]
     outputs = [o for phase in vllm_runs["ours"] for o in phase["outputs"]]
     assert len(outputs) == 9 and sum(map(len, saved)) >= sum(map(len, outputs)), [len(s) for s in saved]
     joined = " " + " ".join(str(t) for s in saved for t in s) + " "

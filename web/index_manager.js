@@ -173,18 +173,23 @@ function group(box, title) {
 }
 
 // Fields of GET /v1/index/stats shown by renderStats; any other field is listed under "More".
-const KNOWN = new Set(["db", "documents", "document_bytes", "tokens", "bytes_on_disk", "db_bytes", "arrays_bytes",
-  "memory_estimate_bytes", "tokenizers", "served"]);
+const KNOWN = new Set(["db", "documents", "document_bytes", "fingerprint", "tokenizer", "tokens", "segments",
+  "pending_merges", "also_indexed_for", "bytes_on_disk", "db_bytes", "arrays_bytes", "memory_estimate_bytes",
+  "tokenizers", "served"]);
 const humanKey = (k) => k.replace(/_/g, " ").replace(/^./, (c) => c.toUpperCase());
 
 /**
- * The statistics of GET /v1/index/stats in words: corpus, disk, memory, per tokenizer and what this
- * server holds in memory. Machine paths (database, tokenizer folders) stay in a "Files" disclosure.
- * Example: {documents: 40, document_bytes: 296162, ...} -> "Documents 40 / 289.2 KiB of text", ...
+ * The statistics of GET /v1/index/stats in words: the corpus (each document counted once), its arrays
+ * for the tokenizer this server serves (tokens, segments, whether every document is indexed for it),
+ * disk, memory, and what this server holds in memory. Documents are indexed per tokenizer: the other
+ * tokenizers the store indexed for are one folded line ("Also indexed for"), not figures of their own.
+ * Machine paths (database, tokenizer folders) stay in a "Files" disclosure.
+ * Example: {documents: 40, tokens: 81234, tokenizer: {model: "smollm2-135m-instruct", segments: [..3]}}
+ *   -> "Documents 40", "Tokens 81,234 for smollm2-135m-instruct", "Segments 3".
  */
 function renderStats(box, s) {
   const tokenizers = Object.entries(s.tokenizers || {});
-  const tokens = Object.values(s.tokens || {}).reduce((a, b) => a + b, 0);
+  const t = s.tokenizer || null; // the served tokenizer's entry
   const main = document.createElement("dl");
   main.className = "stats";
   box.appendChild(main);
@@ -192,8 +197,16 @@ function renderStats(box, s) {
     stat(main, "Documents", fmtNum(s.documents), s.document_bytes !== undefined ? `${fmtBytes(s.document_bytes)} of text` : "");
   }
   if (s.tokens !== undefined) {
-    const by = tokenizers.length === 1 ? `for ${tokenizerName(tokenizers[0][1].tokenizer)}` : `${tokenizers.length} tokenizers`;
-    stat(main, "Tokens", fmtNum(tokens), tokenizers.length ? by : "");
+    stat(main, "Tokens", fmtNum(Number(s.tokens) || 0), t ? `for ${tokenizerName(t.model || t.tokenizer)}` : "");
+  }
+  if (t) {
+    const segs = t.segments || [];
+    const pending = (t.pending_merges || []).length;
+    stat(main, "Segments", fmtNum(segs.length), pending ? `${plural(pending, "merge")} pending` : "searched as one index");
+    const missing = (s.documents ?? 0) - (t.documents_tokenized ?? 0);
+    if (t.arrays_current === false && missing > 0) {
+      stat(main, "Not indexed yet", plural(missing, "document"), `for ${tokenizerName(t.model || t.tokenizer)}: the next generation indexes them`);
+    }
   }
   if (s.bytes_on_disk !== undefined) {
     const parts = [];
@@ -203,6 +216,11 @@ function renderStats(box, s) {
   }
   if (s.memory_estimate_bytes !== undefined) {
     stat(main, "Memory to serve", fmtBytes(s.memory_estimate_bytes), "estimate");
+  }
+  const others = s.also_indexed_for || [];
+  if (others.length) {
+    stat(main, "Also indexed for", others.map((o) => tokenizerName(o.model || o.tokenizer)).join(", "),
+         "their arrays are not used by this server");
   }
   if (s.served) {
     const dl = group(box, "Loaded in this server");
@@ -219,26 +237,6 @@ function renderStats(box, s) {
       if (!["documents_loaded_tokens", "documents_pending", "history_outputs", "history_tokens"].includes(k)) stat(dl, humanKey(k), fmtAny(k, val));
     }
   }
-  // One tokenizer (the usual case): its figures are the ones above; only a problem is worth a line.
-  if (tokenizers.length === 1) {
-    const t = tokenizers[0][1];
-    if (t.documents_tokenized !== undefined && s.documents !== undefined && t.documents_tokenized < s.documents) {
-      stat(main, "Tokenized", `${fmtNum(t.documents_tokenized)} of ${fmtNum(s.documents)}`, "documents, for this tokenizer");
-    }
-    if (t.arrays_current === false) stat(main, "Suffix arrays", "stale", "rebuilt on the next load").classList.add("bad");
-  }
-  for (const [, t] of tokenizers.length > 1 ? tokenizers : []) {
-    const dl = group(box, `Tokenizer ${tokenizerName(t.tokenizer)}`);
-    if (t.document_tokens !== undefined) {
-      stat(dl, "Document tokens", fmtNum(t.document_tokens),
-        t.documents_tokenized !== undefined ? `${fmtNum(t.documents_tokenized)} of ${fmtNum(s.documents ?? t.documents_tokenized)} documents` : "");
-    }
-    if (t.history_outputs !== undefined) stat(dl, "Output history", plural(t.history_outputs, "output"), plural(t.history_tokens ?? 0, "token"));
-    if (t.memory_estimate_bytes !== undefined) stat(dl, "Memory to serve", fmtBytes(t.memory_estimate_bytes), "estimate");
-    if (t.arrays_current !== undefined) {
-      stat(dl, "Suffix arrays", t.arrays_current ? "up to date" : "stale", t.arrays_current ? "" : "rebuilt on the next load").classList.toggle("bad", !t.arrays_current);
-    }
-  }
   const more = Object.entries(s).filter(([k]) => !KNOWN.has(k));
   if (more.length) {
     const dl = group(box, "More");
@@ -247,7 +245,7 @@ function renderStats(box, s) {
   // Where things are: paths for the operator, out of the way of the figures.
   const files = [];
   if (s.db) files.push(["Database", s.db]);
-  for (const [fp, t] of tokenizers) files.push([`Tokenizer ${tokenizerName(t.tokenizer)} (fingerprint ${fp.slice(0, 12)})`, t.tokenizer]);
+  for (const [fp, info] of tokenizers) files.push([`Tokenizer ${tokenizerName(info.tokenizer)} (fingerprint ${fp.slice(0, 12)})`, info.tokenizer]);
   if (files.length) {
     const det = document.createElement("details");
     det.className = "files";

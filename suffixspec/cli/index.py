@@ -1,27 +1,33 @@
 """`suffixspec index ...`: manage the document corpus the suffix drafter reads from.
 
-Start-up stays light: ``index list`` / ``stats`` / ``remove`` import only click, numpy and
-sqlite-utils; the tokenizer (transformers) is loaded by ``index add`` alone.
+Each command is a thin wrapper over :class:`suffixspec.index.DocumentIndex`, the object behind
+``SuffixSpec``'s document methods and the server's ``/v1/index`` routes, with the same option names:
+``index add PATHS --glob --follow-links --max-bytes`` is ``add_paths(paths, globs, follow_links,
+max_bytes)``, ``index list --limit --offset --query`` is ``list_documents(limit, offset, query)``,
+``index remove KEYS`` is ``remove_documents(ids)``, ``index stats`` is ``index_stats()``.
+
+Start-up stays light: ``index list`` / ``stats`` / ``remove`` import only click, numpy and sqlite-utils;
+``index add`` loads a tokenizer, from the store when it keeps it (the ``tokenizers`` library alone), else
+through transformers.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
 
 import click
 
-DEFAULT_TOKENIZER = "suffixspec/demo-target"
+MODEL_ENV = "SUFFIXSPEC_MODEL"  # the model `index add` indexes for when --model is not given
 _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffixspec/index.db, "
             "i.e. ~/.local/share/suffixspec/index.db)")
 
 
-def _open_store(db: str | None, **kw):
-    from suffixspec.index.store import IndexStore, StoreError
+def _index(db: str | None, **kw: Any):
+    from suffixspec.index import DocumentIndex
 
-    try:
-        return IndexStore(db, **kw)
-    except StoreError as e:  # corrupt or foreign file: one clear line, not a traceback
-        raise click.ClickException(str(e)) from None
+    return DocumentIndex(db, **kw)
 
 
 def _human(n: float) -> str:
@@ -32,15 +38,32 @@ def _human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-@click.group("index", context_settings={"help_option_names": ["-h", "--help"]})
+class _IndexGroup(click.Group):
+    """The document index's own errors (a corrupt or foreign database, a writer process that died, a
+    database that refuses writes) as one ``Error:`` line with what to do, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        from suffixspec.index import InvalidDocument, StoreError
+
+        try:
+            return super().invoke(ctx)
+        except (StoreError, InvalidDocument) as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.group("index", cls=_IndexGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def index_group() -> None:
     """Manage the persistent document corpus used by the suffix drafter.
+
+    Documents are indexed per tokenizer: `index add` indexes for the model named with --model (default:
+    $SUFFIXSPEC_MODEL, else the model this store was last served or indexed with); a server of another
+    model indexes them for its own tokenizer when it loads them.
 
     \b
     Examples:
       suffixspec index add docs/ src/ --glob '*.py' --glob '*.md'
-      suffixspec index add notes.txt --tokenizer Qwen/Qwen2.5-0.5B
-      suffixspec index list
+      suffixspec index add notes.txt --model smollm2-135m-instruct
+      suffixspec index list --query area
       suffixspec index remove 3 docs/old.md
       suffixspec index stats
       suffixspec index merge
@@ -53,83 +76,56 @@ def index_group() -> None:
 @click.option("--glob", "globs", multiple=True, metavar="PATTERN",
               help="Only index file names matching PATTERN (repeatable), e.g. '*.py'.")
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
-@click.option("--tokenizer", default=DEFAULT_TOKENIZER, show_default=True, metavar="NAME_OR_PATH",
-              help="Target tokenizer (hub id, local directory or embedded name) the ids are made for.")
+@click.option("--model", default=None, metavar="NAME_OR_PATH",
+              help="Index for this model's tokenizer: a model name (smollm2-135m-instruct, gemma-3-270m), a folder "
+                   f"or a hub id. Default: ${MODEL_ENV}, else the model this store was last served or indexed with, "
+                   "else the default model.")
+@click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
+              help="Index for this tokenizer alone (a folder or hub id with no model), instead of --model's.")
 @click.option("--max-bytes", default=None, type=int, metavar="N",
               help="Skip files larger than N bytes (default 2 MiB).")
 @click.option("--follow-links", is_flag=True,
               help="Also index files that symlinks point to outside PATHS (skipped by default).")
 @click.option("--no-merge", is_flag=True, help="Leave segment merges for later (`index merge`, or a server).")
 @click.option("--nice", default=10, show_default=True, type=click.IntRange(0, 19),
-              help="CPU niceness of the tokenizing and sorting: a writer process in a scheduler group of its "
-                   "own, so that a server on this machine keeps its pace (0: in this process, as it is).")
+              help="CPU niceness of large adds (1 MiB of text or more): their tokenizing and sorting run in a writer "
+                   "process in a scheduler group of its own, so that a server on this machine keeps its pace. Smaller "
+                   "adds run in this process at its priority. 0: always in this process.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no per-file warnings.")
-def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, tokenizer: str,
-            max_bytes: int | None, follow_links: bool, no_merge: bool, nice: int, quiet: bool) -> None:
+def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, model: str | None,
+            tokenizer: str | None, max_bytes: int | None, follow_links: bool, no_merge: bool, nice: int,
+            quiet: bool) -> None:
     """Index text files under PATHS (directories are walked recursively).
 
-    Binary files (judged from their first 8 KiB), files over --max-bytes, FIFOs and devices,
-    dangling or looping symlinks and symlinks out of PATHS are skipped: each is named in a warning
-    and counted in the summary. Hidden directories, __pycache__ and node_modules are not walked.
-    Re-adding an unchanged file changes nothing; a changed file replaces its old version. Files are
-    read and tokenized as they are streamed into the index (memory stays bounded whatever the corpus
-    size); every ~16M tokens a segment is committed, and segments are merged at the end (--no-merge:
-    later). Interrupted, the index keeps the segments committed so far (whole files; a rerun skips
-    them as unchanged) and nothing half-built. Tokenizing and sorting run at a low CPU priority
-    (--nice). Exits with status 1 when there is nothing to index.
+    Binary and empty files (binary judged from the first 8 KiB), files over --max-bytes, FIFOs and
+    devices, dangling or looping symlinks and symlinks out of PATHS are skipped: each is named in a
+    warning and counted in the summary. Hidden directories, __pycache__ and node_modules are not
+    walked. Re-adding an unchanged file changes nothing; a changed file replaces its old version.
+    Files are read and tokenized as they are streamed into the index (memory stays bounded whatever
+    the corpus size); every ~16M tokens a segment is committed, and segments are merged at the end
+    (--no-merge: later). Interrupted, the index keeps the segments committed so far (whole files; a
+    rerun skips them as unchanged) and nothing half-built. Exits with status 1 when there is nothing
+    to index.
 
     \b
     Examples:
       suffixspec index add docs/
-      suffixspec index add . --glob '*.py' --db ./project.db
+      suffixspec index add . --glob '*.py' --db ./project.db --model smollm2-135m-instruct
     """
     from collections import Counter
 
-    from tqdm import tqdm
-
-    from suffixspec.index.files import DEFAULT_MAX_BYTES, read_text, walk
-    from suffixspec.index.store import DocInput
-
-    limit = max_bytes or DEFAULT_MAX_BYTES
+    index = _index(db, load_tokenizer=_tokenizer_loader(model, tokenizer, quiet), nice=nice, own_group=True)
     try:
-        candidates = list(walk(paths, globs, follow_links=follow_links))
+        files = index.find_files(paths, globs, follow_links, max_bytes)
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from e
     skipped: Counter[str] = Counter()  # skip kind -> files
-    total = sum(min(c.size, limit) for c in candidates)
-    bar = tqdm(total=total, desc="indexing", unit="B", unit_scale=True, disable=quiet or not candidates)
+    bar = _bar(quiet or not files.candidates, total=files.total_bytes, desc="indexing", unit="B", unit_scale=True)
     tokens = 0
 
-    def read_all():
-        """Indexable documents, read one at a time (skipped files are warned about and counted)."""
-        for cand in candidates:
-            ft = read_text(cand, limit)
-            if ft.text is None:
-                skipped[ft.skip_kind or "unreadable"] += 1
-                bar.update(min(cand.size, limit))
-                if not quiet:
-                    tqdm.write(f"warning: skipped {ft.path}: {ft.skip_reason}", file=sys.stderr)
-                continue
-            yield DocInput(ft.text, str(ft.path), {"size": cand.size})
-
-    def why() -> str:
-        return ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
-
-    docs = read_all()
-    first = next(docs, None)  # read up to the first indexable file before loading the tokenizer
-    if first is None:  # nothing to index is a mistake to point out, not a success with zeros
-        bar.close()
-        where = " ".join(paths) + (f" matching {' or '.join(repr(g) for g in globs)}" if globs else "")
-        if not candidates:
-            hint = ("hidden directories, __pycache__ and node_modules are not walked"
-                    + ("; --glob matches file names, e.g. '*.md'" if globs else ""))
-            raise click.ClickException(f"nothing to index: no files found under {where} ({hint})")
-        raise click.ClickException(f"nothing to index: all {len(candidates)} file(s) under {where} were "
-                                   f"skipped ({why()})" + ("" if quiet else "; see the warnings above"))
-
-    def stream():
-        yield first
-        yield from docs
+    def on_skip(path: str, kind: str, reason: str) -> None:
+        skipped[kind] += 1
+        _note(f"warning: skipped {path}: {reason}", quiet)
 
     def progress(n_docs: int, n_tokens: int, n_bytes: int) -> None:
         nonlocal tokens
@@ -140,63 +136,138 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, toke
     def status(text: str) -> None:
         bar.set_postfix_str(f"{tokens:,} tokens, {text}")
 
-    from suffixspec.index import writer
-    from suffixspec.index.store import StoreError
+    def why() -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
 
-    tok = _load_tokenizer(tokenizer)
-    store = _open_store(db, auto_merge=False)
-    in_child = nice > 0 and writer.available()
     try:
         with bar:
-            if in_child:
-                summary = writer.add_documents(store.path, stream(), tok, progress=progress, status=status,
-                                               nice=nice, own_group=True)
-            else:
-                summary = store.add_documents(stream(), tok, progress=progress, status=status)
-        merged = 0 if no_merge else _merge(store, quiet, nice=nice if in_child else 0)
-    except StoreError as e:  # the writer process was killed, the database went bad meanwhile
-        bar.close()
-        raise click.ClickException(str(e)) from None
+            summary = index.add_files(files, progress=progress, status=status, on_skip=on_skip)
+        if not summary.outcomes:  # nothing to index is a mistake to point out, not a success with zeros
+            where = " ".join(paths) + (f" matching {' or '.join(repr(g) for g in globs)}" if globs else "")
+            if not files.candidates:
+                hint = ("hidden directories, __pycache__ and node_modules are not walked"
+                        + ("; --glob matches file names, e.g. '*.md'" if globs else ""))
+                raise click.ClickException(f"nothing to index: no files found under {where} ({hint})")
+            raise click.ClickException(f"nothing to index: all {len(files.candidates)} file(s) under {where} were "
+                                       f"skipped ({why()})" + ("" if quiet else "; see the warnings above"))
+        merged = 0 if no_merge else _merge(index, quiet, compact=False)
     except KeyboardInterrupt:
         bar.close()
-        n = store.db.execute("SELECT count(*) FROM documents").fetchone()[0]
+        n = index.store.documents.count()[0]
         click.echo(f"interrupted: the index keeps what was committed ({n} documents); rerun to add the rest",
                    err=True)
         raise SystemExit(130) from None
     finally:
-        store.close()
-    summary.skipped = sum(skipped.values())
+        index.close()
     click.echo(f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
-               f"skipped {summary.skipped}, tokens {summary.tokens}"
-               + (f", {merged} merge(s)" if merged else "") + f"  ({store.path})")
+               f"skipped {summary.skipped}, tokens {summary.tokens}" + (f", {merged} merge(s)" if merged else "")
+               + f" for {index.tokenizer().name}  ({index.path})")
     if skipped:
         click.echo(f"skipped: {why()}", err=True)
 
 
-def _merge(store, quiet: bool, compact: bool = False, nice: int = 0) -> int:
-    """Run the pending segment merges, then (``compact``) the compaction, under one progress bar in tokens
-    (``nice`` > 0: in a writer process at that niceness, as ``index add`` adds)."""
+def _tokenizer_loader(model: str | None, tokenizer: str | None, quiet: bool):
+    """How ``index add`` picks the tokenizer it indexes for, called once there is a file to index:
+    ``--tokenizer``, else ``--model``, else ``$SUFFIXSPEC_MODEL``, else the tokenizer the store was last
+    served or indexed with, else the default model. A tokenizer the store keeps (it served it or indexed
+    for it before) loads without transformers."""
+    from suffixspec.index.document_index import TokenizerChoice
+
+    def load(index) -> TokenizerChoice:
+        name, why = tokenizer or model, "--tokenizer" if tokenizer else "--model"
+        if not name and os.environ.get(MODEL_ENV):
+            name, why = os.environ[MODEL_ENV], f"${MODEL_ENV}"
+        label = name
+        if not name:
+            last = index.last_tokenizer()
+            kept = index.stored_tokenizer(last.fingerprint) if last is not None else None
+            if kept is not None:
+                _note(f"indexing for {last.label} (tokenizer {last.fingerprint[:12]}: the one this store was last "
+                      "served or indexed with; --model to choose another)", quiet)
+                return TokenizerChoice(kept, last.label)
+            if last is not None:  # not kept (a slow tokenizer): loaded from where it was loaded before
+                name, label, why = last.name, last.label, "the one this store was last served or indexed with"
+        if not name:
+            from ..models import DEFAULT_MODEL
+
+            name, why = DEFAULT_MODEL, "the default model; --model to choose another"
+        choice = _load(index, name, label or name)
+        _note(f"indexing for {choice.name} (tokenizer {index.store.fingerprint(choice.tokenizer)[:12]}: {why})", quiet)
+        return choice
+
+    return load
+
+
+def _load(index, name: str, label: str):
+    """The tokenizer of model ``name`` (called ``label``): the one the store keeps for its folder, else
+    loaded by transformers."""
+    from suffixspec.index.document_index import TokenizerChoice
+    from suffixspec.index.tokenizer_table import source_key
+
+    from ..loading import load_tokenizer, resolve_model_path
+
+    try:
+        folder = resolve_model_path(name)
+        source = source_key(folder)
+        kept = index.stored_tokenizer(source=source) if source else None
+        return TokenizerChoice(kept or load_tokenizer(name), label, source)
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"cannot load the tokenizer of {name!r}: {e}\n"
+                                   "pass --model with a model name or a local model folder (or --tokenizer with a "
+                                   "tokenizer folder)") from e
+
+
+def _note(text: str, quiet: bool) -> None:
+    if not quiet:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stderr)
+
+
+def _merge(index, quiet: bool, compact: bool) -> int:
+    """The pending segment merges, then (``compact``) the compaction, under one progress bar in tokens."""
+    if not index.pending_work(compact):
+        return 0
+    with _bar(quiet, desc="merging segments", unit="tok", unit_scale=True, leave=False) as bar:
+        return index.merge(compact, progress=bar.update, status=bar.set_postfix_str)
+
+
+class _NoBar:
+    """What ``--quiet`` shows: nothing (and tqdm, 0.05-0.1 s of imports, is not loaded)."""
+
+    def update(self, *_a: Any) -> None:
+        pass
+
+    def set_postfix_str(self, *_a: Any, **_kw: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+
+def _bar(hidden: bool, **kw: Any):
+    """A tqdm progress bar, or a :class:`_NoBar` when ``hidden``."""
+    if hidden:
+        return _NoBar()
     from tqdm import tqdm
 
-    if not store.pending_merges() and not (compact and store.compaction()):
-        return 0
-    with tqdm(desc="merging segments", unit="tok", unit_scale=True, disable=quiet, leave=False) as bar:
-        if nice > 0:
-            from suffixspec.index import writer
-
-            return writer.merge(store.path, compact=compact, progress=bar.update, status=bar.set_postfix_str,
-                                nice=nice, own_group=True)
-        done = store.merge_pending(progress=bar.update, status=bar.set_postfix_str)
-        if compact:
-            done += store.compact(progress=bar.update, status=bar.set_postfix_str)
-        return done
+    return tqdm(**kw)
 
 
 @index_group.command("merge")
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
 @click.option("--no-compact", is_flag=True, help="Only the merges an add would run, no compaction.")
+@click.option("--nice", default=10, show_default=True, type=click.IntRange(0, 19),
+              help="CPU niceness of a large merge (a writer process in a scheduler group of its own; 0: in this "
+                   "process).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def merge_cmd(db: str | None, no_compact: bool, quiet: bool) -> None:
+def merge_cmd(db: str | None, no_compact: bool, nice: int, quiet: bool) -> None:
     """Run the pending segment merges now, then compact: the segments that are not full are rewritten
     as the fewest segments of at most 128M tokens (every lookup asks each segment, so a corpus that is
     read more than written wants few; a server compacts by itself after a minute without writes).
@@ -205,46 +276,47 @@ def merge_cmd(db: str | None, no_compact: bool, quiet: bool) -> None:
     Example:
       suffixspec index merge
     """
-    with _open_store(db, auto_merge=False) as store:
-        n = _merge(store, quiet, compact=not no_compact)
+    with _index(db, nice=nice, own_group=True) as index:
+        n = _merge(index, quiet, compact=not no_compact)
     click.echo(f"{n} merge(s) done")
-
-
-def _load_tokenizer(name: str):
-    from ..loading import load_tokenizer  # transformers: only on the add path
-
-    try:
-        return load_tokenizer(name)
-    except (OSError, FileNotFoundError, ValueError) as e:
-        raise click.ClickException(f"cannot load tokenizer {name!r}: {e}\n"
-                                   "pass --tokenizer with a hub id or a local model directory") from e
 
 
 @index_group.command("list")
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
-def list_cmd(db: str | None, as_json: bool) -> None:
-    """List indexed documents: id, tokens, bytes, path.
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1), help="Documents to list.")
+@click.option("--offset", default=0, show_default=True, type=click.IntRange(0), help="Documents to skip (newest first).")
+@click.option("--query", default=None, metavar="TEXT", help="Only documents whose source, text or metadata contain TEXT.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON record per line instead of a table.")
+def list_cmd(db: str | None, limit: int, offset: int, query: str | None, as_json: bool) -> None:
+    """List indexed documents, newest first: id, tokens (for the tokenizer the store was last served or
+    indexed with), bytes, source.
 
     \b
-    Example:
+    Examples:
       suffixspec index list --db ./project.db
+      suffixspec index list --query area --json
     """
     import json
 
-    with _open_store(db) as store:
-        rows = store.list_documents()
+    with _index(db) as index:
+        page = index.list_documents(limit, offset, query)
+        path = index.path
+    rows, total = page["data"], page["total"]
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, ensure_ascii=False))
         return
     if not rows:
-        click.echo(f"no documents in {store.path}")
+        click.echo(f"no documents{f' matching {query!r}' if query else ''} in {path}"
+                   + (f" (offset {offset} of {total})" if total else ""))
         return
-    click.echo(f"{'id':>6}  {'tokens':>9}  {'bytes':>9}  path")
+    click.echo(f"{'id':>6}  {'tokens':>9}  {'bytes':>9}  source")
     for r in rows:
-        toks = max(r["tokens"].values()) if r["tokens"] else 0
-        click.echo(f"{r['id']:>6}  {toks:>9}  {r['n_bytes']:>9}  {r['path']}")
+        toks = "-" if r["num_tokens"] is None else str(r["num_tokens"])
+        source = r["source"] or "(text) " + r["preview"][:40].replace("\n", " ")
+        click.echo(f"{r['id']:>6}  {toks:>9}  {r['n_bytes']:>9}  {source}")
+    if offset or len(rows) < total:
+        click.echo(f"{offset + 1}-{offset + len(rows)} of {total} (--limit / --offset for more)")
 
 
 @index_group.command("remove")
@@ -257,8 +329,8 @@ def remove_cmd(keys: tuple[str, ...], db: str | None) -> None:
     Example:
       suffixspec index remove 3 /home/me/docs/old.md
     """
-    with _open_store(db, auto_merge=False) as store:
-        n = store.remove(list(keys))
+    with _index(db) as index:
+        n = index.remove_documents(list(keys))
     click.echo(f"removed {n} document(s)")
     if n < len(keys):
         click.echo(f"warning: {len(keys) - n} key(s) matched no document", err=True)
@@ -268,7 +340,8 @@ def remove_cmd(keys: tuple[str, ...], db: str | None) -> None:
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 def stats_cmd(db: str | None, as_json: bool) -> None:
-    """Documents, tokens per tokenizer, segments and pending merges, bytes on disk, memory to serve them.
+    """Documents, tokens and segments for the tokenizer the store was last served or indexed with (the
+    other tokenizers it indexed for, in one line), pending merges, bytes on disk, memory to serve them.
 
     \b
     Example:
@@ -276,17 +349,21 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
     """
     import json
 
-    with _open_store(db) as store:
-        st = store.stats()
+    with _index(db) as index:
+        st = index.stats()
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
     click.echo(f"database:        {st['db']}")
     click.echo(f"documents:       {st['documents']} ({_human(st['document_bytes'])} of text)")
-    for fp, info in st["tokenizers"].items():
-        click.echo(f"tokenizer {fp[:12]} ({info['tokenizer']}): {info['document_tokens']} document tokens, "
-                   f"{info['history_tokens']} history tokens in {info['history_outputs']} outputs"
-                   + ("" if info["arrays_current"] else "  [some documents not indexed yet: done on next load]"))
+    info = st["tokenizer"]
+    if info is not None:
+        click.echo(f"tokenizer:       {info['model'] or info['tokenizer'] or '(not recorded)'} ({st['fingerprint'][:12]}): "
+                   f"{info['document_tokens']} document tokens, {info['history_tokens']} history tokens in "
+                   f"{info['history_outputs']} outputs"
+                   + ("" if info["arrays_current"] else
+                      f"  [{st['documents'] - info['documents_tokenized']} document(s) not indexed for it yet: "
+                      "done when a server of it loads them]"))
         segs = info["segments"]
         if segs:
             sizes = ", ".join(f"{s['live_tokens']:,}" + (f" ({s['deleted_documents']} deleted)"
@@ -297,7 +374,9 @@ def stats_cmd(db: str | None, as_json: bool) -> None:
             if info["compaction"]:
                 click.echo(f"  compaction:    {len(info['compaction'])} segments can be rewritten as fewer "
                            "(run `suffixspec index merge`)")
+    if st["also_indexed_for"]:
+        click.echo("also indexed for: " + ", ".join(f"{o['model'] or o['tokenizer']} ({o['fingerprint'][:12]}, "
+                                                    f"{o['document_tokens']} tokens)" for o in st["also_indexed_for"]))
     click.echo(f"bytes on disk:   {_human(st['bytes_on_disk'])} (database {_human(st['db_bytes'])}, "
                f"arrays {_human(st['arrays_bytes'])})")
     click.echo(f"memory estimate: {_human(st['memory_estimate_bytes'])}")
-

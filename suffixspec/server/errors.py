@@ -3,11 +3,11 @@
 Two ways an error reaches a client:
 - a route raises ``APIError`` (a refusal it words itself: a bad field, an unknown model);
 - the project's own exceptions are answered by type, from ``EXCEPTIONS`` below. A subclass is
-  answered as its nearest listed base (``WriterError`` is a ``StoreError``); an exception not listed
+  answered as its nearest listed base (``UnusableDatabase`` is a ``StoreError``); an exception not listed
   (``KeyError``, ``RuntimeError``, a bug) is a 500 whose message says only "see the server log".
 
-Example: the index writer child is killed while adding documents -> ``WriterError("the index writer
-process exited (killed by SIGKILL) before finishing: ...")`` -> 503, code ``index_writer_failed``,
+Example: the index writer child is killed while adding documents -> ``WriterDied("the index writer
+process exited (killed by SIGKILL) before finishing: ...")`` -> 503, code ``index_writer_died``,
 that message, ``Retry-After: 2``.
 """
 
@@ -18,8 +18,7 @@ from typing import Any
 
 from flask import Response, jsonify
 
-from ..index.store import StoreError
-from ..index.writer import WriterError
+from ..index.errors import InvalidDocument, NoDocumentStore, ReadOnlyStore, StoreError, WriterDied
 from .worker import QueueFull, ShuttingDown
 
 # HTTP status -> OpenAI error type.
@@ -72,8 +71,12 @@ class Answer:
 EXCEPTIONS: dict[type[BaseException], Answer] = {
     QueueFull: Answer(503, "queue_full", "the server is busy ({exc}); retry after a moment", retry=True),
     ShuttingDown: Answer(503, "shutting_down", "the server is shutting down; retry on another instance or later"),
+    # the document index's (suffixspec.index.errors): messages written to be shown (what happened, what to do)
+    InvalidDocument: Answer(400, "invalid_value"),
+    NoDocumentStore: Answer(501, "index_unavailable"),
+    ReadOnlyStore: Answer(503, "index_read_only"),
+    WriterDied: Answer(503, "index_writer_died", retry=True),
     StoreError: Answer(503, "index_unavailable"),
-    WriterError: Answer(503, "index_writer_failed", retry=True),
 }
 
 

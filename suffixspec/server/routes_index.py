@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
-from .errors import EXCEPTIONS, APIError, invalid
+from .errors import invalid
 from .routes_openai import read_json, state
 from .schema import parse, request_models
 
@@ -34,17 +34,6 @@ def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
     return v
 
 
-def _store_call(fn, *args, **kw):
-    try:
-        return fn(*args, **kw)
-    except tuple(EXCEPTIONS):  # the project's own types are answered by type (errors.EXCEPTIONS)
-        raise
-    except (ValueError, KeyError) as e:
-        raise invalid(str(e).strip("'\"")) from None
-    except RuntimeError as e:  # no index in this installation
-        raise APIError(str(e), 501, code="index_unavailable") from None
-
-
 @bp.get("/v1/index/documents")
 def list_documents() -> Response:
     spec = state().spec
@@ -54,7 +43,7 @@ def list_documents() -> Response:
     limit_q = state().config.max_query_chars
     if q is not None and len(q) > limit_q:  # SQLite refuses long LIKE patterns ("pattern too complex")
         raise invalid(f"query parameter 'q' is {len(q)} characters long; search with at most {limit_q}", "q")
-    page = _store_call(spec.list_documents, limit=limit, offset=offset, query=q)
+    page = spec.list_documents(limit=limit, offset=offset, query=q)
     return jsonify({"object": "list", "data": page["data"], "total": page["total"],
                     "limit": limit, "offset": offset})
 
@@ -64,7 +53,7 @@ def add_documents() -> Response:
     st = state()
     req = parse(request_models(st.config).add_documents, read_json())
     clean = [{"text": d.text, "source": d.source, "metadata": d.metadata} for d in req.documents]
-    added = _store_call(st.spec.add_documents, clean)
+    added = st.spec.add_documents(clean)
     return jsonify({"object": "list", "data": added})
 
 
@@ -77,10 +66,10 @@ def delete_documents() -> Response:
     if not ids:
         raise invalid("give the documents to remove as ?id=... or {\"ids\": [...]}", "ids", "missing_required")
     norm = [int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else v for v in ids]  # not int("²")
-    removed = _store_call(st.spec.remove_documents, norm)
+    removed = st.spec.remove_documents(norm)
     return jsonify({"object": "list", "deleted": removed, "ids": norm})
 
 
 @bp.get("/v1/index/stats")
 def index_stats() -> Response:
-    return jsonify(_store_call(state().spec.index_stats))
+    return jsonify(state().spec.index_stats())
