@@ -37,7 +37,9 @@ SKIP = [
     (r"^python -m venv\b|^vllm-env/", "builds vLLM's environment (3.4 GB); tests/test_vllm.py runs vLLM's CPU build"),
     (r"^python -m pytest\b", "the test suite itself"),
     (r"^suffixspec bench\b(?!.*--help)", "benchmarks take minutes (--quick too); tests/test_bench.py runs one on tiny models"),
-    (r"^python -m bench\.", "benchmarks take minutes"),
+    (r"^python -m bench\.|^python -m suffixspec\.bench\.", "benchmarks take minutes"),
+    (r"^python examples/\w+_rag\.py", "the RAG examples are measurements (about 10 minutes each); "
+                                       "tests/test_integrations_*.py run the same pipelines on tiny models"),
     (r"^python -m vllm\b|^from vllm\b", "needs a vLLM environment; tests/test_vllm.py runs vLLM's CPU build"),
     (r"train_default_models", "retrains the embedded models (an hour or more)"),
 ]
@@ -191,10 +193,12 @@ def test_blocks_are_split_into_commands_and_snippets():
 
 
 def test_every_block_says_its_language():
-    """A command cannot hide from the run below in an unlabelled block: each block is run or says it is data."""
+    """A command cannot hide from the run below in an unlabelled block: each block is run or says it is data
+    (a ``diff`` shows a change to the reader's own code)."""
     for page in PAGES:
         for line, lang, _ in code_blocks(page.read_text()):
-            assert lang in ("bash", "python", "json", "text"), f"{page.name}:{line}: a ``` block without bash/python/json/text"
+            assert lang in ("bash", "python", "json", "text", "diff"), \
+                f"{page.name}:{line}: a ``` block without bash/python/json/text/diff"
 
 
 def test_readme_links_resolve():
