@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suffixspec.batch import BatchScheduler
 from suffixspec.config import SamplingParams
 from suffixspec.engine import Engine
 from suffixspec.loading import load_model
@@ -73,15 +72,15 @@ def test_batched_joiners_reuse_equals_full_prefill(targets, arch):
     engine = Engine(targets[arch], max_num_seqs=4)
     reqs = [(HEAD + TASKS[i % 4] + "#" * (i // 4), SamplingParams(**CASES[i % 4])) for i in range(6)]
     alone = [full.generate(p, sp, speculation=False).token_ids for p, sp in reqs]
-    sched = BatchScheduler(engine, 4, threaded=False)
-    assert sched.lean is not None
+    sched = engine.scheduler
+    assert sched.runner.lean is not None and sched.max_num_seqs == 4
     handles = []
     for i, (p, sp) in enumerate(reqs):
         request, spec = engine.prepare(p, sp, False)
-        handles.append(sched.submit(engine.sequence_maker(request, spec, None, sched.cost_view)))
+        handles.append(sched.submit(engine.state_maker(request, spec, None)))
         if i in (1, 3):
             sched.step()
-    while sched.running or sched._waiting:
+    while sched.running or sched.waiting:
         sched.step()
     assert engine.prefix_store.hits > 0
     for h, want, (p, sp) in zip(handles, alone, reqs, strict=True):

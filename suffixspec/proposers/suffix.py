@@ -49,7 +49,7 @@ from ..draft import (
     SOURCE_REFERENCES,
     Draft,
 )
-from . import Proposer, RequestContext
+from .base import Proposer, RequestContext
 
 PROPOSER_NAME = "suffix"
 # which drafter switch (RequestContext.drafters) enables each node source
