@@ -103,7 +103,8 @@ def cpu_clock() -> float:
 class PassCost:
     """Time of a target pass by its total inputs (every row's root plus the verified nodes), kept for the
     engine's life: the median of the last ``cost_window`` passes of each size, made non-decreasing in
-    size, interpolated between measured sizes and extrapolated with the measured slope.
+    size, interpolated between measured sizes, extrapolated with the measured slope above the largest
+    and flat below the smallest (a smaller pass still reads every weight).
 
     Example: passes of 1 input took 70, 71, 90 ms (one preempted), of 9 inputs 85 ms: t(1) = 71 ms,
     t(5) = 78 ms, t(17) = 99 ms."""
@@ -143,12 +144,13 @@ class PassCost:
             lo, hi = sizes[i - 1], sizes[i]
             w = (inputs - lo) / (hi - lo)
             return (1 - w) * curve[i - 1] + w * curve[i]
-        if len(sizes) > 1:  # extrapolate the measured slope
+        if i == 0:  # below the smallest measured pass: as much (the weights' read does not shrink)
+            return curve[0]
+        if len(sizes) > 1:  # above the largest: extrapolate the measured slope
             slope = (curve[-1] - curve[0]) / (sizes[-1] - sizes[0])
         else:
             slope = curve[0] * self.policy.prior_slope
-        anchor = -1 if i else 0
-        return max(0.0, curve[anchor] + slope * (inputs - sizes[anchor]))
+        return curve[-1] + slope * (inputs - sizes[-1])
 
 
 @dataclass
@@ -473,7 +475,7 @@ def draft_budget(cap: int, mean_accepted: float, copy_run: int, acceptance: floa
                    2 * copy_run + 2)
     budget = min(cap, momentum)
     plain = step.plain()
-    if plain is None or budget <= 1:
+    if not plain or budget <= 1:
         return budget
     a = min(acceptance, 0.995)
     best_k, best_rate = 1, 0.0

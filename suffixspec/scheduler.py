@@ -217,6 +217,7 @@ class Scheduler:
             try:
                 plan = h.state.plan(step)
             except Exception as e:
+                log.exception("proposing failed")
                 self._fail(h, e)
                 continue
             if plan is None:  # cancelled, or out of context
@@ -262,6 +263,7 @@ class Scheduler:
                 runner.keep(row.row, row.past, [0] + [k + 1 for k in outcome.accepted])
                 ev = state.commit(plan, outcome, elapsed + t_verified - t_row, t_verified)
             except Exception as e:
+                log.exception("committing a step failed")
                 done.append((h, e))
                 continue
             self._emit(h, ev)
