@@ -109,7 +109,7 @@ class Engine:
         With ``max_num_seqs > 1`` concurrent callers share passes; each gets exactly the tokens it
         would get alone. A caller may pause between events: the other requests go on meanwhile."""
         request, spec = self.prepare(prompt, sampling, speculation, references, prediction)
-        yield from self.scheduler.stream(self.state_maker(request, spec, cancel), cancel)
+        yield from self.scheduler.stream(self.state_maker(request, spec, cancel), cancel, request.prompt_ids)
 
     def prepare(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                 speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,

@@ -82,6 +82,15 @@ def lean_forward(model: Any) -> LeanForward | None:
     return lean
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M, in] -> x @ w.T + b`` as ``(w @ x.T).T``: the same product, which MKL runs faster than
+    ``torch.nn.functional.linear`` for the few rows of a decode pass (measured on this machine's AMD EPYC,
+    one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33% at 2-8, 1-5% at 16-400). The result is
+    a transposed view: callers reshape (which copies) where they need rows."""
+    y = torch.mm(w, x.t()).t()
+    return y if b is None else y + b
+
+
 def family(model: Any) -> str | None:
     """The lean family of ``model``, or None when it runs through its own forward (and why not is
     in :func:`unsupported`)."""
@@ -240,7 +249,7 @@ class LeanForward:
 
         Row ``rows[j]`` writes its keys/values into cache row ``rows[j].row`` at ``past ..``; the
         caller sets the rows' lengths afterwards (``SlotCache.keep`` or ``lengths[row] = ...``)."""
-        lin = torch.nn.functional.linear
+        lin = linear
         h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
         half, rep = d // 2, h_q // h_kv
         device, dtype = self.device, self.dtype
@@ -271,7 +280,7 @@ class LeanForward:
         attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
         for i, L in enumerate(self.layers):
             h = self._rms(x, L.norm_in)
-            qkv = lin(h, L.w_qkv, L.b_qkv).view(total, h_q + 2 * h_kv, d)
+            qkv = lin(h, L.w_qkv, L.b_qkv).reshape(total, h_q + 2 * h_kv, d)
             qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]
             if L.q_norm is not None:
                 qk = torch.cat((self._rms(qk[:, :h_q], L.q_norm), self._rms(qk[:, h_q:], L.k_norm)), dim=1)
@@ -316,10 +325,10 @@ class LeanForward:
             return out
         pick = torch.cat([torch.arange(offsets[j] + len(rows[j].ids) - rows[j].wanted, offsets[j] + len(rows[j].ids))
                           for j in want]).to(self.device)
-        logits = torch.nn.functional.linear(self._rms(x.index_select(0, pick), self.norm), self.head)
+        logits = linear(self._rms(x.index_select(0, pick), self.norm), self.head)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        logits = logits.float()
+        logits = logits.float().contiguous()
         at = 0
         for j in want:
             out[j] = logits[at : at + rows[j].wanted]

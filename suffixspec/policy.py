@@ -72,6 +72,12 @@ class Policy:
     acceptance_prior: float = 0.6
     # draft lengths the cost-curve budget compares (the cost curve is read at these sizes only)
     budget_steps: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    # -- prefills ---------------------------------------------------------------------------------------------------
+    # a request joining while another joiner's prompt (not computed yet) shares at least this many more tokens
+    # with it than the prefix store holds waits one step, then copies them instead of computing them again
+    # (agents send the same system prompt and tool list; at ~9 ms a token for SmolLM2 on this CPU, 64 tokens
+    # are worth more than the one step it waits)
+    shared_prefill_min: int = 64
     # -- the cost model (PassCost) ----------------------------------------------------------------------------------
     cost_window: int = 16  # passes kept per input count; the estimate is their median
     prior_slope: float = 0.05  # before a second size is measured: t(n) ~ t(1) x (1 + slope x (n - 1))

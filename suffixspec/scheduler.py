@@ -57,6 +57,7 @@ class Handle:
     joining: bool = False  # admitted, its prompt (past a reused prefix) not yet in the cache: it rides in the next pass
     reused: int = 0  # prompt positions copied from the prefix store
     done: bool = False  # its final event (or error) is in ``events``
+    prompt: list[int] = field(default_factory=list)  # the prompt's token ids (staggering joiners that share a head)
 
 
 class Scheduler:
@@ -79,17 +80,19 @@ class Scheduler:
         self._forked = 0
 
     # -- caller side -----------------------------------------------------------------------------------
-    def submit(self, make: Callable[[list[Proposer]], RequestState], cancel: threading.Event | None = None) -> Handle:
-        """Queue a request; ``make(proposers)`` builds its state when it joins the batch."""
-        handle = Handle(make, cancel or threading.Event())
+    def submit(self, make: Callable[[list[Proposer]], RequestState], cancel: threading.Event | None = None,
+               prompt: list[int] | None = None) -> Handle:
+        """Queue a request; ``make(proposers)`` builds its state when it joins the batch. ``prompt``: its
+        token ids, when known (a joiner that shares a head with another joiner then waits for its prefill)."""
+        handle = Handle(make, cancel or threading.Event(), prompt=list(prompt or ()))
         with self._cond:
             self._waiting.append(handle)
         return handle
 
-    def stream(self, make: Callable[[list[Proposer]], RequestState], cancel: threading.Event | None
-               ) -> Iterator[StreamEvent]:
+    def stream(self, make: Callable[[list[Proposer]], RequestState], cancel: threading.Event | None,
+               prompt: list[int] | None = None) -> Iterator[StreamEvent]:
         """Run a request; yields its StreamEvents (the last carries the result)."""
-        handle = self.submit(make, cancel)
+        handle = self.submit(make, cancel, prompt)
         finished = False
         try:
             while True:
@@ -174,39 +177,67 @@ class Scheduler:
                 self._fail(h, e)
 
     def _admit(self) -> None:
+        held: list[Handle] = []  # waiting for another joiner's prefill of the head they share
         while len(self._rows) < self.max_num_seqs:
             with self._cond:
                 if not self._waiting:
-                    return
+                    break
                 handle = self._waiting.popleft()
-            handle.proposers = self._proposer_set()
-            try:
-                handle.state = handle.make(handle.proposers)
-                handle.state.begin()
-            except Exception as e:
-                self._release(handle)
-                self._emit(handle, e)
+            if self._shares_a_prefill(handle):
+                held.append(handle)
                 continue
-            row = self.runner.add_row()
-            self._rows.append(handle)
-            if handle.cancel.is_set():  # gone while waiting: it leaves at the next step, unprefilled
-                continue
-            prompt = handle.state.request.prompt_ids[:-1]
-            t = time.perf_counter()
-            handle.reused = self.runner.reuse(row, prompt)
-            if self.runner.packs_prompts:  # the rest rides in the next pass with the others' drafts
-                handle.joining = handle.reused < len(prompt)
-                if not handle.joining:
-                    handle.state.stats.time_prefill_s = time.perf_counter() - t
-                continue
-            try:
-                self.runner.prefill(row, prompt[handle.reused:], handle.reused)
-                self.runner.remember(row, prompt)
-            except Exception as e:
-                log.exception("prefill failed")
-                self._fail(handle, e)
-                continue
-            handle.state.stats.time_prefill_s = time.perf_counter() - t
+            self._join(handle)
+        with self._cond:
+            self._waiting.extendleft(reversed(held))
+
+    def _shares_a_prefill(self, handle: Handle) -> bool:
+        """Whether a joiner whose prompt is not computed yet shares ``Policy.shared_prefill_min`` more
+        tokens with ``handle``'s prompt than the prefix store holds: then ``handle`` waits a step and
+        copies them. Example (blocks of 16): A and B share a 300-token head and join together; A's
+        prompt rides in the next pass, B joins one step later and copies 288 positions."""
+        store = self.runner.prefix_store
+        prompt = handle.prompt[:-1]
+        if store is None or not prompt or handle.cancel.is_set():
+            return False
+        stored = store.covered(prompt)
+        for other in self._rows:
+            if other.joining:
+                shared = _common_prefix(prompt, other.prompt[:-1])
+                if shared - shared % store.block - stored >= self.policy.shared_prefill_min:
+                    return True
+        return False
+
+    def _join(self, handle: Handle) -> None:
+        """Give ``handle`` a row: its state, its proposers, its reused prefix (and, on the padded path, its prefill)."""
+        handle.proposers = self._proposer_set()
+        try:
+            handle.state = handle.make(handle.proposers)
+            handle.state.begin()
+        except Exception as e:
+            self._release(handle)
+            self._emit(handle, e)
+            return
+        row = self.runner.add_row()
+        self._rows.append(handle)
+        if handle.cancel.is_set():  # gone while waiting: it leaves at the next step, unprefilled
+            return
+        prompt = handle.state.request.prompt_ids[:-1]
+        handle.prompt = handle.state.request.prompt_ids
+        t = time.perf_counter()
+        handle.reused = self.runner.reuse(row, prompt)
+        if self.runner.packs_prompts:  # the rest rides in the next pass with the others' drafts
+            handle.joining = handle.reused < len(prompt)
+            if not handle.joining:
+                handle.state.stats.time_prefill_s = time.perf_counter() - t
+            return
+        try:
+            self.runner.prefill(row, prompt[handle.reused:], handle.reused)
+            self.runner.remember(row, prompt)
+        except Exception as e:
+            log.exception("prefill failed")
+            self._fail(handle, e)
+            return
+        handle.state.stats.time_prefill_s = time.perf_counter() - t
 
     def _propose(self) -> list[tuple[Handle, Plan]]:
         """Every decoding row's plan; rows that end here (cancelled, out of context) leave."""
@@ -325,3 +356,11 @@ class Scheduler:
         else:
             self._release(handle)
         self._emit(handle, err)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
