@@ -62,6 +62,7 @@ class Runner:
         self.prefix_store = prefix_store
         self.rows = rows  # the most rows a pass may hold
         self.cache = SlotCache(rows)
+        self._probing = False  # the batching probe's passes are not shown to the model's observers
 
     @property
     def packs_prompts(self) -> bool:
@@ -99,7 +100,7 @@ class Runner:
         width = max(len(r.ids) for r in rows)
         self.cache.begin(0, width)
         ids, mask, positions = self._padded_inputs(rows, width, self.cache.kv_len)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+        out = self._call(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          **{self._cache_kw: self.cache}).logits.float()
         return [out[i, : len(r.ids)] for i, r in enumerate(rows)]
 
@@ -123,7 +124,7 @@ class Runner:
         kwargs: dict[str, Any] = {self._cache_kw: cache, "attention_mask": mask, "position_ids": positions}
         if self._keeps_one:
             kwargs["logits_to_keep"] = 1
-        self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **kwargs)
+        self._call(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **kwargs)
 
     def _padded_inputs(self, rows: list[PassRow], width: int, kv_len: int
                        ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor], torch.Tensor]:
@@ -155,9 +156,15 @@ class Runner:
         mask: Any = next(iter(by_type.values())) if len(by_type) == 1 else by_type
         return (torch.from_numpy(input_ids).to(self.device), mask, torch.from_numpy(positions).to(self.device))
 
+    def _call(self, **kwargs: Any) -> Any:
+        """The model's own forward (its hooks run, except for the probe's passes)."""
+        return self.model.forward(**kwargs) if self._probing else self.model(**kwargs)
+
     def _observe_call(self) -> None:
         """Run the target module's forward pre-hooks: observers of the model (a pass counter, a profiler)
         see every pass, the lean ones too, which do not go through ``model.forward``."""
+        if self._probing:
+            return
         for hook in list(self.model._forward_pre_hooks.values()):
             hook(self.model, ())
 
@@ -200,6 +207,7 @@ class Runner:
         prompts = [[(7 * i + 3) % vocab for i in range(9)], [(5 * i + 1) % vocab for i in range(4)]]
         drafts = [([11 % vocab, 12 % vocab, 13 % vocab], [-1, 0, 0]), ([], [])]
         saved = self.cache
+        self._probing = True
         try:
             self.cache = SlotCache(2, capacity=16)
             rows = [self.cache.add_row() for _ in prompts]
@@ -213,9 +221,9 @@ class Runner:
                     while node >= 0:
                         path.append(tokens[node])
                         node = parents[node]
-                    with torch.inference_mode():
-                        ref = self.model(input_ids=torch.tensor([ids + path[::-1]], device=self.device)
-                                         ).logits[0, -1].float()
+                    with torch.inference_mode():  # forward(), not __call__: no hooks for a probe
+                        ref = self.model.forward(input_ids=torch.tensor([ids + path[::-1]], device=self.device)
+                                                 ).logits[0, -1].float()
                     diff = float((got[k] - ref).abs().max())
                     if diff > 1e-3 * max(1.0, float(ref.abs().max())):
                         return f"batched logits differ from the model's own by {diff:.3g}"
@@ -223,4 +231,5 @@ class Runner:
             return f"a batched pass failed: {type(e).__name__}: {e}"
         finally:
             self.cache = saved
+            self._probing = False
         return None

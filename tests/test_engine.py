@@ -334,3 +334,18 @@ def test_generate_runs_on_the_callers_thread_without_a_thread_of_its_own(engines
     before = threading.active_count()
     engine.generate(PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True))
     assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_models_observers_see_every_pass(engines, arch):
+    """A forward pre-hook on the target (a pass counter, a profiler) sees every pass of a request, the
+    lean ones too (they do not go through ``model.forward``), and none of the batching probe's."""
+    engine = engines[arch]
+    calls: list[int] = []
+    hook = engine.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        fresh = Engine(engine.target)
+        res = fresh.generate(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True), False)
+    finally:
+        hook.remove()
+    assert len(calls) == res.stats.steps + 1  # the prompt's pass, then one per step
