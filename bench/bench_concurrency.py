@@ -120,6 +120,8 @@ def requests_pool(model: str, n: int, max_tokens: int) -> list[dict]:
     from .workloads import build  # relative: bench/ installs as suffixspec.bench
 
     tok = load_tokenizer(model)
+    if not getattr(tok, "chat_template", None):  # a base model (Gemma 3 270M): the requests as plain text
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     edits: list = []
     for seed in range(n):  # one code edit per held-out file and seed (other windows, other renames)
         if len(edits) >= (n + 1) // 2:

@@ -30,6 +30,15 @@ from collections.abc import Sequence
 import torch
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: ``common_prefix([1, 2, 3], [1, 2, 5]) == 2``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class PrefixStore:
     """Keys/values of prompt prefixes by blocks of ``block`` tokens (thread-safe).
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from .draft import Draft
 from .lean import PassRow
+from .prefix import common_prefix
 from .policy import PassCost, Policy, StepCost, choose_drafts, cpu_clock
 from .proposers import Proposer
 from .runner import Runner
@@ -202,7 +203,7 @@ class Scheduler:
         stored = store.covered(prompt)
         for other in self._rows:
             if other.joining:
-                shared = _common_prefix(prompt, other.prompt[:-1])
+                shared = common_prefix(prompt, other.prompt[:-1])
                 if shared - shared % store.block - stored >= self.policy.shared_prefill_min:
                     return True
         return False
@@ -356,11 +357,3 @@ class Scheduler:
         else:
             self._release(handle)
         self._emit(handle, err)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -3,16 +3,8 @@
 Every proposer implements the small interface of :mod:`.base` (re-exported here); one file per
 proposer, and :func:`make_proposer` builds them by name. A proposer is a
 long-lived object that serves one request at a time and is told when it begins and ends; requests
-running at the same time (a batch) each get their own twin (:meth:`Proposer.fork`).
-
-Lifecycle for one request::
-
-    p.begin(request)                  # prompt ids, per-request references, sampling settings
-    loop:
-        draft = p.propose(context, budget)   # context = prompt + output so far (target ids)
-        ...verify...
-        p.update(new_tokens)          # tokens appended to the context this step
-    p.end(output_ids)
+running at the same time (a batch) each get their own twin (:meth:`Proposer.fork`). The lifecycle of
+a request is in :mod:`.base`.
 """
 
 from __future__ import annotations

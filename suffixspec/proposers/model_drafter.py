@@ -34,19 +34,12 @@ from ..config import SamplingParams
 from ..draft import SOURCE_DRAFT_MODEL
 from ..kv import SlotCache, new_cache
 from ..lean import PassRow, lean_forward
+from ..prefix import common_prefix
 from ..sampling import warp
 from .base import Proposer, RequestContext
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class DraftRunner:
