@@ -79,7 +79,7 @@ class Policy:
     # are worth more than the one step it waits)
     shared_prefill_min: int = 64
     # -- the cost model (PassCost) ----------------------------------------------------------------------------------
-    cost_window: int = 16  # passes kept per input count; the estimate is their median
+    cost_window: int = 32  # passes kept per bucket of input counts (1, 2, 3-4, 5-8, ...); medians are read
     prior_slope: float = 0.05  # before a second size is measured: t(n) ~ t(1) x (1 + slope x (n - 1))
 
     def __post_init__(self) -> None:
@@ -108,39 +108,42 @@ def cpu_clock() -> float:
 
 class PassCost:
     """Time of a target pass by its total inputs (every row's root plus the verified nodes), kept for the
-    engine's life: the median of the last ``cost_window`` passes of each size, made non-decreasing in
-    size, interpolated between measured sizes, extrapolated with the measured slope above the largest
-    and flat below the smallest (a smaller pass still reads every weight).
+    engine's life. Passes are pooled in buckets of sizes 1, 2, 3-4, 5-8, 9-16, ... (the last
+    ``cost_window`` of each); a bucket's point is the median size and the median time of its passes.
+    The curve through the points is made non-decreasing, interpolated between them, extrapolated with
+    the measured slope above the largest and flat below the smallest (a smaller pass still reads every
+    weight). Pooling matters: a draft's cost is a difference of two estimates, ``t(inputs + n) -
+    t(inputs)``, and per-size medians of a few noisy passes each made decisions swing between runs.
 
     Example: passes of 1 input took 70, 71, 90 ms (one preempted), of 9 inputs 85 ms: t(1) = 71 ms,
     t(5) = 78 ms, t(17) = 99 ms."""
 
     def __init__(self, policy: Policy = DEFAULT) -> None:
         self.policy = policy
-        self._samples: dict[int, deque[float]] = {}
-        self._sizes: list[int] = []  # measured input counts, sorted
-        self._curve: list[float] | None = None  # the estimate at each of _sizes (None: recompute)
+        self._buckets: dict[int, deque[tuple[int, float]]] = {}  # (inputs - 1).bit_length() -> (inputs, seconds)
+        self._points: tuple[list[float], list[float]] | None = None  # (sizes, times), None: recompute
 
     def observe(self, inputs: int, seconds: float) -> None:
-        samples = self._samples.get(inputs)
-        if samples is None:
-            samples = self._samples[inputs] = deque(maxlen=self.policy.cost_window)
-            bisect.insort(self._sizes, inputs)
-        samples.append(seconds)
-        self._curve = None
+        bucket = self._buckets.get((inputs - 1).bit_length())
+        if bucket is None:
+            bucket = self._buckets[(inputs - 1).bit_length()] = deque(maxlen=self.policy.cost_window)
+        bucket.append((inputs, seconds))
+        self._points = None
 
-    def _points(self) -> tuple[list[int], list[float]]:
-        if self._curve is None:
-            curve, top = [], 0.0
-            for n in self._sizes:  # a larger pass never costs less (noise between neighbours)
-                top = max(top, statistics.median(self._samples[n]))
-                curve.append(top)
-            self._curve = curve
-        return self._sizes, self._curve
+    def _curve(self) -> tuple[list[float], list[float]]:
+        if self._points is None:
+            sizes, times, top = [], [], 0.0
+            for key in sorted(self._buckets):  # a larger pass never costs less (noise between neighbours)
+                bucket = self._buckets[key]
+                top = max(top, statistics.median(t for _, t in bucket))
+                sizes.append(float(statistics.median(n for n, _ in bucket)))
+                times.append(top)
+            self._points = sizes, times
+        return self._points
 
     def estimate(self, inputs: int) -> float | None:
         """Seconds of a pass over ``inputs`` inputs, or None before any pass was measured."""
-        sizes, curve = self._points()
+        sizes, curve = self._curve()
         if not sizes:
             return None
         i = bisect.bisect_left(sizes, inputs)
