@@ -41,12 +41,14 @@ class Policy:
     """The constants of every decision (defaults measured on the embedded models and SmolLM2, one CPU thread)."""
 
     # -- the draft gate (DraftGate, choose_drafts) ----------------------------------------------------------------
-    # a draft that looks not worth its nodes is still verified after this many skips in a row, so the
-    # request's calibration can recover when the text starts repeating...
-    explore_every: int = 8
-    # ...and the interval doubles after each exploration that accepted nothing, up to this: with a fixed 8,
-    # exploring cost ~7% of the plain speed where nothing can be drafted; doubling brings it under 1%
-    max_explore_every: int = 64
+    # a draft that looks not worth its nodes is still verified once the plain steps its row made since the
+    # last verified draft cost this many times what the draft adds to the pass, so the request's
+    # calibration can recover when the text starts repeating (explorations cost at most 1/this of the
+    # time: a fixed count of 8 skips cost ~7% where nothing can be drafted on the embedded model, and on
+    # SmolLM2 here, where a pass of 5 costs 2.3 plain steps, a count would cost 2-3x as much)...
+    explore_every: int = 16
+    # ...and the interval doubles after each exploration that accepted nothing, up to this
+    max_explore_every: int = 128
     calibration_rate: float = 0.2  # weight of a new draft in the calibration's moving average (after a running mean)
     calibration_cap: float = 4.0  # the most one draft's accepted / promised ratio counts for
     sharpness_rate: float = 0.3  # weight of a sampled position in the averages of the target's top masses
@@ -189,9 +191,11 @@ class DraftGate:
     mean over the first drafts (weights 1/2, 1/3, ...), a moving average (``calibration_rate``) after. A
     draft promising 4 tokens that gets none moves it from 1.0 to 0.5 at once.
 
-    Exploration: a draft :func:`choose_drafts` would skip is verified anyway once ``interval`` drafts in a
-    row were skipped (:meth:`explore_due`), so the calibration can recover; an exploration that accepts
-    nothing doubles the interval (up to ``max_explore_every``), any accepted token resets it.
+    Exploration: a draft :func:`choose_drafts` would skip is verified anyway once the plain row steps
+    since the last verified draft add up to ``interval`` times what the draft adds to the pass
+    (:meth:`explore_due`), so the calibration can recover at a bounded cost; an exploration that accepts
+    nothing doubles the interval (up to ``max_explore_every``), any accepted token resets it. Worked
+    example: F = 70 ms, a draft adding 35 ms, interval 16: explored after 8 skipped steps, then 16, ...
 
     Sharpness (sampled requests): ``top_mass`` holds moving averages of the mass of the target's 1, 2, ...,
     8 likeliest tokens at the positions it sampled. A *deterministic* draft (no ``q``: the one-hot rule)
@@ -209,8 +213,8 @@ class DraftGate:
         self.policy = policy
         self.calibration = 1.0  # accepted tokens per promised token (score), averaged over verified drafts
         self._observed = 0  # drafts observed
-        self._interval = policy.explore_every  # skips before the next exploration
-        self._skipped = 0  # drafts skipped in a row
+        self._interval = policy.explore_every  # exploration interval, in multiples of the draft's cost
+        self._idle = 0.0  # seconds of plain row steps (F each) since the last verified draft
         self._explored = False  # the last verified draft passed only to explore
         # sampled requests: moving averages of the mass of the target's k likeliest tokens (k = 1..8) at the
         # positions it sampled, from a prior of 1; None until one is seen (greedy: always None)
@@ -267,21 +271,24 @@ class DraftGate:
             d *= 2
         return True
 
-    def explore_due(self) -> bool:
-        """Whether a draft that looks not worth its nodes is verified anyway this step (exploration)."""
-        return self._skipped + 1 >= self._interval
+    def explore_due(self, extra: float, plain: float) -> bool:
+        """Whether a draft adding ``extra`` seconds to the pass, which looks not worth it, is verified
+        anyway this step (exploration); ``plain``: this step's plain row step (F), which skipping it costs."""
+        return self._idle + plain >= self._interval * extra
 
     # -- records -------------------------------------------------------------------------------------------------
-    def judged(self, verified: bool, explored: bool = False, shape: tuple[int, int, int] | None = None) -> None:
+    def judged(self, verified: bool, explored: bool = False, shape: tuple[int, int, int] | None = None,
+               plain: float = 0.0) -> None:
         """A draft of this request was judged: verified (``explored``: only because exploration was due)
-        or skipped. ``shape``: a deterministic draft's shape (it widens what :meth:`hopeless` considers)."""
+        or skipped, its row making a plain step of ``plain`` seconds. ``shape``: a deterministic draft's
+        shape (it widens what :meth:`hopeless` considers)."""
         if shape is not None:
             self.widest = max(self.widest, shape[0])
         if verified:
-            self._skipped = 0
+            self._idle = 0.0
             self._explored = explored
         else:
-            self._skipped += 1
+            self._idle += plain
 
     def observe(self, score: float, accepted: int) -> None:
         """A verified draft's score and the tokens of it the target accepted."""
@@ -320,8 +327,13 @@ class ProposerRecord:
     interval: float = 0.0  # exploration interval in multiples of its call cost (0: the policy's start value)
     idle: float = 0.0  # row-seconds of plain steps it sat out since it last ran
     sources: set[str] = field(default_factory=set)  # node sources it has drafted
+    calls: int = 0  # calls observed (the first one's time is not taken: lazy set-up)
 
     def observe(self, seconds: float, accepted: int, rate: float) -> None:
+        self.calls += 1
+        if self.calls == 1:  # its first call builds what it needs lazily (the suffix index: 345 ms once, 0.2
+            self.accepted = float(accepted)  # ms a call after, on SmolLM2's prompts): its time says nothing
+            return
         if self.seconds is None:
             self.seconds, self.accepted = seconds, float(accepted)
         else:
@@ -438,7 +450,7 @@ def choose_drafts(rows: list[RowDraft], cost: Any) -> None:
     and promises ``expected`` tokens, each sparing the row about ``F`` later. Drafts are judged in order
     of expected tokens per node, each against the pass as the drafts taken before it left it; drafts that
     must be verified go first. A draft that does not pay is still verified when its row's exploration is
-    due (``DraftGate.explore_due``, with its backoff). With one row this is the one-request rule
+    due (``DraftGate.explore_due``: cost-aware, with its backoff). With one row this is the one-request rule
     ``(1 + expected) * t(1) >= t(1 + nodes)``. Before a plain pass was measured only musts are verified.
 
     Worked example: 4 rows, t(4) = 10 ms, t(8) = 12 ms, t(16) = 20 ms, so F = 2.5 ms; drafts of planned
@@ -457,12 +469,12 @@ def choose_drafts(rows: list[RowDraft], cost: Any) -> None:
         extra = step.extra(r.size, inputs) if plain else None
         if extra is not None and r.expected * plain >= extra:
             r.verified = True
-        elif r.gate is not None and plain and r.gate.explore_due():
+        elif extra is not None and r.gate is not None and r.gate.explore_due(extra, plain):
             r.verified = r.explored = True
         if r.verified:
             inputs += r.size
         if r.gate is not None:
-            r.gate.judged(r.verified, r.explored, r.shape)
+            r.gate.judged(r.verified, r.explored, r.shape, plain or 0.0)
 
 
 def draft_budget(cap: int, mean_accepted: float, copy_run: int, acceptance: float, step: StepCost,

@@ -252,10 +252,12 @@ def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
 
 
 def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
-    """The gate verifies a skipped-looking draft every ``interval`` skips and doubles the interval
-    after an exploration that accepted nothing (policy.DraftGate): which drafts reach verification
-    then depends on earlier steps' outcomes, never on what this draft sampled. A cost so steep that
-    only explorations pass, intervals short enough that the doubling happens within a run."""
+    """The gate verifies a skipped-looking draft once the skipped plain steps cost ``interval`` times
+    what the draft adds, and doubles the interval after an exploration that accepted nothing
+    (policy.DraftGate): which drafts reach verification then depends on earlier steps' outcomes and
+    costs, never on what this draft sampled. A cost steep enough that most drafts pass only as
+    explorations (a 4-node draft adds 3 plain steps), intervals short enough that the doubling happens
+    within a run."""
     intervals: list[int] = []
     observe = DraftGate.observe
 
@@ -264,7 +266,7 @@ def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
         intervals.append(self._interval)
 
     monkeypatch.setattr(DraftGate, "observe", recording)
-    pvalues, counts = _run_seeds(toys, _same_vocab(toys), PinnedCost(5.0), tokens=6,
+    pvalues, counts = _run_seeds(toys, _same_vocab(toys), PinnedCost(0.75), tokens=6,
                                  policy=Policy(explore_every=1, max_explore_every=4))
     assert counts["passed"] > 0 and counts["skipped"] > 0, counts
     assert max(intervals) > 1 and 1 in intervals, intervals[:50]  # doubled after misses, reset after hits

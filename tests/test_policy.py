@@ -101,13 +101,15 @@ def test_nothing_optional_is_verified_before_a_plain_pass_was_measured():
     assert [r.verified for r in rows] == [False, True]
 
 
-def test_exploration_backs_off_alone_and_in_a_batch():
-    """A draft that never pays is verified after 2 skips, then 4, then 8 (the cap), whether its row is
-    alone or shares passes; an accepted token resets the interval (DraftGate.observe)."""
+def test_exploration_is_cost_aware_and_backs_off_alone_and_in_a_batch():
+    """A draft that never pays is verified once the plain row steps skipped since the last verified
+    draft cost ``interval`` times what it adds (F = 1 s a row, the draft adds 2 s: interval 2 -> after
+    4 skips, then 8, 16 (the cap)), whether its row is alone or shares passes; an accepted token
+    resets the interval (DraftGate.observe)."""
     policy = Policy(explore_every=2, max_explore_every=8)
     for rows_in_batch in (1, 4):
         gate = DraftGate(policy)
-        cost = _cost({rows_in_batch: 1.0, rows_in_batch + 4: 10.0})
+        cost = _cost({rows_in_batch: float(rows_in_batch), rows_in_batch + 4: rows_in_batch + 2.0})
 
         def steps(n: int, accepted: int = 0) -> list[int]:
             out = []
@@ -120,10 +122,10 @@ def test_exploration_backs_off_alone_and_in_a_batch():
                     gate.observe(0.1, accepted)
             return out
 
-        assert steps(14) == [1, 5, 13], rows_in_batch
-        assert steps(16) == [7, 15]
-        assert steps(8, accepted=1) == [7]  # an exploration that was accepted...
-        assert steps(8) == [1, 5]  # ...resets the interval to 2 (then 4 after this miss)
+        assert steps(30) == [3, 11, 27], rows_in_batch  # 4, 8, 16 steps apart
+        assert steps(32) == [13, 29]  # 16 apart (the cap), counting the two steps skipped before
+        assert steps(16, accepted=1) == [13]  # an exploration that was accepted...
+        assert steps(16) == [1, 9]  # ...resets the interval to 2 (4 steps; then 8 after this miss)
 
 
 def test_expected_is_a_query():
@@ -134,7 +136,7 @@ def test_expected_is_a_query():
     gate.expected(5.0, (6, 1, 3))
     gate.ceiling(6, 1, 3)
     gate.hopeless(32, StepCost(_linear(0.1)))
-    gate.explore_due()
+    gate.explore_due(0.01, 0.1)
     assert vars(gate) == before
     gate.judged(False, shape=(6, 1, 3))  # recording a judged draft widens them
     assert gate.widest == 6
@@ -216,18 +218,32 @@ def test_choose_drafts_caps_deterministic_drafts_by_the_targets_sharpness():
     assert unsure.shape_of(sampled) is None  # a draft with q is never judged by its (sampled) shape
 
 
-def _gate_with(seconds: float, accepted: float, policy: Policy = Policy()) -> ProposerGate:
-    gate = ProposerGate(policy)
-    gate.observe(0, seconds, int(accepted), {"draft_model"})
+def _measured(gate: ProposerGate, i: int, seconds: float, accepted: int, sources: set[str]) -> ProposerGate:
+    """Two calls observed (the first call's time is not taken: lazy set-up)."""
+    for _ in range(2):
+        gate.observe(i, seconds, accepted, sources)
     return gate
+
+
+def _gate_with(seconds: float, accepted: float, policy: Policy = Policy()) -> ProposerGate:
+    return _measured(ProposerGate(policy), 0, seconds, int(accepted), {"draft_model"})
+
+
+def test_a_proposers_first_call_is_not_timed():
+    """The suffix index's first call in a process built its index lazily (345 ms, then 0.2 ms a call):
+    its time does not make the proposer look costly."""
+    gate = ProposerGate()
+    gate.observe(0, 0.345, 0, {"prompt"})
+    assert gate.record(0).seconds is None and gate.should_call(0, 0.110)
+    gate.observe(0, 0.0002, 0, {"prompt"})
+    assert gate.record(0).seconds == pytest.approx(0.0002) and gate.should_call(0, 0.110)
 
 
 def test_proposer_gate_skips_a_slow_unhelpful_proposer_and_keeps_a_cheap_one():
     """F = 4 ms: a draft model at 6 ms a call that gets nothing accepted is skipped and explored once the
     steps it sat out cost 8 x 6 ms (12 steps); the suffix index at 0.1 ms (cheap) always runs."""
-    gate = ProposerGate()
-    gate.observe(0, seconds=0.006, accepted=0, sources={"draft_model"})
-    gate.observe(1, seconds=0.0001, accepted=0, sources={"prompt"})
+    gate = _measured(ProposerGate(), 0, 0.006, 0, {"draft_model"})
+    _measured(gate, 1, 0.0001, 0, {"prompt"})
     calls = [step for step in range(30) if gate.should_call(0, 0.004)]
     assert calls == [11, 23]
     assert all(gate.should_call(1, 0.004) for _ in range(8))
@@ -262,9 +278,8 @@ def test_proposer_gate_charges_a_call_whose_draft_was_skipped():
 
 
 def test_proposer_gate_calls_only_cheap_proposers_while_copying():
-    gate = ProposerGate()
-    gate.observe(0, seconds=0.0001, accepted=0, sources={"prompt"})  # the suffix index
-    gate.observe(1, seconds=0.002, accepted=3, sources={"draft_model"})  # a draft model that pays for itself
+    gate = _measured(ProposerGate(), 0, 0.0001, 0, {"prompt"})  # the suffix index
+    _measured(gate, 1, 0.002, 3, {"draft_model"})  # a draft model that pays for itself
     copy = {"prompt"}  # the last draft, all from the prompt, was accepted to its end
     assert gate.should_call(0, 0.004, copy) and gate.should_call(1, 0.004) and not gate.should_call(1, 0.004, copy)
     assert gate.should_call(1, 0.004, {"prompt", "draft_model"})  # its own draft is being copied
@@ -275,16 +290,16 @@ def test_proposer_gate_skips_a_costly_proposer_when_earlier_drafts_fill_the_budg
     gate = ProposerGate()
     assert not gate.should_call(1, 0.010, promised=16.0, budget=32)  # cost unknown, half the budget promised
     assert gate.should_call(1, 0.010, promised=15.0, budget=32)  # less promised: called (and measured)
-    gate.observe(1, 0.004, 0, set())  # 4 ms a call: not cheap
+    _measured(gate, 1, 0.004, 0, set())  # 4 ms a call: not cheap
     assert not gate.should_call(1, 0.010, promised=20.0, budget=32)
-    gate.observe(2, 0.0001, 0, set())  # 0.1 ms: cheap (under 5% of a 10 ms step), never skipped
+    _measured(gate, 2, 0.0001, 0, set())  # 0.1 ms: cheap (under 5% of a 10 ms step), never skipped
     assert gate.should_call(2, 0.010, promised=32.0, budget=32)
 
 
 def test_proposer_gate_holds_back_a_held_proposer_even_when_cheap():
     gate = ProposerGate()
     assert not gate.should_call(0, 0.010, held=True) and gate.should_call(0, 0.010)  # unmeasured
-    gate.observe(0, 0.0001, 0, set())  # measured cheap
+    _measured(gate, 0, 0.0001, 0, set())  # measured cheap
     assert not gate.should_call(0, 0.010, held=True) and gate.should_call(0, 0.010)
 
 
@@ -293,8 +308,8 @@ def test_proposer_records_are_shared_across_requests_for_deterministic_drafts_on
     q is judged on its own request."""
     shared: dict[int, ProposerRecord] = {}
     first = ProposerGate(shared=shared, deterministic=[True, False])
-    first.observe(0, 0.006, 0, {"draft_model"})
-    first.observe(1, 0.006, 0, {"draft_model"})
+    _measured(first, 0, 0.006, 0, {"draft_model"})
+    _measured(first, 1, 0.006, 0, {"draft_model"})
     second = ProposerGate(shared=shared, deterministic=[True, False])
     assert not second.should_call(0, 0.004)  # known costly and fruitless
     assert second.should_call(1, 0.004)  # unmeasured for this request: called
