@@ -1,20 +1,21 @@
-"""Concurrent clients against a real ``suffixspec serve`` on loopback: continuous batching on and off.
+"""Concurrent clients against real ``suffixspec serve`` processes on loopback: batching on and off.
 
-Two servers run side by side on the embedded models: ``--max-num-seqs N`` (batching) and
-``--max-num-seqs 1`` (one request at a time, the engine before batching). For each client count
-(1, 2, 4, 8, 16) both servers get the same round, taking turns (the order alternates per round):
-every client sends its requests one after the other (greedy, a mix of code-edit and agentic
-requests from ``bench.workloads``), all clients start together. Reported per round and server:
-total output tokens per second, p50 and p90 request latency, mean batch size per forward pass
-(from ``/metrics``); and whether every output equals the same request served alone (the
-``--max-num-seqs 1`` server runs each request alone).
+Two servers of the same model run side by side: ``--max-num-seqs N`` (batching) and
+``--max-num-seqs 1`` (one request at a time); optionally a third, ``--max-num-seqs 1`` from another
+checkout (``--before DIR``: the code before a change, for "one client alone is no slower"). For each
+client count every server gets the same round, taking turns (the order rotates per round): every
+client sends its requests one after the other (greedy, code-edit and agentic requests alternating,
+from ``bench.workloads``), all clients start together. History is off (the requests' drafters
+exclude it, so earlier answers do not turn later rounds into copies). Reported per round and
+server: output tokens per second (wall), tokens per server CPU-second (steadier on a shared
+machine), p50/p90 latency, mean rows per pass (``/metrics``); and whether every output equals the
+same request served alone (the ``--max-num-seqs 1`` server runs each request alone).
 
-    python -m bench.bench_concurrency [--clients 1,2,4,8,16] [--max-num-seqs 4] [--per-client 2]
-                                      [--max-tokens 128] [--out bench/published]
+    python -m suffixspec.bench.bench_concurrency --model /work/models/smollm2-135m-instruct \\
+        --clients 1,8 --max-num-seqs 8 --per-client 2 --max-tokens 96 --torch-threads 1
 
-Each round uses fresh requests (no round repeats an earlier one, so the output history does not
-turn later rounds into copies of earlier answers). Writes ``concurrency.json``, ``concurrency.md``
-and ``concurrency.png`` to ``--out``.
+Each round uses fresh requests. Writes ``concurrency.json`` and ``concurrency.md`` (and a plot
+unless ``--no-plot``) to ``--out``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+DRAFTERS_NO_HISTORY = ["prompt", "documents", "references", "draft_model"]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -40,17 +43,25 @@ def _free_port() -> int:
 
 
 class Server:
-    """A ``suffixspec serve`` subprocess on 127.0.0.1 (embedded models, a private document store)."""
+    """A ``suffixspec serve`` subprocess on 127.0.0.1 with a private document store."""
 
-    def __init__(self, max_num_seqs: int, workdir: Path, threads: int = 40) -> None:
+    def __init__(self, name: str, model: str, draft_model: str, max_num_seqs: int, workdir: Path,
+                 torch_threads: int | None, code: str | None = None, threads: int = 40) -> None:
+        self.name = name
         self.max_num_seqs = max_num_seqs
         self.port = _free_port()
-        self.log = open(workdir / f"serve-{max_num_seqs}.log", "w")  # noqa: SIM115 - closed in stop()
-        code = "import sys; from suffixspec.cli import main; sys.exit(main())"
-        cmd = [sys.executable, "-c", code, "serve", "--port", str(self.port), "--db", str(workdir / f"{max_num_seqs}.db"),
-               "--max-num-seqs", str(max_num_seqs), "--threads", str(threads), "--max-queue", "256"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
+        self.log = open(workdir / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in stop()
+        entry = "import sys; from suffixspec.cli import main; sys.exit(main())"
+        cmd = [sys.executable, "-c", entry, "serve", "--model", model, "--draft-model", draft_model,
+               "--port", str(self.port), "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs),
+               "--threads", str(threads), "--max-queue", "256"]
+        env = dict(os.environ)
+        if code is not None:  # another checkout's code (its suffixspec package first on the path)
+            env["PYTHONPATH"] = os.pathsep.join([code, env.get("PYTHONPATH", "")])
+        if torch_threads:
+            env["OMP_NUM_THREADS"] = str(torch_threads)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited; see {self.log.name}")
@@ -58,8 +69,8 @@ class Server:
                 if self.get("/health")[0] == 200:
                     return
             except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("the server did not come up within 300 s")
+                time.sleep(0.5)
+        raise RuntimeError("the server did not come up within 600 s")
 
     def get(self, path: str) -> tuple[int, str]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -68,7 +79,7 @@ class Server:
         return resp.status, resp.read().decode()
 
     def complete(self, body: dict) -> dict:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         data = resp.read().decode()
@@ -102,14 +113,15 @@ class Server:
         self.log.close()
 
 
-def requests_pool(n: int, max_tokens: int) -> list[dict]:
-    """``n`` completion bodies, code-edit and agentic requests alternating (greedy)."""
+def requests_pool(model: str, n: int, max_tokens: int) -> list[dict]:
+    """``n`` completion bodies, code-edit and agentic requests alternating (greedy, history off)."""
     from suffixspec.loading import load_tokenizer
-    from suffixspec.models import DEMO_TARGET
 
     from .workloads import build  # relative: bench/ installs as suffixspec.bench
 
-    tok = load_tokenizer(DEMO_TARGET)
+    tok = load_tokenizer(model)
+    if not getattr(tok, "chat_template", None):  # a base model (Gemma 3 270M): the requests as plain text
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     edits: list = []
     for seed in range(n):  # one code edit per held-out file and seed (other windows, other renames)
         if len(edits) >= (n + 1) // 2:
@@ -119,7 +131,8 @@ def requests_pool(n: int, max_tokens: int) -> list[dict]:
     pool = []
     for i in range(n):
         r = edits[i // 2] if i % 2 == 0 else agent[i // 2]
-        pool.append({"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0})
+        pool.append({"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0,
+                     "speculation": {"drafters": DRAFTERS_NO_HISTORY}})
     return pool
 
 
@@ -144,6 +157,7 @@ def run_round(server: Server, bodies: list[list[dict]]) -> dict:
         t.start()
     passes0 = server.passes()
     cpu0 = server.cpu_seconds()
+    load0 = os.getloadavg()[0]
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -157,76 +171,93 @@ def run_round(server: Server, bodies: list[list[dict]]) -> dict:
     outs = [out for r in results for _, out in r]
     tokens = sum(o["usage"]["completion_tokens"] for o in outs)
     n_pass = passes1[0] - passes0[0]
-    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "tok_per_cpu_s": tokens / cpu if cpu else 0.0,
-            "p50_s": statistics.median(lat),
+    return {"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "tok_s": tokens / wall,
+            "tok_per_cpu_s": tokens / cpu if cpu else 0.0, "p50_s": statistics.median(lat),
             "p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
             "mean_batch": (passes1[1] - passes0[1]) / n_pass if n_pass else 0.0,
+            "load_avg": round((load0 + os.getloadavg()[0]) / 2, 2),
             "texts": [o["choices"][0]["text"] for o in outs]}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", default="1,2,4,8,16")
-    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--model", default="suffixspec/demo-target", help="target model (a folder, a name)")
+    ap.add_argument("--draft-model", default="none")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: torch's default)")
+    ap.add_argument("--before", default=None, help="a checkout whose code serves a third --max-num-seqs 1 server")
     ap.add_argument("--out", default="bench/published")
+    ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--replot", action="store_true", help="redraw the table and plot from --out's concurrency.json")
     args = ap.parse_args(argv)
+    out = Path(args.out)
     if args.replot:
-        meta = json.loads((Path(args.out) / "concurrency.json").read_text())
-        plot(meta["rows"], meta["max_num_seqs"], Path(args.out) / "concurrency.png")
-        (Path(args.out) / "concurrency.md").write_text(table(meta["rows"], meta["max_num_seqs"]))
+        meta = json.loads((out / "concurrency.json").read_text())
+        plot(meta["rows"], meta["max_num_seqs"], out / "concurrency.png", meta.get("model", ""))
+        (out / "concurrency.md").write_text(table(meta["rows"], meta["max_num_seqs"]))
         return
     counts = [int(c) for c in args.clients.split(",")]
-    pool = requests_pool(sum(counts) * args.per_client + 1, args.max_tokens)
+    pool = requests_pool(args.model, sum(counts) * args.per_client + 1, args.max_tokens)
     workdir = Path(tempfile.mkdtemp(prefix="suffixspec-bench-concurrency-"))
-    servers = {"batched": Server(args.max_num_seqs, workdir), "one_at_a_time": Server(1, workdir)}
+    specs = [("batched", args.max_num_seqs, None), ("one_at_a_time", 1, None)]
+    if args.before:
+        specs.append(("before", 1, args.before))
+    servers: dict[str, Server] = {}
     rows = []
     try:
+        for name, seqs, code in specs:
+            servers[name] = Server(name, args.model, args.draft_model, seqs, workdir, args.torch_threads or None, code)
         for s in servers.values():  # warm-up: load, first pass, cost estimates
             s.complete(pool[-1])
         used = 0
         for k, clients in enumerate(counts):
             bodies = [pool[used + i * args.per_client : used + (i + 1) * args.per_client] for i in range(clients)]
             used += clients * args.per_client
-            order = list(servers) if k % 2 == 0 else list(servers)[::-1]
+            names = list(servers)
+            order = names[k % len(names):] + names[: k % len(names)]
             res = {name: run_round(servers[name], bodies) for name in order}
-            same = res["batched"]["texts"] == res["one_at_a_time"]["texts"]
-            row = {"clients": clients, "requests": clients * args.per_client, "identical": same,
-                   **{f"{name}_{key}": round(v, 4) for name, r in res.items() for key, v in r.items()
-                      if key != "texts"}}
+            ref = res["one_at_a_time"]["texts"]
+            row = {"clients": clients, "requests": clients * args.per_client,
+                   "identical": all(r["texts"] == ref for r in res.values()), "order": order,
+                   **{f"{name}_{key}": round(v, 4) for name, r in res.items() for key, v in r.items() if key != "texts"}}
             row["throughput_ratio"] = round(res["batched"]["tok_s"] / res["one_at_a_time"]["tok_s"], 3)
             row["p50_ratio"] = round(res["batched"]["p50_s"] / res["one_at_a_time"]["p50_s"], 3)
             row["cpu_ratio"] = round(res["batched"]["tok_per_cpu_s"] / res["one_at_a_time"]["tok_per_cpu_s"], 3)
+            if "before" in res:
+                row["before_cpu_ratio"] = round(res["one_at_a_time"]["tok_per_cpu_s"] / res["before"]["tok_per_cpu_s"], 3)
+                row["before_wall_ratio"] = round(res["one_at_a_time"]["tok_s"] / res["before"]["tok_s"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
         for s in servers.values():
             s.stop()
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"max_num_seqs": args.max_num_seqs, "per_client": args.per_client, "max_tokens": args.max_tokens,
-            "cpus": os.cpu_count(), "load_avg_end": os.getloadavg()[0], "rows": rows}
+    meta = {"model": args.model, "draft_model": args.draft_model, "max_num_seqs": args.max_num_seqs,
+            "per_client": args.per_client, "max_tokens": args.max_tokens, "torch_threads": args.torch_threads,
+            "before": args.before, "cpus": os.cpu_count(), "rows": rows}
     (out / "concurrency.json").write_text(json.dumps(meta, indent=1))
     (out / "concurrency.md").write_text(table(rows, args.max_num_seqs))
-    plot(rows, args.max_num_seqs, out / "concurrency.png")
+    if not args.no_plot:
+        plot(rows, args.max_num_seqs, out / "concurrency.png", args.model)
     print(table(rows, args.max_num_seqs))
 
 
 def table(rows: list[dict], n: int) -> str:
     lines = [f"| clients | tok/s batched (N={n}) | tok/s one at a time | ratio | tokens per CPU-s ratio "
-             "| p50 s batched | p50 s one at a time | mean batch | identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| p50 s batched | p50 s one at a time | mean batch | identical | load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['clients']} | {r['batched_tok_s']:.0f} | {r['one_at_a_time_tok_s']:.0f} | "
-                     f"{r['throughput_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['batched_p50_s']:.2f} | "
-                     f"{r['one_at_a_time_p50_s']:.2f} | {r['batched_mean_batch']:.1f} | "
-                     f"{'yes' if r['identical'] else 'NO'} |")
+        lines.append(f"| {r['clients']} | {r['batched_tok_s']:.1f} | {r['one_at_a_time_tok_s']:.1f} | "
+                     f"{r['throughput_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['batched_p50_s']:.1f} | "
+                     f"{r['one_at_a_time_p50_s']:.1f} | {r['batched_mean_batch']:.1f} | "
+                     f"{'yes' if r['identical'] else 'NO'} | {r['batched_load_avg']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], n: int, path: Path) -> None:
+def plot(rows: list[dict], n: int, path: Path, model: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,7 +274,7 @@ def plot(rows: list[dict], n: int, path: Path) -> None:
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
         ax.legend()
-    fig.suptitle("suffixspec serve, embedded models, greedy code-edit + agentic requests (CPU)")
+    fig.suptitle(f"suffixspec serve, {Path(model).name}, greedy code-edit + agentic requests (CPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

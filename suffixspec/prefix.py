@@ -7,8 +7,10 @@ block's end (a block's keys depend on every token before it), least recently use
 once ``max_bytes`` is reached. A prefill looks up the longest stored run of whole blocks, copies it
 into the request's cache and feeds only the rest; then it stores the blocks it computed.
 
-Both decode paths use it (``Engine._prefill`` on the batch-1 path, the batch scheduler's joiners),
-so a server with ``--max-num-seqs 1`` gains as much from it as a batched one.
+Every request's prefill uses it (``runner.Runner.reuse`` / ``remember``), alone or in a batch, so a
+server with ``--max-num-seqs 1`` gains as much from it as a batched one; requests that join a batch
+together and share a head are staggered so that the head is computed once
+(``scheduler.Scheduler._admit``).
 
 Worked example (``block = 4``): a prompt ``a b c d e f g h i j`` stores blocks ``abcd`` and
 ``abcdefgh``; a later prompt ``a b c d e f g h x y`` copies 8 positions and feeds ``x y``; a prompt
@@ -26,6 +28,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: ``common_prefix([1, 2, 3], [1, 2, 5]) == 2``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class PrefixStore:
@@ -55,6 +66,16 @@ class PrefixStore:
                 found.append(entry)
             self.hits += len(found) * self.block
         return len(found) * self.block, found
+
+    def covered(self, ids: Sequence[int]) -> int:
+        """Positions of ``ids`` a :meth:`lookup` would find now (no use recorded, nothing counted)."""
+        with self._lock:
+            n = 0
+            for end in range(self.block, len(ids) + 1, self.block):
+                if tuple(ids[:end]) not in self._blocks:
+                    break
+                n = end
+            return n
 
     def wanted(self, ids: Sequence[int], start: int) -> list[int]:
         """Ends of the whole blocks of ``ids`` at or after position ``start`` that the store lacks."""

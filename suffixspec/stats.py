@@ -1,4 +1,4 @@
-"""Per-request speculative-decoding statistics."""
+"""Per-request speculative-decoding statistics (``to_dict`` is the response's ``speculative_decoding``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ class RequestStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [d]: steps that accepted depth d+1
     accepted_per_step: list[int] = field(default_factory=list)  # accepted draft tokens of each step
     time_prefill_s: float = 0.0  # prompt forward pass
-    time_propose_s: float = 0.0  # all proposers, merge included
+    time_propose_s: float = 0.0  # all proposers, gates and merge included
+    # per proposer (by name: "suffix", "draft_model", ...): wall seconds of its calls (a draft model's prompt
+    # prefill at its first call included) and how many calls; a proposer the gates did not call is absent
+    propose_s_per_drafter: dict[str, float] = field(default_factory=dict)
+    propose_calls: dict[str, int] = field(default_factory=dict)
     time_verify_s: float = 0.0  # target forward passes and the tree walk
     time_update_s: float = 0.0  # KV compaction, proposer updates, detokenization
     time_total_s: float = 0.0  # whole request
@@ -39,6 +43,11 @@ class RequestStats:
             self.drafted_per_position[d] += 1
         for d in range(len(accepted_sources)):
             self.accepted_per_position[d] += 1
+
+    def record_call(self, drafter: str, seconds: float) -> None:
+        """One call of proposer ``drafter`` took ``seconds``."""
+        self.propose_s_per_drafter[drafter] = self.propose_s_per_drafter.get(drafter, 0.0) + seconds
+        self.propose_calls[drafter] = self.propose_calls.get(drafter, 0) + 1
 
     @property
     def mean_accepted_length(self) -> float:
@@ -63,6 +72,8 @@ class RequestStats:
             "accepted_per_step": list(self.accepted_per_step),
             "time_prefill_s": round(self.time_prefill_s, 6),
             "time_propose_s": round(self.time_propose_s, 6),
+            "propose_s_per_drafter": {k: round(v, 6) for k, v in self.propose_s_per_drafter.items()},
+            "propose_calls": dict(self.propose_calls),
             "time_verify_s": round(self.time_verify_s, 6),
             "time_update_s": round(self.time_update_s, 6),
             "time_total_s": round(self.time_total_s, 6),

@@ -1,9 +1,9 @@
 """Continuous batching: every request in a batch gets exactly the tokens it gets alone.
 
-The scheduler is driven step by step (``threaded=False``), so a test composes batches exactly:
+The scheduler is driven step by step (``Scheduler.step``), so a test composes batches exactly:
 requests join after a given step, leave when done or cancelled, and run side by side with other
-temperatures, penalties, stop rules and drafts. The reference is the request run alone on the
-batch-1 path (plain decoding, its own DynamicCache).
+temperatures, penalties, stop rules and drafts. The reference is the request run alone (plain
+decoding, a batch of one).
 """
 
 from __future__ import annotations
@@ -16,27 +16,17 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from doubles import OracleProposer, RandomTreeProposer
 from test_draft_model_proposer import _chi_square_z, _exact_pairs
 
-from suffixspec.batch import (
-    BatchScheduler,
-    PassCost,
-    PassRow,
-    Plan,
-    SlotCache,
-    batch_inputs,
-    choose_drafts,
-    draft_row,
-    forward_rows,
-    lean_forward,
-)
-from suffixspec.budget import DraftGate, VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
 from suffixspec.engine import Engine
+from suffixspec.lean import PassRow
 from suffixspec.loading import load_model
 from suffixspec.proposers import Proposer, RequestContext, make_proposer
-from suffixspec.proposers.testing import OracleProposer, RandomTreeProposer
+from suffixspec.runner import Runner
+from suffixspec.scheduler import Scheduler
 
 pytestmark = pytest.mark.slow
 
@@ -66,10 +56,15 @@ def _alone(engine: Engine, prompt: str, sp: SamplingParams):
     return engine.generate(prompt, sp, speculation=False)
 
 
-def _submit(engine: Engine, sched: BatchScheduler, prompt: str, sp: SamplingParams, spec=None,
+def _scheduler(engine: Engine, rows: int) -> Scheduler:
+    """A scheduler of ``rows`` rows over the engine's model and proposers (the engine's own runs one)."""
+    return Scheduler(Runner(engine.model, rows, engine.prefix_store), lambda: engine.proposers, rows, engine.policy)
+
+
+def _submit(engine: Engine, sched: Scheduler, prompt: str, sp: SamplingParams, spec=None,
             cancel: threading.Event | None = None):
     request, spc = engine.prepare(prompt, sp, spec)
-    return sched.submit(engine.sequence_maker(request, spc, cancel, sched.cost_view), cancel)
+    return sched.submit(engine.state_maker(request, spc, cancel), cancel)
 
 
 def _result(handle):
@@ -83,9 +78,9 @@ def _result(handle):
     return events[-1].result
 
 
-def _drain(sched: BatchScheduler, limit: int = 2000) -> list[int]:
+def _drain(sched: Scheduler, limit: int = 2000) -> list[int]:
     sizes = []
-    while (sched.running or sched._waiting) and limit:
+    while (sched.running or sched.waiting) and limit:
         sched.step()
         sizes.append(sched.running)
         limit -= 1
@@ -119,7 +114,7 @@ def test_batched_outputs_equal_alone(engines, arch, drafter):
         "suffix": lambda: make_proposer("suffix", db=None, tokenizer=engine.tokenizer),
     }[drafter]()]
     try:
-        sched = BatchScheduler(engine, 4, threaded=False)
+        sched = _scheduler(engine, 4)
         handles = [_submit(engine, sched, p, sp, EVERY_DRAFT if i % 2 else None)
                    for i, (p, sp) in enumerate(reqs[:3])]
         sched.step()  # one step: with good drafts a request may finish within three, and the batch never fills
@@ -146,7 +141,7 @@ def test_cancel_and_leave_mid_generation(engines):
     alone = {p: _alone(engine, p, sp) for p in PROMPTS[:4]}
     engine.proposers = [make_proposer("suffix", db=None, tokenizer=engine.tokenizer)]
     try:
-        sched = BatchScheduler(engine, 3, threaded=False)
+        sched = _scheduler(engine, 3)
         cancels = [threading.Event() for _ in range(4)]
         handles = [_submit(engine, sched, p, sp, cancel=c) for p, c in zip(PROMPTS[:4], cancels, strict=True)]
         cancels[3].set()  # gone while waiting: never prefilled, finishes "cancelled" with nothing
@@ -199,7 +194,7 @@ def test_batched_known_q_rows_keep_the_target_distribution(engines):
     engine.proposers = [FixedQDraft(engine.vocab_size, support)]
     n, seen, drafted, accepted = 240, Counter(), 0, 0
     try:
-        sched = BatchScheduler(engine, 6, threaded=False)
+        sched = _scheduler(engine, 6)
         for start in range(0, n, 6):
             handles = [_submit(engine, sched, PROMPTS[0], SamplingParams(seed=s, **sp_kw), EVERY_DRAFT)
                        for s in range(start, start + 6)]
@@ -220,151 +215,55 @@ def test_batched_known_q_rows_keep_the_target_distribution(engines):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_slot_cache_rows_match_fresh_forward(engines, packed):
+def test_cache_rows_match_fresh_forward(engines, packed):
     """After passes with rejected branches, rows of other lengths and a removed row, each row's
-    cache equals a fresh prefill of its tokens (padded pass, and packed lean pass with the prompts
-    prefilled in one pass)."""
-    from suffixspec.batch import prefill_row
-
+    cache gives a fresh forward's logits (the model's own padded pass with prompts prefilled one by
+    one, and the packed lean pass with the prompts in one pass)."""
     engine = engines["llama"]
-    lean = lean_forward(engine) if packed else None
-    assert lean is not None or not packed
-    cache = SlotCache(capacity=8)  # small: the buffers grow on the way
+    runner = Runner(engine.model, 3, lean=packed)
+    assert (runner.lean is not None) == packed
+    runner.cache.capacity = 8  # small: the buffers grow on the way
     seqs = [engine.encode(p) for p in PROMPTS[:3]]
-    rows = [cache.add_row() for _ in seqs]
+    rows = [runner.add_row() for _ in seqs]
     if packed:
-        out = forward_rows(engine, cache, [PassRow(r, s[:-1], None, 0, logits=False) for r, s in zip(rows, seqs,
-                                                                                                      strict=True)], lean)
+        out = runner.forward([PassRow(r, s[:-1], None, 0, "none") for r, s in zip(rows, seqs, strict=True)])
         assert out == [None] * 3
         for r, s in zip(rows, seqs, strict=True):
-            cache.lengths[r] = len(s) - 1
+            runner.set_length(r, len(s) - 1)
     else:
         for r, s in zip(rows, seqs, strict=True):
-            prefill_row(engine, cache, r, s[:-1])
+            runner.prefill(r, s[:-1])
     tree = Draft([5, 6, 7, 8], [-1, -1, 1, 2], ["prompt"] * 4)  # 5 | 6 -> 7 -> 8
     for step in range(4):
         order = [2, 0, 1] if packed else [0, 1, 2]  # the packed pass takes rows in any order
-        out = forward_rows(engine, cache, [draft_row(r, seqs[r][-1], tree if r != 1 else Draft(), cache.lengths[r])
-                                           for r in order], lean)
+        drafts = {r: tree if r != 1 else Draft() for r in order}
+        out = runner.forward([PassRow(r, [seqs[r][-1], *drafts[r].tokens], drafts[r].parents, runner.length(r))
+                              for r in order])
         assert [len(o) for o in out] == [1 if r == 1 else 5 for r in order]
         for r, s in enumerate(seqs):
             path = [] if r == 1 else [1, 2, 3][: (step + r) % 4]  # accepted nodes: 6, 6 7, 6 7 8 or none
-            cache.keep(r, cache.lengths[r], [0] + [k + 1 for k in path])
+            runner.keep(r, runner.length(r), [0] + [k + 1 for k in path])
             s.extend([tree.tokens[k] for k in path] + [9 + r])
-    cache.remove_row(0)
+    runner.remove_row(0)
     seqs[0] = seqs.pop()  # the last row moved into row 0
+    rows = list(range(len(seqs)))
+    got = runner.forward([PassRow(r, [seqs[r][-1]], [], runner.length(r)) for r in rows])
     for r, s in enumerate(seqs):
-        fresh = engine._new_cache()
-        engine._prefill(s[:-1], fresh)
-        n = len(s) - 1
-        assert cache.lengths[r] == n
-        for layer, keys in enumerate(cache.keys):
-            assert torch.allclose(keys[r, :, :n], fresh.layers[layer].keys[0], atol=1e-5), (r, layer)
-            assert torch.allclose(cache.values[layer][r, :, :n], fresh.layers[layer].values[0], atol=1e-5)
+        assert runner.length(r) == len(s) - 1
+        with torch.inference_mode():
+            fresh = engine.model(input_ids=torch.tensor([s])).logits[0, -1].float()
+        torch.testing.assert_close(got[r][0], fresh, atol=1e-4, rtol=1e-4)
 
 
-def test_batch_inputs_mask_positions():
+def test_padded_inputs_mask_positions(engines):
     """Two rows: a tree after 2 cached tokens, and a lone root after 1 (padded to width 3)."""
-    ids, mask, pos = batch_inputs([([9, 5, 6], [-1, -1], 2), ([4], [], 1)], kv_len=5, dtype=torch.float32,
-                                  device="cpu")
+    runner = Runner(engines["gpt2"].model, 2)
+    ids, mask, pos = runner._padded_inputs([PassRow(0, [9, 5, 6], [-1, -1], 2), PassRow(1, [4], [], 1)], 3, 5)
     allowed = (mask[:, 0] == 0).int().tolist()
     assert allowed[0] == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
     assert allowed[1] == [[1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0]]  # pads see only themselves
     assert pos.tolist() == [[2, 3, 3], [1, 1, 1]]
     assert ids.tolist() == [[9, 5, 6], [4, 4, 4]]
-
-
-class _Seq:
-    def __init__(self, adaptive: bool = True, calibration: float = 1.0) -> None:
-        self.spec = SpeculationConfig(adaptive=adaptive)
-        self.gate = DraftGate(VerifyCost())
-        self.gate.calibration = calibration
-        self.batch_skipped = 0
-
-
-def _cost(seconds: dict[int, float]) -> PassCost:
-    """A pass cost measured at these input counts."""
-    cost = PassCost()
-    for inputs, t in seconds.items():
-        cost.observe(inputs, t)
-    return cost
-
-
-def _plan(n: int, score: float) -> Plan:
-    return Plan(Draft.chain(list(range(10, 10 + n)), "prompt", score=score), [], False, 0.0)
-
-
-def test_choose_drafts_worked_example():
-    """The docstring's example: 4 rows; a draft is verified when its expected tokens, at a row's share
-    of a plain pass each, cover what its nodes add to the pass."""
-    cost = _cost({4: 0.010, 8: 0.012, 16: 0.020})
-    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
-    choose_drafts(rows, cost, 4)
-    assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
-    assert rows[1][0].batch_skipped == 1
-    # the better draft per node goes first, whatever the rows' order
-    rows = [(_Seq(), _plan(8, 1.0)), (_Seq(), _plan(4, 3.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
-    choose_drafts(rows, cost, 4)
-    assert [len(p.draft) for _, p in rows] == [0, 4, 0, 0]
-    # cheap wide passes (a GPU): both drafts go
-    flat = _cost(dict.fromkeys((4, 8, 16), 0.010))
-    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(8, 1.0))]
-    choose_drafts(rows, flat, 4)
-    assert [len(p.draft) for _, p in rows] == [4, 8]
-    # a non-adaptive row's draft is always verified; the others are judged after it
-    rows = [(_Seq(adaptive=False), _plan(8, 0.0)), (_Seq(), _plan(2, 0.1))]
-    choose_drafts(rows, cost, 4)
-    assert [len(p.draft) for _, p in rows] == [8, 0]
-    # a draft worth its nodes is verified even when another row's draft makes the step's tokens per
-    # second higher than this draft's: skipping it would cost the row a later step of its own
-    # (F = t(4) / 4 = 2.5 ms; the second draft adds t(12) - t(8) = 2 ms for 1 token; the old rule,
-    # tokens per second of the whole step, skipped it: 7 / 12 ms > 8 / 14 ms)
-    linear = _cost({4: 0.010, 8: 0.012, 12: 0.014})
-    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(4, 1.0)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
-    choose_drafts(rows, linear, 4)
-    assert [len(p.draft) for _, p in rows] == [4, 4, 0, 0]
-    rows = [(_Seq(), _plan(4, 3.0)), (_Seq(), _plan(4, 0.7)), (_Seq(), _plan(0, 0.0)), (_Seq(), _plan(0, 0.0))]
-    choose_drafts(rows, linear, 4)  # 0.7 x 2.5 = 1.75 ms < 2 ms: skipped
-    assert [len(p.draft) for _, p in rows] == [4, 0, 0, 0]
-    # one row: the batch-1 rule (1 + expected) * t(1) >= t(1 + nodes)
-    one = _cost({1: 0.004, 9: 0.006})
-    for calibration, verified in ((0.3, 0), (0.8, 8)):
-        rows = [(_Seq(calibration=calibration), _plan(8, 1.0))]
-        choose_drafts(rows, one, 1)
-        assert len(rows[0][1].draft) == verified
-
-
-def test_choose_drafts_caps_deterministic_drafts_by_the_targets_sharpness():
-    """A sampled row whose target spreads its mass (top-1 0.2: temperature 1.5) cannot expect the
-    tokens its suffix draft scores: DraftGate.expected caps it at a1 (1 + a + ...) = 0.25, which does
-    not pay for 8 nodes; the same draft on a row whose sharpness is not known (greedy, or no sampled
-    position yet) is verified, and a draft with q is never capped by its (sampled) shape."""
-    cost = _cost({2: 0.010, 10: 0.012, 18: 0.014})
-    unsure, fresh = _Seq(), _Seq()
-    for _ in range(30):  # the moving averages start from a prior of 1
-        unsure.gate.observe_target([0.2 + 0.05 * k for k in range(8)])
-    assert unsure.gate.expected(5.0, (1, 1, 8)) < 0.5 < fresh.gate.expected(5.0, (1, 1, 8)) == 5.0
-    rows = [(unsure, _plan(8, 5.0)), (fresh, _plan(8, 5.0))]
-    choose_drafts(rows, cost, 2)
-    assert [len(p.draft) for _, p in rows] == [0, 8]
-    assert unsure.batch_skipped == 1 and fresh.batch_skipped == 0
-    sampled = Draft.chain(list(range(10, 18)), SOURCE_DRAFT_MODEL, score=5.0)
-    sampled.q, sampled.planned = torch.full((8, 32), 1 / 32), 8
-    rows = [(unsure, Plan(sampled, [], False, 0.0)), (fresh, _plan(0, 0.0))]
-    choose_drafts(rows, cost, 2)
-    assert len(rows[0][1].draft) == 8  # judged by score x calibration: 5 x t(2) / 2 >= t(10) - t(2)
-
-
-def test_close_waits_for_the_batch_thread(tiny_model_dirs):
-    """Engine.close() returns once the batch thread has ended (see the next test for why)."""
-    engine = Engine(load_model(str(tiny_model_dirs["llama"])), max_num_seqs=2)
-    ts = [threading.Thread(target=engine.generate, args=(p, SamplingParams(max_tokens=4))) for p in PROMPTS[:2]]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-    thread = engine._scheduler._thread
-    assert thread is not None and thread.is_alive()
-    engine.close()
-    assert not thread.is_alive()
 
 
 def test_a_closed_batching_engine_exits_cleanly():
@@ -387,18 +286,28 @@ def test_a_closed_batching_engine_exits_cleanly():
     assert "terminate called" not in done.stderr
 
 
-def test_sliding_window_model_falls_back_to_batch_1(tiny_dir, bpe_tokenizer_dir, caplog):
-    """A Mistral with a 16-token window: no batching (the slot cache has no windows), said in the log,
-    and generation runs one request at a time on the batch-1 path, which handles the window."""
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_sliding_window_models_batch(tiny_dir, bpe_tokenizer_dir, arch):
+    """Models with a 16-token window (Mistral: every layer, the lean pass; Gemma 2: alternating sliding
+    and full layers, the model's own padded pass with a mask per layer type) pass the batching probe
+    and run in a batch well past the window; every output equals the request alone."""
     from test_sliding_window import _build
 
-    path = _build("mistral", bpe_tokenizer_dir, tiny_dir / "tiny-mistral-window-batch")
+    path = _build(arch, bpe_tokenizer_dir, tiny_dir / f"tiny-{arch}-window-batch")
     engine = Engine(load_model(str(path), device="cpu"), max_num_seqs=4)
-    with caplog.at_level("WARNING"):
-        assert not engine.batchable
-    assert "cannot be batched (sliding-window attention); serving one request at a time" in caplog.text
-    res = engine.generate("def add(a, b):", SamplingParams(max_tokens=5, ignore_eos=True))
-    assert len(res.token_ids) == 5 and engine._scheduler is None
+    assert engine.batchable and engine.scheduler.max_num_seqs == 4
+    assert (engine.scheduler.runner.lean is not None) == (arch == "mistral")
+    reqs = [(PROMPTS[i % len(PROMPTS)], SamplingParams(**case)) for i, case in enumerate(CASES[:5])]
+    alone = [_alone(engine, p, sp).token_ids for p, sp in reqs]
+    engine.proposers = [RandomTreeProposer(list(range(3, 60)), seed=3)]
+    try:
+        sched = _scheduler(engine, 4)
+        handles = [_submit(engine, sched, p, sp, EVERY_DRAFT) for p, sp in reqs]
+        sizes = _drain(sched)
+    finally:
+        engine.proposers = []
+    assert max(sizes) == 4
+    assert [_result(h).token_ids for h in handles] == alone
 
 
 def test_threaded_engine_concurrent_generate(engines, tiny_model_dirs):

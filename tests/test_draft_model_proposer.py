@@ -13,10 +13,10 @@ from collections import Counter
 import pytest
 import torch
 
-from suffixspec.budget import VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT
 from suffixspec.loading import load_model
+from suffixspec.policy import PassCost
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
@@ -253,7 +253,7 @@ class WideDraft(BridgedDraftProposer):
         self.sampling = SamplingParams(temperature=1.0, seed=request.sampling.seed)
 
 
-class FlatCost(VerifyCost):
+class FlatCost(PassCost):
     """A verify pass costs the same for any number of nodes (as on a GPU), whatever the machine's
     load: the gates stay on, and every draft of a request passes them."""
 
@@ -275,7 +275,7 @@ def test_intersection_sampling_distribution(models, engine, kind, monkeypatch):
     flat, so how many drafts are verified does not follow the machine's load (gates with costs
     that bite: tests/test_lossless_gates.py).
     """
-    monkeypatch.setattr(engine, "verify_cost", FlatCost())
+    monkeypatch.setattr(engine.scheduler, "cost", FlatCost())
     sp_kw = dict(temperature=1.0, top_k=4, max_tokens=2, ignore_eos=True)
     prompt = "def add(a, b):\n"
     ids = engine.encode(prompt)

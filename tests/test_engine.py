@@ -1,17 +1,20 @@
-"""Engine: speculative output == plain output (greedy and seeded sampling), stops, KV integrity."""
+"""Engine: speculative output == plain output (greedy and seeded sampling), stops, KV integrity, and
+the one decode loop's behaviour for callers (a paused stream holds nobody up)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from doubles import OracleProposer, RandomTreeProposer, WrongProposer
 
-from suffixspec.budget import VerifyCost
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import Draft
 from suffixspec.engine import Engine
-from suffixspec.kv import keep_accepted, tree_inputs
+from suffixspec.kv import tree_mask
+from suffixspec.lean import PassRow
 from suffixspec.loading import load_model
-from suffixspec.proposers.testing import OracleProposer, RandomTreeProposer, WrongProposer
+from suffixspec.policy import PassCost
+from suffixspec.runner import Runner
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t"]
 # Tests that assert on acceptance statistics switch the engine's cost gates off (they depend on
@@ -203,39 +206,48 @@ def test_speculation_config_validation():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_kv_cache_after_rejections_matches_fresh_forward(tiny_model_dirs, arch):
-    """After tree passes with non-prefix accepted paths, the cache equals a fresh full forward."""
-    from transformers import DynamicCache
-
-    engine = Engine(load_model(str(tiny_model_dirs[arch])))
-    model = engine.model
-    seq = [5, 9, 13, 44, 61, 70]
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([seq[:-1]]), use_cache=True, **{engine._cache_kw: cache})
-    committed = list(seq)
-    past = len(seq) - 1
+    """After tree passes with non-prefix accepted paths, the row's cache gives a fresh full forward's
+    logits (the lean pass for llama/qwen2, the model's own padded pass for gpt2)."""
+    model = load_model(str(tiny_model_dirs[arch])).model
+    runner = Runner(model)
+    assert (runner.lean is not None) == (arch != "gpt2")
+    row = runner.add_row()
+    committed = [5, 9, 13, 44, 61, 70]
+    runner.prefill(row, committed[:-1])
     trees = [  # (draft tokens, parents, accepted nodes)
         ([100, 101, 102, 103], [-1, -1, 1, 1], [1, 3]),  # accepted path skips nodes 0 and 2
         ([7, 8, 9], [-1, 0, 1], []),  # everything rejected
         ([30, 31, 32, 33, 34], [-1, 0, -1, 2, 3], [2, 3, 4]),
     ]
     for tokens, parents, accepted in trees:
-        engine._forward([committed[-1], *tokens], cache, parents, past)
-        keep_accepted(cache, past, [0] + [i + 1 for i in accepted])
-        past += 1 + len(accepted)
+        past = runner.length(row)
+        runner.forward([PassRow(row, [committed[-1], *tokens], parents, past)])
+        runner.keep(row, past, [0] + [i + 1 for i in accepted])
         committed += [tokens[i] for i in accepted] + [3]  # 3 = the "target's token" of this step
-    assert cache.get_seq_length() == len(committed) - 1
-    cached = engine._forward([committed[-1]], cache, [], past)[-1]
+    assert runner.length(row) == len(committed) - 1
+    cached = runner.forward([PassRow(row, [committed[-1]], [], runner.length(row))])[0][-1]
     with torch.inference_mode():
         fresh = model(input_ids=torch.tensor([committed])).logits[0, -1].float()
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 
 
-def test_tree_inputs_mask_and_positions():
-    mask, pos = tree_inputs([-1, 0, 0], past=2, dtype=torch.float32, device="cpu")
-    allowed = (mask[0, 0] == 0).int().tolist()
-    assert allowed == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]
-    assert pos.tolist() == [[2, 3, 4, 4]]
+def test_tree_mask_and_positions():
+    """kv.tree_mask's worked example, a sliding window, and the cases that need no mask."""
+    depth, masks = tree_mask([-1, 0, 0], past=2)
+    assert depth.tolist() == [0, 1, 2, 2]
+    assert masks[None].first == 0
+    assert masks[None].allowed.astype(int).tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0],
+                                                        [1, 1, 1, 1, 0, 1]]
+    # window 2, past 3, a chain of 2 after the root: the root sees cached 2 and itself; node 1 the root
+    # and itself; node 2 node 1 and itself (keys from position 2 on)
+    depth, masks = tree_mask([-1, 0], past=3, windows=(2,))
+    assert masks[2].first == 2
+    assert masks[2].allowed.astype(int).tolist() == [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    lone = tree_mask([], past=7, windows=(None, 4))[1]
+    assert lone[None].allowed is None and lone[4].allowed is None and lone[4].first == 4
+    prompt = tree_mask(None, past=0, windows=(None, 16), n=10)[1]
+    assert prompt[None].causal and prompt[16].causal
+    assert tree_mask(None, past=0, windows=(4,), n=10)[1][4].allowed is not None  # longer than the window
 
 
 class _SilentThenOracle(OracleProposer):
@@ -252,16 +264,15 @@ class _SilentThenOracle(OracleProposer):
         return super().propose(context, budget) if done >= self.quiet else Draft()
 
 
-class _FlatCost(VerifyCost):
-    """A verify pass costs the same at every size and measurements are ignored: the cost gates then
-    pass every draft, whatever the machine's load (the budget rule is tested alone)."""
-
-    def __init__(self) -> None:
-        super().__init__(prior_slope=0.0)
-        self.times = {1: 1.0}
+class _FlatCost(PassCost):
+    """A pass costs the same at every size and measurements are ignored: the cost gates then pass every
+    draft, whatever the machine's load (the budget rule is tested alone)."""
 
     def observe(self, inputs: int, seconds: float) -> None:
         pass
+
+    def estimate(self, inputs: int) -> float:
+        return 1.0
 
 
 @pytest.mark.slow  # long generations, ~6 CPU s
@@ -269,7 +280,7 @@ def test_budget_doubles_while_drafts_are_fully_accepted(engines, monkeypatch):
     engine = engines["llama"]
     sp = SamplingParams(max_tokens=200, ignore_eos=True)
     plain = _generate(engine, [], PROMPTS[0], sp, speculation=False)
-    monkeypatch.setattr(engine, "verify_cost", _FlatCost())
+    monkeypatch.setattr(engine.scheduler, "cost", _FlatCost())
     proposer = _SilentThenOracle(plain.token_ids, engine.vocab_size, quiet=20)
     spec = _generate(engine, [proposer], PROMPTS[0], sp, SpeculationConfig(max_draft_tokens=64))
     assert spec.token_ids == plain.token_ids
@@ -278,3 +289,65 @@ def test_budget_doubles_while_drafts_are_fully_accepted(engines, monkeypatch):
     # each fully accepted draft doubles the next budget (slow start) up to the cap
     k = copying.index(64)
     assert k <= 5 and all(b < c for b, c in zip(copying[:k], copying[1:k + 1], strict=True))
+
+
+def test_a_paused_stream_holds_nobody_up(engines):
+    """A caller reads one event of its stream and pauses; another request, on the same thread even,
+    runs to its end meanwhile (the old engine held a lock across ``yield``: this deadlocked), and the
+    paused stream then finishes with its own output."""
+    engine = engines["llama"]
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    want = {p: engine.generate(p, sp, False).token_ids for p in PROMPTS[:2]}
+    paused = engine.stream(PROMPTS[0], sp, False)
+    first = next(paused)
+    assert first.token_ids and first.result is None
+    other = engine.generate(PROMPTS[1], sp, False)  # the engine runs one request at a time (max_num_seqs=1)
+    assert other.token_ids == want[PROMPTS[1]]
+    rest = list(paused)
+    assert rest[-1].result.token_ids == want[PROMPTS[0]]
+    assert first.token_ids + [t for ev in rest for t in ev.token_ids] == want[PROMPTS[0]]
+
+
+def test_a_stream_left_unread_leaves_the_batch(engines):
+    """A stream closed after its first event cancels its request at once: its row is free and its
+    proposers are told it ended (with the tokens it got)."""
+    engine = engines["llama"]
+    ended: list[list[int]] = []
+
+    class Recorder(WrongProposer):
+        def end(self, output_ids):
+            ended.append(list(output_ids))
+
+    engine.proposers = [Recorder([], engine.vocab_size)]
+    try:
+        stream = engine.stream(PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True))
+        first = next(stream)
+        stream.close()
+    finally:
+        engine.proposers = []
+    assert engine.scheduler.running == 0 and engine.scheduler.waiting == 0
+    assert ended == [first.token_ids]
+
+
+def test_generate_runs_on_the_callers_thread_without_a_thread_of_its_own(engines):
+    import threading
+
+    engine = engines["llama"]
+    before = threading.active_count()
+    engine.generate(PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_models_observers_see_every_pass(engines, arch):
+    """A forward pre-hook on the target (a pass counter, a profiler) sees every pass of a request, the
+    lean ones too (they do not go through ``model.forward``), and none of the batching probe's."""
+    engine = engines[arch]
+    calls: list[int] = []
+    hook = engine.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        fresh = Engine(engine.target)
+        res = fresh.generate(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True), False)
+    finally:
+        hook.remove()
+    assert len(calls) == res.stats.steps + 1  # the prompt's pass, then one per step

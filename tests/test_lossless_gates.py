@@ -22,20 +22,22 @@ must be caught.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
+from doubles import RandomTreeProposer
 
-from suffixspec.budget import DraftGate, VerifyCost
+import suffixspec.scheduler as scheduler_module
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_PROMPT, Draft
 from suffixspec.engine import Engine
 from suffixspec.loading import LoadedModel
+from suffixspec.policy import DraftGate, PassCost, Policy, StepCost
 from suffixspec.proposers import Proposer
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer
-from suffixspec.proposers.testing import RandomTreeProposer
 from suffixspec.sampling import warp
 
 BINS = (0, 1, 2, 3, 4, 8)  # rank bins: [0], [1], [2], [3], [4, 8), [8, vocab)
@@ -104,7 +106,7 @@ def _sharpest_prompt(T: torch.Tensor, Q: torch.Tensor, allowed: torch.Tensor, cu
     return int(torch.argmax(torch.where(allowed, torch.nan_to_num(distortion, nan=0.0), -1.0)))
 
 
-class PinnedCost(VerifyCost):
+class PinnedCost(PassCost):
     """t(n) = 1 + slope * (n - 1) seconds (or ``table[n]`` where given), whatever the clock says: the
     gate's decisions are then a function of the run alone (deterministic per seed), and they bite."""
 
@@ -145,11 +147,27 @@ def _first_token_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return _pvalue(np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum()))
 
 
-def _run_seeds(toys, proposers, cost: VerifyCost, seeds: int = SEEDS, tokens: int = TOKENS
+def counting(monkeypatch, counts: dict, extra: Callable[..., None] | None = None) -> None:
+    """Count the draft gate's decisions (``passed``: verified, explorations too; ``skipped``): the real
+    ``choose_drafts`` of the scheduler, wrapped; ``extra(rows)`` sees every judged batch."""
+    choose = scheduler_module.choose_drafts
+
+    def counted(rows, cost):
+        choose(rows, cost)
+        for r in rows:
+            if r.size and not r.must:
+                counts["passed" if r.verified else "skipped"] += 1
+        if extra is not None:
+            extra(rows, cost)
+
+    monkeypatch.setattr(scheduler_module, "choose_drafts", counted)
+
+
+def _run_seeds(toys, proposers, cost: PassCost, seeds: int = SEEDS, tokens: int = TOKENS, policy: Policy | None = None
                ) -> tuple[list[float], dict]:
     """p-values (the first token over the vocabulary, then the rank-bin test per position), and counts (drafted, accepted, gate passes/skips)."""
-    engine = Engine(toys["target"])
-    engine.verify_cost = cost
+    engine = Engine(toys["target"], policy=policy)
+    engine.scheduler.cost = cost
     engine.proposers = proposers
     T, ranks = toys["T"], toys["ranks"]
     mass = _exact_bins(T, ranks).numpy()  # [vocab, bins]
@@ -158,15 +176,8 @@ def _run_seeds(toys, proposers, cost: VerifyCost, seeds: int = SEEDS, tokens: in
     expected = np.zeros((tokens, len(BINS)))
     first = np.zeros(T.shape[0])  # token counts at position 0 (its exact law is T[prompt[-1]])
     counts = {"drafted": 0, "accepted": 0, "passed": 0, "skipped": 0}
-    worth = DraftGate.worth
-
-    def counting_worth(self, nodes, score, shape=None):  # the real rule, counted
-        ok = worth(self, nodes, score, shape)
-        counts["passed" if ok else "skipped"] += 1
-        return ok
-
-    DraftGate.worth = counting_worth
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        counting(mp, counts)
         for seed in range(seeds):
             res = engine.generate(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=tokens,
                                                          ignore_eos=True), SpeculationConfig(adaptive=True))
@@ -178,8 +189,6 @@ def _run_seeds(toys, proposers, cost: VerifyCost, seeds: int = SEEDS, tokens: in
                 prev = tok
             counts["drafted"] += res.stats.drafted_tokens
             counts["accepted"] += res.stats.accepted_tokens
-    finally:
-        DraftGate.worth = worth
     return [_first_token_pvalue(first, T[prompt[-1]].numpy())] + [_pvalue(observed[j], expected[j])
                                                                     for j in range(tokens)], counts
 
@@ -243,24 +252,22 @@ def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
 
 
 def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
-    """The gate verifies a skipped-looking draft every ``interval`` skips and doubles the interval
-    after an exploration that accepted nothing (budget.DraftGate): which drafts reach verification
-    then depends on earlier steps' outcomes, never on what this draft sampled. A cost so steep that
-    only explorations pass, intervals short enough that the doubling happens within a run."""
-    import suffixspec.engine as engine_module
-
+    """The gate verifies a skipped-looking draft once the skipped plain steps cost ``interval`` times
+    what the draft adds, and doubles the interval after an exploration that accepted nothing
+    (policy.DraftGate): which drafts reach verification then depends on earlier steps' outcomes and
+    costs, never on what this draft sampled. A cost steep enough that most drafts pass only as
+    explorations (a 4-node draft adds 3 plain steps), intervals short enough that the doubling happens
+    within a run."""
     intervals: list[int] = []
+    observe = DraftGate.observe
 
-    class ShortIntervals(DraftGate):
-        def __init__(self, cost: VerifyCost) -> None:
-            super().__init__(cost, explore_every=1, max_explore_every=4)
+    def recording(self, score: float, accepted: int) -> None:
+        observe(self, score, accepted)
+        intervals.append(self._interval)
 
-        def observe(self, score: float, accepted: int) -> None:
-            super().observe(score, accepted)
-            intervals.append(self._interval)
-
-    monkeypatch.setattr(engine_module, "DraftGate", ShortIntervals)
-    pvalues, counts = _run_seeds(toys, _same_vocab(toys), PinnedCost(5.0), tokens=6)
+    monkeypatch.setattr(DraftGate, "observe", recording)
+    pvalues, counts = _run_seeds(toys, _same_vocab(toys), PinnedCost(0.75), tokens=6,
+                                 policy=Policy(explore_every=1, max_explore_every=4))
     assert counts["passed"] > 0 and counts["skipped"] > 0, counts
     assert max(intervals) > 1 and 1 in intervals, intervals[:50]  # doubled after misses, reset after hits
     assert counts["accepted"] > 0.1 * SEEDS, counts
@@ -288,29 +295,34 @@ class _LikeliestTree(Proposer):
 
 
 def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toys, monkeypatch):
-    """The target's sharpness gates (budget.DraftGate ``ceiling`` and ``hopeless``, the engine's
+    """The target's sharpness gates (policy.DraftGate ``ceiling`` and ``hopeless``, the engine's
     hold on proposers without ``q``) judge a deterministic draft by its shape and by the target's
     distributions at positions already sampled. A pinned cost where both bite: some steps hold the
     drafter back, some drafts are skipped only because of the ceiling; the law of every position
     holds, and seeded runs give plain sampling's tokens."""
     seen = {"hopeless": 0, "hoping": 0, "capped": 0}
-    hopeless, worth = DraftGate.hopeless, DraftGate.worth
+    hopeless, expected = DraftGate.hopeless, DraftGate.expected
 
-    def counting_hopeless(self, budget):
-        out = hopeless(self, budget)
+    def counting_hopeless(self, budget, step):
+        out = hopeless(self, budget, step)
         seen["hopeless" if out else "hoping"] += 1
         return out
 
-    def counting_worth(self, nodes, score, shape=None):
-        out = worth(self, nodes, score, shape)
-        saved = (self._skipped, self._explored)  # the uncapped rule, asked without moving the exploration count
-        if not out and shape is not None and worth(self, nodes, score, None):
-            seen["capped"] += 1
-        self._skipped, self._explored = saved
-        return out
+    def remembering(self, score, shape=None):  # what the draft promised before the ceiling
+        self.uncapped = expected(self, score, None)
+        return expected(self, score, shape)
+
+    def capped(rows, cost):  # skipped, though the uncapped promise would have paid (one row)
+        step = StepCost(cost, len(rows))
+        for r in rows:
+            if r.size and not r.verified and r.shape is not None:
+                if r.gate.uncapped * step.plain() >= step.extra(r.size):
+                    seen["capped"] += 1
 
     monkeypatch.setattr(DraftGate, "hopeless", counting_hopeless)
-    monkeypatch.setattr(DraftGate, "worth", counting_worth)
+    monkeypatch.setattr(DraftGate, "expected", remembering)
+    counts = {"passed": 0, "skipped": 0}
+    counting(monkeypatch, counts, capped)
     drafter = _LikeliestTree(toys["T"], depth=10)  # scores 10: its ceiling, not its score, skips some drafts
     pvalues, counts = _run_seeds(toys, [drafter], PinnedCost(0.6), tokens=6)
     assert seen["hopeless"] > 0 and seen["hoping"] > 0 and seen["capped"] > 0, seen
@@ -318,7 +330,7 @@ def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toy
     assert min(pvalues) > 1e-3, (pvalues, counts, seen)
 
     engine = Engine(toys["target"])
-    engine.verify_cost = PinnedCost(0.6)
+    engine.scheduler.cost = PinnedCost(0.6)
     for seed in range(40):
         sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True)
         engine.proposers = []

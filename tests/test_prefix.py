@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suffixspec.batch import BatchScheduler
 from suffixspec.config import SamplingParams
 from suffixspec.engine import Engine
 from suffixspec.loading import load_model
+from suffixspec.policy import Policy
 from suffixspec.prefix import PrefixStore
 
 HEAD = ("# Tools: read_file(path), write_file(path, text), run_tests()\n"
@@ -75,15 +75,15 @@ def test_batched_joiners_reuse_equals_full_prefill(targets, arch):
     engine = Engine(targets[arch], max_num_seqs=4)
     reqs = [(HEAD + TASKS[i % 4] + "#" * (i // 4), SamplingParams(**CASES[i % 4])) for i in range(6)]
     alone = [full.generate(p, sp, speculation=False).token_ids for p, sp in reqs]
-    sched = BatchScheduler(engine, 4, threaded=False)
-    assert sched.lean is not None
+    sched = engine.scheduler
+    assert sched.runner.lean is not None and sched.max_num_seqs == 4
     handles = []
     for i, (p, sp) in enumerate(reqs):
         request, spec = engine.prepare(p, sp, False)
-        handles.append(sched.submit(engine.sequence_maker(request, spec, None, sched.cost_view)))
+        handles.append(sched.submit(engine.state_maker(request, spec, None)))
         if i in (1, 3):
             sched.step()
-    while sched.running or sched._waiting:
+    while sched.running or sched.waiting:
         sched.step()
     assert engine.prefix_store.hits > 0
     for h, want, (p, sp) in zip(handles, alone, reqs, strict=True):
@@ -92,6 +92,37 @@ def test_batched_joiners_reuse_equals_full_prefill(targets, arch):
             events.append(h.events.get())
         assert events[-1].result is not None, events[-1]
         assert events[-1].result.token_ids == want, (p, sp)
+
+
+def test_joiners_sharing_a_head_compute_it_once(targets, monkeypatch):
+    """Four requests sharing a head join the batch together: one computes the head, the others wait
+    one step and copy it (the store holds it then), so the head's tokens are fed once; every output
+    equals the request alone with its prompt prefilled in full."""
+    full = Engine(targets["llama"], prefix_cache_mb=0)
+    engine = Engine(targets["llama"], max_num_seqs=4, policy=Policy(shared_prefill_min=16))
+    reqs = [(HEAD + TASKS[i], SamplingParams(**CASES[i])) for i in range(4)]
+    alone = [full.generate(p, sp, speculation=False).token_ids for p, sp in reqs]
+    sched = engine.scheduler
+    fed: list[int] = []  # prompt tokens computed per pass
+    forward = sched.runner.forward
+    monkeypatch.setattr(sched.runner, "forward", lambda rows: fed.append(
+        sum(len(r.ids) for r in rows if r.logits == "none")) or forward(rows))
+    handles = []
+    for p, sp in reqs:
+        request, spec = engine.prepare(p, sp, False)
+        handles.append(sched.submit(engine.state_maker(request, spec, None), None, request.prompt_ids))
+    while sched.running or sched.waiting:
+        sched.step()
+    head = len(engine.encode(HEAD))
+    prompts = [len(engine.encode(p)) - 1 for p, _ in reqs]
+    assert head >= 32
+    assert sum(fed) <= sum(prompts) - 3 * (head - head % 16 - 16)  # the head (whole blocks) computed once
+    assert fed[0] < prompts[0] + 16 and fed[1] > 0  # one joiner first, the others a step later
+    for h, want in zip(handles, alone, strict=True):
+        events = []
+        while not h.events.empty():
+            events.append(h.events.get())
+        assert events[-1].result.token_ids == want
 
 
 def test_prefix_cache_size_reaches_the_engine_from_every_entry_point(tiny_model_dirs):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from doubles import OracleProposer, RandomTreeProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.engine import Engine
 from suffixspec.loading import load_model
 from suffixspec.proposers.draft_model import DraftModelProposer
-from suffixspec.proposers.testing import OracleProposer, RandomTreeProposer
 
 WINDOW = 16
 PROMPTS = ["def add(a, b):\n    return", "The quick brown fox jumps"]

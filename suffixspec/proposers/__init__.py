@@ -1,86 +1,46 @@
 """Proposers: cheap guessers of the target's next tokens.
 
-Every proposer implements the small interface below; one file per proposer. The engine is batch 1,
-so a proposer is a long-lived object that is told when a request begins and ends.
-
-Lifecycle for one request::
-
-    p.begin(request)                  # prompt ids, per-request references, sampling settings
-    loop:
-        draft = p.propose(context, budget)   # context = prompt + output so far (target ids)
-        ...verify...
-        p.update(new_tokens)          # tokens appended to the context this step
-    p.end(output_ids)
+Every proposer implements the small interface of :mod:`.base` (re-exported here); one file per
+proposer, and :func:`make_proposer` builds them by name. A proposer is a
+long-lived object that serves one request at a time and is told when it begins and ends; requests
+running at the same time (a batch) each get their own twin (:meth:`Proposer.fork`). The lifecycle of
+a request is in :mod:`.base`.
 """
 
 from __future__ import annotations
 
-import copy
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-from ..config import SamplingParams
-from ..draft import Draft
+from .base import Proposer, RequestContext
+
+__all__ = ["Proposer", "RequestContext", "make_proposer", "proposer_names", "register_proposer"]
 
 
-@dataclass
-class RequestContext:
-    """What a proposer may know about the request it serves."""
+def _suffix(**kwargs: object) -> Proposer:
+    from .suffix import make_suffix_proposer
 
-    prompt_ids: list[int]  # target-tokenizer ids of the prompt
-    reference_ids: list[list[int]] = field(default_factory=list)  # per-request references (RAG chunks), tokenized
-    prediction_ids: list[int] | None = None  # code-edit prediction (OpenAI `prediction`), tokenized
-    sampling: SamplingParams = field(default_factory=SamplingParams)  # the request's sampling settings
-    drafters: tuple[str, ...] | None = None  # sources this request allows; None = all
+    return make_suffix_proposer(**kwargs)  # type: ignore[arg-type]
 
 
-class Proposer(ABC):
-    """One drafter. ``name`` is used in configuration; node sources come from ``Draft.sources``."""
+def _draft_model(**kwargs: object) -> Proposer:
+    from .draft_model import make_draft_proposer
 
-    name: str = "proposer"
-    # seconds of the last propose() spent on one-off request setup (a draft model's lazy prefill of the
-    # prompt): the engine's ProposerGate judges a proposer by its per-step cost, without it
-    setup_s: float = 0.0
-
-    def begin(self, request: RequestContext) -> None:  # noqa: B027 - optional hook
-        """A request starts; reset per-request state."""
-
-    @abstractmethod
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
-        """Return a draft of at most ``budget`` nodes continuing ``context`` (empty draft if none)."""
-
-    def drafts_with_q(self) -> bool:
-        """Whether this request's drafts carry ``q`` (tokens sampled from a draft distribution).
-
-        Drafts without it are deterministic given the context (verified by the one-hot rule), so
-        the engine's gates may judge them by their shape and hold the proposer back when the target
-        is too unsure for any of them to pay (``budget.DraftGate.hopeless``); drafts with ``q`` may
-        be judged only by what was fixed before sampling. Called after ``begin``."""
-        return False
-
-    def setup_pending(self) -> bool:
-        """Whether the next ``propose`` pays a one-off setup for this request (``setup_s``: a draft
-        model's prefill of the prompt); the engine defers such a call while it cannot tell whether
-        a draft would be worth anything (a sampled request's first step)."""
-        return False
-
-    def update(self, new_tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """``new_tokens`` (accepted draft tokens plus the target's own token) were appended to the context."""
-
-    def end(self, output_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """The request finished with these output ids."""
-
-    def fork(self) -> Proposer:
-        """A twin for another request running at the same time (continuous batching).
-
-        It shares what serves every request (models, document index, output history) and owns
-        the per-request state that ``begin`` resets. The default is a shallow copy, right for
-        proposers whose per-request state is only reassigned in ``begin``/``update``."""
-        return copy.copy(self)
+    return make_draft_proposer(**kwargs)  # type: ignore[arg-type]
 
 
-PROPOSER_NAMES = ("suffix", "draft_model", "oracle", "wrong", "random")
+# name -> factory(**settings); the built-in drafters, plus what register_proposer adds
+_FACTORIES: dict[str, Callable[..., Proposer]] = {"suffix": _suffix, "draft_model": _draft_model}
+
+
+def register_proposer(name: str, factory: Callable[..., Proposer]) -> None:
+    """Make ``make_proposer(name, **settings)`` build ``factory(**settings)`` (a drafter of your own, or a
+    test's double); a name already taken is replaced."""
+    _FACTORIES[name] = factory
+
+
+def proposer_names() -> tuple[str, ...]:
+    """The names :func:`make_proposer` knows."""
+    return tuple(_FACTORIES)
 
 
 def make_proposer(name: str, **kwargs: object) -> Proposer:
@@ -88,20 +48,9 @@ def make_proposer(name: str, **kwargs: object) -> Proposer:
 
     ``suffix`` -> :func:`suffixspec.proposers.suffix.make_suffix_proposer` (db, tokenizer, settings);
     ``draft_model`` -> :func:`suffixspec.proposers.draft_model.make_draft_proposer` (draft, target, mode);
-    ``oracle`` / ``wrong`` / ``random`` -> the test proposers of :mod:`suffixspec.proposers.testing`.
+    others as :func:`register_proposer` registered them.
     """
-    if name == "suffix":
-        from .suffix import make_suffix_proposer
-
-        return make_suffix_proposer(**kwargs)  # type: ignore[arg-type]
-    if name == "draft_model":
-        from .draft_model import make_draft_proposer
-
-        return make_draft_proposer(**kwargs)  # type: ignore[arg-type]
-    if name in ("oracle", "wrong", "random"):
-        from . import testing
-
-        cls = {"oracle": testing.OracleProposer, "wrong": testing.WrongProposer,
-               "random": testing.RandomTreeProposer}[name]
-        return cls(**kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"unknown proposer {name!r}; choose one of {', '.join(PROPOSER_NAMES)}")
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown proposer {name!r}; choose one of {', '.join(_FACTORIES)}")
+    return factory(**kwargs)

@@ -47,7 +47,7 @@ import torch
 from suffixspec.tokenizer_bridge import BoundaryLattice, DraftContext, TokenBridge
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
-from . import RequestContext
+from .base import RequestContext
 from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs
 
 if TYPE_CHECKING:

@@ -25,25 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
-from . import Proposer, RequestContext
+from .base import Proposer, RequestContext
 from .bridged_draft import BridgedDraftProposer
-from .model_drafter import (
-    AdaptiveLength,
-    DraftRunner,
-    LeanCache,
-    LeanLlama,
-    ModelDrafter,
-    common_prefix,
-    draft_probs,
-    fit_width,
-)
+from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs, fit_width
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
-
-# the shared pieces lived here before model_drafter.py; importers of this module still find them
-__all__ = ["AdaptiveLength", "BridgedDraftProposer", "DraftModelProposer", "DraftRunner", "LeanCache", "LeanLlama",
-           "ModelDrafter", "common_prefix", "draft_probs", "fit_width", "make_draft_proposer"]
 
 
 class DraftModelProposer(ModelDrafter):

@@ -8,7 +8,8 @@ it one way.
 - :class:`DraftRunner` runs a small causal LM with its own KV cache. Given the ids the draft should
   have seen, it crops the cache to the longest common prefix with what it has already seen and
   feeds only the rest, so after the target rejects a draft suffix the cache is back in step with
-  one short forward pass (:class:`LeanLlama` is its fast path for small Llama-style drafts).
+  one short forward pass (the lean forward of :mod:`suffixspec.lean` is its fast path for the
+  families it covers).
 - :class:`AdaptiveLength` grows the draft length after a fully accepted draft and shrinks it
   after an early rejection.
 
@@ -31,151 +32,24 @@ import torch
 
 from ..config import SamplingParams
 from ..draft import SOURCE_DRAFT_MODEL
+from ..kv import SlotCache, new_cache
+from ..lean import PassRow, lean_forward
+from ..prefix import common_prefix
 from ..sampling import warp
-from . import Proposer, RequestContext
+from .base import Proposer, RequestContext
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class LeanCache:
-    """Preallocated KV cache of :class:`LeanLlama`: ``k[layer]``, ``v[layer]`` are [kv_heads, max_positions,
-    head_dim]; the first ``length`` positions are filled. Cropping moves ``length`` (no copy)."""
-
-    def __init__(self, layers: int, kv_heads: int, positions: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.k = [torch.zeros(kv_heads, positions, head_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros_like(k) for k in self.k]
-        self.length = 0
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def crop(self, n: int) -> None:
-        """Keep the first ``n`` positions; a negative ``n`` drops that many (as ``DynamicCache.crop``)."""
-        self.length = max(0, self.length + n if n < 0 else min(n, self.length))
-
-
-class LeanLlama:
-    """The forward pass of a small Llama-style decoder (Llama, Qwen2, Mistral without sliding window)
-    written with a handful of tensor operations, for draft models.
-
-    A draft of a few million parameters spends most of a ``transformers`` forward call in Python
-    (module hooks, output classes, mask and cache bookkeeping): on the embedded 2 x 96 draft, about
-    2 ms per call against ~0.3 ms here, for a model called one to five times per step. The numerics
-    follow ``modeling_llama`` (RMSNorm in float32, rotary embedding, scaled dot-product attention,
-    SiLU-gated MLP); a draft's logits only choose what to propose, so verification stays lossless
-    either way. :meth:`supports` says which models it runs; the others keep the ``transformers`` path.
-    """
-
-    TYPES = ("llama", "qwen2", "mistral")
-
-    @classmethod
-    def supports(cls, model: Any) -> bool:
-        cfg = getattr(model, "config", None)
-        if cfg is None or getattr(cfg, "model_type", None) not in cls.TYPES:
-            return False
-        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
-        inner = getattr(model, "model", None)
-        windowed = getattr(cfg, "use_sliding_window", False) or (
-            cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None))
-        return (rope_type == "default" and getattr(cfg, "hidden_act", None) == "silu"
-                and getattr(cfg, "pretraining_tp", 1) == 1 and not windowed
-                and inner is not None and hasattr(inner, "layers") and hasattr(inner, "rotary_emb"))
-
-    def __init__(self, model: Any, max_positions: int) -> None:
-        cfg = model.config
-        inner = model.model
-        self.n_heads = int(cfg.num_attention_heads)
-        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
-        self.scale = self.head_dim ** -0.5
-        self.eps = float(cfg.rms_norm_eps)
-        self.embed = inner.embed_tokens.weight
-        self.dtype = self.embed.dtype
-        self.device = self.embed.device
-        self.layers = []
-        cat = torch.cat
-        for layer in inner.layers:  # q, k, v fused into one matrix, gate and up into another
-            att, mlp = layer.self_attn, layer.mlp
-            projs = (att.q_proj, att.k_proj, att.v_proj)
-            bias = None
-            if any(p.bias is not None for p in projs):
-                bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
-                                                                            device=self.device) for p in projs])
-            self.layers.append((
-                layer.input_layernorm.weight, cat([p.weight for p in projs]), bias, att.o_proj.weight,
-                att.o_proj.bias, layer.post_attention_layernorm.weight,
-                cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight))
-        self.norm = inner.norm.weight
-        self.head = model.get_output_embeddings().weight
-        self.max_positions = max_positions
-        inv_freq = inner.rotary_emb.inv_freq.float().to(self.device)
-        freqs = torch.arange(max_positions, dtype=torch.float, device=self.device)[:, None] * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scaling = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
-        self.cos = (emb.cos() * scaling).to(self.dtype)  # [positions, head_dim]
-        self.sin = (emb.sin() * scaling).to(self.dtype)
-
-    def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers), self.n_kv, self.max_positions, self.head_dim, self.dtype, self.device)
-
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if self.dtype == torch.float32 and hasattr(torch.nn.functional, "rms_norm"):
-            return torch.nn.functional.rms_norm(x, w.shape, w, self.eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * h.to(self.dtype)
-
-    @torch.inference_mode()
-    def __call__(self, ids: Sequence[int], cache: LeanCache) -> torch.Tensor:
-        """Logits [vocab] after feeding ``ids`` at the cache's end (the cache grows by ``len(ids)``)."""
-        lin = torch.nn.functional.linear
-        start, t = cache.length, len(ids)
-        end = start + t
-        if end > self.max_positions:
-            raise ValueError(f"the draft model holds {self.max_positions} positions, asked for {end}")
-        x = self.embed[torch.tensor(ids, device=self.device)]  # [t, hidden]
-        cos, sin = self.cos[start:end, None], self.sin[start:end, None]  # [t, 1, head_dim]
-        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
-        half, rep = d // 2, h_q // h_kv
-        mask = None
-        if t > 1:  # causal among the new tokens, all of the cached ones visible
-            mask = torch.full((t, end), float("-inf"), dtype=self.dtype, device=self.device).triu(start + 1)
-        for i, (w_in, w_qkv, b_qkv, wo, bo, w_post, w_gu, wd) in enumerate(self.layers):
-            qkv = lin(self._rms(x, w_in), w_qkv, b_qkv).view(t, h_q + 2 * h_kv, d)
-            qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
-            cache.k[i][:, start:end] = qk[:, h_q:].transpose(0, 1)
-            cache.v[i][:, start:end] = v.transpose(0, 1)
-            keys, values = cache.k[i][:, :end], cache.v[i][:, :end]  # [kv_heads, end, d]
-            if rep > 1:
-                keys, values = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
-            scores = torch.matmul(qk[:, :h_q].transpose(0, 1), keys.transpose(1, 2)) * self.scale  # [heads, t, end]
-            if mask is not None:
-                scores = scores + mask
-            a = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float).to(self.dtype), values)  # [heads, t, d]
-            x = x + lin(a.transpose(0, 1).reshape(t, h_q * d), wo, bo)
-            gate, up = lin(self._rms(x, w_post), w_gu).chunk(2, dim=-1)
-            x = x + lin(torch.nn.functional.silu(gate) * up, wd)
-        cache.length = end
-        return lin(self._rms(x[-1], self.norm), self.head).float()
-
-
 class DraftRunner:
     """A draft model with its own KV cache, kept in step with a token sequence that may be rewritten.
 
-    Llama-style drafts run through :class:`LeanLlama` (``lean=True``, the default, when supported);
-    other models through their ``transformers`` forward with a ``DynamicCache``.
+    Models of a lean family (:mod:`suffixspec.lean`: Llama, Qwen2, Mistral, Gemma 3) run through the
+    lean forward (``lean=True``, the default) over a one-row slot cache; others through their
+    ``transformers`` forward with a ``DynamicCache``. A draft of a few million parameters spends most
+    of a ``transformers`` call in Python (about 2 ms per call on the embedded 2 x 96 draft against
+    ~0.3 ms lean), for a model called one to five times per step.
     """
 
     def __init__(self, loaded: LoadedModel, lean: bool = True) -> None:
@@ -187,7 +61,7 @@ class DraftRunner:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_one = "logits_to_keep" in params
-        self.lean = LeanLlama(self.model, self.max_positions) if lean and LeanLlama.supports(self.model) else None
+        self.lean = lean_forward(self.model) if lean else None
         self.reset()
 
     def reset(self) -> None:
@@ -206,14 +80,13 @@ class DraftRunner:
         n = min(n, len(ids) - 1)  # feed at least one token to get logits
         if self.lean is not None:
             if self.cache is None:
-                self.cache = self.lean.new_cache()
-            self.cache.crop(n)
-            self._last = self.lean(ids[n:], self.cache)
+                self.cache = SlotCache(1)
+                self.cache.add_row()
+            self._last = self.lean([PassRow(0, list(ids[n:]), None, n, "last")], self.cache)[0][0]
+            self.cache.lengths[0] = len(ids)
             self.ids = list(ids)
             return self._last
         if self.cache is None or n == 0:
-            from ..kv import new_cache
-
             self.cache = new_cache(self.model.config)  # every position kept, so crop works past a window
             n = 0
         elif self.cache.get_seq_length() > n:

@@ -50,7 +50,7 @@ from ..draft import (
     Draft,
     drafter_allows,
 )
-from . import Proposer, RequestContext
+from .base import Proposer, RequestContext
 
 PROPOSER_NAME = "suffix"
 

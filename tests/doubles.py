@@ -1,7 +1,7 @@
-"""Test proposers: an oracle that knows the plain output, an always-wrong one, a random tree.
+"""Test doubles of proposers: an oracle that knows the plain output, an always-wrong one, a random tree.
 
-They exist to exercise verification (full acceptance, full rejection, arbitrary tree shapes) and
-the benchmarks' upper and lower bounds; real drafters live in their own files.
+They exercise verification (full acceptance, full rejection, arbitrary tree shapes); the package's
+factory does not know them (a test that wants one by name registers it: ``register_proposer``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ..draft import SOURCE_DRAFT_MODEL, Draft
-from . import Proposer, RequestContext
+from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.proposers import Proposer, RequestContext
 
 
 class OracleProposer(Proposer):

@@ -1,0 +1,337 @@
+"""Lean forwards: a decoder's forward pass written with a handful of tensor operations.
+
+One numerics path per architecture family, used by the target's verify pass (the scheduler's
+packed pass over every request of a batch) and by draft models (one row, a causal chain). A
+``transformers`` forward call spends milliseconds of CPU time in Python per pass (module hooks,
+output classes, mask and cache bookkeeping: about 7 ms on the embedded 5-layer target, 2 ms on
+the 2 x 96 draft), several times the compute of a pass over a few tokens; this pays almost none of
+it. The numerics follow the family's ``modeling_*`` op for op (the norms in float32, rotary
+embedding at the positions given, scaled dot-product attention with the row's mask), and the tests
+compare the logits with ``transformers``' own forward per family (``tests/test_lean.py``).
+Models of any other family run through their own forward (``runner.Runner``, ``DraftRunner``).
+
+Families (:data:`FAMILIES`):
+
+- ``llama``: Llama, Mistral, Qwen2 (q/k/v biases), their sliding windows per layer type;
+  RMSNorm ``w * x / rms(x)``, SiLU-gated MLP.
+- ``gemma3``: Gemma 3 text models; embeddings scaled by ``sqrt(hidden)``, RMSNorm ``(1 + w) * ...``,
+  q/k norms per head, four norms per layer, GELU (tanh) gated MLP, one rotary table per layer type
+  (local and global), sliding-window layers.
+
+Rows are packed: the projections and the MLP run once over every row's real tokens (``sum(len(ids))``
+of them, no padding to the widest row), and attention runs per row over that row's own keys (its
+cached length, or only its window on a sliding layer). Worked example (two rows: a tree of 3 nodes
+after 2 cached tokens, a lone root after 5)::
+
+    packed tokens   r0: root a b   r1: root        (4 tokens through every matmul)
+    attention       r0: 3 queries x (2 + 3) keys, tree mask    r1: 1 query x (5 + 1) keys, no mask
+
+Grouped-query attention never copies keys: a lone query or a causal prompt uses SDPA's
+``enable_gqa``; a masked row stacks the ``rep`` query heads that share a key head as ``rep * n``
+queries of that head (mask rows repeated), one SDPA call per row and layer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .kv import SlotCache, additive, layer_types, tree_mask
+
+# model_type -> family
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}
+
+
+@dataclass
+class PassRow:
+    """One row of a pass: what cache row ``row`` feeds after its ``past`` cached positions."""
+
+    row: int  # cache row
+    ids: list[int]  # the root (last committed token) then the draft nodes; or a prompt chunk
+    parents: list[int] | None  # parents of ids[1:] as in Draft.parents (-1 = the root); None = a causal chain
+    past: int  # cached positions before ids (where ids' keys/values are written)
+    logits: str = "all"  # "all": a logits row per id; "last": the last id's; "none": keys/values only (a prompt)
+
+    def __post_init__(self) -> None:
+        if self.logits not in ("all", "last", "none"):
+            raise ValueError(f"PassRow.logits is 'all', 'last' or 'none', got {self.logits!r}")
+        if self.parents is not None and len(self.parents) != len(self.ids) - 1:
+            raise ValueError(f"PassRow has {len(self.ids)} ids and {len(self.parents)} parents; give one per node")
+
+    @property
+    def wanted(self) -> int:
+        """Logits rows this row returns (its last ``wanted`` ids)."""
+        return {"all": len(self.ids), "last": 1, "none": 0}[self.logits]
+
+
+_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its LeanForward (fused weights once)
+
+
+def lean_forward(model: Any) -> LeanForward | None:
+    """The lean forward of ``model`` (one per model, so its fused weights exist once however many
+    runners use it), or None when its family has none (:func:`unsupported` says why)."""
+    if unsupported(model) is not None:
+        return None
+    lean = _LEAN.get(model)
+    if lean is None:
+        lean = _LEAN[model] = LeanForward(model)
+    return lean
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M, in] -> x @ w.T + b`` as ``(w @ x.T).T``: the same product, which MKL runs faster than
+    ``torch.nn.functional.linear`` for the few rows of a decode pass (measured on this machine's AMD EPYC,
+    one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33% at 2-8, 1-5% at 16-400). The result is
+    a transposed view: callers reshape (which copies) where they need rows."""
+    y = torch.mm(w, x.t()).t()
+    return y if b is None else y + b
+
+
+def family(model: Any) -> str | None:
+    """The lean family of ``model``, or None when it runs through its own forward (and why not is
+    in :func:`unsupported`)."""
+    return None if unsupported(model) else FAMILIES[model.config.model_type]
+
+
+def unsupported(model: Any) -> str | None:
+    """Why ``model`` has no lean forward, or None when it has one."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in FAMILIES:
+        return f"no lean forward for model type {kind!r}"
+    text = cfg.get_text_config(decoder=True)
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
+        return "unexpected module layout"
+    try:
+        layer_types(text)
+    except ValueError as e:
+        return str(e)
+    if getattr(text, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    if FAMILIES[kind] == "llama":
+        if getattr(text, "hidden_act", None) != "silu" or getattr(text, "mlp_bias", False):
+            return "an MLP other than SiLU-gated without bias"
+        rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            return f"rope type {rope.get('rope_type')!r}"
+    else:
+        if getattr(text, "attn_logit_softcapping", None) is not None:
+            return "attention logit soft-capping"
+        if getattr(text, "use_bidirectional_attention", False):
+            return "bidirectional attention"
+        if getattr(text, "hidden_activation", None) not in ("gelu_pytorch_tanh", "gelu"):
+            return f"activation {getattr(text, 'hidden_activation', None)!r}"
+        params = getattr(text, "rope_parameters", None) or {}
+        if any((p or {}).get("rope_type", "default") != "default" for p in params.values()):
+            return "a rope type other than default"
+    return None
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights, fused where the matmuls allow (q, k, v; gate and up)."""
+
+    norm_in: torch.Tensor  # [hidden] input norm weight (as used: 1 + w for Gemma)
+    w_qkv: torch.Tensor  # [(h_q + 2 h_kv) d, hidden]
+    b_qkv: torch.Tensor | None  # [(h_q + 2 h_kv) d] or None
+    q_norm: torch.Tensor | None  # [d] per-head norm of queries (Gemma 3), as used
+    k_norm: torch.Tensor | None  # [d] per-head norm of keys
+    wo: torch.Tensor  # [hidden, h_q d]
+    bo: torch.Tensor | None
+    norm_post_attn: torch.Tensor | None  # Gemma: norm of the attention output before the residual
+    norm_mlp: torch.Tensor  # norm before the MLP (Llama: post_attention_layernorm; Gemma: pre_feedforward)
+    norm_post_mlp: torch.Tensor | None  # Gemma: norm of the MLP output before the residual
+    w_gu: torch.Tensor  # [2 intermediate, hidden]
+    wd: torch.Tensor  # [hidden, intermediate]
+    window: int | None  # sliding window of this layer, None: full attention
+    rope: str  # key of the rotary table (layer type)
+
+
+class LeanForward:
+    """The lean forward of ``model`` (see the module docstring); ``__call__`` runs one packed pass."""
+
+    def __init__(self, model: Any) -> None:
+        problem = unsupported(model)
+        if problem is not None:
+            raise ValueError(f"no lean forward for this model: {problem}")
+        cfg = model.config.get_text_config(decoder=True)
+        inner = model.model
+        self.family = FAMILIES[model.config.model_type]
+        gemma = self.family == "gemma3"
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.scale = float(cfg.query_pre_attn_scalar) ** -0.5 if gemma else self.head_dim ** -0.5
+        self.eps = float(cfg.rms_norm_eps)
+        self.embed = inner.embed_tokens.weight
+        self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
+        self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype) if gemma else None
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048))
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None) if gemma else None
+        types = layer_types(cfg)
+        self.windows = sorted({w for _, w in types}, key=lambda w: (w is not None, w or 0))  # None first
+        self.rope: dict[str, tuple[torch.Tensor, float]] = {}  # table key -> (inv_freq [d/2], scaling)
+        rotary = inner.rotary_emb
+        for kind, _ in types:
+            key = kind if gemma else "all"
+            if key not in self.rope:
+                inv = getattr(rotary, f"{kind}_inv_freq") if gemma else rotary.inv_freq
+                scaling = getattr(rotary, f"{kind}_attention_scaling", 1.0) if gemma else getattr(
+                    rotary, "attention_scaling", 1.0)
+                self.rope[key] = (inv.float().to(self.device), float(scaling))
+        norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
+        self.layers: list[_Layer] = []
+        cat = torch.cat
+        for layer, (kind, window) in zip(inner.layers, types, strict=True):
+            att, mlp = layer.self_attn, layer.mlp
+            projs = (att.q_proj, att.k_proj, att.v_proj)
+            bias = None
+            if any(p.bias is not None for p in projs):
+                bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
+                                                                            device=self.device) for p in projs])
+            self.layers.append(_Layer(
+                norm_in=norm(layer.input_layernorm.weight), w_qkv=cat([p.weight for p in projs]), b_qkv=bias,
+                q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
+                wo=att.o_proj.weight, bo=att.o_proj.bias,
+                norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
+                norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
+                norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
+                w_gu=cat([mlp.gate_proj.weight, mlp.up_proj.weight]), wd=mlp.down_proj.weight,
+                window=window, rope=kind if gemma else "all"))
+        self.norm = norm(inner.norm.weight)
+        self.head = model.get_output_embeddings().weight
+        self.vocab_size = int(self.head.shape[0])
+        self.gemma = gemma
+        # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)
+        self.gelu = ("tanh" if cfg.hidden_activation == "gelu_pytorch_tanh" else "none") if gemma else None
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm as the family computes it: in float32, scaled by ``weight`` (Llama: after the cast
+        back to the weights' dtype; Gemma: ``(1 + w)`` in float32, then cast)."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (h * weight).type_as(x)
+        return weight * h.to(x.dtype)
+
+    def _act(self, gate: torch.Tensor) -> torch.Tensor:
+        if self.gelu is not None:
+            return torch.nn.functional.gelu(gate, approximate=self.gelu)
+        return torch.nn.functional.silu(gate)
+
+    def _rotary(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """cos, sin [T, 1, d] per rotary table at ``positions`` [T] (as the model's rotary embedding)."""
+        out = {}
+        for key, (inv, scaling) in self.rope.items():
+            freqs = positions[:, None].float() * inv  # [T, d/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            out[key] = ((emb.cos() * scaling).to(self.dtype)[:, None], (emb.sin() * scaling).to(self.dtype)[:, None])
+        return out
+
+    def allocate(self, cache: SlotCache, positions: int) -> None:
+        """Room for ``positions`` positions in every row of ``cache`` (its buffers made on first use)."""
+        if not cache.keys:
+            cache.allocate(len(self.layers), self.n_kv, self.head_dim, self.dtype, self.device)
+        cache.reserve(cache.size, positions)
+
+    # -- the pass ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def __call__(self, rows: list[PassRow], cache: SlotCache) -> list[torch.Tensor | None]:
+        """Per row: logits [wanted, vocab] (float32), or None for a row that wants none.
+
+        Row ``rows[j]`` writes its keys/values into cache row ``rows[j].row`` at ``past ..``; the
+        caller sets the rows' lengths afterwards (``SlotCache.keep`` or ``lengths[row] = ...``)."""
+        lin = linear
+        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
+        half, rep = d // 2, h_q // h_kv
+        device, dtype = self.device, self.dtype
+        self.allocate(cache, max(r.past + len(r.ids) for r in rows))
+        offsets, ids, positions, cache_rows, slots, masks = [], [], [], [], [], []
+        total = 0
+        for r in rows:
+            n = len(r.ids)
+            offsets.append(total)
+            total += n
+            ids.extend(r.ids)
+            depth, by_window = tree_mask(r.parents, r.past, self.windows, n)
+            positions.append(depth + r.past)
+            cache_rows.append(np.full(n, r.row))
+            slots.append(np.arange(r.past, r.past + n))
+            masks.append({w: (m.first, None if m.allowed is None else self._mask(m.allowed, rep), m.causal)
+                          for w, m in by_window.items()})
+        ids_t = torch.tensor(ids, device=device)
+        pos_t = torch.from_numpy(np.concatenate(positions)).to(device)
+        # where each packed token's keys/values go: cache row, then position past + offset (its
+        # slot in the block, not its tree depth); one indexed write per layer for every row
+        row_t = torch.from_numpy(np.concatenate(cache_rows)).to(device)
+        slot_t = torch.from_numpy(np.concatenate(slots)).to(device)
+        x = self.embed[ids_t]  # [T, hidden]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        rotary = self._rotary(pos_t)
+        attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
+        for i, L in enumerate(self.layers):
+            h = self._rms(x, L.norm_in)
+            qkv = lin(h, L.w_qkv, L.b_qkv).reshape(total, h_q + 2 * h_kv, d)
+            qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]
+            if L.q_norm is not None:
+                qk = torch.cat((self._rms(qk[:, :h_q], L.q_norm), self._rms(qk[:, h_q:], L.k_norm)), dim=1)
+            cos, sin = rotary[L.rope]
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
+            kbuf, vbuf = cache.keys[i], cache.values[i]
+            kbuf.transpose(1, 2)[row_t, slot_t] = qk[:, h_q:]  # [rows, positions, heads, d] view of the buffer
+            vbuf.transpose(1, 2)[row_t, slot_t] = v
+            q_all = qk[:, :h_q].transpose(0, 1)  # [heads, T, d]
+            for r, start, row_masks in zip(rows, offsets, masks, strict=True):
+                n = len(r.ids)
+                first, mask, causal = row_masks[L.window]
+                end = r.past + n
+                keys, values = kbuf[r.row, :, first:end], vbuf[r.row, :, first:end]  # [h_kv, keys, d]
+                q = q_all[:, start : start + n]  # [h_q, n, d]
+                if mask is None:  # a lone query, or a causal prompt: no key copies with enable_gqa
+                    a = torch.nn.functional.scaled_dot_product_attention(
+                        q[None], keys[None], values[None], is_causal=causal, scale=self.scale,
+                        enable_gqa=rep > 1)[0]  # [h_q, n, d]
+                else:  # the rep query heads of a key head as rep * n queries of that head
+                    a = torch.nn.functional.scaled_dot_product_attention(
+                        q.reshape(h_kv, rep * n, d)[None], keys[None], values[None], attn_mask=mask,
+                        scale=self.scale)[0].view(h_q, n, d)
+                attn[start : start + n] = a.transpose(0, 1).reshape(n, h_q * d)
+            o = lin(attn, L.wo, L.bo)
+            x = x + (self._rms(o, L.norm_post_attn) if L.norm_post_attn is not None else o)
+            gate, up = lin(self._rms(x, L.norm_mlp), L.w_gu).chunk(2, dim=-1)
+            m = lin(self._act(gate) * up, L.wd)
+            x = x + (self._rms(m, L.norm_post_mlp) if L.norm_post_mlp is not None else m)
+        return self._logits(rows, offsets, x)
+
+    def _mask(self, allowed: np.ndarray, rep: int) -> torch.Tensor:
+        """[1, 1, rep * n, keys] additive mask of a row, its rows repeated for the stacked query heads."""
+        mask = additive(allowed, self.dtype, self.device)  # [n, keys]
+        return (mask.repeat(rep, 1) if rep > 1 else mask)[None, None]
+
+    def _logits(self, rows: list[PassRow], offsets: list[int], x: torch.Tensor) -> list[torch.Tensor | None]:
+        """The wanted rows' logits (the final norm and head run on those rows only)."""
+        want = [j for j, r in enumerate(rows) if r.wanted]
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        if not want:
+            return out
+        pick = torch.cat([torch.arange(offsets[j] + len(rows[j].ids) - rows[j].wanted, offsets[j] + len(rows[j].ids))
+                          for j in want]).to(self.device)
+        logits = linear(self._rms(x.index_select(0, pick), self.norm), self.head)
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        logits = logits.float().contiguous()
+        at = 0
+        for j in want:
+            out[j] = logits[at : at + rows[j].wanted]
+            at += rows[j].wanted
+        return out
+

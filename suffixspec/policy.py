@@ -1,0 +1,521 @@
+"""The engine's decisions in one place: which drafts a pass verifies, which proposers run, how long
+a draft may be. Every constant is a named, commented field of :class:`Policy`.
+
+A pass over ``R`` rows feeds every row's root (its last committed token) plus the nodes of the
+drafts it verifies, ``inputs`` tokens in all, and costs ``t(inputs)`` (:class:`PassCost`, measured
+in CPU time and read as medians, so a busy machine's wall clock does not swing the decisions). A
+row's plain step costs its share ``F = t(R) / R`` and yields one token; a draft of ``n`` nodes adds
+``t(inputs + n) - t(inputs)`` to the pass and promises ``expected`` tokens, each sparing the row
+about ``F`` later. So a draft is verified when ``expected * F >= t(inputs + n) - t(inputs)``
+(:func:`choose_drafts`); with one row that is ``(1 + expected) * t(1) >= t(1 + n)``.
+
+Worked example (one row, as measured for SmolLM2-135M at one thread, context ~400):
+t(1) = 70 ms, t(9) = 85 ms; a chain of 8 nodes scoring 1.0 with calibration 0.3 promises 0.3
+tokens: 0.3 x 70 = 21 ms >= 15 ms -> verified; calibration 0.15: 10.5 ms < 15 ms -> skipped.
+
+Lossless (DESIGN.md, "Gates and cuts"): every decision here reads what was known before a draft's
+tokens were sampled: costs, past outcomes (calibration, acceptance, exploration counters), the
+target's sharpness at positions already sampled, a draft's planned size and a score fixed before
+sampling (``Draft.gate_size``), and the shape only of drafts without ``q``. Nothing of one row
+reaches another's tokens: a row's draft may be skipped because of other rows' drafts (the pass is
+shared), which only changes how many passes the row takes, never its tokens. Proposer costs and
+yields are shared across requests only for proposers whose drafts carry no ``q`` (their drafts never
+change what is sampled).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The constants of every decision (defaults measured on the embedded models and SmolLM2, one CPU thread)."""
+
+    # -- the draft gate (DraftGate, choose_drafts) ----------------------------------------------------------------
+    # a draft that looks not worth its nodes is still verified once the plain steps its row made since the
+    # last verified draft cost this many times what the draft adds to the pass, so the request's
+    # calibration can recover when the text starts repeating (explorations cost at most 1/this of the
+    # time: a fixed count of 8 skips cost ~7% where nothing can be drafted on the embedded model, and on
+    # SmolLM2 here, where a pass of 5 costs 2.3 plain steps, a count would cost 2-3x as much)...
+    explore_every: int = 16
+    # ...and the interval doubles after each exploration that accepted nothing, up to this
+    max_explore_every: int = 128
+    calibration_rate: float = 0.2  # weight of a new draft in the calibration's moving average (after a running mean)
+    calibration_cap: float = 4.0  # the most one draft's accepted / promised ratio counts for
+    sharpness_rate: float = 0.3  # weight of a sampled position in the averages of the target's top masses
+    # -- the proposer gate (ProposerGate) -------------------------------------------------------------------------
+    # a proposer costing under this fraction of a row's plain step always runs (skipping it saves almost
+    # nothing, and one unlucky call would switch the suffix index off for the first steps of a copy)
+    cheap_fraction: float = 0.05
+    # a proposer not known to be cheap is not called once the drafts made before it promise this fraction of
+    # the budget (a suffix draft at a text seam, a long match: the draft model would only add its time)
+    filled_fraction: float = 0.5
+    proposer_rate: float = 0.2  # weight of a new call in a proposer's averages of seconds and accepted tokens
+    # a skipped costly proposer is tried again once the steps it sat out cost the rows this many times its own
+    # call (its prompt setup included): explorations then cost at most 1/this of the time, and this doubles
+    # after each fruitless one, up to max_proposer_explore
+    proposer_explore: float = 8.0
+    max_proposer_explore: float = 64.0
+    # -- the draft budget (draft_budget) ---------------------------------------------------------------------------
+    budget_floor: int = 4  # the adaptive budget never drops below this many nodes
+    budget_per_accepted: float = 2.0  # budget = floor + this x the running mean of accepted tokens per step...
+    accepted_rate: float = 0.3  # ...whose weight for a new step is this
+    # the per-token acceptance along a draft (for the cost-curve budget) starts here, moving with weight
+    # accepted_rate per step
+    acceptance_prior: float = 0.6
+    # draft lengths the cost-curve budget compares (the cost curve is read at these sizes only)
+    budget_steps: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    # -- prefills ---------------------------------------------------------------------------------------------------
+    # a request joining while another joiner's prompt (not computed yet) shares at least this many more tokens
+    # with it than the prefix store holds waits one step, then copies them instead of computing them again
+    # (agents send the same system prompt and tool list; at ~9 ms a token for SmolLM2 on this CPU, 64 tokens
+    # are worth more than the one step it waits)
+    shared_prefill_min: int = 64
+    # -- the cost model (PassCost) ----------------------------------------------------------------------------------
+    cost_window: int = 32  # passes kept per bucket of input counts (1, 2, 3-4, 5-8, ...); medians are read
+    prior_slope: float = 0.05  # before a second size is measured: t(n) ~ t(1) x (1 + slope x (n - 1))
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.explore_every <= self.max_explore_every:
+            raise ValueError("need 1 <= explore_every <= max_explore_every")
+        for name in ("calibration_rate", "sharpness_rate", "proposer_rate", "accepted_rate"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"Policy.{name} must be in (0, 1]")
+        if not 0.0 <= self.acceptance_prior < 1.0:
+            raise ValueError("Policy.acceptance_prior must be in [0, 1)")
+        if not 1.0 <= self.proposer_explore <= self.max_proposer_explore:
+            raise ValueError("need 1 <= proposer_explore <= max_proposer_explore")
+        if self.cost_window < 1 or self.budget_floor < 1:
+            raise ValueError("Policy.cost_window and budget_floor must be >= 1")
+
+
+DEFAULT = Policy()
+
+
+def cpu_clock() -> float:
+    """Seconds of CPU time to measure a pass or a proposer call with: this thread's own with one torch
+    thread (nothing else running on the machine moves it), the process's with more (the intra-op
+    threads do the pass's work). Not moved by preemption, so a loaded machine does not swing the gates."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
+
+
+class PassCost:
+    """Time of a target pass by its total inputs (every row's root plus the verified nodes), kept for the
+    engine's life. Passes are pooled in buckets of sizes 1, 2, 3-4, 5-8, 9-16, ... (the last
+    ``cost_window`` of each); a bucket's point is the median size and the median time of its passes.
+    The curve through the points is made non-decreasing, interpolated between them, extrapolated with
+    the measured slope above the largest and flat below the smallest (a smaller pass still reads every
+    weight). Pooling matters: a draft's cost is a difference of two estimates, ``t(inputs + n) -
+    t(inputs)``, and per-size medians of a few noisy passes each made decisions swing between runs.
+
+    Example: passes of 1 input took 70, 71, 90 ms (one preempted), of 9 inputs 85 ms: t(1) = 71 ms,
+    t(5) = 78 ms, t(17) = 99 ms."""
+
+    def __init__(self, policy: Policy = DEFAULT) -> None:
+        self.policy = policy
+        self._buckets: dict[int, deque[tuple[int, float]]] = {}  # (inputs - 1).bit_length() -> (inputs, seconds)
+        self._points: tuple[list[float], list[float]] | None = None  # (sizes, times), None: recompute
+
+    def observe(self, inputs: int, seconds: float) -> None:
+        bucket = self._buckets.get((inputs - 1).bit_length())
+        if bucket is None:
+            bucket = self._buckets[(inputs - 1).bit_length()] = deque(maxlen=self.policy.cost_window)
+        bucket.append((inputs, seconds))
+        self._points = None
+
+    def _curve(self) -> tuple[list[float], list[float]]:
+        if self._points is None:
+            sizes, times, top = [], [], 0.0
+            for key in sorted(self._buckets):  # a larger pass never costs less (noise between neighbours)
+                bucket = self._buckets[key]
+                top = max(top, statistics.median(t for _, t in bucket))
+                sizes.append(float(statistics.median(n for n, _ in bucket)))
+                times.append(top)
+            self._points = sizes, times
+        return self._points
+
+    def estimate(self, inputs: int) -> float | None:
+        """Seconds of a pass over ``inputs`` inputs, or None before any pass was measured."""
+        sizes, curve = self._curve()
+        if not sizes:
+            return None
+        i = bisect.bisect_left(sizes, inputs)
+        if i < len(sizes) and sizes[i] == inputs:
+            return curve[i]
+        if 0 < i < len(sizes):  # interpolate between measured neighbours
+            lo, hi = sizes[i - 1], sizes[i]
+            w = (inputs - lo) / (hi - lo)
+            return (1 - w) * curve[i - 1] + w * curve[i]
+        if i == 0:  # below the smallest measured pass: as much (the weights' read does not shrink)
+            return curve[0]
+        if len(sizes) > 1:  # above the largest: extrapolate the measured slope
+            slope = (curve[-1] - curve[0]) / (sizes[-1] - sizes[0])
+        else:
+            slope = curve[0] * self.policy.prior_slope
+        return curve[-1] + slope * (inputs - sizes[-1])
+
+
+@dataclass
+class StepCost:
+    """The pass cost as one row of a step of ``rows`` rows sees it."""
+
+    cost: Any  # PassCost (or any object with estimate(inputs) -> seconds | None)
+    rows: int = 1  # rows decoding in this step
+
+    def plain(self) -> float | None:
+        """A row's share of a pass with no drafts: ``F = t(rows) / rows`` (None: nothing measured yet)."""
+        t = self.cost.estimate(self.rows)
+        return None if t is None else t / self.rows
+
+    def extra(self, nodes: int, inputs: int | None = None) -> float | None:
+        """What ``nodes`` more inputs add to a pass of ``inputs`` (default: every row's root alone)."""
+        base = self.rows if inputs is None else inputs
+        lo, hi = self.cost.estimate(base), self.cost.estimate(base + nodes)
+        return None if lo is None or hi is None else max(0.0, hi - lo)
+
+
+class DraftGate:
+    """One request's judgement of its drafts: calibration, exploration, the target's sharpness.
+
+    ``expected = score x calibration``; ``calibration`` is the mean ratio of accepted to promised tokens
+    (score) per verified draft, starting at 1 (trust the scores until told otherwise): a plain running
+    mean over the first drafts (weights 1/2, 1/3, ...), a moving average (``calibration_rate``) after. A
+    draft promising 4 tokens that gets none moves it from 1.0 to 0.5 at once.
+
+    Exploration: a draft :func:`choose_drafts` would skip is verified anyway once the plain row steps
+    since the last verified draft add up to ``interval`` times what the draft adds to the pass
+    (:meth:`explore_due`), so the calibration can recover at a bounded cost; an exploration that accepts
+    nothing doubles the interval (up to ``max_explore_every``), any accepted token resets it. Worked
+    example: F = 70 ms, a draft adding 35 ms, interval 16: explored after 8 skipped steps, then 16, ...
+
+    Sharpness (sampled requests): ``top_mass`` holds moving averages of the mass of the target's 1, 2, ...,
+    8 likeliest tokens at the positions it sampled. A *deterministic* draft (no ``q``: the one-hot rule)
+    moves from a node with ``c`` children to one of them only when the target's sample lands on one of
+    them, at most the mass of its ``c`` likeliest; so it can expect no more than :meth:`ceiling` tokens,
+    whatever its score says, and :meth:`hopeless` says when no such draft can pay at all (the engine then
+    does not ask for one). Worked example: top-1 mass 0.2 (temperature 1.5), a chain of 8 scoring 5:
+    ``min(5 x calibration, 0.2 + 0.04 + ...) = 0.25`` tokens; t(9) = 1.8 t(1) -> skipped.
+
+    Queries (:meth:`expected`, :meth:`ceiling`, :meth:`hopeless`, :meth:`explore_due`) change nothing;
+    :meth:`judged`, :meth:`observe` and :meth:`observe_target` record what happened.
+    """
+
+    def __init__(self, policy: Policy = DEFAULT) -> None:
+        self.policy = policy
+        self.calibration = 1.0  # accepted tokens per promised token (score), averaged over verified drafts
+        self._observed = 0  # drafts observed
+        self._interval = policy.explore_every  # exploration interval, in multiples of the draft's cost
+        self._idle = 0.0  # seconds of plain row steps (F each) since the last verified draft
+        self._explored = False  # the last verified draft passed only to explore
+        # sampled requests: moving averages of the mass of the target's k likeliest tokens (k = 1..8) at the
+        # positions it sampled, from a prior of 1; None until one is seen (greedy: always None)
+        self.top_mass: list[float] | None = None
+        self.widest = 2  # the most first-position branches of a deterministic draft judged so far (hopeless)
+
+    # -- queries -------------------------------------------------------------------------------------------------
+    def expected(self, score: float, shape: tuple[int, int, int] | None = None) -> float:
+        """Accepted tokens a draft promises: its score times the calibration, capped by :meth:`ceiling` for
+        a draft without ``q`` (``shape``: ``Draft.gate_shape()``; None for a draft with ``q``)."""
+        expected = max(0.0, score) * self.calibration
+        if shape is not None:
+            ceiling = self.ceiling(*shape)
+            if ceiling is not None:
+                expected = min(expected, ceiling)
+        return expected
+
+    def shape_of(self, draft: Any) -> tuple[int, int, int] | None:
+        """The shape :meth:`expected` caps ``draft`` by: ``draft.gate_shape()`` once the target's sharpness
+        is known (sampled requests), else None (greedy requests skip the walk over the draft)."""
+        return draft.gate_shape() if self.top_mass is not None else None
+
+    def ceiling(self, root_width: int, width: int, depth: int) -> float | None:
+        """The most accepted tokens a deterministic draft can expect at the target's sharpness: with
+        ``root_width`` first-position branches, at most ``width`` children per deeper node and ``depth``
+        levels, ``a1 * (1 + a + ... + a^(depth - 1))`` where ``a1`` and ``a`` are the mass of the target's
+        ``root_width`` and ``width`` likeliest tokens. None: sharpness not known."""
+        m = self.top_mass
+        if m is None or depth <= 0:
+            return None
+        a1 = m[root_width - 1] if 1 <= root_width <= len(m) else 1.0
+        a = m[width - 1] if 1 <= width <= len(m) else 1.0
+        return a1 * (depth if a >= 1.0 else (1.0 - a ** depth) / (1.0 - a))
+
+    def hopeless(self, budget: int, step: StepCost) -> bool:
+        """No deterministic draft can pay for its nodes at the target's current sharpness.
+
+        Checked over the drafts that get the most out of a flat target for their size: ``c`` first branches
+        and one path ``d`` deep below one of them (d = 1, 2, 4, ... up to the budget), ``c + d - 1`` nodes:
+        hopeless when ``ceiling x F < extra(c + d - 1)`` for all. ``c`` runs up to the widest first level of
+        this request's deterministic drafts so far (``widest``, at least 2): 8 of the target's likeliest
+        tokens hold 0.5-0.7 of the mass even at temperature 1.5, which would keep a never-drafted shape
+        "worth it". Never before the sharpness and a plain step's time are known."""
+        m, plain = self.top_mass, step.plain()
+        if m is None or plain is None:
+            return False
+        d = 1
+        while d <= max(1, budget):
+            for c in range(1, min(len(m), self.widest, budget - d + 1) + 1):
+                ceiling = self.ceiling(c, 1, d)
+                extra = step.extra(c + d - 1)
+                if ceiling is not None and extra is not None and ceiling * plain >= extra:
+                    return False
+            d *= 2
+        return True
+
+    def explore_due(self, extra: float, plain: float) -> bool:
+        """Whether a draft adding ``extra`` seconds to the pass, which looks not worth it, is verified
+        anyway this step (exploration); ``plain``: this step's plain row step (F), which skipping it costs."""
+        return self._idle + plain >= self._interval * extra
+
+    # -- records -------------------------------------------------------------------------------------------------
+    def judged(self, verified: bool, explored: bool = False, shape: tuple[int, int, int] | None = None,
+               plain: float = 0.0) -> None:
+        """A draft of this request was judged: verified (``explored``: only because exploration was due)
+        or skipped, its row making a plain step of ``plain`` seconds. ``shape``: a deterministic draft's
+        shape (it widens what :meth:`hopeless` considers)."""
+        if shape is not None:
+            self.widest = max(self.widest, shape[0])
+        if verified:
+            self._idle = 0.0
+            self._explored = explored
+        else:
+            self._idle += plain
+
+    def observe(self, score: float, accepted: int) -> None:
+        """A verified draft's score and the tokens of it the target accepted."""
+        if accepted > 0:
+            self._interval = self.policy.explore_every
+        elif self._explored:
+            self._interval = min(self.policy.max_explore_every, 2 * self._interval)
+        self._explored = False
+        if score > 0:
+            rate = max(self.policy.calibration_rate, 1.0 / (2 + self._observed))  # running mean, then moving
+            self.calibration = (1 - rate) * self.calibration + rate * min(self.policy.calibration_cap, accepted / score)
+            self._observed += 1
+
+    def observe_target(self, top_mass: Sequence[float]) -> None:
+        """The mass of the target's likeliest tokens where it just sampled (``VerifyOutcome.top_mass``).
+
+        The prior is 1 (the target may be sure, as calibration starts at 1), so one unsure first token (an
+        answer's first word) does not hold back the drafts of the next steps, which on a copying request
+        are the ones that copy (taken at its word, agentic at temperature 0.7 fell from 10.5 to 8.4 tokens
+        per forward; 11.0 with this prior)."""
+        if not top_mass:
+            return
+        if self.top_mass is None or len(self.top_mass) != len(top_mass):
+            self.top_mass = [1.0] * len(top_mass)
+        r = self.policy.sharpness_rate
+        self.top_mass = [(1 - r) * old + r * new for old, new in zip(self.top_mass, top_mass, strict=True)]
+
+
+@dataclass
+class ProposerRecord:
+    """What one proposer's calls cost and yielded (per request, or shared across requests)."""
+
+    seconds: float | None = None  # moving average of CPU seconds per call (setup excluded); None: never timed
+    accepted: float = 0.0  # moving average of accepted tokens per call (0 for a call whose draft was skipped)
+    setup: float = 0.0  # CPU seconds of its last one-off request setup (a draft model's prompt prefill)
+    interval: float = 0.0  # exploration interval in multiples of its call cost (0: the policy's start value)
+    idle: float = 0.0  # row-seconds of plain steps it sat out since it last ran
+    sources: set[str] = field(default_factory=set)  # node sources it has drafted
+    calls: int = 0  # calls observed (the first one's time is not taken: lazy set-up)
+
+    def observe(self, seconds: float, accepted: int, rate: float) -> None:
+        self.calls += 1
+        if self.calls == 1:  # its first call builds what it needs lazily (the suffix index: 345 ms once, 0.2
+            self.accepted = float(accepted)  # ms a call after, on SmolLM2's prompts): its time says nothing
+            return
+        if self.seconds is None:
+            self.seconds, self.accepted = seconds, float(accepted)
+        else:
+            self.seconds = (1 - rate) * self.seconds + rate * seconds
+            self.accepted = (1 - rate) * self.accepted + rate * accepted
+
+
+class ProposerGate:
+    """Per request: is a proposer worth its own time? (A draft model's forward passes are not free.)
+
+    A call costing ``s`` CPU seconds that gets ``a`` tokens accepted saves about ``a x F`` (plain row steps
+    avoided, ``F`` as in :class:`StepCost`); the proposer is skipped while ``a x F < s``. A call whose draft
+    was not verified yielded nothing (``a`` counts 0 for it): the draft model costs its time even when the
+    draft gate drops its drafts, so a proposer whose drafts are not verified stops being called. A skipped
+    proposer is explored again once the plain steps it sat out add up to ``interval`` times its call cost
+    (its prompt setup included), the interval doubling after a fruitless exploration (see :class:`Policy`):
+    exploring costs at most ``1 / interval`` of the time. Worked example: F = 70 ms; a draft model taking
+    60 ms per call with 0.5 accepted tokens saves 35 ms < 60 ms -> skipped, explored after 8 x 60 / 70 ~ 7
+    steps, then 14, 28, ...; the suffix index at 0.2 ms (cheap: under 5% of F) always runs.
+
+    A proposer that is not known to be cheap is not called while the output copies another proposer's
+    draft (the last draft was accepted to its end, none of it from this proposer's sources), nor when
+    the drafts made before it promise ``filled_fraction`` of the budget (score x calibration). The engine
+    also holds back (``held``) proposers whose drafts carry no ``q`` while no such draft could pay
+    (``DraftGate.hopeless``), and, on a sampled request's first step, those with a setup pending.
+
+    ``shared``: records by proposer index shared by every request of the engine, used for proposers
+    whose drafts carry no ``q`` (``deterministic``): what one request learned about a draft model's cost
+    and yield, the next need not pay to learn again. Drafts with ``q`` are judged on this request alone.
+    """
+
+    def __init__(self, policy: Policy = DEFAULT, shared: dict[int, ProposerRecord] | None = None,
+                 deterministic: Sequence[bool] = ()) -> None:
+        self.policy = policy
+        self.records: dict[int, ProposerRecord] = {}
+        for i, det in enumerate(deterministic):
+            if det and shared is not None:
+                self.records[i] = shared.setdefault(i, ProposerRecord())
+        self.exploring = False  # a proposer was called this step only to re-measure it: verify its draft
+        self._explored: set[int] = set()
+
+    def record(self, i: int) -> ProposerRecord:
+        rec = self.records.get(i)
+        if rec is None:
+            rec = self.records[i] = ProposerRecord()
+        return rec
+
+    def begin_step(self) -> None:
+        self.exploring = False
+
+    def should_call(self, i: int, plain: float | None, copying: frozenset[str] | set[str] = frozenset(),
+                    promised: float = 0.0, budget: int = 0, held: bool = False) -> bool:
+        """``plain``: a row's plain step (``StepCost.plain()``, CPU seconds); ``copying``: the sources of
+        the last draft when it was accepted to its end; ``promised``: accepted tokens the drafts made
+        before this one promise, of a ``budget`` of nodes; ``held``: the engine holds it back."""
+        if held:
+            return False
+        rec = self.record(i)
+        measured = plain is not None and rec.seconds is not None
+        known_cheap = measured and rec.seconds <= self.policy.cheap_fraction * plain
+        if budget and not known_cheap and promised >= self.policy.filled_fraction * budget:
+            return False  # the budget is as good as filled: a costly proposer would add its time only
+        if not measured or known_cheap:
+            return True  # unmeasured counts as cheap until its first call is timed
+        if copying and not copying & rec.sources:
+            return False
+        if rec.accepted * plain >= rec.seconds:
+            rec.idle = 0.0
+            return True
+        rec.idle += plain
+        interval = rec.interval or self.policy.proposer_explore
+        if rec.idle >= interval * (rec.seconds + rec.setup):
+            rec.idle = 0.0
+            self.exploring = True
+            self._explored.add(i)
+            return True
+        return False
+
+    def observe(self, i: int, seconds: float, accepted: int, sources: set[str], setup: float = 0.0) -> None:
+        """Proposer ``i``'s call took ``seconds`` (CPU, setup excluded) and ``accepted`` of its tokens were
+        accepted (0 if its draft was not verified); ``setup``: its one-off setup this call, if any."""
+        rec = self.record(i)
+        rec.sources |= sources
+        if setup:
+            rec.setup = setup
+        if accepted > 0:
+            rec.interval = 0.0
+        elif i in self._explored:
+            rec.interval = min(self.policy.max_proposer_explore, 2 * (rec.interval or self.policy.proposer_explore))
+        self._explored.discard(i)
+        rec.observe(seconds, accepted, self.policy.proposer_rate)
+
+
+@dataclass
+class RowDraft:
+    """One row's draft for the next pass, as :func:`choose_drafts` judges it."""
+
+    size: int  # planned nodes (``Draft.gate_size()``); 0: no draft
+    expected: float  # accepted tokens it promises (``DraftGate.expected``)
+    must: bool = False  # verified whatever it costs (a non-adaptive request)
+    gate: DraftGate | None = None  # the row's gate (exploration), None for a must
+    shape: tuple[int, int, int] | None = None  # a deterministic draft's shape (DraftGate.judged)
+    verified: bool = False  # the decision
+    explored: bool = False  # verified only because the row's exploration was due
+
+
+def choose_drafts(rows: list[RowDraft], cost: Any) -> None:
+    """Decide which rows' drafts one pass verifies (sets ``verified``/``explored``); the one rule for a
+    request alone and for a batch.
+
+    A pass costs ``t(inputs)``: every row feeds its root, a verified draft adds its planned nodes. A
+    row's plain step costs ``F = t(R) / R`` (its root through the matmuls, and its own attention over its
+    cache, which no other row shares) and yields one token; a draft adds ``t(inputs + size) - t(inputs)``
+    and promises ``expected`` tokens, each sparing the row about ``F`` later. Drafts are judged in order
+    of expected tokens per node, each against the pass as the drafts taken before it left it; drafts that
+    must be verified go first. A draft that does not pay is still verified when its row's exploration is
+    due (``DraftGate.explore_due``: cost-aware, with its backoff). With one row this is the one-request rule
+    ``(1 + expected) * t(1) >= t(1 + nodes)``. Before a plain pass was measured only musts are verified.
+
+    Worked example: 4 rows, t(4) = 10 ms, t(8) = 12 ms, t(16) = 20 ms, so F = 2.5 ms; drafts of planned
+    size 4 (expecting 3 tokens) and 8 (expecting 1): the first: 3 x 2.5 = 7.5 >= t(8) - t(4) = 2 ->
+    verified; the second: 1 x 2.5 = 2.5 < t(16) - t(8) = 8 -> skipped.
+    """
+    step = StepCost(cost, len(rows))
+    inputs = len(rows)  # every row's root
+    for r in rows:
+        if r.size and r.must:
+            r.verified = True
+            inputs += r.size
+    plain = step.plain()
+    optional = sorted((r for r in rows if r.size and not r.must), key=lambda r: -r.expected / r.size)
+    for r in optional:  # stable: equal rates keep the rows' order
+        extra = step.extra(r.size, inputs) if plain else None
+        if extra is not None and r.expected * plain >= extra:
+            r.verified = True
+        elif extra is not None and r.gate is not None and r.gate.explore_due(extra, plain):
+            r.verified = r.explored = True
+        if r.verified:
+            inputs += r.size
+        if r.gate is not None:
+            r.gate.judged(r.verified, r.explored, r.shape, plain or 0.0)
+
+
+def draft_budget(cap: int, mean_accepted: float, copy_run: int, acceptance: float, step: StepCost,
+                 policy: Policy = DEFAULT) -> int:
+    """The nodes a request may draft this step (adaptive requests), at most ``cap``.
+
+    Two bounds, the smaller wins. (1) Momentum: ``floor + 2 x`` the running mean of accepted tokens
+    per step, or twice the last step's accepted run plus 2 when it accepted its whole draft (a copy
+    doubles, as a slow start does). (2) The cost curve: with per-token acceptance ``a`` along a draft,
+    a draft of ``k`` expects ``a + a^2 + ... + a^k`` tokens, and the row's step costs
+    ``F + extra(k)``; the budget is the ``k`` (of ``Policy.budget_steps``) with the most tokens per
+    second. On this CPU a SmolLM2 step is memory-bound: t(5) is ~7% over t(1), t(17) ~1.7x, t(33)
+    3-4x; so at ``a = 0.6`` it picks 4 nodes, at 0.9 about 12, while copying (0.98) 16-24, never the 64
+    a GPU's flat curve would allow. Before any pass was measured only (1) applies.
+
+    Example: cap 32, mean 1.5 -> momentum 7; a = 0.9 and t(1 + k) = 70, 71, 72, 73, 75, 77, 82, 95 ms
+    for k = 1, 2, 3, 4, 6, 8, 12, 16 -> the cost curve's best is 8 or 12; the budget is 7."""
+    momentum = max(policy.budget_floor, round(policy.budget_floor + policy.budget_per_accepted * mean_accepted),
+                   2 * copy_run + 2)
+    budget = min(cap, momentum)
+    plain = step.plain()
+    if not plain or budget <= 1:
+        return budget
+    a = min(acceptance, 0.995)
+    best_k, best_rate = 1, 0.0
+    gain = 0.0  # a + ... + a^k
+    term = 1.0
+    k_prev = 0
+    for k in policy.budget_steps:
+        if k > budget:
+            break
+        for _ in range(k - k_prev):
+            term *= a
+            gain += term
+        k_prev = k
+        extra = step.extra(k)
+        if extra is None:
+            return budget
+        rate = (1.0 + gain) / (plain + extra)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    if best_k == k_prev or k_prev == 0:  # the curve still pays at the largest size compared: momentum decides
+        return budget
+    return max(1, min(budget, best_k))

@@ -1,0 +1,79 @@
+"""The proposer interface: what every drafter implements and what it may know of a request.
+
+Lifecycle for one request::
+
+    p.begin(request)                  # prompt ids, per-request references, sampling settings
+    loop:
+        draft = p.propose(context, budget)   # context = prompt + output so far (target ids)
+        ...verify...
+        p.update(new_tokens)          # tokens appended to the context this step
+    p.end(output_ids)
+
+Proposer modules import this one (never the package, whose factory imports them).
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..config import SamplingParams
+from ..draft import Draft
+
+
+@dataclass
+class RequestContext:
+    """What a proposer may know about the request it serves."""
+
+    prompt_ids: list[int]  # target-tokenizer ids of the prompt
+    reference_ids: list[list[int]] = field(default_factory=list)  # per-request references (RAG chunks), tokenized
+    prediction_ids: list[int] | None = None  # code-edit prediction (OpenAI `prediction`), tokenized
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # the request's sampling settings
+    drafters: tuple[str, ...] | None = None  # sources this request allows; None = all
+
+
+class Proposer(ABC):
+    """One drafter. ``name`` is used in configuration; node sources come from ``Draft.sources``."""
+
+    name: str = "proposer"
+    # seconds of the last propose() spent on one-off request setup (a draft model's lazy prefill of the
+    # prompt): the engine's ProposerGate judges a proposer by its per-step cost, without it
+    setup_s: float = 0.0
+
+    def begin(self, request: RequestContext) -> None:  # noqa: B027 - optional hook
+        """A request starts; reset per-request state."""
+
+    @abstractmethod
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        """Return a draft of at most ``budget`` nodes continuing ``context`` (empty draft if none)."""
+
+    def drafts_with_q(self) -> bool:
+        """Whether this request's drafts carry ``q`` (tokens sampled from a draft distribution).
+
+        Drafts without it are deterministic given the context (verified by the one-hot rule), so
+        the engine's gates may judge them by their shape and hold the proposer back when the target
+        is too unsure for any of them to pay (``policy.DraftGate.hopeless``); drafts with ``q`` may
+        be judged only by what was fixed before sampling. Called after ``begin``."""
+        return False
+
+    def setup_pending(self) -> bool:
+        """Whether the next ``propose`` pays a one-off setup for this request (``setup_s``: a draft
+        model's prefill of the prompt); the engine defers such a call while it cannot tell whether
+        a draft would be worth anything (a sampled request's first step)."""
+        return False
+
+    def update(self, new_tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """``new_tokens`` (accepted draft tokens plus the target's own token) were appended to the context."""
+
+    def end(self, output_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """The request finished with these output ids."""
+
+    def fork(self) -> Proposer:
+        """A twin for another request running at the same time (continuous batching).
+
+        It shares what serves every request (models, document index, output history) and owns
+        the per-request state that ``begin`` resets. The default is a shallow copy, right for
+        proposers whose per-request state is only reassigned in ``begin``/``update``."""
+        return copy.copy(self)

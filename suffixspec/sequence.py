@@ -1,0 +1,335 @@
+"""One request's decode state: its drafters, sampler, randomness, stop rules, gates and output.
+
+Nothing here is shared with another request (except what ``policy.ProposerGate`` shares for
+proposers whose drafts carry no ``q``), so a request gives the same tokens alone and in a batch.
+The scheduler drives it: ``begin``, then per step :meth:`RequestState.plan` (propose) -> the
+policy's ``choose_drafts`` -> one pass -> ``verify_tree`` -> :meth:`RequestState.commit`, then
+:meth:`RequestState.close`, whose event carries the :class:`GenerationResult`.
+
+Worked example (greedy, chain draft): committed "... a", draft [b, c, d]; the target's argmax after
+a, b, c is b, c, x -> accept b c, emit x: three tokens for one pass; the cache keeps a b c, and x
+becomes ``last`` for the next step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import SamplingParams, SpeculationConfig
+from .detok import TextTracker
+from .draft import SOURCE_TARGET, Draft, drafter_allows
+from .merge import merge_drafts
+from .policy import (
+    DraftGate,
+    Policy,
+    ProposerGate,
+    ProposerRecord,
+    RowDraft,
+    StepCost,
+    cpu_clock,
+    draft_budget,
+)
+from .proposers import Proposer, RequestContext
+from .sampling import LogitsProcessor, PositionRNG
+from .stats import RequestStats
+from .verify import VerifyOutcome
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one request."""
+
+    text: str  # generated text, stop string and EOS excluded
+    token_ids: list[int]  # generated token ids (a final EOS included)
+    prompt_token_ids: list[int]  # the prompt as the target tokenizer encoded it
+    finish_reason: str  # "stop" (EOS or stop string), "length" (max_tokens or context) or "cancelled"
+    token_sources: list[str]  # per generated token: a draft source, or "target" for the target's own token
+    logprobs: list[dict] | None  # per token {"token", "logprob", "top": [(id, logprob), ...]} if asked
+    stats: RequestStats  # speculative-decoding statistics
+
+
+@dataclass
+class StreamEvent:
+    """New output after one decode step. The last event of a stream carries the result."""
+
+    text: str = ""  # UTF-8-safe new text (held back while it could still start a stop string)
+    pieces: list[tuple[str, str]] = field(default_factory=list)  # (text piece, source), concatenating to text
+    token_ids: list[int] = field(default_factory=list)  # tokens committed this step
+    sources: list[str] = field(default_factory=list)  # source per committed token
+    logprobs: list[dict] | None = None  # entries (as in GenerationResult.logprobs) for token_ids, if asked
+    result: GenerationResult | None = None  # set on the final event only
+
+
+@dataclass
+class Call:
+    """One proposer call of a step."""
+
+    index: int  # the proposer's index in the request's proposer list
+    name: str  # the proposer's name (statistics)
+    cpu_s: float  # CPU seconds of the call, its one-off setup excluded (ProposerGate)
+    wall_s: float  # wall seconds of the call, setup included (statistics)
+    setup_s: float  # CPU seconds of its one-off setup in this call (a draft model's prompt prefill)
+    sources: set[str]  # node sources of its draft
+
+
+@dataclass
+class Plan:
+    """One row's proposal for the next step."""
+
+    draft: Draft  # the merged draft (emptied when the pass does not verify it)
+    calls: list[Call]  # proposer calls
+    judged: RowDraft  # what the policy judges (choose_drafts fills verified / explored)
+    propose_s: float  # wall seconds the row spent proposing
+
+
+@dataclass
+class Target:
+    """What a request needs to know of the target and the engine."""
+
+    tokenizer: Any  # the target tokenizer (detokenization, stop strings)
+    eos_ids: set[int]  # end-of-sequence token ids
+    vocab_size: int  # width of the target's logits
+    device: torch.device  # where the logits live
+    max_context: int  # the model's position limit
+    policy: Policy  # the engine's decision constants
+    shared: dict[int, ProposerRecord]  # proposer records shared across requests (deterministic drafts)
+
+
+class RequestState:
+    """One request's decode state (see the module docstring)."""
+
+    def __init__(self, target: Target, request: RequestContext, spec: SpeculationConfig,
+                 cancel: threading.Event | None, proposers: Sequence[Proposer]) -> None:
+        sampling = request.sampling
+        self.target = target
+        self.policy = target.policy
+        self.request = request
+        self.spec = spec
+        self.sampling = sampling
+        self.cancel = cancel  # set -> the request ends with finish "cancelled" at its next step
+        self.stats = RequestStats()
+        self.start = time.perf_counter()
+        self.proposers = list(proposers) if spec.enabled and spec.max_draft_tokens > 0 else []
+        self.processor = LogitsProcessor(sampling, target.vocab_size, target.device)
+        self.rng = PositionRNG(sampling.seed)
+        self.tracker = TextTracker(target.tokenizer, sampling.stop)
+        self.stop_ids = set() if sampling.ignore_eos else target.eos_ids | set(sampling.stop_token_ids)
+        self.output: list[int] = []
+        self.sources: list[str] = []
+        self.logprobs: list[dict] | None = [] if sampling.logprobs is not None else None
+        self.finish: str | None = None
+        self.mean_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step (budget)
+        # per-token acceptance along verified drafts (budget): moving averages of accepted nodes and of
+        # tries (accepted nodes plus one for a rejection) per step, from the policy's prior
+        self._hits, self._tries = self.policy.acceptance_prior, 1.0
+        self.acceptance = self.policy.acceptance_prior
+        self.copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
+        self.copy_sources: set[str] = set()  # the sources of that path
+        self.gate = DraftGate(self.policy)
+        self.proposer_gate: ProposerGate | None = None  # made in begin (it asks the proposers about q)
+        self._ended = False
+
+    @property
+    def past(self) -> int:
+        """Tokens in the KV cache: every committed token but the last."""
+        return len(self.request.prompt_ids) - 1 + len(self.output)
+
+    @property
+    def last(self) -> int:
+        """The last committed token (the root of the next draft)."""
+        return self.output[-1] if self.output else self.request.prompt_ids[-1]
+
+    def begin(self) -> None:
+        for p in self.proposers:
+            p.begin(self.request)
+        if self.spec.adaptive:
+            self.proposer_gate = ProposerGate(self.policy, self.target.shared,
+                                              [not p.drafts_with_q() for p in self.proposers])
+
+    # -- propose ---------------------------------------------------------------------------------------
+    def plan(self, step: StepCost) -> Plan | None:
+        """The draft for the next step (judged later by ``choose_drafts``), or None when the request ends
+        here (cancelled, or out of context). ``step``: the pass cost as a row of this step sees it."""
+        spec = self.spec
+        if self.cancel is not None and self.cancel.is_set():
+            self.finish = "cancelled"
+            return None
+        room = self.target.max_context - self.past - 1  # positions left after ``last``
+        if room < 0:
+            self.finish = "length"
+            return None
+        t = time.perf_counter()
+        budget = min(spec.max_draft_tokens, self.sampling.max_tokens - len(self.output) - 1, room)
+        if spec.adaptive:
+            budget = draft_budget(budget, self.mean_accepted, self.copy_run, self.acceptance, step, self.policy)
+        # sampled requests: is the target too unsure for any deterministic draft to pay (DraftGate)?
+        # Not known yet on the first step (``unsure``)
+        sampled = spec.adaptive and not self.sampling.greedy and bool(self.proposers)
+        unsure = sampled and self.gate.top_mass is None
+        hopeless = sampled and not unsure and self.gate.hopeless(budget, step)
+        draft, calls = self._propose(budget, step, hopeless, unsure)
+        exploring = self.proposer_gate is not None and self.proposer_gate.exploring
+        shape = self.gate.shape_of(draft) if len(draft) else None
+        size = draft.gate_size() if len(draft) else 0
+        must = not spec.adaptive or exploring  # a re-measured proposer's draft is verified (its yield counts)
+        judged = RowDraft(size, self.gate.expected(draft.score, shape) if size else 0.0, must,
+                          None if must else self.gate, shape)
+        return Plan(draft, calls, judged, time.perf_counter() - t)
+
+    def _propose(self, budget: int, step: StepCost, hopeless: bool, unsure: bool) -> tuple[Draft, list[Call]]:
+        """The merged draft of the proposers the gate calls, and the calls.
+
+        ``hopeless`` (no deterministic draft can pay) and ``unsure`` (the target's sharpness not known
+        yet: the first step) hold back proposers whose drafts carry no ``q``, the latter only those with
+        a setup pending (see ProposerGate)."""
+        if budget <= 0 or not self.proposers:
+            return Draft(), []
+        context = self.request.prompt_ids + self.output
+        allowed = self.request.drafters
+        gate = self.proposer_gate
+        plain = step.plain()
+        drafts: list[Draft] = []
+        calls: list[Call] = []
+        if gate is not None:
+            gate.begin_step()
+        for i, p in enumerate(self.proposers):
+            promised = self.gate.calibration * sum(d.score for d in drafts)
+            held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
+            if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held):
+                continue
+            wall, cpu = time.perf_counter(), cpu_clock()
+            d = p.propose(context, budget)
+            cpu = cpu_clock() - cpu
+            setup = getattr(p, "setup_s", 0.0)
+            calls.append(Call(i, p.name, max(0.0, cpu - setup), time.perf_counter() - wall, setup, set(d.sources)))
+            if len(d) and (allowed is None or all(drafter_allows(allowed, s) for s in d.sources)):
+                drafts.append(d)
+        return merge_drafts(drafts, budget), calls
+
+    # -- commit ----------------------------------------------------------------------------------------
+    def commit(self, plan: Plan, outcome: VerifyOutcome, verify_s: float, t_verified: float) -> StreamEvent:
+        """Append the accepted path and the target's token; feed stops, gates and proposers."""
+        draft, sampling = plan.draft, self.sampling
+        new = [draft.tokens[i] for i in outcome.accepted] + [outcome.token]
+        new_sources = [draft.sources[i] for i in outcome.accepted] + [SOURCE_TARGET]
+        committed = 0
+        for tok, src in zip(new, new_sources, strict=True):
+            self.output.append(tok)
+            self.sources.append(src)
+            self.processor.observe(tok)
+            committed += 1
+            if tok in self.stop_ids:
+                self.finish = "stop"
+            elif self.tracker.push(tok, src):
+                self.finish = "stop"
+            elif len(self.output) >= sampling.max_tokens:
+                self.finish = "length"
+            if self.finish:
+                break
+        step_logprobs = None
+        if self.logprobs is not None:
+            step_logprobs = [_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0)
+                             for k in range(committed)]
+            self.logprobs.extend(step_logprobs)
+        kept = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
+        self._learn(plan, outcome, kept)
+        for p in self.proposers:
+            p.update(new[:committed])
+        stats = self.stats
+        stats.output_tokens = len(self.output)
+        stats.time_propose_s += plan.propose_s
+        stats.time_verify_s += verify_s
+        pieces = self.tracker.release(final=self.finish is not None)
+        stats.time_update_s += time.perf_counter() - t_verified
+        return StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed],
+                           step_logprobs)
+
+    def _learn(self, plan: Plan, outcome: VerifyOutcome, kept: list[str]) -> None:
+        """Statistics, the budget's running means, the gates (a skipped draft's calls yielded nothing)."""
+        draft, rate = plan.draft, self.policy.accepted_rate
+        depths = draft.depths()
+        self.stats.record_step(draft.sources, depths, kept)
+        for call in plan.calls:
+            self.stats.record_call(call.name, call.wall_s)
+        self.mean_accepted = (1 - rate) * self.mean_accepted + rate * len(kept)
+        if len(draft):  # per-token acceptance: the accepted nodes, and a miss unless the walk reached a leaf
+            hits = len(outcome.accepted)
+            missed = (outcome.accepted[-1] if outcome.accepted else -1) in draft.children()
+            self._hits = (1 - rate) * self._hits + rate * hits
+            self._tries = (1 - rate) * self._tries + rate * (hits + missed)
+            self.acceptance = self._hits / self._tries if self._tries > 0 else self.acceptance
+        self.copy_run = len(kept) if len(draft) and len(kept) == max(depths) else 0
+        self.copy_sources = set(kept) if self.copy_run else set()
+        if len(draft):
+            self.gate.observe(draft.score, len(kept))
+        for mass in outcome.top_mass:
+            self.gate.observe_target(mass)
+        if self.proposer_gate is not None:
+            for call in plan.calls:
+                own = sum(1 for src in kept if src in call.sources)
+                self.proposer_gate.observe(call.index, call.cpu_s, own, call.sources, call.setup_s)
+
+    # -- end -------------------------------------------------------------------------------------------
+    def end_proposers(self) -> None:
+        """Tell the proposers the request ended (once)."""
+        if not self._ended:
+            self._ended = True
+            for p in self.proposers:
+                p.end(self.output)
+
+    def close(self) -> StreamEvent:
+        """End the request: the final event, carrying the result."""
+        self.end_proposers()
+        self.stats.time_total_s = time.perf_counter() - self.start
+        pieces = self.tracker.release(final=True)
+        result = GenerationResult(self.tracker.text, self.output, self.request.prompt_ids, self.finish,
+                                  self.sources, self.logprobs, self.stats)
+        return StreamEvent("".join(s for s, _ in pieces), pieces, [], [], None, result)
+
+
+def prepare(tokenizer: Any, max_context: int, default: SpeculationConfig, prompt: str | Sequence[int],
+            sampling: SamplingParams | None = None, speculation: SpeculationConfig | bool | None = None,
+            references: Sequence[str] | None = None, prediction: str | None = None
+            ) -> tuple[RequestContext, SpeculationConfig]:
+    """Check and tokenize a request's arguments (``ValueError`` says what to change)."""
+    sampling = sampling or SamplingParams()
+    if speculation is None or speculation is True:
+        speculation = default
+    elif speculation is False:
+        speculation = SpeculationConfig(enabled=False)
+    prompt_ids = encode(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not prompt_ids:
+        bos = tokenizer.bos_token_id
+        if bos is None:
+            raise ValueError("the prompt is empty and the tokenizer has no BOS token; give a non-empty prompt")
+        prompt_ids = [bos]
+    if len(prompt_ids) >= max_context:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                         f"{max_context}; shorten the prompt")
+    request = RequestContext(
+        prompt_ids=prompt_ids,
+        reference_ids=[tokenizer.encode(r, add_special_tokens=False) for r in references or ()],
+        prediction_ids=tokenizer.encode(prediction, add_special_tokens=False) if prediction else None,
+        sampling=sampling,
+        drafters=speculation.drafters,
+    )
+    return request, speculation
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def _logprob_entry(processed: torch.Tensor, token: int, top_n: int) -> dict:
+    logp = torch.log_softmax(processed.double(), dim=-1)  # [vocab]
+    entry: dict = {"token": token, "logprob": float(logp[token]), "top": []}
+    if top_n:
+        values, ids = torch.topk(logp, top_n)
+        entry["top"] = [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
+    return entry

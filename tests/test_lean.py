@@ -1,0 +1,125 @@
+"""lean.py: every family the lean forward claims gives ``transformers``' own logits.
+
+Tiny random models per model type (norm weights and biases made non-zero, so a missed ``1 + w`` or
+bias shows), and the real SmolLM2-135M-Instruct and Gemma 3 270M (``slow``, ``real_model``): a
+prompt prefilled in one pass, then a tree of draft nodes after it, in two rows of different
+lengths; each node's logits against the model's forward over that node's whole path. Windows of 8
+(tiny) and Gemma's 512 are passed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from suffixspec.kv import SlotCache
+from suffixspec.lean import FAMILIES, LeanForward, PassRow, lean_forward, unsupported
+
+VOCAB = 300
+REAL = {"smollm2": Path(os.environ.get("SUFFIXSPEC_SMOLLM2", "/work/models/smollm2-135m-instruct")),
+        "gemma3": Path(os.environ.get("SUFFIXSPEC_GEMMA3", "/work/models/gemma-3-270m"))}
+
+
+def _tiny(model_type: str):
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512)
+    cfg = {"llama": lambda: LlamaConfig(**common),
+           "qwen2": lambda: Qwen2Config(**common),
+           "mistral": lambda: MistralConfig(sliding_window=8, **common),
+           "gemma3_text": lambda: Gemma3TextConfig(head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                                                   layer_types=["sliding_attention", "full_attention",
+                                                                "sliding_attention"], **common)}[model_type]()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("bias"):
+                p.copy_(torch.randn_like(p))
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model
+
+
+def _path_logits(model, prompt: list[int], tokens: list[int], parents: list[int]) -> list[torch.Tensor]:
+    """The model's own last-position logits after ``prompt`` and each draft node's path (root first)."""
+    out = []
+    for k in range(len(tokens) + 1):
+        path, node = [], k - 1
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        with torch.inference_mode():
+            out.append(model(input_ids=torch.tensor([prompt + path[::-1]])).logits[0, -1].float())
+    return out
+
+
+def _compare(model, prompt: list[int], short: int, tol: float) -> None:
+    lean = LeanForward(model)
+    cache = SlotCache(2, capacity=16)  # small: it grows on the way
+    rows = [cache.add_row(), cache.add_row()]
+    with torch.inference_mode():
+        ref = model(input_ids=torch.tensor([prompt])).logits[0].float()
+    out = lean([PassRow(rows[0], prompt[:-1], None, 0, "all"), PassRow(rows[1], prompt[:short], None, 0, "last")],
+               cache)
+    scale = max(1.0, float(ref.abs().max()))
+    assert float((out[0] - ref[:-1]).abs().max()) <= tol * scale
+    assert float((out[1][0] - ref[short - 1]).abs().max()) <= tol * scale
+    cache.lengths[:] = [len(prompt) - 1, short]
+    tokens, parents = [5, 6, 7, 8, 9], [-1, 0, 0, 2, -1]  # 5 -> {6, 7 -> 8}, 9
+    got = lean([PassRow(rows[1], [prompt[short]], [], short),  # rows in any order
+                PassRow(rows[0], [prompt[-1], *tokens], parents, len(prompt) - 1)], cache)
+    for k, want in enumerate(_path_logits(model, prompt, tokens, parents)):
+        assert float((got[1][k] - want).abs().max()) <= tol * scale, k
+    assert float((got[0][0] - ref[short]).abs().max()) <= tol * scale
+
+
+def test_every_claimed_family_is_tested():
+    assert set(FAMILIES) == {"llama", "qwen2", "mistral", "gemma3_text"}
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_lean_equals_transformers(model_type):
+    """A 20-token prompt (past the tiny windows of 8) and a tree after it, in two rows of different lengths."""
+    model = _tiny(model_type)
+    assert unsupported(model) is None
+    prompt = [int(t) for t in np.random.RandomState(1).randint(3, VOCAB, size=20)]
+    _compare(model, prompt, short=5, tol=1e-5)
+
+
+def test_other_models_have_no_lean_forward_and_say_why():
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
+    assert lean_forward(gpt2) is None and "gpt2" in unsupported(gpt2)
+    with pytest.raises(ValueError, match="no lean forward"):
+        LeanForward(gpt2)
+
+
+def test_one_lean_forward_per_model():
+    """Its fused weights exist once, however many runners (target, draft) use the model."""
+    model = _tiny("llama")
+    assert lean_forward(model) is lean_forward(model)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_lean_equals_transformers_on_real_models(name, one_torch_thread):
+    """SmolLM2-135M-Instruct (Llama) and Gemma 3 270M (sliding windows of 512): a 600-token prompt."""
+    path = REAL[name]
+    if not (path / "config.json").exists():
+        pytest.skip(f"{path} is not there (convert the model first: PEERS.md)")
+    from suffixspec.loading import load_model
+
+    loaded = load_model(str(path), device="cpu")
+    text = (Path(__file__).resolve().parent.parent / "suffixspec" / "scheduler.py").read_text()
+    prompt = loaded.tokenizer.encode(text)[:600]
+    assert len(prompt) == 600
+    _compare(loaded.model, prompt, short=100, tol=2e-4)
