@@ -37,7 +37,7 @@ def demo_spec(one_torch_thread):  # noqa: ANN001, ANN201 - a fixture body: spec 
     """The demo target without a draft model or history (the ``spec`` fixture of the integration tests)."""
     from suffixspec import SuffixSpec
 
-    with SuffixSpec(draft_model=None, db=False, history=False) as s:
+    with SuffixSpec("suffixspec/demo-target", draft_model=None, db=False, history=False) as s:
         yield s
 
 

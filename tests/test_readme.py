@@ -42,6 +42,7 @@ SKIP = [
                                        "tests/test_integrations_*.py run the same pipelines on tiny models"),
     (r"^python -m vllm\b|^from vllm\b", "needs a vLLM environment; tests/test_vllm.py runs vLLM's CPU build"),
     (r"train_default_models", "retrains the embedded models (an hour or more)"),
+    (r"gemma-3-270m", "Gemma 3 270M is the gemma tier's (minutes of CPU): tests/test_real_models.py runs it"),
 ]
 
 

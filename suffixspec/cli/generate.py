@@ -50,7 +50,8 @@ class Timing:
 
     def to_dict(self) -> dict:
         out = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
-        rate = self.decode_tokens_per_s
+        # from the rounded seconds, so the figures printed agree with each other
+        rate = out["decode_tokens"] / out["decode_s"] if out["decode_tokens"] and out["decode_s"] > 0 else None
         out["decode_tokens_per_s"] = None if rate is None else round(rate, 2)
         return out
 
