@@ -175,6 +175,7 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
 @pytest.mark.slow
 def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir):
     from suffixspec.bench.bench_drafting import written_traces
+
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -196,6 +197,7 @@ def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir)
 @pytest.mark.slow
 def test_workloads_use_real_third_party_text_and_fit_a_small_context(bpe_tokenizer_dir):
     from suffixspec.bench.workloads import CODE_PACKAGES, NODE_DOCS, WORKLOADS, build
+
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
