@@ -211,3 +211,26 @@ def test_workloads_use_real_third_party_text_and_fit_a_small_context(bpe_tokeniz
     edit = build("code_edit", tok, 1, 32)[0][0]
     assert any(f"from `{pkg}/" in edit.prompt for pkg in CODE_PACKAGES)
     assert build("code_edit_prediction", tok, 1, 32)[0][0].prediction == edit.answer
+
+
+def test_vllm_table_takes_each_request_against_the_same_round_without_speculation():
+    from suffixspec.bench.bench_vllm import rows, speculative_config, summarize
+
+    def phase(seconds, out, drafts=0, accepted=0, per_pos=()):
+        return {"name": "rag", "seconds": seconds, "outputs": [out],
+                "spec": {"drafts": drafts, "draft_tokens": 4 * drafts, "accepted": accepted, "per_pos": list(per_pos)}}
+
+    out = [1, 2, 3, 4]
+    rounds = [{"plain": {"phases": [phase(2.0, out), phase(4.0, out)]},
+               "ngram": {"phases": [phase(1.0, out, 2, 3, [2, 1]), phase(4.0, out, 1, 0, [0])]}},
+              {"plain": {"phases": [phase(3.0, out), phase(3.0, out)]},  # a slower round: ratios stay per round
+               "ngram": {"phases": [phase(1.0, out, 1, 2, [1, 1, 0]), phase(1.5, [9], 1, 1, [1])]}}]
+    row = summarize(rounds, ["rag"])["rag"]["ngram"]
+    assert row["requests"] == 4 and row["speedup_median"] == pytest.approx(2.0)  # ratios 2, 1, 3, 2
+    assert (row["speedup_min"], row["speedup_max"]) == (1.0, 3.0)
+    assert row["acceptance_per_pos"] == [pytest.approx(4 / 5), pytest.approx(2 / 5), 0.0]
+    assert row["accepted_per_draft"] == pytest.approx(6 / 5) and row["identical"] is False
+    published = rows({"rag": {"ngram": row}}, "m", {"k": 16})
+    assert published[0]["system"] == "vllm_ngram" and published[0]["k"] == 16 and published[0]["model"] == "m"
+    assert speculative_config("suffix", 8, history=False)["suffix_decoding_max_cached_requests"] == 0
+    assert "suffix_decoding_max_cached_requests" not in speculative_config("suffix", 8)

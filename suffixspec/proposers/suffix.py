@@ -426,10 +426,13 @@ class SuffixProposer(Proposer):
 # Kinds of draft with continuation rates of their own (SpecResult.kind): a text match's, a resumed copy's.
 _TEXT, _RESUME = "text", "resume"
 # The match length a resumed copy's tokens count as (CopyTracker.drafts: the copy ran before the edit),
-# and the prior of its rates: its first token (the guess where the copy picks up) is right less often
-# than a match's; past it, a copy goes on as a long match does.
+# and the prior of its rates: its first token (the guess where the copy picks up) is right about one
+# time in ten on SmolLM2's own code edits (16 of 100 replayed; the model rewrites more than it
+# renames), and past it the copy goes on less surely than a long match. Replayed with the verify cost
+# curve, a prior of 0.3 for the first token lost 4% on SmolLM2's code edits against no resume at
+# all; 0.1 loses nothing there and gains 28% on the edits written as asked (the rename applied).
 _RESUME_MATCH = 8
-_RESUME_PRIOR = (0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.85, 0.88, 0.9, 0.92, 0.94, 0.95)
+_RESUME_PRIOR = (0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.75, 0.8, 0.85, 0.9, 0.92, 0.94)
 # Text matching (SuffixProposer._text_draft): tried when no token-level match of the request's own
 # sources is this long; matches the last _TEXT_TAIL tokens, when they hold this many non-space bytes.
 _TEXT_MATCH_BELOW = 4
