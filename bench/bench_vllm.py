@@ -251,7 +251,7 @@ def main() -> None:
     w.add_argument("--system", required=True, choices=SYSTEMS)
     w.add_argument("--plan", type=Path, required=True)
     w.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--model", type=Path, required=True, help="a model folder (e.g. /work/models/smollm2-135m-instruct)")
+    ap.add_argument("--model", type=Path, default=None, help="a model folder (e.g. /work/models/smollm2-135m-instruct)")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--max-model-len", type=int, default=2048)
@@ -266,6 +266,8 @@ def main() -> None:
     if args.cmd == "worker":
         worker(args.system, json.loads(args.plan.read_text()), args.out)
     else:
+        if args.model is None:
+            ap.error("--model is required (a model folder vLLM can load)")
         if "plain" not in args.systems:
             args.systems = ["plain", *args.systems]
         main_bench(args)
