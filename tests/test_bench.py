@@ -35,6 +35,18 @@ def test_bench_runs_all_systems_and_writes_reports(tiny_model_dirs, tiny_draft_d
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_quick_smoke_run_on_every_workload(tiny_model_dirs, tiny_draft_dir, tmp_path):
+    """``suffixspec bench --quick``: the four quick systems on every workload, outputs identical."""
+    from suffixspec.bench.run import QUICK_SYSTEMS
+    from suffixspec.bench.workloads import WORKLOADS
+
+    result = run(str(tiny_model_dirs["llama"]), str(tiny_draft_dir), tmp_path, quick=True, requests=1, max_tokens=8,
+                 log=lambda msg: None)
+    assert {(r["workload"], r["system"]) for r in result["rows"]} == {(w, s) for w in WORKLOADS for s in QUICK_SYSTEMS}
+    assert all(r["identical"] for r in result["rows"])
+
+
 def test_result_rows_of_other_models_are_kept(tmp_path):
     from suffixspec.bench.run import merge_rows
 
