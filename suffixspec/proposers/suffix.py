@@ -20,7 +20,13 @@ drafts that resume the copy and re-applies the edits it learned (``resume``). Th
 best probability and the source that gave it, cut to the budget best-first; or *picked*: the
 single draft with the highest score (expected accepted tokens).
 
-Worked example (``max_spec_factor=1``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
+A node's probability is its count ratio times the continuation rates of its source (see
+:mod:`index.speculate`), which the proposer learns from what the output did with its drafts
+(:meth:`SuffixProposer._learn`; per source, and for text-match and copy-resume drafts apart): drafts
+shrink where they have not been coming true and run on where they have, and ``min_token_prob`` cuts
+the unlikely tail, so a draft holds fewer, likelier tokens.
+
+Worked example (``max_spec_factor=1``, count ratios alone: ``learn_rates=False``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
 (node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9,
 2/3 for 11, 1/3 for 5). Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
 parents ``[-1, 0, 0]`` and score 2.67.
