@@ -9,7 +9,9 @@ verify cost curve, and what a perfect drafter could reach.
 3. One plain step and the verify cost curve: one target forward over ``1 + k`` tokens (a chain draft
    with the tree mask, as the engine verifies it), k = 1..64, at a fixed context length; sizes are
    measured round-robin, ``rounds`` times each, medians.
-4. The oracle: a drafter that always drafts the true continuation gets ``k + 1`` tokens per pass at
+4. Why the curve jumps after one token: one weight product (``F.linear``) with 1, 2, 4, ... rows
+   (:func:`matmul_rows`): one row streams the weights once, a few rows take a general matrix product.
+5. The oracle: a drafter that always drafts the true continuation gets ``k + 1`` tokens per pass at
    ``t(1 + k)``; its best speed over plain decoding is ``max_k (k + 1) * t(1) / t(1 + k)``.
 
 Worked example: SmolLM2-135M (540 MB of fp32 weights) at 10 GB/s reads its weights in 54 ms; a
@@ -17,7 +19,7 @@ plain step of 70 ms is then 1.3x the floor. If t(1 + 15) = 2.0 t(1) and t(1 + 31
 oracle gets 16 / 2.0 = 8.0x at k = 15 and 32 / 3.6 = 8.9x at k = 31.
 
     python -m bench.bench_limits --model /work/models/smollm2-135m-instruct [--context 400] [--rounds 5]
-                                 [--json bench/published/limits.json]
+                                 [--stat median|min] [--json bench/published/limits.json]
 
 The curve is what :mod:`bench.bench_drafting` turns replayed drafts into time with (``--costs``).
 """
@@ -55,9 +57,11 @@ def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: int = 5) -> dict[int, float]:
-    """Median seconds of one forward over ``1 + k`` tokens (k = 0: a plain step), k = 0..max_k, at
-    ``context_len`` tokens of context; sizes round-robin, so load changes hit them alike."""
+def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: int = 5, stat: str = "median"
+                 ) -> dict[int, float]:
+    """Seconds of one forward over ``1 + k`` tokens (k = 0: a plain step), k = 0..max_k, at
+    ``context_len`` tokens of context, the median (or the minimum: what a busy machine's other jobs
+    add least to) of ``rounds``; sizes round-robin, so load changes hit them alike."""
     from transformers import DynamicCache
 
     from suffixspec.kv import keep_accepted
@@ -82,7 +86,35 @@ def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: i
         ks = list(range(max_k + 1))
         for k in ks if r % 2 == 0 else ks[::-1]:
             times[k].append(once(k))
-    return {k: statistics.median(v) for k, v in times.items()}
+    pick = min if stat == "min" else statistics.median
+    return {k: pick(v) for k, v in times.items()}
+
+
+def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[str, dict[int, float]]:
+    """Seconds of one weight product (``F.linear``, as the model runs it) for ``rows`` input rows:
+    the largest matrix of the first decoder layer and the LM head (``best of repeats``). On a CPU
+    one row is a matrix-vector product that streams the weights once; a few rows take the general
+    matrix product, whose small-row cases cost several times more on this machine's BLAS: the jump
+    from ``t(1)`` to ``t(2)`` in the verify curve."""
+    import torch.nn.functional as F
+
+    layer = max((m for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel()
+                if m is not model.get_output_embeddings() else -1)
+    out: dict[str, dict[int, float]] = {}
+    for name, w in (("largest layer matrix", layer.weight), ("lm head", model.get_output_embeddings().weight)):
+        times = {}
+        with torch.inference_mode():
+            for m in rows:
+                x = torch.randn(m, w.shape[1], dtype=w.dtype)
+                F.linear(x, w)
+                best = float("inf")
+                for _ in range(repeats if w.numel() < 50_000_000 else max(3, repeats // 4)):
+                    t = time.perf_counter()
+                    F.linear(x, w)
+                    best = min(best, time.perf_counter() - t)
+                times[m] = best
+        out[f"{name} {tuple(w.shape)}"] = times
+    return out
 
 
 def oracle(curve: dict[int, float]) -> tuple[int, float]:
@@ -92,7 +124,8 @@ def oracle(curve: dict[int, float]) -> tuple[int, float]:
     return k, (k + 1) * t1 / curve[k]
 
 
-def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1) -> dict[str, Any]:
+def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
+           stat: str = "median") -> dict[str, Any]:
     from suffixspec.engine import Engine
     from suffixspec.loading import load_model
 
@@ -101,7 +134,9 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
     engine = Engine(load_model(model), prefix_cache_mb=0)
     bandwidth = memory_bandwidth()
     wbytes = weight_bytes(engine.model)
-    curve = verify_curve(engine, context_len, max_k, rounds)
+    load = os.getloadavg()[0]
+    curve = verify_curve(engine, context_len, max_k, rounds, stat)
+    products = matmul_rows(engine.model)
     bandwidth_after = memory_bandwidth()
     bw = max(bandwidth, bandwidth_after)
     k, speed = oracle(curve)
@@ -110,7 +145,8 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
         "model": Path(model).name if os.path.isdir(model) else model,
         "threads": torch.get_num_threads(),
         "context": context_len,
-        "load_average": round(os.getloadavg()[0], 2),
+        "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "statistic": f"{stat} of {rounds}",
         "memory_bandwidth_gb_s": round(bw / 1e9, 2),
         "weight_bytes": wbytes,
         "weights_read_ms": round(1e3 * floor, 2),
@@ -120,6 +156,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
         "verify_relative": {k: round(v / curve[0], 3) for k, v in curve.items()},
         "oracle_k": k,
         "oracle_speedup": round(speed, 2),
+        "matmul_ms_by_rows": {name: {m: round(1e3 * v, 3) for m, v in t.items()} for name, t in products.items()},
     }
 
 
@@ -132,6 +169,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      f"| {r['weights_read_ms']:.1f} ms | {r['plain_step_ms']:.1f} ms | {r['plain_step_over_floor']:.2f}× "
                      + " ".join(f"| {rel[k]:.2f}×" for k in (8, 16, 32, 64) if k in rel)
                      + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) |")
+    lines += ["", "| model | weight product | 1 row | 2 rows | 4 rows | 8 rows | 16 rows | 32 rows |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for name, t in r.get("matmul_ms_by_rows", {}).items():
+            lines.append(f"| {r['model']} | {name} | " + " | ".join(f"{v:.2f} ms" for v in t.values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,9 +194,11 @@ def main() -> None:
     ap.add_argument("--max-k", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="per size: the median of the rounds, or the minimum (on a busy machine)")
     ap.add_argument("--json", type=Path, default=None, help="write (or update, per model) the figures here")
     args = ap.parse_args()
-    results = [limits(m, args.context, args.max_k, args.rounds, args.threads) for m in args.model]
+    results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat) for m in args.model]
     print(markdown(results))
     if args.json:
         old = json.loads(args.json.read_text()) if args.json.exists() else []
