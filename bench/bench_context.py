@@ -1,7 +1,7 @@
 """Context length (MagicDec's question): speedup and tokens per forward as the prompt grows.
 
-The code-edit and RAG requests of :mod:`bench.workloads`, rebuilt with a code window of about
-``L`` prompt tokens, for L from 256 up to the model's context limit (minus the generated tokens).
+Code-edit and RAG requests from the sources of :mod:`bench.workloads`, with a code window (or
+documentation) of about ``L`` prompt tokens, for L from 256 up to the model's context limit (minus the generated tokens).
 Each request runs greedy with speculation off and on (``ours_all``: suffix index + draft model),
 seconds apart, with the engine's cost gates on; ratios are per request (median).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench_sampled import OnOffBench, summarize
-from .workloads import Request, _chat, heldout_texts
+from .workloads import Request, chat, code_files, doc_chunks, doc_files
 
 CONTEXT_WORKLOADS = ("code_edit", "rag")
 
@@ -45,29 +45,37 @@ def window_tokens(text: str, tokenizer: Any, start_line: int, tokens: int) -> st
 
 def build_at(name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: int, seed: int = 0
              ) -> tuple[list[Request], list[tuple[str, str]]]:
-    """``n`` requests of workload ``name`` whose prompts are about ``prompt_tokens`` tokens long."""
+    """``n`` requests of workload ``name`` whose prompts are about ``prompt_tokens`` tokens long: a
+    window of a large module of :data:`~bench.workloads.CODE_PACKAGES` and a rename in it (code edit),
+    or consecutive chunks of one file of the documentation set and a question on its first heading (RAG)."""
     rng = random.Random(f"context-{name}-{seed}")
-    files = [f for f in heldout_texts() if len(f[1]) > 20_000]
+    user = "{text}\n\nRename `{old}` to `{old}_v2` in the code above and reply with the whole edited code."
+    if name == "code_edit":
+        files = [(rel, f.read_text(encoding="utf-8")) for rel, f in code_files() if f.stat().st_size > 20_000]
+    elif name == "rag":
+        files = [(rel, text) for rel, text in doc_files() if len(text) > 20_000]
+        user = "Documentation:\n\n{text}\n\nQuestion: what does the documentation above say about {old}?"
+    else:
+        raise ValueError(f"unknown context workload {name!r}; choose from {list(CONTEXT_WORKLOADS)}")
     rng.shuffle(files)
     reqs: list[Request] = []
     for rel, text in files[:n]:
-        lines = text.splitlines()
-        starts = [i for i, ln in enumerate(lines) if ln.startswith(("def ", "class "))] or [0]
-        start = starts[0]
         if name == "code_edit":
-            frame = len(tokenizer.encode(_chat(tokenizer, "\n# Edit: rename value to value_v2\n")))
-            code = window_tokens(text, tokenizer, start, prompt_tokens - frame)
-            words = sorted({w for w in code.replace("(", " ").split() if w.isidentifier() and len(w) > 3})
+            lines = text.splitlines()
+            start = next((i for i, ln in enumerate(lines) if ln.startswith(("def ", "class "))), 0)
+            frame = len(tokenizer.encode(chat(tokenizer, [{"role": "user", "content": user.format(text="", old="value")}])))
+            body = window_tokens(text, tokenizer, start, prompt_tokens - frame)
+            words = sorted({w for w in body.replace("(", " ").split() if w.isidentifier() and len(w) > 3})
             old = words[len(words) // 2] if words else "value"
-            reqs.append(Request(_chat(tokenizer, f"{code}\n# Edit: rename {old} to {old}_v2\n"), max_tokens))
-        elif name == "rag":
-            frame = len(tokenizer.encode(_chat(tokenizer, f"# Retrieved from {rel}:\n\n# Question: write it out again\n")))
-            chunk = window_tokens(text, tokenizer, start, prompt_tokens - frame - 40)
-            head = "".join(chunk.splitlines(keepends=True)[:3])
-            prompt = _chat(tokenizer, f"# Retrieved from {rel}:\n{chunk}\n# Question: write it out again\n") + head
-            reqs.append(Request(prompt, max_tokens, references=[chunk]))
+            reqs.append(Request(chat(tokenizer, [{"role": "user", "content": user.format(text=body, old=old)}]),
+                                max_tokens))
         else:
-            raise ValueError(f"unknown context workload {name!r}; choose from {list(CONTEXT_WORKLOADS)}")
+            chunks = [c for _, _, c in doc_chunks([(rel, text)])]
+            topic = chunks[0].split("\n", 1)[0].lstrip("# ")
+            frame = len(tokenizer.encode(chat(tokenizer, [{"role": "user", "content": user.format(text="", old=topic)}])))
+            body = window_tokens("\n\n".join(chunks), tokenizer, 0, prompt_tokens - frame)
+            reqs.append(Request(chat(tokenizer, [{"role": "user", "content": user.format(text=body, old=topic)}]),
+                                max_tokens, references=[body]))
     docs = files[:n] if name == "rag" else []
     return reqs, docs
 
@@ -132,8 +140,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="suffixspec/demo-target")
-    ap.add_argument("--draft-model", default="suffixspec/demo-draft", help="'none' for the suffix index alone")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--draft-model", default="none", help="a draft model (any tokenizer); 'none' for the suffix index alone")
     ap.add_argument("--lengths", default=None, help="comma-separated prompt lengths (default 256, 512, 1024 ... limit)")
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -1,24 +1,28 @@
-"""Drafting quality alone: our suffix proposer against ArcticInference's, replayed on fixed outputs.
+"""Drafting alone, replayed on fixed outputs: our suffix proposer against ArcticInference's and the oracle.
 
 Under greedy decoding the target's output does not depend on the drafts (lossless), so once the
 output of every request is known, a drafter can be judged without running the model: replay the
 engine's loop — ask for a draft under the engine's adaptive budget, accept the longest path of the
 draft tree that the output continues with, append those tokens plus the target's own, repeat —
-and count the verify steps. This is what the engine does, minus its timing-based gate (which
-skips drafts that would not pay on this machine, so a replay verifies every draft): a
-deterministic measure of the drafts, free of machine load.
+and count forward passes and drafted tokens. With the model's measured verify cost curve
+(:mod:`bench.bench_limits`, ``--costs``) each step costs ``t(1 + drafted nodes)`` plus the propose
+time (this thread's CPU time), and plain decoding ``t(1)`` per token: an estimated speedup free of
+machine load. ``--gate`` puts the engine's own draft gate (``budget.DraftGate``, judging each draft's
+score against that curve) in the loop, as the engine runs it on one request.
 
 Worked example: output ``[5, 6, 7, 8]``, first draft ``[5, 6, 9]`` -> accept ``5 6``, the target
 gives ``7``: 3 tokens in step 1; second draft ``[8]`` -> accept ``8`` and the bonus token ends the
-request (or the cap does): 2 steps, 2.0 tokens per step.
+request (or the cap does): 2 steps, 2.0 tokens per step; with t(1) = 70 ms, t(4) = 80 ms, t(2) = 72
+ms: 152 ms against 4 x 70 = 280 ms plain, 1.84x.
 
-    python -m bench.bench_drafting [--requests 3] [--max-tokens 256] [--outputs written] [--max-draft-tokens 32]
-                                   [--search] [--json out.json]
+    python -m bench.bench_drafting --model DIR [--outputs recorded|written] [--requests 8] [--max-tokens 128]
+                                   [--costs bench/published/limits.json] [--gate] [--search] [--json out.json]
 
-The outputs are generated once with the real target (greedy, speculation on: the same tokens) and
-cached under ``--cache``; every system replays the same outputs, requests in the same order. With
-``--outputs written`` the outputs are the answers a person would write instead (text that does not
-loop, see :func:`written_traces`).
+Outputs: ``recorded`` (default) are the target's greedy outputs, generated once and cached under
+``--cache`` (they loop where the model loops: every table row says how much); ``written`` are the
+answers written for the tasks (:attr:`bench.workloads.Request.answer`: the edited function, the
+tool calls, the quoted documentation): text that does not loop, the same for every model.
+History (earlier outputs) is off for every drafter unless ``--history``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ from typing import Any
 from suffixspec.draft import Draft
 from suffixspec.proposers import Proposer, RequestContext
 
+from .loops import loop_share
 from .workloads import WORKLOADS, build
 
 
@@ -55,9 +62,12 @@ class Replay:
     tokens: int = 0  # output tokens replayed
     steps: int = 0  # verify forward passes
     requests: int = 0  # prefill forward passes (one per request)
-    drafted: int = 0  # draft nodes proposed
+    drafted: int = 0  # draft nodes verified
+    accepted: int = 0  # draft nodes accepted
     propose_s: float = 0.0  # wall time in propose()
     propose_cpu_s: float = 0.0  # CPU time of this thread in propose() (insensitive to other jobs' load)
+    verify_s: float = 0.0  # verify passes' time by the cost curve (0 without one)
+    plain_s: float = 0.0  # plain decoding's time by the cost curve: t(1) per token
 
     @property
     def tokens_per_forward(self) -> float:
@@ -70,12 +80,16 @@ class Replay:
         return self.tokens / max(1, self.steps)
 
     def row(self) -> dict[str, Any]:
-        return {"forward_passes": self.steps + self.requests, "tokens": self.tokens,
-                "tokens_per_forward": round(self.tokens_per_forward, 3),
-                "mean_accepted_length": round(self.mean_accepted_length, 3),
-                "mean_draft": round(self.drafted / max(1, self.steps), 3),
-                "propose_us_per_step": round(1e6 * self.propose_s / max(1, self.steps), 1),
-                "propose_cpu_us_per_step": round(1e6 * self.propose_cpu_s / max(1, self.steps), 1)}
+        out = {"forward_passes": self.steps + self.requests, "tokens": self.tokens,
+               "tokens_per_forward": round(self.tokens_per_forward, 3),
+               "mean_accepted_length": round(self.mean_accepted_length, 3),
+               "mean_draft": round(self.drafted / max(1, self.steps), 3),
+               "drafted_per_accepted": round(self.drafted / self.accepted, 2) if self.accepted else None,
+               "propose_us_per_step": round(1e6 * self.propose_s / max(1, self.steps), 1),
+               "propose_cpu_us_per_step": round(1e6 * self.propose_cpu_s / max(1, self.steps), 1)}
+        if self.plain_s:
+            out["estimated_speedup"] = round(self.plain_s / (self.verify_s + self.propose_cpu_s), 3)
+        return out
 
 
 class OracleDrafter(Proposer):
@@ -104,14 +118,38 @@ def accepted_path(draft: Draft, output: list[int]) -> int:
     return draft.follow(output)[1]
 
 
+class CurveCost:
+    """``budget.VerifyCost`` pinned to a measured curve (seconds by draft size k): the engine's gate
+    judges by it, deterministically. Sizes past the curve extend its last slope."""
+
+    def __init__(self, curve: dict[int, float]) -> None:
+        self.curve = curve
+        self.top = max(curve)
+
+    def estimate(self, inputs: int) -> float:
+        k = inputs - 1
+        if k <= self.top:
+            return self.curve[max(0, k)]
+        slope = self.curve[self.top] - self.curve[self.top - 1]
+        return self.curve[self.top] + slope * (k - self.top)
+
+    def observe(self, inputs: int, seconds: float) -> None:
+        pass
+
+
 def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | None = None,
-           max_draft_tokens: int = 32, max_context: int = 1 << 30) -> Replay:
-    """Replay ``traces`` in order through ``proposer`` with the engine's budget rule."""
+           max_draft_tokens: int = 32, max_context: int = 1 << 30, curve: dict[int, float] | None = None,
+           gate: bool = False) -> Replay:
+    """Replay ``traces`` in order through ``proposer`` with the engine's budget rule (and, with
+    ``gate``, its draft gate judging by ``curve``)."""
+    from suffixspec.budget import DraftGate
     from suffixspec.merge import merge_drafts
 
+    cost = CurveCost(curve) if curve else None
     out = Replay()
     for tr in traces:
         proposer.begin(RequestContext(list(tr.prompt_ids), tr.reference_ids, tr.prediction_ids, drafters=drafters))
+        judge = DraftGate(cost) if gate and cost else None
         ema, copy_run = max_draft_tokens / 2, 0
         done: list[int] = []
         context = list(tr.prompt_ids)
@@ -124,11 +162,18 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
                 draft = merge_drafts([proposer.propose(context, budget)], budget) if budget > 0 else Draft()
                 out.propose_s += time.perf_counter() - t
                 out.propose_cpu_s += time.thread_time() - c
+                if judge is not None and len(draft) and not judge.worth(len(draft), draft.score):
+                    draft = Draft()
                 rest = tr.output_ids[len(done):]
                 acc = accepted_path(draft, rest)
                 new = rest[:acc + 1]
                 out.steps += 1
                 out.drafted += len(draft)
+                out.accepted += acc
+                if cost is not None:
+                    out.verify_s += cost.estimate(1 + len(draft))
+                if judge is not None and len(draft):
+                    judge.observe(draft.score, acc)
                 ema = 0.7 * ema + 0.3 * acc
                 copy_run = acc if len(draft) and acc == max(draft.depths()) else 0
                 done += new
@@ -138,21 +183,26 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
             proposer.end(done)
         out.tokens += len(done)
         out.requests += 1
+        if cost is not None:
+            out.plain_s += len(done) * cost.estimate(1)
     return out
 
 
 def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cache: Path, log=print
            ) -> dict[str, list[Trace]]:
     """Greedy outputs of every request (cached in ``cache`` as JSON)."""
-    key = f"{model}|{n}|{max_tokens}"
+    key = f"{Path(model).name}|{n}|{max_tokens}"
     saved = json.loads(cache.read_text()) if cache.exists() else {}
     if all(f"{key}|{w}" in saved for w in workloads):
         return {w: [Trace(**t) for t in saved[f"{key}|{w}"]] for w in workloads}
+    import torch
+
     from suffixspec.config import SamplingParams
     from suffixspec.engine import Engine
     from suffixspec.loading import load_model
     from suffixspec.proposers.suffix import SuffixProposer
 
+    torch.set_num_threads(1)
     target = load_model(model)
     engine = Engine(target)
     tok = target.tokenizer
@@ -170,26 +220,16 @@ def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cach
                                 tok.encode(req.prediction, add_special_tokens=False) if req.prediction else None))
         saved[f"{key}|{w}"] = [t.__dict__ for t in traces]
         log(f"  recorded {w}: {sum(len(t.output_ids) for t in traces)} tokens")
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(saved))
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(saved))
     return {w: [Trace(**t) for t in saved[f"{key}|{w}"]] for w in workloads}
 
 
 def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: int) -> dict[str, list[Trace]]:
-    """The same requests with the answer a person would write instead of the embedded target's output.
-
-    The embedded target mostly loops (``\\n\\n\\n...``, ``,self,self,...``), so its recorded outputs
-    test how drafters handle loops. These traces test text that does not loop: the edited window
-    (code edit: the file with the rename applied, as the ``prediction`` variant sends it), the code
-    under work written back (agentic: every step of the trace rewrites the same file), the retrieved
-    chunk after the lines the prompt already started (RAG), the file's own continuation
-    (open-ended). Drafts are judged on them exactly as on recorded outputs; nothing runs a model.
-    """
-    import random
-
+    """The same requests with the answer written for each task (``Request.answer``) as the output:
+    the edited function (code edit), the tool calls of the agent's turns, the quoted documentation
+    (RAG), the package's own description (open-ended). Nothing runs a model."""
     from suffixspec.loading import load_tokenizer
-
-    from .workloads import heldout_texts
 
     tok = load_tokenizer(model)
 
@@ -199,23 +239,10 @@ def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: i
     out: dict[str, list[Trace]] = {}
     for w in workloads:
         requests, _docs = build(w, tok, n, max_tokens)
-        if w in ("code_edit", "code_edit_prediction"):
-            answers = [r.prediction for r in build("code_edit_prediction", tok, n, max_tokens)[0]]
-        elif w == "agentic":
-            answers = [r.prompt.split("\n", 3)[3].rsplit("\n# Step", 1)[0] for r in requests]
-        elif w == "rag":
-            answers = [r.references[0][len("".join(r.references[0].splitlines(keepends=True)[:3])):]
-                       for r in requests]
-        elif w == "open_ended":
-            files = heldout_texts()
-            random.Random(f"{w}-0").shuffle(files)  # as workloads.build shuffles them
-            answers = [text[400:] for _, text in files[:n]]
-        else:
-            raise ValueError(f"no written answer for workload {w!r}")
-        out[w] = [Trace(tok(r.prompt)["input_ids"], ids(a),
+        out[w] = [Trace(tok(r.prompt)["input_ids"], ids(r.answer),
                         [tok.encode(x, add_special_tokens=False) for x in r.references],
                         tok.encode(r.prediction, add_special_tokens=False) if r.prediction else None)
-                  for r, a in zip(requests, answers, strict=True)]
+                  for r in requests]
     return out
 
 
@@ -234,104 +261,130 @@ def documents_for(model: str, workload: str, n: int, max_tokens: int, tmp: Path)
     return store.document_index(tok)
 
 
-def systems(model: str, periodic: bool, arctic_params: dict[str, Any] | None = None
+def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | None = None
             ) -> dict[str, tuple[Callable[[Any], Proposer], tuple[str, ...] | None]]:
     """name -> (factory(documents) -> proposer, drafters)."""
+    from dataclasses import replace
+
     from suffixspec.loading import load_tokenizer
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.proposers.suffix import SuffixProposer
 
     from . import arctic
 
     tok = load_tokenizer(model)
 
-    def ours(history: bool) -> Callable[[Any], Proposer]:
-        return lambda docs: SuffixProposer(tokenizer=tok, documents=docs, history=history,
-                                           config=SuffixConfig(periodic=periodic))
+    def ours(docs: Any) -> Proposer:
+        return SuffixProposer(tokenizer=tok, documents=docs, history=history)
 
     out: dict[str, tuple[Callable[[Any], Proposer], tuple[str, ...] | None]] = {
-        "ours_prompt": (ours(False), ("prompt",)),
-        "ours_history": (ours(True), ("history",)),
-        "ours_all": (ours(True), None),
+        "ours_prompt": (ours, ("prompt",)),
+        "ours_all": (ours, None),
     }
+    if history:
+        out["ours_history"] = (ours, ("history",))
     if arctic.available():
         for name, params in (arctic_params or {"arctic_suffix": arctic.ARCTIC_DEFAULT,
                                                "arctic_suffix_best": arctic.ARCTIC_BEST}).items():
-            out[name] = ((lambda docs, p=params: arctic.ArcticSuffixProposer(p)), None)
+            out[name] = ((lambda docs, p=replace(params, history=history): arctic.ArcticSuffixProposer(p)), None)
     return out
 
 
-def search_arctic(traces: dict[str, list[Trace]], log=print) -> list[tuple[int, Any]]:
-    """Verify steps summed over the workloads for a grid of Arctic settings, best first."""
+def search_arctic(traces: dict[str, list[Trace]], curve: dict[int, float] | None = None, log=print
+                  ) -> list[tuple[float, Any]]:
+    """Arctic settings of a grid, best first: by estimated time summed over the workloads with a cost
+    curve (fewest verify steps without one). History off, as the benchmark runs it."""
     from . import arctic
 
     results = []
-    for factor, offset, min_prob, tree in itertools.product((1.0, 2.0, 4.0, 8.0), (0.0, 4.0), (0.05, 0.1, 0.2),
+    for factor, offset, min_prob, tree in itertools.product((1.0, 2.0, 4.0, 8.0), (0.0, 4.0), (0.05, 0.1, 0.2, 0.3),
                                                             (False, True)):
         p = arctic.ArcticParams(max_spec_factor=factor, max_spec_offset=offset, min_token_prob=min_prob,
-                                use_tree_spec=tree)
-        steps = sum(replay(arctic.ArcticSuffixProposer(p), trs).steps for trs in traces.values())
-        results.append((steps, p))
-        log(f"  {steps:6d} steps  {p.label()}")
+                                use_tree_spec=tree, history=False)
+        reps = [replay(arctic.ArcticSuffixProposer(p), trs, curve=curve) for trs in traces.values()]
+        cost = sum(r.verify_s for r in reps) if curve else sum(r.steps for r in reps)
+        results.append((cost, p))
+        log(f"  {cost:10.3f} {'s' if curve else 'steps'}  {p.label()}")
     results.sort(key=lambda r: r[0])
     return results
 
 
 def propose_cost(model: str, traces: dict[str, list[Trace]], rounds: int = 3) -> dict[str, dict[str, float]]:
-    """Median propose CPU time per step (µs, this thread's CPU time: a loaded machine's waits left out)
-    of the longest-match proposer (before the match-length rule:
-    ``match_lengths=0``, factor 1, 128 candidates), today's default, and Arctic's best setting,
-    interleaved round by round on the same replays (so machine load hits all alike)."""
-    import statistics
-
+    """Median propose CPU time per step (µs, this thread's CPU time) of our proposer with each single
+    drafter and all, and of Arctic's best setting, interleaved round by round on the same replays."""
     from suffixspec.loading import load_tokenizer
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.proposers.suffix import SuffixProposer
 
     from . import arctic
 
     tok = load_tokenizer(model)
-    makers: dict[str, Callable[[], Proposer]] = {
-        "ours, longest match only": lambda: SuffixProposer(tokenizer=tok, config=SuffixConfig(
-            match_lengths=0, max_spec_factor=1.0, max_candidates=128)),
-        "ours (default)": lambda: SuffixProposer(tokenizer=tok),
+    makers: dict[str, tuple[Callable[[], Proposer], tuple[str, ...] | None]] = {
+        "ours_prompt": (lambda: SuffixProposer(tokenizer=tok, history=False), ("prompt",)),
+        "ours_all": (lambda: SuffixProposer(tokenizer=tok, history=False), None),
     }
     if arctic.available():
-        makers["arctic_suffix_best"] = lambda: arctic.ArcticSuffixProposer(arctic.ARCTIC_BEST)
+        makers["arctic_suffix_best"] = (lambda: arctic.ArcticSuffixProposer(arctic.ARCTIC_BEST), None)
     times: dict[str, dict[str, list[float]]] = {name: {} for name in makers}
     for _ in range(rounds):
         for w, trs in traces.items():
-            for name, make in makers.items():
-                r = replay(make(), trs)
+            for name, (make, drafters) in makers.items():
+                r = replay(make(), trs, drafters)
                 times[name].setdefault(w, []).append(1e6 * r.propose_cpu_s / max(1, r.steps))
     return {name: {w: round(statistics.median(v), 1) for w, v in ws.items()} for name, ws in times.items()}
 
 
+def run(model: str, traces: dict[str, list[Trace]], n: int, max_tokens: int, curve: dict[int, float] | None,
+        gate: bool, history: bool, max_draft_tokens: int = 32, log=print) -> dict[str, Any]:
+    """Per workload: the oracle and every system, as table rows (``loop_share`` of the outputs too)."""
+    table: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w, trs in traces.items():
+            docs = documents_for(model, w, n, max_tokens, Path(tmp))
+            share = round(statistics.mean(loop_share(t.output_ids) for t in trs), 3)
+            rows = {"oracle": replay(OracleDrafter(trs), trs, max_draft_tokens=max_draft_tokens, curve=curve).row()}
+            for name, (factory, drafters) in systems(model, history).items():
+                rows[name] = replay(factory(docs), trs, drafters, max_draft_tokens, curve=curve, gate=gate).row()
+            for name, row in rows.items():
+                log(f"| {w} | {share:.2f} | {name} | {row['forward_passes']} | {row['tokens_per_forward']:.2f} | "
+                    f"{row['mean_draft']:.1f} | {row['drafted_per_accepted'] or 0:.2f} | "
+                    f"{row.get('estimated_speedup', 0):.2f}× | {row['propose_cpu_us_per_step']:.0f} |")
+            table[w] = {"loop_share": share, "systems": rows}
+    return table
+
+
+HEADER = ("| workload | loop share | system | forward passes | tokens/forward | mean draft | drafted/accepted "
+          "| estimated speedup | propose µs CPU/step |\n|---|---:|---|---:|---:|---:|---:|---:|---:|")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="suffixspec/demo-target")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--requests", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--cache", type=Path, default=Path("bench/results/drafting_outputs.json"),
                     help="greedy outputs, recorded once and reused")
     ap.add_argument("--outputs", choices=("recorded", "written"), default="recorded",
-                    help="replay the embedded target's greedy outputs (recorded; they mostly loop) or the answers a "
-                         "person would write (written: text that does not loop)")
+                    help="the target's greedy outputs (recorded) or the answers written for the tasks (written)")
     ap.add_argument("--max-draft-tokens", type=int, default=32,
                     help="the engine's node budget per draft (its default, 32; a request may ask for up to 256)")
+    ap.add_argument("--costs", type=Path, default=None,
+                    help="bench_limits --json output: turn steps into time with the model's verify cost curve")
+    ap.add_argument("--gate", action="store_true", help="the engine's draft gate in the loop (needs --costs)")
+    ap.add_argument("--history", action="store_true", help="drafters keep earlier outputs (off by default)")
     ap.add_argument("--search", action="store_true", help="grid-search Arctic's settings first")
-    ap.add_argument("--cost", action="store_true", help="only time propose(): before / now / Arctic, interleaved")
+    ap.add_argument("--cost", action="store_true", help="only time propose(): ours per drafter and Arctic, interleaved")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    import tempfile
-
     from . import arctic
+    from .bench_limits import load_curve
 
     wl = tuple(args.workloads.split(","))
     if args.outputs == "written":
         traces = written_traces(args.model, wl, args.requests, args.max_tokens)
     else:
         traces = record(args.model, wl, args.requests, args.max_tokens, args.cache)
+    curve = load_curve(args.costs, args.model) if args.costs else None
     if args.cost:
         cost = propose_cost(args.model, traces)
         print("| proposer | " + " | ".join(wl) + " |\n|---|" + "---:|" * len(wl))
@@ -343,34 +396,16 @@ def main() -> None:
     if args.search:
         if not arctic.available():
             raise SystemExit("--search needs arctic-inference (see PEERS.md)")
-        best = search_arctic(traces)[0]
-        print(f"best Arctic setting: {best[1].label()} ({best[0]} steps)")
-    table: dict[str, Any] = {}
-    print("| workload | periodic | system | forward passes | tokens/forward | mean accepted length | propose µs/step |")
-    print("|---|---|---|---:|---:|---:|---:|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for w in wl:
-            docs = documents_for(args.model, w, args.requests, args.max_tokens, Path(tmp))
-            cap = args.max_draft_tokens
-            oracle = replay(OracleDrafter(traces[w]), traces[w], max_draft_tokens=cap).row()
-            table.setdefault(w, {})["oracle"] = oracle
-            print(f"| {w} | – | oracle (ceiling) | {oracle['forward_passes']} | {oracle['tokens_per_forward']:.2f} | "
-                  f"{oracle['mean_accepted_length']:.2f} | – |", flush=True)
-            for periodic in (True, False):
-                for name, (factory, drafters) in systems(args.model, periodic).items():
-                    if name.startswith("arctic") and not periodic:
-                        row = table[w]["on"][name]  # Arctic has no periodic rule: same replay
-                    else:
-                        row = replay(factory(docs), traces[w], drafters, max_draft_tokens=cap).row()
-                    table.setdefault(w, {}).setdefault("on" if periodic else "off", {})[name] = row
-                    print(f"| {w} | {'on' if periodic else 'off'} | {name} | {row['forward_passes']} | "
-                          f"{row['tokens_per_forward']:.2f} | {row['mean_accepted_length']:.2f} | "
-                          f"{row['propose_us_per_step']:.0f} |", flush=True)
+        best = search_arctic(traces, curve)[0]
+        print(f"best Arctic setting: {best[1].label()} ({best[0]:.3f})")
+    print(HEADER)
+    table = run(args.model, traces, args.requests, args.max_tokens, curve, args.gate, args.history,
+                args.max_draft_tokens, log=lambda s: print(s, flush=True))
     if not arctic.available():
         print("(arctic-inference is not installed: the arctic_suffix rows are skipped; see PEERS.md)")
     if args.json:
-        args.json.write_text(json.dumps({"meta": vars(args) | {"cache": str(args.cache), "json": str(args.json)},
-                                         "results": table}, indent=2))
+        meta = {k: str(v) for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"meta": meta, "results": table}, indent=2))
 
 
 if __name__ == "__main__":

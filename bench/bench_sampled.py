@@ -9,10 +9,10 @@ identical, tokens per target forward pass, and the speed ratio on/off per reques
 min-max; by CPU time also the total over the cell's requests, which load inflates least). Above 1 is a gain; below 1 is the overhead of
 drafting where little can be drafted (the gates should keep it within 5%).
 
-    python -m bench.bench_sampled [--requests 2] [--max-tokens 128] [--temperatures 0.7,1.0] [--json out.json]
+    python -m bench.bench_sampled --model DIR [--requests 8] [--max-tokens 128] [--temperatures 0.7,1.0] [--json out.json]
 
-The on-runs keep one suffix proposer per cell (its output history sees the requests in order; no
-request is repeated within a cell); off-runs call no proposer.
+The on-runs keep one suffix proposer per cell, its output history off (as every benchmark here runs
+it); off-runs call no proposer. One torch thread unless ``--threads``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class OnOff:
     forwards: int  # target forward passes with speculation on (verify steps + prefill)
 
 
-def proposers_for(target: Any, draft: Any, documents: Any, history: bool = True) -> list[Any]:
+def proposers_for(target: Any, draft: Any, documents: Any, history: bool = False) -> list[Any]:
     """Our drafters as ``ours_all`` runs them: the suffix proposer, then the draft model if any."""
     from suffixspec.proposers.draft_model import make_draft_proposer
     from suffixspec.proposers.suffix import SuffixProposer
@@ -124,7 +124,7 @@ class OnOffBench:
         self._tmp.cleanup()
 
     def cell(self, name: str, requests: list[Request], docs: list[tuple[str, str]],
-             sampling: Callable[[int], Any], history: bool = True) -> list[OnOff]:
+             sampling: Callable[[int], Any], history: bool = False) -> list[OnOff]:
         """Each request off, then on, with fresh proposers for the cell (``sampling(i)``: request i's
         settings); ``docs`` are indexed first, in a folder of their own."""
         documents = document_index(self.target, docs, Path(self._tmp.name) / name) if docs else None
@@ -133,10 +133,14 @@ class OnOffBench:
 
 
 def run(model: str, draft_model: str | None, workloads: tuple[str, ...] = SAMPLED_WORKLOADS,
-        temperatures: tuple[float, ...] = TEMPERATURES, n: int = 2, max_tokens: int = 128, top_p: float = 0.95,
-        log=print) -> dict[str, Any]:
+        temperatures: tuple[float, ...] = TEMPERATURES, n: int = 8, max_tokens: int = 128, top_p: float = 0.95,
+        log=print, threads: int = 1) -> dict[str, Any]:
+    import torch
+
     from suffixspec.config import SamplingParams
 
+    if threads:
+        torch.set_num_threads(threads)
     results: dict[str, Any] = {}
     with OnOffBench(model, draft_model) as bench:
         for w in workloads:
@@ -165,10 +169,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="suffixspec/demo-target")
-    ap.add_argument("--draft-model", default="suffixspec/demo-draft", help="'none' for the suffix index alone")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--draft-model", default="none", help="a draft model (any tokenizer); 'none' for the suffix index alone")
     ap.add_argument("--workloads", default=",".join(SAMPLED_WORKLOADS))
-    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default=",".join(map(str, TEMPERATURES)),
                     help="comma-separated; 1.5 on open_ended is the stress cell where nothing is accepted")
@@ -177,7 +182,7 @@ def main() -> None:
     draft = None if args.draft_model in ("", "none") else args.draft_model
     temps = tuple(float(t) for t in args.temperatures.split(","))
     results = run(args.model, draft, tuple(args.workloads.split(",")), temps, n=args.requests,
-                  max_tokens=args.max_tokens)
+                  max_tokens=args.max_tokens, threads=args.threads)
     print(markdown(results))
     if args.json:
         args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results},

@@ -1,27 +1,38 @@
 """The benchmark runner behind ``suffixspec bench``: workloads x systems, side by side in one run.
 
-Systems (same target model, same draft model, same prompts, same process):
+Systems (same target model, same prompts, same process, one torch thread unless told otherwise):
 
 - ``hf_plain``: ``transformers`` greedy ``generate`` (the baseline every ratio is taken against);
 - ``hf_prompt_lookup``: its prompt lookup decoding (``prompt_lookup_num_tokens=10``);
-- ``hf_assisted``: its universal assisted generation with the different-tokenizer draft model;
+- ``hf_assisted``: its universal assisted generation with the draft model (any tokenizer);
+- ``ours_off``: our engine with speculation off (its own overhead against ``generate``);
 - ``ours_<drafter>``: suffixspec with one drafter (prompt, history, documents, references,
   draft_model) and ``ours_all`` with every drafter;
 - ``arctic_suffix`` / ``arctic_suffix_best``: ArcticInference's ``SuffixDecodingCache`` (vLLM's
   ``suffix`` method) as the only drafter in our engine, with its default settings and with the
   best of a grid (:mod:`bench.arctic`); skipped with a note when ``arctic-inference`` is missing.
 
-For each workload and system: tokens/s, speedup over ``hf_plain`` per request (median, min, max),
-target forward passes (counted with a hook on the target model for every system, prefill
-included, so prompt lookup's count compares with ours), mean accepted length (new tokens per
-target forward pass), acceptance rate per source, proposal overhead per step, and whether every
-output is identical to ``hf_plain`` (greedy). Systems take turns on each request, so a ratio
-compares runs made seconds apart.
+History (earlier requests' outputs, for ours and Arctic's global tree) is off unless ``history=True``
+(then ``ours_history`` runs too): with it on, a drafter would learn the answers of the requests
+before, which a benchmark that repeats a prompt across systems must not reward. The prompt-prefix
+store is off too: every run prefills its whole prompt, as ``generate`` does.
+
+Each request is served by every system in turn, the order rotating from request to request, so a
+system and its baseline run seconds apart; per request: wall and CPU time (this thread's: what
+other jobs' load leaves out), tokens, target forward passes (a hook on the target, prefill
+included, so prompt lookup's count compares with ours), and for ours the engine's statistics. Every
+output is measured for loops (:mod:`bench.loops`); each row has its twin over the requests whose
+plain output does not loop.
+
+Results: ``results.json``, a list of rows ``{"model", "workload", "system", "speedup_median",
+"identical", "loop_share", ...}`` (rows of other models already in the file are kept, so two runs
+into one folder publish both models), ``results.md`` and ``speedup.png``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -29,13 +40,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .loops import distinct_ngrams, loop_share, loops
 from .workloads import WORKLOADS, Request, build
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
-OUR_DRAFTERS = ("prompt", "history", "documents", "references", "draft_model")
-OUR_SYSTEMS = tuple(f"ours_{d}" for d in OUR_DRAFTERS) + ("ours_all",)
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
-SYSTEMS = HF_SYSTEMS + OUR_SYSTEMS + ARCTIC_SYSTEMS
+BASELINES = ("hf_prompt_lookup", "arctic_suffix_best")  # ours_all is judged against the faster of these
+
+
+def our_systems() -> tuple[str, ...]:
+    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_all``."""
+    from suffixspec.draft import DRAFTERS
+
+    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_all")
+
+
+def all_systems() -> tuple[str, ...]:
+    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS
+
+
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
 
 
@@ -44,6 +67,7 @@ class Run:
     """One request served by one system."""
 
     seconds: float  # wall time of the whole request (prefill included)
+    cpu_s: float  # CPU time of this thread over the request (one torch thread: the whole computation)
     tokens: list[int]  # generated ids
     forwards: int  # target forward passes, prefill included (every system)
     steps: int | None = None  # verify steps (ours only)
@@ -55,7 +79,8 @@ class Bench:
     """Models and drafters loaded once for the whole run."""
 
     target: Any  # LoadedModel
-    draft: Any | None  # LoadedModel of the draft model (different tokenizer), or None
+    draft: Any | None  # LoadedModel of the draft model (any tokenizer), or None
+    history: bool = False  # drafters learn from earlier requests' outputs
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
@@ -66,7 +91,7 @@ class Bench:
 
         from .bench_bridge import ForwardCounter
 
-        self.engine = Engine(self.target)
+        self.engine = Engine(self.target, prefix_cache_mb=0)
         self.forwards = ForwardCounter(self.target.model)
         if self.draft is not None:
             self.draft_proposer = make_draft_proposer(self.draft, self.target)
@@ -84,41 +109,47 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     elif system == "hf_assisted":
         kwargs.update(assistant_model=bench.draft.model, tokenizer=tok, assistant_tokenizer=bench.draft.tokenizer)
     calls = bench.forwards.calls
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
         out = bench.target.model.generate(ids, **kwargs)
-    return Run(time.perf_counter() - t, out[0, ids.shape[1]:].tolist(), bench.forwards.calls - calls)
+    return Run(time.perf_counter() - t, time.thread_time() - c, out[0, ids.shape[1]:].tolist(),
+               bench.forwards.calls - calls)
 
 
 def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     """One request through our engine; ``suffix`` is the system's suffix proposer (ours or Arctic's)."""
     from suffixspec.config import SamplingParams, SpeculationConfig
 
-    if system.startswith("arctic_"):
-        bench.engine.proposers = [suffix]
-        spec = SpeculationConfig()
+    if system == "ours_off":
+        bench.engine.proposers, spec = [], SpeculationConfig(enabled=False)
+    elif system.startswith("arctic_"):
+        bench.engine.proposers, spec = [suffix], SpeculationConfig()
     else:
         drafter = system.removeprefix("ours_")
         bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
         spec = SpeculationConfig(drafters=None if drafter == "all" else (drafter,))
     calls = bench.forwards.calls
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
                                 spec, references=req.references or None, prediction=req.prediction)
-    seconds = time.perf_counter() - t
-    return Run(seconds, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict())
+    seconds, cpu = time.perf_counter() - t, time.thread_time() - c
+    return Run(seconds, cpu, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict())
 
 
-def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all", periodic: bool = True) -> Any:
+def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> Any:
     """A fresh drafter for ``system``: our suffix proposer, or Arctic's for the ``arctic_*`` systems."""
     if system in ARCTIC_SYSTEMS:
+        from dataclasses import replace
+
         from .arctic import ARCTIC_BEST, ARCTIC_DEFAULT, ArcticSuffixProposer
 
-        return ArcticSuffixProposer(ARCTIC_BEST if system == "arctic_suffix_best" else ARCTIC_DEFAULT)
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+        params = ARCTIC_BEST if system == "arctic_suffix_best" else ARCTIC_DEFAULT
+        return ArcticSuffixProposer(replace(params, history=bench.history))
+    if system == "ours_off":
+        return None
+    from suffixspec.proposers.suffix import SuffixProposer
 
-    return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents,
-                          config=SuffixConfig(periodic=periodic))
+    return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
 
 def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any:
@@ -131,154 +162,234 @@ def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any
     return store.document_index(bench.target.tokenizer)
 
 
-def run_workload(bench: Bench, name: str, systems: tuple[str, ...], n: int, max_tokens: int,
-                 log=print, periodic: bool = True) -> dict[str, list[Run]]:
-    """Every system serves each request in turn (request-major), so a system and its baseline run
-    seconds apart rather than minutes: load changes on a shared machine hit both alike. Each of our
-    systems keeps its own suffix proposer, so its output history sees the requests in order."""
-    requests, docs = build(name, bench.target.tokenizer, n, max_tokens)
+def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, str]], systems: tuple[str, ...],
+                 log=print, name: str = "") -> dict[str, list[Run]]:
+    """Every system serves each request in turn (request-major, the order rotating by one per
+    request), so a system and its baseline run seconds apart rather than minutes: load changes on a
+    shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload."""
     _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
-    active = [s for s in systems if not (s == "hf_assisted" and bench.draft is None)
-              and not (s == "ours_draft_model" and bench.draft_proposer is None)]
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
-        suffixes = {s: _suffix_proposer(bench, documents, s, periodic) for s in active if not s.startswith("hf_")}
-        runs: dict[str, list[Run]] = {s: [] for s in active}
-        for req in requests:
-            for system in active:
+        suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems if not s.startswith("hf_")}
+        runs: dict[str, list[Run]] = {s: [] for s in systems}
+        for k, req in enumerate(requests):
+            for system in systems[k % len(systems):] + systems[:k % len(systems)]:
                 if system.startswith("hf_"):
                     runs[system].append(_hf_generate(bench, system, req))
                 else:
                     runs[system].append(_ours(bench, system, req, suffixes[system]))
-    for system in active:
-        log(f"  {name:22s} {system:18s} {_tps(runs[system]):8.1f} tok/s")
+            plain = runs["hf_plain"][-1]
+            log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
+                f"{loop_share(plain.tokens):.2f}; " + ", ".join(
+                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in systems if s != "hf_plain"))
     return runs
 
 
-def _tps(runs: list[Run]) -> float:
-    return sum(len(r.tokens) for r in runs) / max(1e-9, sum(r.seconds for r in runs))
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
 
 
-def summarize(all_runs: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
-    """Per workload and system: the figures of the table."""
-    out: dict[str, Any] = {}
+def summarize_system(plain: list[Run], rs: list[Run], keep: list[bool]) -> dict[str, Any]:
+    """One row's figures over the requests with ``keep`` (all, or those whose plain output does not loop)."""
+    pairs = [(p, r) for p, r, k in zip(plain, rs, keep, strict=True) if k]
+    if not pairs:
+        return {"requests": 0}
+    tokens = sum(len(r.tokens) for _, r in pairs)
+    speedups = [p.seconds / r.seconds for p, r in pairs]
+    row: dict[str, Any] = {
+        "requests": len(pairs),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / max(1e-9, sum(r.seconds for _, r in pairs)), 2),
+        "speedup_median": _median(speedups),
+        "speedup_min": round(min(speedups), 3),
+        "speedup_max": round(max(speedups), 3),
+        "cpu_speedup_median": _median([p.cpu_s / r.cpu_s for p, r in pairs if r.cpu_s > 0]),
+        "identical": all(p.tokens == r.tokens for p, r in pairs),
+        "loop_share": round(statistics.mean(loop_share(r.tokens) for _, r in pairs), 3),
+        "distinct_4grams": round(statistics.mean(distinct_ngrams(r.tokens) for _, r in pairs), 3),
+        "looping_outputs": sum(loops(r.tokens) for _, r in pairs),
+        "forward_passes": sum(r.forwards for _, r in pairs),
+    }
+    row["tokens_per_forward"] = round(tokens / max(1, row["forward_passes"]), 3)
+    if pairs[0][1].steps is not None:
+        steps = sum(r.steps for _, r in pairs)
+        drafted = sum(r.stats["drafted_tokens"] for _, r in pairs)
+        accepted = sum(r.stats["accepted_tokens"] for _, r in pairs)
+        per_source: dict[str, dict[str, int]] = {}
+        for _, r in pairs:
+            for src, c in r.stats["per_source"].items():
+                acc = per_source.setdefault(src, {"drafted": 0, "accepted": 0})
+                acc["drafted"] += c["drafted"]
+                acc["accepted"] += c["accepted"]
+        row.update(
+            mean_accepted_length=round(tokens / max(1, steps), 3),
+            drafted_tokens=drafted,
+            acceptance_rate=round(accepted / drafted, 3) if drafted else 0.0,
+            drafted_per_accepted=round(drafted / accepted, 2) if accepted else None,
+            acceptance_per_source={s: round(c["accepted"] / c["drafted"], 3) if c["drafted"] else 0.0
+                                   for s, c in per_source.items()},
+            propose_ms_per_step=round(1e3 * sum(r.stats["time_propose_s"] for _, r in pairs) / max(1, steps), 3),
+        )
+    return row
+
+
+def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str = "ours_all") -> dict[str, Any]:
+    """``system``'s speed over the faster of :data:`BASELINES` on this workload (the one with the higher
+    median speedup over plain on the kept requests): median over requests of its time / ours."""
+    base = [b for b in BASELINES if b in runs]
+    if system not in runs or not base or not any(keep):
+        return {}
+    plain = runs["hf_plain"]
+
+    def med(s: str) -> float:
+        return statistics.median(p.seconds / r.seconds for p, r, k in zip(plain, runs[s], keep, strict=True) if k)
+
+    best = max(base, key=med)
+    ratios = [b.seconds / r.seconds for b, r, k in zip(runs[best], runs[system], keep, strict=True) if k]
+    return {"best_baseline": best, "vs_best_baseline_median": _median(ratios)}
+
+
+def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The result rows: per workload and system, over all requests and (``no_loop``) over those whose
+    plain output does not loop."""
+    rows = []
     for workload, runs in all_runs.items():
         plain = runs["hf_plain"]
-        rows = {}
+        every = [True] * len(plain)
+        no_loop = [not loops(p.tokens) for p in plain]
         for system, rs in runs.items():
-            speedups = [p.seconds / r.seconds for p, r in zip(plain, rs, strict=True)]
-            row: dict[str, Any] = {
-                "tokens_per_s": round(_tps(rs), 2),
-                "speedup_median": round(statistics.median(speedups), 3),
-                "speedup_min": round(min(speedups), 3),
-                "speedup_max": round(max(speedups), 3),
-                "identical": all(p.tokens == r.tokens for p, r in zip(plain, rs, strict=True)),
-                "tokens": sum(len(r.tokens) for r in rs),
-                "forward_passes": sum(r.forwards for r in rs),
-            }
-            row["tokens_per_forward"] = round(row["tokens"] / max(1, row["forward_passes"]), 3)
-            if rs and rs[0].steps is not None:
-                steps = sum(r.steps for r in rs)
-                drafted = sum(r.stats["drafted_tokens"] for r in rs)
-                accepted = sum(r.stats["accepted_tokens"] for r in rs)
-                per_source: dict[str, dict[str, int]] = {}
-                for r in rs:
-                    for src, c in r.stats["per_source"].items():
-                        acc = per_source.setdefault(src, {"drafted": 0, "accepted": 0})
-                        acc["drafted"] += c["drafted"]
-                        acc["accepted"] += c["accepted"]
-                row.update(
-                    mean_accepted_length=round(row["tokens"] / max(1, steps), 3),
-                    acceptance_rate=round(accepted / drafted, 3) if drafted else 0.0,
-                    acceptance_per_source={s: round(c["accepted"] / c["drafted"], 3) if c["drafted"] else 0.0
-                                           for s, c in per_source.items()},
-                    propose_ms_per_step=round(1e3 * sum(r.stats["time_propose_s"] for r in rs) / max(1, steps), 3),
-                )
-            rows[system] = row
-        out[workload] = rows
-    return out
+            row = {"model": model, "workload": workload, "system": system, **summarize_system(plain, rs, every)}
+            if system == "ours_all":
+                row.update(vs_best_baseline(runs, every))
+            nl = summarize_system(plain, rs, no_loop)
+            if system == "ours_all":
+                nl.update(vs_best_baseline(runs, no_loop))
+            row["no_loop"] = nl
+            rows.append(row | meta)
+    return rows
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    lines = ["| workload | system | tok/s | speedup (median, min–max) | forward passes | tokens/forward | "
-             "mean accepted length | acceptance | propose ms/step | identical |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    for workload, rows in summary.items():
-        for system, r in rows.items():
-            mal = f"{r['mean_accepted_length']:.2f}" if "mean_accepted_length" in r else "–"
-            acc = f"{r['acceptance_rate']:.2f}" if "acceptance_rate" in r else "–"
-            prop = f"{r['propose_ms_per_step']:.2f}" if "propose_ms_per_step" in r else "–"
-            lines.append(f"| {workload} | {system} | {r['tokens_per_s']:.1f} | {r['speedup_median']:.2f}× "
-                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['forward_passes']} | "
-                         f"{r['tokens_per_forward']:.2f} | {mal} | {acc} | {prop} | "
-                         f"{'yes' if r['identical'] else 'NO'} |")
+def model_label(model: str) -> str:
+    """The model's name in the tables: a folder's last part (``/work/models/gemma-3-270m`` -> ``gemma-3-270m``)."""
+    return Path(model).name if os.sep in model and Path(model).exists() else model
+
+
+def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
+    """The full table (or its twin over the outputs that do not loop)."""
+    lines = ["| model | workload | system | requests | tok/s | speedup (median, min–max) | CPU speedup | "
+             "forward passes | tokens/forward | drafted/accepted | propose ms/step | loop share | vs best baseline "
+             "| identical |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for row in rows:
+        r = row["no_loop"] if no_loop else row
+        if not r.get("requests"):
+            continue
+
+        def f(key: str, fmt: str = "{:.2f}", r=r) -> str:
+            return fmt.format(r[key]) if r.get(key) is not None else "–"
+
+        lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} | {f('tokens_per_s', '{:.1f}')} "
+                     f"| {f('speedup_median', '{:.2f}×')} ({f('speedup_min')}–{f('speedup_max')}) "
+                     f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
+                     f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
+                     f"| {f('vs_best_baseline_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, Any], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Median speedup over plain ``generate`` per workload and system, one panel per model (and per
+    subset: all outputs, outputs that do not loop)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = list(summary)
-    systems = [s for s in SYSTEMS if any(s in summary[w] for w in workloads) and s != "hf_plain"]
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(workloads)), 4.5))
-    width = 0.8 / max(1, len(systems))
-    for k, system in enumerate(systems):
-        xs = [i + k * width for i in range(len(workloads))]
-        ys = [summary[w].get(system, {}).get("speedup_median", 0.0) for w in workloads]
-        ax.bar(xs, ys, width, label=system)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))], workloads)
-    ax.set_ylabel("speedup over transformers greedy generate (median)")
-    ax.legend(fontsize=7, ncol=2)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 2, figsize=(15, 4.2 * len(models)), squeeze=False)
+    for m, model in enumerate(models):
+        mine = [r for r in rows if r["model"] == model and r["system"] not in ("hf_plain", "ours_off")]
+        workloads = list(dict.fromkeys(r["workload"] for r in mine))
+        systems = list(dict.fromkeys(r["system"] for r in mine))
+        width = 0.8 / max(1, len(systems))
+        for col, subset in enumerate(("all", "no_loop")):
+            ax = axes[m][col]
+            for k, system in enumerate(systems):
+                ys = []
+                for w in workloads:
+                    row = next((r for r in mine if r["workload"] == w and r["system"] == system), {})
+                    ys.append((row.get("no_loop", {}) if subset == "no_loop" else row).get("speedup_median") or 0.0)
+                ax.bar([i + k * width for i in range(len(workloads))], ys, width, label=system)
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))], workloads, fontsize=8)
+            ax.set_title(f"{model}: {'all outputs' if subset == 'all' else 'outputs that do not loop'}", fontsize=9)
+            ax.set_ylabel("speedup over transformers generate (median)", fontsize=8)
+            ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def merge_rows(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` replacing those of ``path`` (a results.json) with the same model, workload and system."""
+    old = json.loads(path.read_text()) if path.exists() else []
+    if not isinstance(old, list):  # a results.json of the old format (one run's summary): start afresh
+        old = []
+    new_keys = {(r["model"], r["workload"], r["system"]) for r in rows}
+    return [r for r in old if (r.get("model"), r.get("workload"), r.get("system")) not in new_keys] + rows
 
 
 def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
-        requests: int | None = None, max_tokens: int | None = None, log=print,
-        periodic: bool = True) -> dict[str, Any]:
-    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
+        requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
+        threads: int = 1) -> dict[str, Any]:
+    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``."""
+    import torch
 
-    ``periodic=False`` switches our proposer's periodic-continuation rule off (judges the drafts on
-    output that is not a loop)."""
     from suffixspec.loading import load_model
 
     from .arctic import available
 
-    systems = systems or (QUICK_SYSTEMS if quick else SYSTEMS)
-    unknown = [s for s in systems if s not in SYSTEMS]
+    every = all_systems()
+    systems = systems or (QUICK_SYSTEMS if quick else tuple(s for s in every if s != "ours_history" or history))
+    unknown = [s for s in systems if s not in every]
     if unknown:
-        raise ValueError(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+        raise ValueError(f"unknown system(s) {unknown}; choose from {list(every)}")
     skipped = [s for s in systems if s in ARCTIC_SYSTEMS and not available()]
     if skipped:
-        log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (see PEERS.md / README)")
-        systems = tuple(s for s in systems if s not in skipped)
+        log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (see PEERS.md)")
+    if draft_model is None:
+        skipped += [s for s in systems if s in ("hf_assisted", "ours_draft_model")]
+    systems = tuple(s for s in systems if s not in skipped)
     if "hf_plain" not in systems:
         systems = ("hf_plain", *systems)
-    n = requests or (2 if quick else 5)
-    max_tokens = max_tokens or (96 if quick else 256)
+    n = requests or (2 if quick else 8)
+    max_tokens = max_tokens or (96 if quick else 128)
+    if threads:
+        torch.set_num_threads(threads)
     target = load_model(model)
     draft = load_model(draft_model) if draft_model else None
-    bench = Bench(target, draft)
+    bench = Bench(target, draft, history)
     warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
     _hf_generate(bench, "hf_plain", warm)
     _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
-    all_runs = {}
+    load_before = os.getloadavg()[0]
     started = time.perf_counter()
+    all_runs = {}
     for w in workloads:
-        all_runs[w] = run_workload(bench, w, systems, n, max_tokens, log, periodic)
-    summary = summarize(all_runs)
+        reqs, docs = build(w, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
+        if not reqs:
+            log(f"skipping {w}: none of its prompts fits {model}'s context of {bench.engine.max_context} tokens")
+            continue
+        all_runs[w] = run_workload(bench, reqs, docs, systems, log, w)
+    meta = {"draft_model": model_label(draft_model) if draft_model else None, "max_tokens": max_tokens,
+            "threads": torch.get_num_threads(), "history": history, "temperature": 0.0,
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "date": time.strftime("%Y-%m-%d")}
+    rows = summarize(all_runs, model_label(model), meta)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"model": model, "draft_model": draft_model, "requests_per_workload": n, "max_tokens": max_tokens,
-            "quick": quick, "periodic": periodic, "skipped": skipped,
-            "seconds": round(time.perf_counter() - started, 1)}
-    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": summary}, indent=2))
-    table = markdown(summary)
-    (out_dir / "results.md").write_text(table)
-    plot(summary, out_dir / "speedup.png")
-    return {"meta": meta, "results": summary, "markdown": table}
+    published = merge_rows(out_dir / "results.json", rows)
+    (out_dir / "results.json").write_text(json.dumps(published, indent=1))
+    table = (markdown(rows) + "\nOutputs that do not loop:\n\n" + markdown(rows, no_loop=True))
+    (out_dir / "results.md").write_text(markdown(published) + "\nOutputs that do not loop:\n\n"
+                                        + markdown(published, no_loop=True))
+    plot(published, out_dir / "speedup.png")
+    return {"rows": rows, "markdown": table, "skipped": skipped, "seconds": round(time.perf_counter() - started, 1)}

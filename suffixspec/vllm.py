@@ -205,6 +205,7 @@ class SuffixSpecProposer:
         self._tokenizer = tokenizer
         self._documents = None  # SuffixArray shared by all requests, swapped whole by the watcher
         self._history = OutputHistory(self.config.history_tokens, None, None, max_candidates=self.config.max_candidates)
+        self._rates: dict | None = None  # continuation rates learned by every request of this worker (_new)
         self._slots: dict[int, _Request] = {}  # batch slot -> request seen there in the last call
         self._by_key: dict[bytes, list[_Request]] = {}  # live and parked requests by their first tokens
         self._key_lens: set[int] = set()  # token lengths of those keys (_KEY, or less for short prompts)
@@ -418,6 +419,9 @@ class SuffixSpecProposer:
         prompt_len = n - n_sampled
         drafter = SuffixProposer(config=self.config, documents=self._documents, history=False)
         drafter.history = self._history  # shared by every request of this worker
+        if self._rates is None:
+            self._rates = drafter.rates
+        drafter.rates = self._rates  # likewise what each source's drafts are worth (SuffixProposer._learn)
         drafter.begin(RequestContext(prompt_ids=row[:prompt_len].tolist(), drafters=self.sources))
         drafter.update(row[prompt_len:n].tolist())
         tokens = np.empty(max(64, 2 * n), dtype=np.int32)

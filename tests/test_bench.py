@@ -11,44 +11,100 @@ from suffixspec.bench.run import run
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.mark.slow
 def test_bench_runs_all_systems_and_writes_reports(tiny_model_dirs, tiny_draft_dir, tmp_path):
     out = tmp_path / "bench"
-    result = run(str(tiny_model_dirs["llama"]), str(tiny_draft_dir), out,
-                 workloads=("code_edit_prediction", "rag"),
-                 systems=("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_prompt", "ours_references",
-                          "ours_documents", "ours_all"),
-                 requests=1, max_tokens=12, log=lambda msg: None)
-    rows = result["results"]
-    assert set(rows) == {"code_edit_prediction", "rag"}
-    for workload, systems in rows.items():
-        assert set(systems) == {"hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_prompt", "ours_references",
-                                "ours_documents", "ours_all"}, workload
-        for system, row in systems.items():
-            assert row["identical"], (workload, system)  # lossless: same tokens as transformers greedy
-            assert row["tokens"] > 0 and row["tokens_per_s"] > 0
-            if system.startswith("ours_"):
-                assert row["mean_accepted_length"] >= 1.0
+    systems = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_off", "ours_prompt", "ours_references",
+               "ours_documents", "ours_all")
+    result = run(str(tiny_model_dirs["llama"]), str(tiny_draft_dir), out, workloads=("code_edit_prediction", "rag"),
+                 systems=systems, requests=1, max_tokens=12, log=lambda msg: None)
+    rows = result["rows"]
+    assert {(r["workload"], r["system"]) for r in rows} == {(w, s) for w in ("code_edit_prediction", "rag")
+                                                           for s in systems}
+    for row in rows:
+        assert row["model"] == "tiny-llama" and row["threads"] == 1 and row["history"] is False
+        assert row["identical"], row  # lossless: same tokens as transformers greedy
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0 and 0.0 <= row["loop_share"] <= 1.0
+        assert row["speedup_median"] > 0 and "no_loop" in row
+        if row["system"].startswith("ours_") and row["system"] != "ours_off":
+            assert row["mean_accepted_length"] >= 1.0
     saved = json.loads((out / "results.json").read_text())
-    assert saved["results"] == rows and saved["meta"]["max_tokens"] == 12
-    assert "| rag | ours_all |" in (out / "results.md").read_text()
+    assert saved == json.loads(json.dumps(rows))  # the published format: a list of rows
+    assert "| tiny-llama | rag | ours_all |" in (out / "results.md").read_text()
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_quick_smoke_run_on_every_workload(tiny_model_dirs, tiny_draft_dir, tmp_path):
+    """``suffixspec bench --quick``: the four quick systems on every workload, outputs identical."""
+    from suffixspec.bench.run import QUICK_SYSTEMS
+    from suffixspec.bench.workloads import WORKLOADS
+
+    result = run(str(tiny_model_dirs["llama"]), str(tiny_draft_dir), tmp_path, quick=True, requests=1, max_tokens=8,
+                 log=lambda msg: None)
+    assert {(r["workload"], r["system"]) for r in result["rows"]} == {(w, s) for w in WORKLOADS for s in QUICK_SYSTEMS}
+    assert all(r["identical"] for r in result["rows"])
+
+
+def test_result_rows_of_other_models_are_kept(tmp_path):
+    from suffixspec.bench.run import merge_rows
+
+    path = tmp_path / "results.json"
+    old = [{"model": "a", "workload": "rag", "system": "ours_all", "speedup_median": 2.0},
+           {"model": "b", "workload": "rag", "system": "ours_all", "speedup_median": 1.5}]
+    path.write_text(json.dumps(old))
+    new = [{"model": "b", "workload": "rag", "system": "ours_all", "speedup_median": 1.7}]
+    assert merge_rows(path, new) == [old[0], new[0]]
+    path.write_text(json.dumps({"meta": {}, "results": {}}))  # the old format is replaced
+    assert merge_rows(path, new) == new
+
+
+@pytest.mark.slow
 def test_arctic_suffix_drafts_in_our_engine_losslessly(tiny_model_dirs, tmp_path):
     pytest.importorskip("arctic_inference.suffix_decoding")
     result = run(str(tiny_model_dirs["llama"]), None, tmp_path / "bench", workloads=("code_edit", "rag"),
                  systems=("hf_plain", "ours_all", "arctic_suffix", "arctic_suffix_best"), requests=1, max_tokens=16,
-                 log=lambda msg: None, periodic=False)
-    assert result["meta"]["periodic"] is False and result["meta"]["skipped"] == []
-    for workload, rows in result["results"].items():
-        for system in ("arctic_suffix", "arctic_suffix_best"):
-            row = rows[system]
+                 log=lambda msg: None)
+    assert result["skipped"] == []
+    rows = {(r["workload"], r["system"]): r for r in result["rows"]}
+    for (workload, system), row in rows.items():
+        if system.startswith("arctic"):
             assert row["identical"], (workload, system)  # same verification: the same greedy tokens
-            assert row["mean_accepted_length"] >= 1.0 and row["forward_passes"] <= rows["hf_plain"]["forward_passes"] + 2
+            assert row["mean_accepted_length"] >= 1.0
+            assert row["forward_passes"] <= rows[(workload, "hf_plain")]["forward_passes"] + 2
 
 
+def test_loop_measures_worked_example():
+    from suffixspec.bench.loops import distinct_ngrams, loop_mask, loop_share, loops
+
+    a, b, c, d, x, y = range(6)
+    out = [a, b, c, d] + [x, y] * 8
+    assert loop_share(out, min_run=8) == pytest.approx(14 / 20)  # the module's example
+    assert distinct_ngrams(out) == pytest.approx(6 / 17)
+    assert loop_mask(out, min_run=8) == [False] * 6 + [True] * 14
+    text = list(range(100, 164))  # no repeats
+    assert loop_share(text) == 0.0 and distinct_ngrams(text) == 1.0 and not loops(text)
+    assert loops(text[:40] + text[20:40] * 4)  # a 20-token block written four more times
+    assert not loops(text[:60] + [1, 2, 1, 2])  # a short repeat is no loop
+    assert loop_share([]) == 0.0 and distinct_ngrams([1, 2]) == 1.0
+
+
+def test_oracle_and_curve_cost_arithmetic():
+    from suffixspec.bench.bench_drafting import CurveCost
+    from suffixspec.bench.bench_limits import oracle
+
+    curve = {0: 0.070, 1: 0.072, 2: 0.074, 3: 0.080, 4: 0.100}
+    # (k + 1) * t(1) / t(1 + k): 1.94, 2.84, 3.5, 3.5 -> k = 3 (the first of the ties)
+    assert oracle(curve) == (3, pytest.approx(4 * 0.070 / 0.080))
+    cost = CurveCost(curve)
+    assert cost.estimate(1) == 0.070 and cost.estimate(5) == 0.100
+    assert cost.estimate(7) == pytest.approx(0.100 + 2 * 0.020)  # past the curve: its last slope
+
+
+@pytest.mark.slow
 def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
     from suffixspec.bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
 
@@ -69,6 +125,7 @@ def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
     assert ours.steps <= longest_only.steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
     from suffixspec.bench.bench_sampled import on_off, proposers_for
@@ -87,6 +144,7 @@ def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, ti
         assert r.identical and r.tokens > 0 and r.forwards >= 2
 
 
+@pytest.mark.slow
 def test_context_prompts_grow_to_the_asked_length(bpe_tokenizer_dir):
     from suffixspec.bench.bench_context import build_at
 
@@ -102,18 +160,7 @@ def test_context_prompts_grow_to_the_asked_length(bpe_tokenizer_dir):
         assert bool(long.references) == (name == "rag")
 
 
-def test_size_projection_arithmetic():
-    from suffixspec.bench.bench_size import project, relative_at
-
-    rel = {1: 1.2, 2: 1.3, 4: 1.5, 8: 2.0}
-    assert relative_at(rel, 0) == 1.0 and relative_at(rel, 3) == pytest.approx(1.4)
-    assert relative_at(rel, 100) == 2.0  # past the largest measured size (drafts never are: 32 = the budget)
-    # 10 tokens per step from drafts of 6 nodes, which cost 1.75 plain steps: 10 / 1.75
-    got = project({"10M": {"relative": {"1": 1.2, "2": 1.3, "4": 1.5, "8": 2.0}}},
-                  {"code_edit": {"mean_accepted_length": 10.0, "mean_draft": 6.0}})
-    assert got == {"10M": {"code_edit": pytest.approx(10 / 1.75, abs=0.01)}}
-
-
+@pytest.mark.slow
 def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenizer_dir, tmp_path):
     """``bench_index --sections reopen --compact`` on a small database of two segments: the compaction runs
     in a child process whose peak memory is sampled, both segment sets (and the main checkout's code over
@@ -139,7 +186,8 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     assert res["add_one_until_drafted_median_s"] > 0 and res["delete_one_median_s"] > 0
 
 
-def test_written_traces_are_the_answers_a_person_would_write(bpe_tokenizer_dir):
+@pytest.mark.slow
+def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir):
     from suffixspec.bench.bench_drafting import written_traces
 
     from suffixspec.loading import load_tokenizer
@@ -150,9 +198,53 @@ def test_written_traces_are_the_answers_a_person_would_write(bpe_tokenizer_dir):
         assert len(trs) == 2 and all(0 < len(t.output_ids) <= 64 for t in trs), w
     edit = traces["code_edit"][0]
     prompt, answer = tok.decode(edit.prompt_ids), tok.decode(edit.output_ids)
-    old = prompt.split("# Edit: rename ")[1].split(" to ")[0]
-    assert f"{old}_v2" in answer or old not in answer  # the rename applied (if the word is in the first 64)
+    old, new = prompt.split("Rename `")[1].split("` and")[0].split("` to `")
+    assert answer.startswith("```python\n") and (new in answer or old not in answer)  # the rename applied
     rag = traces["rag"][0]
-    chunk = tok.decode(rag.reference_ids[0])
-    assert tok.decode(rag.output_ids)[:20] in chunk  # the rest of the retrieved chunk
-    assert tok.decode(traces["agentic"][0].output_ids)[:30] in tok.decode(traces["agentic"][0].prompt_ids)
+    quoted = tok.decode(rag.output_ids).split(":\n\n", 1)[1]
+    assert quoted[:20] in tok.decode(rag.reference_ids[0])  # the answer quotes the retrieved chunk
+    first, second = traces["agentic"][0], traces["agentic"][1]
+    assert tok.decode(first.output_ids).startswith('{"name": "search"')
+    assert len(second.prompt_ids) > len(first.prompt_ids)  # the conversation grows
+
+
+@pytest.mark.slow
+def test_workloads_use_real_third_party_text_and_fit_a_small_context(bpe_tokenizer_dir):
+    from suffixspec.bench.workloads import CODE_PACKAGES, NODE_DOCS, WORKLOADS, build
+
+    from suffixspec.loading import load_tokenizer
+
+    tok = load_tokenizer(str(bpe_tokenizer_dir))
+    for w in WORKLOADS:
+        reqs, docs = build(w, tok, 3, 32, max_prompt_tokens=900)
+        assert reqs and all(len(tok(r.prompt)["input_ids"]) <= 900 for r in reqs), w
+        assert all(r.answer for r in reqs), w
+        if w == "rag":
+            assert docs and all(r.references for r in reqs)
+            assert all(name.startswith("nodejs/") for name, _ in docs) == NODE_DOCS.is_dir()
+    edit = build("code_edit", tok, 1, 32)[0][0]
+    assert any(f"from `{pkg}/" in edit.prompt for pkg in CODE_PACKAGES)
+    assert build("code_edit_prediction", tok, 1, 32)[0][0].prediction == edit.answer
+
+
+def test_vllm_table_takes_each_request_against_the_same_round_without_speculation():
+    from suffixspec.bench.bench_vllm import rows, speculative_config, summarize
+
+    def phase(seconds, out, drafts=0, accepted=0, per_pos=()):
+        return {"name": "rag", "seconds": seconds, "outputs": [out],
+                "spec": {"drafts": drafts, "draft_tokens": 4 * drafts, "accepted": accepted, "per_pos": list(per_pos)}}
+
+    out = [1, 2, 3, 4]
+    rounds = [{"plain": {"phases": [phase(2.0, out), phase(4.0, out)]},
+               "ngram": {"phases": [phase(1.0, out, 2, 3, [2, 1]), phase(4.0, out, 1, 0, [0])]}},
+              {"plain": {"phases": [phase(3.0, out), phase(3.0, out)]},  # a slower round: ratios stay per round
+               "ngram": {"phases": [phase(1.0, out, 1, 2, [1, 1, 0]), phase(1.5, [9], 1, 1, [1])]}}]
+    row = summarize(rounds, ["rag"])["rag"]["ngram"]
+    assert row["requests"] == 4 and row["speedup_median"] == pytest.approx(2.0)  # ratios 2, 1, 3, 2
+    assert (row["speedup_min"], row["speedup_max"]) == (1.0, 3.0)
+    assert row["acceptance_per_pos"] == [pytest.approx(4 / 5), pytest.approx(2 / 5), 0.0]
+    assert row["accepted_per_draft"] == pytest.approx(6 / 5) and row["identical"] is False
+    published = rows({"rag": {"ngram": row}}, "m", {"k": 16})
+    assert published[0]["system"] == "vllm_ngram" and published[0]["k"] == 16 and published[0]["model"] == "m"
+    assert speculative_config("suffix", 8, history=False)["suffix_decoding_max_cached_requests"] == 0
+    assert "suffix_decoding_max_cached_requests" not in speculative_config("suffix", 8)

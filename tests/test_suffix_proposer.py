@@ -27,7 +27,7 @@ def docs_example() -> SuffixArray:
 
 
 def test_worked_example_merges_prompt_and_documents():
-    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(max_spec_factor=1.0))
+    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(max_spec_factor=1.0, learn_rates=False))
     p.begin(RequestContext(prompt_ids=[7, 8, 9, 10, 3, 7, 8]))
     d = p.propose([7, 8, 9, 10, 3, 7, 8], 3)
     assert (d.tokens, d.parents, d.sources) == ([9, 10, 11], [-1, 0, 0], [SOURCE_PROMPT, SOURCE_PROMPT,
@@ -36,7 +36,8 @@ def test_worked_example_merges_prompt_and_documents():
 
 
 def test_pick_mode_takes_the_best_scoring_source():
-    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(merge=False, max_spec_factor=1.0))
+    p = SuffixProposer(documents=docs_example(), config=SuffixConfig(merge=False, max_spec_factor=1.0,
+                                                                     learn_rates=False))
     p.begin(RequestContext(prompt_ids=[7, 8, 9, 10, 3, 7, 8]))
     d = p.propose([7, 8, 9, 10, 3, 7, 8], 8)
     # prompt: [9, 10], score 2 beats documents: [9, 11], score 4/3 (match "7 8" caps drafts at 2 nodes)
@@ -75,7 +76,7 @@ def p_params(budget):
 
 
 def test_learns_output_into_history_and_follows_updates():
-    p = SuffixProposer(config=SuffixConfig(max_spec_factor=4))
+    p = SuffixProposer(config=SuffixConfig(max_spec_factor=4, learn_rates=False))
     template = [100, 101, 102, 103, 104, 105]
     p.begin(RequestContext(prompt_ids=[1, 2]))
     assert len(p.propose([1, 2], 8)) == 0
@@ -325,7 +326,8 @@ def test_copy_resumes_after_an_edit_learns_it_and_forgets_it():
     from suffixspec.bench.bench_drafting import accepted_path
 
     prompt, _ = _edited_copy()
-    p = SuffixProposer(config=SuffixConfig(periodic=False), history=False)
+    # count ratios alone: the resumed copy's whole chain (learned rates would first cut it to its first token)
+    p = SuffixProposer(config=SuffixConfig(periodic=False, learn_rates=False), history=False)
     p.begin(RequestContext(prompt_ids=prompt))
     context = list(prompt)
 
@@ -451,3 +453,56 @@ def test_text_match_and_answer_starts_keep_engine_output_with_gates_on(llama, ca
             fast = spec_engine.generate(prompt, sampling, references=[text])
             assert fast.token_ids == plain.token_ids, (round_, prompt)
     assert drafts["text"] > 0 and drafts["starts"] > 0
+
+
+def test_acceptance_rates_worked_example_and_fading():
+    from suffixspec.index.speculate import PRIOR_RATES, RATE_EDGES, AcceptanceRates
+
+    rates = AcceptanceRates(weight=8.0, decay=1.0)
+    prior = PRIOR_RATES[RATE_EDGES.index(3)]
+    assert rates.table()[3] == prior == 0.65
+    rates.observe(3, True)
+    rates.observe(3, False)
+    assert rates.table()[3] == pytest.approx((1 + 8 * prior) / (2 + 8))  # the docstring's 0.62
+    assert rates.table()[2] == PRIOR_RATES[1]  # other buckets keep their prior
+    for _ in range(20):
+        rates.observe(3, True)
+    assert rates.table()[3] == pytest.approx((21 + 8 * prior) / 30)
+    fading, lasting = AcceptanceRates(decay=0.5), AcceptanceRates(decay=1.0)
+    for hit in [False] * 10 + [True] * 3:  # old trials fade: after ten misses, three hits weigh more
+        fading.observe(20, hit)
+        lasting.observe(20, hit)
+    assert fading.table()[20] > lasting.table()[20]
+    with pytest.raises(ValueError, match="rates"):
+        AcceptanceRates(prior=(0.5,))
+
+
+def test_proposer_learns_rates_from_what_the_output_did_with_its_drafts():
+    """Levels of the last draft that the new tokens reach are trials for the rates of the source that
+    drafted them: ``5 6 7`` from a 3-token match, output ``5 6 9``: hits at match lengths 3 and 4, a
+    miss at 5. An output that keeps copying raises the rates (longer drafts from the same match); one
+    that never does lowers them (shorter drafts)."""
+    prompt = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    p = SuffixProposer(history=False, config=SuffixConfig(resume=False))
+    p.begin(RequestContext(prompt_ids=prompt + [1, 2, 3]))
+    rates = p.rates[SOURCE_PROMPT]
+    before = list(rates.table())
+    d = p.propose(prompt + [1, 2, 3], 3)
+    assert d.tokens == [5, 6, 7] and set(d.sources) == {SOURCE_PROMPT}
+    p.update([5, 6, 9])
+    after = rates.table()
+    assert after[3] > before[3] and after[4] > before[4] and after[5] < before[5]
+
+    def draft_after(output_copies: bool) -> int:
+        q = SuffixProposer(history=False, config=SuffixConfig(resume=False, max_spec_factor=8))
+        for k in range(30):  # requests whose output copies the prompt after a 2-token match (or never does)
+            ctx = [100 + k] + list(range(300, 340)) + [300, 301]
+            q.begin(RequestContext(prompt_ids=ctx))
+            draft = q.propose(ctx, 16)
+            q.update(draft.tokens[:3] + [0] if output_copies else [999])
+            q.end([])
+        ctx = [1] + list(range(300, 340)) + [300, 301]
+        q.begin(RequestContext(prompt_ids=ctx))
+        return len(q.propose(ctx, 16))
+
+    assert draft_after(True) > draft_after(False)

@@ -39,7 +39,8 @@ def ref_children(seqs, pattern) -> dict[int, int]:
 
 
 def ref_tree(seqs, ctx, params: SpecParams) -> dict[tuple[int, ...], float]:
-    """Every node (path below the match) with probability >= min_token_prob, ignoring the size limit."""
+    """Every node (path below the match) with probability >= min_token_prob, ignoring the size limit:
+    count ratios times the continuation rates (``params.rates``) along the path."""
     L = ref_match_len(seqs, ctx)
     if L == 0:
         return {}
@@ -50,7 +51,7 @@ def ref_tree(seqs, ctx, params: SpecParams) -> dict[tuple[int, ...], float]:
         path, prob = frontier.pop()
         parent_count = ref_count(seqs, base + list(path))
         for tok, c in ref_children(seqs, base + list(path)).items():
-            p = prob * c / parent_count
+            p = prob * c / parent_count * params.rate(L + len(path))  # a node at depth d: rate(L + d - 1)
             if p >= params.min_token_prob:
                 out[path + (tok,)] = p
                 frontier.append((path + (tok,), p))
@@ -157,7 +158,9 @@ def test_random_sequences_agree_with_brute_force(seed):
     for _ in range(40):
         ctx = [rng.randrange(alphabet + 1) for _ in range(rng.randint(1, 12))]
         L = ref_match_len(seqs, ctx)
-        params = SpecParams(max_spec_tokens=200, max_spec_factor=50, min_token_prob=rng.choice([0.05, 0.2, 0.5]))
+        rates = rng.choice([None, tuple(rng.uniform(0.3, 1.0) for _ in range(rng.randint(1, 8)))])
+        params = SpecParams(max_spec_tokens=200, max_spec_factor=50, min_token_prob=rng.choice([0.05, 0.2, 0.5]),
+                            rates=rates)
         expected = ref_tree(seqs, ctx, params)
         for idx in indexes:
             assert idx.match(ctx)[0] == L
@@ -170,11 +173,40 @@ def test_random_sequences_agree_with_brute_force(seed):
                 assert sorted(res.probs, reverse=True) == pytest.approx(
                     sorted(expected.values(), reverse=True)[:params.limit(L)])
                 assert all(expected[k] == pytest.approx(v) for k, v in draft_paths(res).items())
-            path = idx.speculate(ctx, SpecParams(200, 50, 0, params.min_token_prob, use_tree_spec=False))
+            path = idx.speculate(ctx, SpecParams(200, 50, 0, params.min_token_prob, use_tree_spec=False, rates=rates))
             # the path is a chain through the tree, each step the most frequent child
             got = draft_paths(path)
             assert set(got) <= set(expected)
             assert path.parents == list(range(-1, len(path) - 1))
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_rates_shorten_drafts_from_short_matches(tree):
+    """A node at depth d below a match of L tokens gets rate(L + d - 1): the same text drafted from a
+    1-token match stops early, from a 4-token match it runs on (min_token_prob 0.1)."""
+    seqs = [list(range(100, 120))]
+    rates = (0.0, 0.3, 0.5, 0.7, 0.9)  # rate by match length 0..4, 0.9 beyond
+    params = SpecParams(max_spec_tokens=8, max_spec_factor=8, min_token_prob=0.1, use_tree_spec=tree, rates=rates)
+    for idx in build_both(seqs):
+        short = idx.speculate([7, 103], params)  # L = 1: 0.3, 0.3 * 0.5 = 0.15, 0.15 * 0.7 = 0.105, then 0.09
+        assert short.token_ids == [104, 105, 106] and short.probs == pytest.approx([0.3, 0.15, 0.105])
+        long = idx.speculate([100, 101, 102, 103], params)  # L = 4: 0.9, 0.81, ... eight nodes
+        assert long.token_ids == list(range(104, 112))
+        assert long.probs == pytest.approx([0.9 ** d for d in range(1, 9)])
+        assert long.score == pytest.approx(sum(long.probs))
+
+
+def test_tree_with_rates_interleaves_a_shared_run_with_likelier_branches():
+    """Best-first with rates: a shared run (a compressed edge) is cut where another branch of the
+    frontier is likelier, and goes on when its turn comes; the nodes come out in probability order."""
+    seqs = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 20, 21]]
+    params = SpecParams(max_spec_tokens=6, max_spec_factor=8, min_token_prob=0.01, rates=(0.6,))
+    for idx in build_both(seqs):
+        res = idx.speculate([1], params)
+        # the run 2 3 4 ... at 2/3 * 0.6^d: 0.4, 0.24, 0.144, 0.086; the branch 20 21 at 1/3 * 0.6^d: 0.2, 0.12
+        assert res.token_ids == [2, 3, 20, 4, 21, 5]
+        assert res.probs == pytest.approx([0.4, 0.24, 0.2, 0.144, 0.12, 0.0864])
+        assert draft_paths(res).keys() == {(2,), (2, 3), (20,), (2, 3, 4), (20, 21), (2, 3, 4, 5)}
 
 
 def test_tree_under_budget_keeps_most_probable_nodes():

@@ -166,6 +166,19 @@ def test_preempted_request_resumes_with_its_state_and_its_output_is_not_counted_
     assert p.history_tokens == a_out + 3
 
 
+def test_requests_learn_continuation_rates_together():
+    """What one request's drafts were worth (SuffixProposer's learned rates) carries to the next."""
+    p, b = _proposer(), Batch()
+    b.add("a", LOOP + LOOP[:2], LOOP[2:] + LOOP * 3, slot=0)
+    for _ in range(4):
+        b.step(p)
+    b.add("b", [90, 91] + LOOP, LOOP * 2, slot=1)
+    b.step(p)
+    first, second = p._slots[0].drafter, p._slots[1].drafter
+    assert first is not second and first.rates is second.rates
+    assert sum(first.rates["prompt"].mass) > 0  # request a's accepted drafts were counted
+
+
 def test_same_prompt_twice_in_one_batch_keeps_two_states():
     p, b = _proposer(), Batch()
     b.add("a", [1, 2, 3, 4], [5, 6, 7], slot=0)
@@ -175,7 +188,9 @@ def test_same_prompt_twice_in_one_batch_keeps_two_states():
 
 
 def test_partial_prefill_and_the_model_length_get_no_draft():
-    p, b = _proposer(max_len=14), Batch()
+    # count ratios alone: a 1-token match drafts its factor's 4 tokens (learned rates would cut them shorter)
+    p, b = _proposer(max_len=14, config=SuffixConfig(tree=False, merge=False, max_spec_factor=4.0,
+                                                     learn_rates=False)), Batch()
     assert p.propose([[]], np.array([5], dtype=np.int32), b.token_ids) == [[]]
     assert p.live_requests == 0
     b.add("a", LOOP, LOOP * 2, slot=0)

@@ -14,26 +14,27 @@ from ..models import DEFAULT_MODEL, default_draft
               help="Target model: a name from `suffixspec models`, a .gguf file, a folder or a hub id.")
 @click.option("--draft-model", default="auto", show_default=True,
               help="Draft model with any tokenizer; 'auto' = the one shipped for the target, if any; 'none' = none.")
-@click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems (under 3 minutes).")
+@click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems.")
 @click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, open_ended.")
 @click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
-              "ours_prompt, ours_history, ours_documents, ours_references, ours_draft_model, ours_all; "
+              "ours_off, ours_prompt, ours_history, ours_documents, ours_references, ours_draft_model, ours_all; "
               "arctic_suffix, arctic_suffix_best need arctic-inference).")
-@click.option("--requests", type=int, default=None, help="Requests per workload (default 5, quick 2).")
-@click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 256, quick 96).")
-@click.option("--no-periodic", is_flag=True, help="Switch our periodic-continuation rule off (drafts judged on "
-              "output that does not loop).")
+@click.option("--requests", type=int, default=None, help="Requests per workload (default 8, quick 2).")
+@click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 128, quick 96).")
+@click.option("--history", is_flag=True, help="Let the drafters learn earlier requests' outputs (ours and Arctic's "
+              "global tree; off by default: the requests' answers would leak into later systems' drafts).")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads (0: torch's default).")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True,
-              help="Folder for results.json, results.md and speedup.png.")
-def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_tokens, no_periodic, out) -> None:
-    """Run the workloads against transformers' generate, prompt lookup and assisted generation.
+              help="Folder for results.json (rows of other models already there are kept), results.md and speedup.png.")
+def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_tokens, history, threads, out) -> None:
+    """Run the workloads against transformers' generate, prompt lookup, assisted generation and ArcticInference.
 
     \b
     Examples:
       suffixspec bench --quick
-      suffixspec bench --workloads code_edit,agentic --requests 3
-      suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all
-      suffixspec bench --systems hf_plain,ours_prompt,ours_history,ours_all,arctic_suffix,arctic_suffix_best
+      suffixspec bench --model smollm2-135m-instruct --draft-model none
+      suffixspec bench --model gemma-3-270m --draft-model smollm2-135m-instruct --workloads agentic,rag
+      suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all,arctic_suffix_best
     """
     from ..bench.run import run
     from ..bench.workloads import WORKLOADS
@@ -47,7 +48,7 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
         draft = default_draft(model) if draft_model == "auto" else draft_model
         result = run(model, None if draft in (None, "", "none") else draft, out, quick=quick,
                      workloads=wl, systems=sy, requests=requests, max_tokens=max_tokens,
-                     log=lambda msg: click.echo(msg, err=True), periodic=not no_periodic)
+                     log=lambda msg: click.echo(msg, err=True), history=history, threads=threads)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(result["markdown"])

@@ -20,7 +20,13 @@ drafts that resume the copy and re-applies the edits it learned (``resume``). Th
 best probability and the source that gave it, cut to the budget best-first; or *picked*: the
 single draft with the highest score (expected accepted tokens).
 
-Worked example (``max_spec_factor=1``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
+A node's probability is its count ratio times the continuation rates of its source (see
+:mod:`index.speculate`), which the proposer learns from what the output did with its drafts
+(:meth:`SuffixProposer._learn`; per source, and for text-match and copy-resume drafts apart): drafts
+shrink where they have not been coming true and run on where they have, and ``min_token_prob`` cuts
+the unlikely tail, so a draft holds fewer, likelier tokens.
+
+Worked example (``max_spec_factor=1``, count ratios alone: ``learn_rates=False``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
 (node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9,
 2/3 for 11, 1/3 for 5). Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
 parents ``[-1, 0, 0]`` and score 2.67.
@@ -37,7 +43,7 @@ from typing import Any
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
 from suffixspec.index.incremental import IncrementalIndex
-from suffixspec.index.speculate import SpecParams, SpecResult
+from suffixspec.index.speculate import AcceptanceRates, SpecParams, SpecResult
 from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
 
@@ -103,6 +109,11 @@ class SuffixConfig:
     # middle of text the output goes on copying, the two are tokenized differently at the seam (needs
     # the target tokenizer). RAG written answers (bench_drafting): 35 -> 27 forward passes (the oracle).
     text_match: bool = True
+    # Learn each source's continuation rates (index.speculate.AcceptanceRates) from what the output
+    # did with the drafts: a node's probability becomes its count ratio times the rates along its
+    # path, and min_token_prob cuts the unlikely tail. False: count ratios alone (SuffixDecoding's
+    # estimate, where every single-occurrence path is "certain").
+    learn_rates: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= 256:
@@ -156,10 +167,23 @@ class SuffixProposer(Proposer):
         self._prompt_len = -1  # the request's prompt length (the output starts there)
         self._text_ids: list[tuple[str, Sequence[int]]] = []  # (source, token ids) of the request's own texts
         self._decoded: list[tuple[str, bytes]] | None = None  # the same as bytes, on first use (_texts)
-        self._vocab: Any = None  # the target tokenizer's per-token bytes (tokenizer_bridge.VocabTable)
+        # the target tokenizer's per-token bytes (tokenizer_bridge.VocabTable), built here, once per
+        # tokenizer: built on the first text match instead, its 0.3 s (49k tokens; seconds for 262k) were
+        # charged to one request's propose time (the "prompt drafter alone 1.3-6 ms per propose" of issue 30)
+        self._vocab: Any = None
+        if self.config.text_match and self._can_decode:
+            from suffixspec.tokenizer_bridge.bridge import vocab_table
+
+            self._vocab = vocab_table(tokenizer)
         self._allowed: tuple[str, ...] | None = None
         self._doc_hint: int | None = None
         self._last: Draft | None = None  # the draft of the last step, to see how much of it came true
+        self._last_probs: list[float] = []  # its nodes' probabilities
+        self._last_ells: list[int] = []  # its nodes' match lengths (what predicted them: AcceptanceRates)
+        # per source, learned across this proposer's requests (forks share them)
+        self.rates = ({**{src: AcceptanceRates() for src in _DRAFTER_OF}, _TEXT: AcceptanceRates(),
+                       _RESUME: AcceptanceRates(_RESUME_PRIOR)} if self.config.learn_rates else {})
+        self._last_keys: list[str] = []  # its nodes' keys into ``rates``
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
         self._copy_source: str | None = None  # the source of that confirmed path: it leads the next merge
         self._copy = CopyTracker(self.config.resume_window)  # where the output copies the request's text
@@ -218,6 +242,8 @@ class SuffixProposer(Proposer):
             self._copy.update(self._request, self._ctx_len, list(new_tokens), self.config.max_depth)
         self._request.extend(list(new_tokens))
         self._ctx_len += len(new_tokens)
+        if self._last is not None and self.rates:
+            self._learn(self._last, new_tokens)
         self._copy_run, self._copy_source = confirmed_run(self._last, new_tokens) if self._last else (0, None)
         self._last = None
         if self._doc_hint is not None:
@@ -249,7 +275,11 @@ class SuffixProposer(Proposer):
         params = SpecParams(budget, cfg.max_spec_factor, offset, cfg.min_token_prob, cfg.tree)
         results = self.speculate_all(context, params)
         if self.config.resume and self._allows(SOURCE_PROMPT):
-            results += [(SOURCE_PROMPT, r) for r in self._copy.drafts(self._request, context, budget)]
+            resumed = self._copy.drafts(self._request, context, budget)
+            own = self._with_rates(params, _RESUME)
+            for r in resumed:  # its own rates: how often a resumed copy came true (the first token) and went on
+                chain_probs(r, own, own.rate(_RESUME_MATCH) * r.probs[0] / 0.3)
+            results += [(SOURCE_PROMPT, r) for r in resumed if len(r)]
             for source, res in results:
                 if source == SOURCE_PROMPT:
                     self._copy.apply(res, context)
@@ -257,12 +287,42 @@ class SuffixProposer(Proposer):
             self._last = None
             return Draft()
         if cfg.merge and len(results) > 1:
-            draft = merge_by_probability(results, budget, prefer=self._copy_source)
+            draft, self._last_probs, self._last_ells, self._last_keys = merge_tree(results, budget,
+                                                                                   prefer=self._copy_source)
         else:
             source, best = max(results, key=lambda r: r[1].score)
             draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
+            self._last_probs, self._last_ells, self._last_keys = best.probs, node_ells(best), [best.kind or source] * len(best)
         self._last = draft
         return draft
+
+    def _learn(self, draft: Draft, new_tokens: Sequence[int]) -> None:
+        """Feed each source's continuation rates with what the output did at each level of the last
+        draft it can judge: the levels the new tokens reach (the accepted path and the node after
+        it; one level when the engine did not verify the draft). Per level, the drafted children of
+        the node reached so far are one trial (their count ratios summed), a hit if the output took
+        one of them. Example: draft ``5 -> 6 -> 7`` and new tokens ``5 6 9``: hits at the levels of
+        5 and 6, a miss at 7's."""
+        probs, ells, tokens, keys = self._last_probs, self._last_ells, draft.tokens, self._last_keys
+        kids: dict[int, list[int]] = {}
+        for i, par in enumerate(draft.parents):
+            kids.setdefault(par, []).append(i)
+        cur, cur_prob = -1, 1.0
+        for tok in new_tokens:
+            level = kids.get(cur)
+            if not level:
+                return
+            hit = next((k for k in level if tokens[k] == tok), None)
+            ref = hit if hit is not None else max(level, key=probs.__getitem__)
+            rates = self.rates.get(keys[ref])
+            if rates is None:
+                return
+            rate = rates.table()[min(ells[ref], len(rates.table()) - 1)]
+            drafted = sum(probs[k] for k in level if keys[k] == keys[ref])
+            rates.observe(ells[ref], hit is not None, drafted / (cur_prob * rate) if rate > 0 else 1.0)
+            if hit is None:
+                return
+            cur, cur_prob = hit, probs[hit]
 
     def speculate_all(self, context: Sequence[int], params: SpecParams) -> list[tuple[str, SpecResult]]:
         """Non-empty drafts of every allowed source, as ``(source, SpecResult)``."""
@@ -276,10 +336,11 @@ class SuffixProposer(Proposer):
                              max_spec_offset=max(params.max_spec_offset, self.config.reference_spec_offset))
         for source, idx in candidates:
             if idx is not None and self._allows(source):
-                own = ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params
+                own = self._with_rates(ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params,
+                                       source)
                 res = idx.speculate(context, own, depth, lengths=self.config.match_lengths)
                 if source == SOURCE_PROMPT and self.config.periodic:
-                    extend_periodic(context, res, own.limit(res.match_len))
+                    extend_periodic(context, res, own.limit(res.match_len), own)
                 if len(res):
                     out.append((source, res))
         if self.config.text_match and self._can_decode and max(
@@ -289,27 +350,26 @@ class SuffixProposer(Proposer):
                 out = [(s, r) for s, r in out if s == SOURCE_HISTORY] + [found]
         if (self.history is not None and self.history.num_tokens and self._allows(SOURCE_HISTORY)
                 and len(context) == self._prompt_len and self.config.answer_starts):
-            res = self.history.speculate_start(params)  # the output's first tokens: how earlier answers began
+            res = self.history.speculate_start(self._with_rates(params, SOURCE_HISTORY))  # how earlier answers began
             if len(res):
                 out.append((SOURCE_HISTORY, res))
         if self.documents is not None and self._allows(SOURCE_DOCUMENTS):
-            res = self.documents.speculate(context, params, depth, hint=self._doc_hint)
+            res = self.documents.speculate(context, self._with_rates(params, SOURCE_DOCUMENTS), depth, hint=self._doc_hint)
             self._doc_hint = res.match_len or None
             if len(res):
                 out.append((SOURCE_DOCUMENTS, res))
         return out
+
+    def _with_rates(self, params: SpecParams, source: str) -> SpecParams:
+        """``params`` with ``source``'s learned continuation rates (unchanged when not learning)."""
+        rates = self.rates.get(source)
+        return replace(params, rates=rates.table()) if rates is not None else params
 
     def _texts(self) -> list[tuple[str, bytes]]:
         """The request's own texts as bytes (each token's bytes joined; a special token is ``\\xff``, a
         byte no UTF-8 text holds), built once per request when first needed: ``(source, bytes)``,
         references and prediction before the prompt."""
         if self._decoded is None:
-            if self._vocab is None:
-                from suffixspec.tokenizer_bridge.bridge import (
-                    vocab_table,  # per-token bytes, cached per tokenizer
-                )
-
-                self._vocab = vocab_table(self.tokenizer)
             self._decoded = [(src, self._bytes(ids)) for src, ids in self._text_ids if len(ids) and self._allows(src)]
         return self._decoded
 
@@ -358,11 +418,24 @@ class SuffixProposer(Proposer):
                 ids = ids[:-1]
             ids = ids[:limit]
             if ids:
-                n = len(ids)
-                return source, SpecResult(ids, list(range(-1, n - 1)), [1.0] * n, float(n), _TEXT_TAIL)
+                res = SpecResult(ids, list(range(-1, len(ids) - 1)), [1.0] * len(ids), float(len(ids)), _TEXT_TAIL,
+                                 _TEXT)
+                own = self._with_rates(own, _TEXT)
+                chain_probs(res, own, own.rate(_TEXT_TAIL))
+                return (source, res) if len(res) else None
         return None
 
 
+# Kinds of draft with continuation rates of their own (SpecResult.kind): a text match's, a resumed copy's.
+_TEXT, _RESUME = "text", "resume"
+# The match length a resumed copy's tokens count as (CopyTracker.drafts: the copy ran before the edit),
+# and the prior of its rates: its first token (the guess where the copy picks up) is right about one
+# time in ten on SmolLM2's own code edits (16 of 100 replayed; the model rewrites more than it
+# renames), and past it the copy goes on less surely than a long match. Replayed with the verify cost
+# curve, a prior of 0.3 for the first token lost 4% on SmolLM2's code edits against no resume at
+# all; 0.1 loses nothing there and gains 28% on the edits written as asked (the rename applied).
+_RESUME_MATCH = 8
+_RESUME_PRIOR = (0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.75, 0.8, 0.85, 0.9, 0.92, 0.94)
 # Text matching (SuffixProposer._text_draft): tried when no token-level match of the request's own
 # sources is this long; matches the last _TEXT_TAIL tokens, when they hold this many non-space bytes.
 _TEXT_MATCH_BELOW = 4
@@ -457,7 +530,8 @@ class CopyTracker:
             if SEP in run:
                 run = run[:run.index(SEP)]
             if run:
-                out.append(SpecResult(run, list(range(-1, len(run) - 1)), [prob] * len(run), prob * len(run)))
+                out.append(SpecResult(run, list(range(-1, len(run) - 1)), [prob] * len(run), prob * len(run),
+                                      _RESUME_MATCH, _RESUME))
         return out
 
     def _learn(self, index: IncrementalIndex, start: int) -> None:
@@ -517,7 +591,7 @@ def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | N
     return 0, None
 
 
-def extend_periodic(context: Sequence[int], res: SpecResult, limit: int) -> None:
+def extend_periodic(context: Sequence[int], res: SpecResult, limit: int, params: SpecParams | None = None) -> None:
     """Continue a chain draft that is a copy of the context's last ``m`` tokens with period ``m``.
 
     The request's own index cannot draft past its live end: when the output repeats itself (its
@@ -533,13 +607,49 @@ def extend_periodic(context: Sequence[int], res: SpecResult, limit: int) -> None
         return
     prob = res.probs[-1]
     while len(res.token_ids) < limit:
+        if params is not None:  # each token one more of the match's continuation rates
+            prob *= params.rate(res.match_len + len(res.token_ids))
+            if prob < params.min_token_prob:
+                break
         res.parents.append(len(res.token_ids) - 1)
         res.token_ids.append(res.token_ids[-m])
         res.probs.append(prob)
     res.score = sum(res.probs)
 
 
+def chain_probs(res: SpecResult, params: SpecParams, first: float) -> None:
+    """Probabilities of a chain drafted outside the index (a text match, a resumed copy): the first
+    node ``first``, each next one the previous times ``params.rate(match_len + depth - 1)``; cut where
+    they fall below ``params.min_token_prob`` (in place). Without rates every node keeps ``first``.
+    Example: rates 0.9 from 9 tokens on, ``match_len`` 8, first 1.0 -> 1.0, 0.9, 0.81, ..."""
+    prob, keep = first, 0
+    probs = []
+    for d in range(len(res)):
+        if d:
+            prob *= params.rate(res.match_len + d)
+        if prob < params.min_token_prob:
+            break
+        probs.append(prob)
+        keep += 1
+    res.token_ids, res.parents, res.probs = res.token_ids[:keep], res.parents[:keep], probs
+    res.score = sum(probs)
+
+
+def node_ells(res: SpecResult) -> list[int]:
+    """The match length that predicts each node: ``match_len + depth - 1`` (depth 1 below the match)."""
+    depths: list[int] = []
+    for par in res.parents:
+        depths.append(1 if par < 0 else depths[par] + 1)
+    return [res.match_len + d - 1 for d in depths]
+
+
 def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None) -> Draft:
+    """The merged draft of :func:`merge_tree`."""
+    return merge_tree(results, budget, prefer)[0]
+
+
+def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None
+               ) -> tuple[Draft, list[float], list[int], list[str]]:
     """One tree from several sources' drafts: shared token paths merge, a node keeps its highest
     probability (and that source); the ``budget`` most probable nodes are kept.
 
@@ -550,6 +660,9 @@ def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, pre
     A node's rank never exceeds its parent's (probabilities do not grow along a draft's path, and the
     preference bonus is capped by the parent's rank), so sorting by (rank desc, depth asc) lists
     parents before their children.
+
+    Returns the draft and, per node, its probability, the match length that predicted it
+    (:func:`node_ells`) and whose continuation rates it feeds (the result's ``kind``, else its source).
     """
     key_to_node: dict[tuple[int, int], int] = {}
     tokens: list[int] = []
@@ -558,9 +671,11 @@ def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, pre
     sources: list[str] = []
     depths: list[int] = []
     preferred: list[bool] = []  # the preferred source proposed this node (whichever source keeps it)
+    ells: list[int] = []  # the match length behind each node (of the source that gave its probability)
+    keys: list[str] = []  # and whose rates it learns (the result's kind, else its source)
     for source, res in results:
         local: list[int] = []
-        for tok, par, p in zip(res.token_ids, res.parents, res.probs, strict=True):
+        for tok, par, p, ell in zip(res.token_ids, res.parents, res.probs, node_ells(res), strict=True):
             mpar = -1 if par < 0 else local[par]
             node = key_to_node.get((mpar, tok))
             if node is None:
@@ -572,9 +687,13 @@ def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, pre
                 sources.append(source)
                 depths.append(1 if mpar < 0 else depths[mpar] + 1)
                 preferred.append(source == prefer)
+                ells.append(ell)
+                keys.append(res.kind or source)
             elif p > probs[node]:
                 probs[node] = p
                 sources[node] = source
+                ells[node] = ell
+                keys[node] = res.kind or source
             if source == prefer:
                 preferred[node] = True
             local.append(node)
@@ -584,10 +703,9 @@ def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, pre
         rank.append(r if parents[i] < 0 else min(r, rank[parents[i]]))
     order = sorted(range(len(tokens)), key=lambda i: (-rank[i], depths[i], i))[:budget]
     new_index = {old: new for new, old in enumerate(order)}
-    return Draft([tokens[i] for i in order],
-                 [-1 if parents[i] < 0 else new_index[parents[i]] for i in order],
-                 [sources[i] for i in order],
-                 score=sum(probs[i] for i in order))
+    draft = Draft([tokens[i] for i in order], [-1 if parents[i] < 0 else new_index[parents[i]] for i in order],
+                  [sources[i] for i in order], score=sum(probs[i] for i in order))
+    return draft, [probs[i] for i in order], [ells[i] for i in order], [keys[i] for i in order]
 
 
 def make_suffix_proposer(db: IndexStore | str | os.PathLike | None = None, tokenizer: Any = None,

@@ -1,0 +1,210 @@
+"""Where the limit is: one plain decode step against the time to read the model's weights once, the
+verify cost curve, and what a perfect drafter could reach.
+
+1. Memory bandwidth: a copy loop over a buffer larger than the caches (``numpy.copyto`` of 512 MiB,
+   one thread; bytes read + bytes written per second, the best of a few rounds).
+2. The weights' bytes (every parameter once; a tied embedding is the LM head's matrix, read in full
+   at every step) and the time to read them once at that bandwidth: the floor under one plain step
+   of a memory-bound decoder.
+3. One plain step and the verify cost curve: one target forward over ``1 + k`` tokens (a chain draft
+   with the tree mask, as the engine verifies it), k = 1..64, at a fixed context length; sizes are
+   measured round-robin, ``rounds`` times each, medians.
+4. Why the curve jumps after one token: one weight product (``F.linear``) with 1, 2, 4, ... rows
+   (:func:`matmul_rows`): one row streams the weights once, a few rows take a general matrix product.
+5. The oracle: a drafter that always drafts the true continuation gets ``k + 1`` tokens per pass at
+   ``t(1 + k)``; its best speed over plain decoding is ``max_k (k + 1) * t(1) / t(1 + k)``.
+
+Worked example: SmolLM2-135M (540 MB of fp32 weights) at 10 GB/s reads its weights in 54 ms; a
+plain step of 70 ms is then 1.3x the floor. If t(1 + 15) = 2.0 t(1) and t(1 + 31) = 3.6 t(1), the
+oracle gets 16 / 2.0 = 8.0x at k = 15 and 32 / 3.6 = 8.9x at k = 31.
+
+    python -m bench.bench_limits --model /work/models/smollm2-135m-instruct [--context 400] [--rounds 5]
+                                 [--stat median|min] [--json bench/published/limits.json]
+
+The curve is what :mod:`bench.bench_drafting` turns replayed drafts into time with (``--costs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def memory_bandwidth(mib: int = 512, rounds: int = 5) -> float:
+    """Bytes per second a copy loop moves (read + write), best of ``rounds``."""
+    import numpy as np
+
+    src = np.ones(mib * 2**20 // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch both buffers
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.nbytes / best
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of every parameter, each counted once (``parameters()`` yields a tied one once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: int = 5, stat: str = "median"
+                 ) -> dict[int, float]:
+    """Seconds of one forward over ``1 + k`` tokens (k = 0: a plain step), k = 0..max_k, at
+    ``context_len`` tokens of context, the median (or the minimum: what a busy machine's other jobs
+    add least to) of ``rounds``; sizes round-robin, so load changes hit them alike."""
+    from transformers import DynamicCache
+
+    from suffixspec.kv import keep_accepted
+
+    vocab = engine.vocab_size
+    ctx = [(7919 * i) % (vocab - 10) + 5 for i in range(context_len)]
+    cache = DynamicCache(config=engine.model.config)
+    with torch.inference_mode():
+        engine.model(input_ids=torch.tensor([ctx]), use_cache=True, **{engine._cache_kw: cache})
+    times: dict[int, list[float]] = {k: [] for k in range(max_k + 1)}
+
+    def once(k: int) -> float:
+        draft = [(31 * i) % (vocab - 10) + 5 for i in range(k)]
+        t = time.perf_counter()
+        engine._forward([5, *draft], cache, list(range(-1, k - 1)) if k else [], context_len)
+        dt = time.perf_counter() - t
+        keep_accepted(cache, context_len, [])  # drop the step's entries again
+        return dt
+
+    once(0), once(max_k)  # warm-up
+    for r in range(rounds):
+        ks = list(range(max_k + 1))
+        for k in ks if r % 2 == 0 else ks[::-1]:
+            times[k].append(once(k))
+    pick = min if stat == "min" else statistics.median
+    return {k: pick(v) for k, v in times.items()}
+
+
+def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[str, dict[int, float]]:
+    """Seconds of one weight product (``F.linear``, as the model runs it) for ``rows`` input rows:
+    the largest matrix of the first decoder layer and the LM head (``best of repeats``). On a CPU
+    one row is a matrix-vector product that streams the weights once; a few rows take the general
+    matrix product, whose small-row cases cost several times more on this machine's BLAS: the jump
+    from ``t(1)`` to ``t(2)`` in the verify curve."""
+    import torch.nn.functional as F
+
+    layer = max((m for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel()
+                if m is not model.get_output_embeddings() else -1)
+    out: dict[str, dict[int, float]] = {}
+    for name, w in (("largest layer matrix", layer.weight), ("lm head", model.get_output_embeddings().weight)):
+        times = {}
+        with torch.inference_mode():
+            for m in rows:
+                x = torch.randn(m, w.shape[1], dtype=w.dtype)
+                F.linear(x, w)
+                best = float("inf")
+                for _ in range(repeats if w.numel() < 50_000_000 else max(3, repeats // 4)):
+                    t = time.perf_counter()
+                    F.linear(x, w)
+                    best = min(best, time.perf_counter() - t)
+                times[m] = best
+        out[f"{name} {tuple(w.shape)}"] = times
+    return out
+
+
+def oracle(curve: dict[int, float]) -> tuple[int, float]:
+    """(k, speed over plain) of the best chain length for a drafter whose every token is accepted."""
+    t1 = curve[0]
+    k = max((k for k in curve if k > 0), key=lambda k: (k + 1) * t1 / curve[k])
+    return k, (k + 1) * t1 / curve[k]
+
+
+def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
+           stat: str = "median") -> dict[str, Any]:
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    engine = Engine(load_model(model), prefix_cache_mb=0)
+    bandwidth = memory_bandwidth()
+    wbytes = weight_bytes(engine.model)
+    load = os.getloadavg()[0]
+    curve = verify_curve(engine, context_len, max_k, rounds, stat)
+    products = matmul_rows(engine.model)
+    bandwidth_after = memory_bandwidth()
+    bw = max(bandwidth, bandwidth_after)
+    k, speed = oracle(curve)
+    floor = wbytes / bw
+    return {
+        "model": Path(model).name if os.path.isdir(model) else model,
+        "threads": torch.get_num_threads(),
+        "context": context_len,
+        "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "statistic": f"{stat} of {rounds}",
+        "memory_bandwidth_gb_s": round(bw / 1e9, 2),
+        "weight_bytes": wbytes,
+        "weights_read_ms": round(1e3 * floor, 2),
+        "plain_step_ms": round(1e3 * curve[0], 2),
+        "plain_step_over_floor": round(curve[0] / floor, 2),
+        "verify_ms": {k: round(1e3 * v, 2) for k, v in curve.items()},
+        "verify_relative": {k: round(v / curve[0], 3) for k, v in curve.items()},
+        "oracle_k": k,
+        "oracle_speedup": round(speed, 2),
+        "matmul_ms_by_rows": {name: {m: round(1e3 * v, 3) for m, v in t.items()} for name, t in products.items()},
+    }
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| model | weights | bandwidth | weights read once | plain step | step / floor | t(1+8) | t(1+16) "
+             "| t(1+32) | t(1+64) | oracle (best k) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        rel = r["verify_relative"]
+        lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
+                     f"| {r['weights_read_ms']:.1f} ms | {r['plain_step_ms']:.1f} ms | {r['plain_step_over_floor']:.2f}× "
+                     + " ".join(f"| {rel[k]:.2f}×" for k in (8, 16, 32, 64) if k in rel)
+                     + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) |")
+    lines += ["", "| model | weight product | 1 row | 2 rows | 4 rows | 8 rows | 16 rows | 32 rows |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for name, t in r.get("matmul_ms_by_rows", {}).items():
+            lines.append(f"| {r['model']} | {name} | " + " | ".join(f"{v:.2f} ms" for v in t.values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def load_curve(path: Path, model: str) -> dict[int, float]:
+    """The measured curve (seconds by draft size k) of ``model`` from a ``--json`` file of this module."""
+    data = json.loads(path.read_text())
+    name = Path(model).name if os.path.isdir(model) else model
+    for r in data if isinstance(data, list) else [data]:
+        if r["model"] == name:
+            return {int(k): v / 1e3 for k, v in r["verify_ms"].items()}
+    raise ValueError(f"{path} has no verify curve for {name!r}; run python -m bench.bench_limits --model {model}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True, help="repeat for several models")
+    ap.add_argument("--context", type=int, default=400)
+    ap.add_argument("--max-k", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="per size: the median of the rounds, or the minimum (on a busy machine)")
+    ap.add_argument("--json", type=Path, default=None, help="write (or update, per model) the figures here")
+    args = ap.parse_args()
+    results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat) for m in args.model]
+    print(markdown(results))
+    if args.json:
+        old = json.loads(args.json.read_text()) if args.json.exists() else []
+        names = {r["model"] for r in results}
+        args.json.write_text(json.dumps([r for r in old if r["model"] not in names] + results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
