@@ -143,6 +143,7 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
     """Replay ``traces`` in order through ``proposer`` with the engine's budget rule (and, with
     ``gate``, its draft gate judging by ``curve``)."""
     from suffixspec.budget import DraftGate
+
     from suffixspec.merge import merge_drafts
 
     cost = CurveCost(curve) if curve else None

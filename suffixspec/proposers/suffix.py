@@ -58,6 +58,9 @@ from ..draft import (
 )
 from .base import Proposer, RequestContext
 
+# the sources this proposer drafts from (each learns its own continuation rates)
+_SUFFIX_SOURCES = (SOURCE_PROMPT, SOURCE_REFERENCES, SOURCE_PREDICTION, SOURCE_HISTORY, SOURCE_DOCUMENTS)
+
 PROPOSER_NAME = "suffix"
 
 
@@ -181,7 +184,7 @@ class SuffixProposer(Proposer):
         self._last_probs: list[float] = []  # its nodes' probabilities
         self._last_ells: list[int] = []  # its nodes' match lengths (what predicted them: AcceptanceRates)
         # per source, learned across this proposer's requests (forks share them)
-        self.rates = ({**{src: AcceptanceRates() for src in _DRAFTER_OF}, _TEXT: AcceptanceRates(),
+        self.rates = ({**{src: AcceptanceRates() for src in _SUFFIX_SOURCES}, _TEXT: AcceptanceRates(),
                        _RESUME: AcceptanceRates(_RESUME_PRIOR)} if self.config.learn_rates else {})
         self._last_keys: list[str] = []  # its nodes' keys into ``rates``
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
