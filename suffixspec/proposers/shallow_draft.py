@@ -22,7 +22,6 @@ Worked example (head of 4 tokens ``[2, 7, 9, 30]``, target vocabulary 32)::
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,13 +125,16 @@ class _FullWidth:
         self.head_tokens = head_tokens
         self.width = width
 
-    def new_cache(self) -> Any:
-        return self.lean.new_cache()
-
-    def __call__(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
-        sub = self.lean(ids, cache)  # [len(head_tokens)]
-        out = torch.full((self.width,), float("-inf"), dtype=sub.dtype, device=sub.device)
-        return out.index_copy_(0, self.head_tokens, sub)
+    def __call__(self, rows: list[Any], cache: Any) -> list[torch.Tensor | None]:
+        """The lean forward's per-row logits [wanted, len(head_tokens)], each widened to [wanted, width]."""
+        out: list[torch.Tensor | None] = []
+        for sub in self.lean(rows, cache):
+            if sub is None:
+                out.append(None)
+                continue
+            full = torch.full((*sub.shape[:-1], self.width), float("-inf"), dtype=sub.dtype, device=sub.device)
+            out.append(full.index_copy_(sub.dim() - 1, self.head_tokens, sub))
+        return out
 
 
 class ShallowDraftProposer(DraftModelProposer):
