@@ -216,17 +216,23 @@ class Runner:
             batched = self.forward([PassRow(r, [ids[-1], *tokens], parents, len(ids) - 1)
                                     for r, ids, (tokens, parents) in zip(rows, prompts, drafts, strict=True)])
             for ids, (tokens, parents), got in zip(prompts, drafts, batched, strict=True):
-                for k in range(len(tokens) + 1):
-                    path, node = [], k - 1
+                # one plain forward per leaf of the tree covers the root and every node on its path
+                # (the probe runs at start-up: HF forwards cost 0.1-0.3 s each on a CPU)
+                leaves = [k for k in range(len(tokens)) if k not in parents] or [-1]
+                for leaf in leaves:
+                    path, node = [], leaf
                     while node >= 0:
-                        path.append(tokens[node])
+                        path.append(node)
                         node = parents[node]
+                    path.reverse()
                     with torch.inference_mode():  # forward(), not __call__: no hooks for a probe
-                        ref = self.model.forward(input_ids=torch.tensor([ids + path[::-1]], device=self.device)
-                                                 ).logits[0, -1].float()
-                    diff = float((got[k] - ref).abs().max())
-                    if diff > 1e-3 * max(1.0, float(ref.abs().max())):
-                        return f"batched logits differ from the model's own by {diff:.3g}"
+                        ref = self.model.forward(input_ids=torch.tensor([ids + [tokens[n] for n in path]],
+                                                                        device=self.device)).logits[0].float()
+                    for j, k in enumerate([-1, *path]):  # -1: the root (logits after the prompt)
+                        want = ref[len(ids) - 1 + j]
+                        diff = float((got[k + 1] - want).abs().max())
+                        if diff > 1e-3 * max(1.0, float(want.abs().max())):
+                            return f"batched logits differ from the model's own by {diff:.3g}"
         except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
             return f"a batched pass failed: {type(e).__name__}: {e}"
         finally:

@@ -123,3 +123,24 @@ def test_lean_equals_transformers_on_real_models(name, one_torch_thread):
     prompt = loaded.tokenizer.encode(text)[:600]
     assert len(prompt) == 600
     _compare(loaded.model, prompt, short=100, tol=2e-4)
+
+
+@pytest.mark.parametrize("node", [None, 2])  # the root's logits, or one node of the probe's tree
+def test_the_batching_probe_catches_a_lean_forward_that_differs(node):
+    """Runner.batch_problem checks the root and every tree node against the model's own forward: a lean
+    forward off by a little at one position makes the runner refuse to batch, and say why."""
+    from suffixspec.runner import Runner
+
+    runner = Runner(_tiny("llama"), rows=2)
+    assert runner.batch_problem() is None
+    lean = runner.lean
+
+    def off(rows, cache):
+        out = lean(rows, cache)
+        if len(rows) == 2 and rows[1].ids:  # the probe's batched pass (not the prefills)
+            out[0] = out[0].clone()
+            out[0][0 if node is None else node + 1] += 0.5
+        return out
+
+    runner.lean = off
+    assert "differ from the model's own" in runner.batch_problem()
