@@ -13,7 +13,7 @@ Worked example (one row, as measured for SmolLM2-135M at one thread, context ~40
 t(1) = 70 ms, t(9) = 85 ms; a chain of 8 nodes scoring 1.0 with calibration 0.3 promises 0.3
 tokens: 0.3 x 70 = 21 ms >= 15 ms -> verified; calibration 0.15: 10.5 ms < 15 ms -> skipped.
 
-Lossless (DESIGN.md, "Gates and cuts"): every decision here reads what was known before a draft's
+Lossless (docs/lossless.md, "Gates and cuts"): every decision here reads what was known before a draft's
 tokens were sampled: costs, past outcomes (calibration, acceptance, exploration counters), the
 target's sharpness at positions already sampled, a draft's planned size and a score fixed before
 sampling (``Draft.gate_size``), and the shape only of drafts without ``q``. Nothing of one row
