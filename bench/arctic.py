@@ -9,7 +9,7 @@ our suffix proposer and only the drafts differ.
 
 Its nodes are all labelled ``prompt``: the cache returns one tree's draft without saying which.
 
-Install (see PEERS.md): ``pip install --no-build-isolation --no-deps arctic-inference==0.3.0``.
+Install: docs/benchmarks.md, "Installing the peers" (it builds from source, without build isolation).
 When it is missing, :func:`available` is False and the benchmark skips the ``arctic_*`` systems.
 """
 
@@ -52,7 +52,7 @@ ARCTIC_DEFAULT = ArcticParams()
 # The best setting of the grid searched by ``python -m bench.bench_drafting --search --costs ...`` (least
 # estimated time over the five workloads, replaying SmolLM2-135M-Instruct's own greedy outputs with
 # its verify cost curve; history off): a tree, each draft at most as long as its match. The next
-# settings of the grid were within 0.3% (see docs/benchmarks.md, "Drafting alone").
+# settings of the grid were within 0.3% (docs/benchmarks.md, "Drafting alone: the replay").
 ARCTIC_BEST = ArcticParams(max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1, use_tree_spec=True)
 
 

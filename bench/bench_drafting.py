@@ -396,14 +396,14 @@ def main() -> None:
         return
     if args.search:
         if not arctic.available():
-            raise SystemExit("--search needs arctic-inference (see PEERS.md)")
+            raise SystemExit("--search needs arctic-inference (docs/benchmarks.md says how to install it)")
         best = search_arctic(traces, curve)[0]
         print(f"best Arctic setting: {best[1].label()} ({best[0]:.3f})")
     print(HEADER)
     table = run(args.model, traces, args.requests, args.max_tokens, curve, args.gate, args.history,
                 args.max_draft_tokens, log=lambda s: print(s, flush=True))
     if not arctic.available():
-        print("(arctic-inference is not installed: the arctic_suffix rows are skipped; see PEERS.md)")
+        print("(arctic-inference is not installed: the arctic_suffix rows are skipped; docs/benchmarks.md says how to install it)")
     if args.json:
         meta = {k: str(v) for k, v in vars(args).items()}
         args.json.write_text(json.dumps({"meta": meta, "results": table}, indent=2))

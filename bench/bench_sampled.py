@@ -1,6 +1,6 @@
 """Sampling, honestly: speculation on vs off at temperature 0.7 and 1.0 (top-p 0.95, fixed seeds).
 
-Randomness is keyed by output position (DESIGN.md, "Lossless verification"): with deterministic
+Randomness is keyed by output position (docs/lossless.md, "The target's distribution"): with deterministic
 drafts (suffix index, text-bridged draft model) a seeded request gives the same tokens with
 speculation on and off, so the only difference is speed. Each request runs off, then on, seconds
 apart (interleaved), with the engine's cost gates on and the prompt-prefix store off (each run

@@ -355,7 +355,7 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         raise ValueError(f"unknown system(s) {unknown}; choose from {list(every)}")
     skipped = [s for s in systems if s in ARCTIC_SYSTEMS and not available()]
     if skipped:
-        log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (see PEERS.md)")
+        log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (docs/benchmarks.md says how)")
     if draft_model is None:
         skipped += [s for s in systems if s in ("hf_assisted", "ours_draft_model")]
     systems = tuple(s for s in systems if s not in skipped)
