@@ -426,6 +426,7 @@ def main() -> None:
         for name, row in cost.items():
             print(f"| {name} | " + " | ".join(f"{row[w]:.0f} µs CPU" for w in wl) + " |")
         if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"propose_us_per_step": cost}, indent=2))
         return
     if args.search:
@@ -439,6 +440,7 @@ def main() -> None:
     if not arctic.available():
         print("(arctic-inference is not installed: the arctic_suffix rows are skipped; see PEERS.md)")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {k: str(v) for k, v in vars(args).items()}
         args.json.write_text(json.dumps({"meta": meta, "results": table}, indent=2))
 

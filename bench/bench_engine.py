@@ -116,6 +116,7 @@ def main() -> None:
           f"{tp['generate_tokens_per_s']:.1f} tok/s; ratio {tp['ratio_engine_over_generate']:.3f}; "
           f"identical outputs {tp['identical_outputs']}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"model": name, "verify": vc, "throughput": tp}, indent=2))
 
 

@@ -215,6 +215,7 @@ def main() -> None:
     results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat) for m in args.model]
     print(markdown(results))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         old = json.loads(args.json.read_text()) if args.json.exists() else []
         names = {r["model"] for r in results}
         args.json.write_text(json.dumps([r for r in old if r["model"] not in names] + results, indent=1))
