@@ -408,6 +408,8 @@ def main() -> None:
     ap.add_argument("--cost", action="store_true", help="only time propose(): ours per drafter and Arctic, interleaved")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.gate and not args.costs:  # before recording outputs: a model run for nothing
+        ap.error("--gate judges drafts by the model's verify cost curve: give --costs (bench_limits --json)")
 
     from . import arctic
     from .bench_limits import load_curve
@@ -417,8 +419,6 @@ def main() -> None:
         traces = written_traces(args.model, wl, args.requests, args.max_tokens)
     else:
         traces = record(args.model, wl, args.requests, args.max_tokens, args.cache)
-    if args.gate and not args.costs:
-        ap.error("--gate judges drafts by the model's verify cost curve: give --costs (bench_limits --json)")
     curve = load_curve(args.costs, args.model) if args.costs else None
     if args.cost:
         cost = propose_cost(args.model, traces)
