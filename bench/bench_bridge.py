@@ -8,8 +8,9 @@ Same target, same draft (a different tokenizer), same prompts, greedy:
 - ``ours-text`` / ``ours-intersection``: the suffixspec engine with the bridged draft proposer,
   configured as a user gets it: the proposer's defaults (only ``--min-confidence`` is passed, its
   default is the proposer's) and the engine's default ``SpeculationConfig`` (adaptive: the cost
-  gates of ``suffixspec/budget.py`` skip a draft, or the drafter, whose accepted tokens do not
-  pay for its time, so on a CPU a weak draft is not verified at every step);
+  gates of ``suffixspec/policy.py``, ``DraftGate`` and ``ProposerGate``, skip a draft, or the
+  drafter, whose accepted tokens do not pay for its time, so on a CPU a weak draft is not verified
+  at every step);
 - with ``--always``, also ``ours-text-always`` / ``ours-intersection-always``: the same with
   ``SpeculationConfig(adaptive=False)`` (a per-request option of the API), which drafts and
   verifies at every step as transformers does: the like-for-like comparison of acceptance.

@@ -122,12 +122,13 @@ def requests_pool(model: str, n: int, max_tokens: int) -> list[dict]:
     tok = load_tokenizer(model)
     if not getattr(tok, "chat_template", None):  # a base model (Gemma 3 270M): the requests as plain text
         tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    edits: list = []
-    for seed in range(n):  # one code edit per held-out file and seed (other windows, other renames)
-        if len(edits) >= (n + 1) // 2:
-            break
-        edits += build("code_edit", tok, (n + 1) // 2 - len(edits), max_tokens, seed=seed)[0]
+    # one code edit per source file (build draws a different file for each: over a hundred files of
+    # CODE_PACKAGES have a function to rename), four agentic turns per session
+    edits, _ = build("code_edit", tok, (n + 1) // 2, max_tokens)
     agent, _ = build("agentic", tok, n // 2 + 1, max_tokens)
+    if len(edits) < (n + 1) // 2 or len(agent) < n // 2:
+        raise RuntimeError(f"the workloads make {len(edits)} code edits and {len(agent)} agentic turns; "
+                           f"{n} requests need {(n + 1) // 2} and {n // 2} (fewer --clients or --per-client)")
     pool = []
     for i in range(n):
         r = edits[i // 2] if i % 2 == 0 else agent[i // 2]

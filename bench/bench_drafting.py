@@ -7,8 +7,10 @@ draft tree that the output continues with, append those tokens plus the target's
 and count forward passes and drafted tokens. With the model's measured verify cost curve
 (:mod:`bench.bench_limits`, ``--costs``) each step costs ``t(1 + drafted nodes)`` plus the propose
 time (this thread's CPU time), and plain decoding ``t(1)`` per token: an estimated speedup free of
-machine load. ``--gate`` puts the engine's own draft gate (``budget.DraftGate``, judging each draft's
-score against that curve) in the loop, as the engine runs it on one request.
+machine load. The budget is the engine's (``policy.draft_budget``: momentum, and with ``--costs`` the
+cost curve too). ``--gate`` (needs ``--costs``) puts the engine's own draft gate in the loop
+(``policy.choose_drafts`` with the request's ``policy.DraftGate``, judging each draft's score against
+that curve, exploration included), as the engine runs it on one request.
 
 Worked example: output ``[5, 6, 7, 8]``, first draft ``[5, 6, 9]`` -> accept ``5 6``, the target
 gives ``7``: 3 tokens in step 1; second draft ``[8]`` -> accept ``8`` and the bonus token ends the
@@ -39,6 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from suffixspec.draft import Draft
+from suffixspec.policy import (
+    DEFAULT,
+    DraftGate,
+    PassCost,
+    Policy,
+    RowDraft,
+    StepCost,
+    choose_drafts,
+    draft_budget,
+)
 from suffixspec.proposers import Proposer, RequestContext
 
 from .loops import loop_share
@@ -119,11 +131,16 @@ def accepted_path(draft: Draft, output: list[int]) -> int:
 
 
 class CurveCost:
-    """``budget.VerifyCost`` pinned to a measured curve (seconds by draft size k): the engine's gate
-    judges by it, deterministically. Sizes past the curve extend its last slope."""
+    """``policy.PassCost`` pinned to a measured curve (seconds by draft size k): the engine's budget and
+    gate judge by it, deterministically. Made non-decreasing first, as ``PassCost`` makes its own (a
+    larger pass never costs less: a noisy curve's dip would make a longer draft look free, or past the
+    curve, its last slope negative); sizes past the curve extend its last slope."""
 
     def __init__(self, curve: dict[int, float]) -> None:
-        self.curve = curve
+        self.curve: dict[int, float] = {}
+        top = 0.0
+        for k in sorted(curve):
+            top = self.curve[k] = max(top, curve[k])
         self.top = max(curve)
 
     def estimate(self, inputs: int) -> float:
@@ -139,43 +156,58 @@ class CurveCost:
 
 def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | None = None,
            max_draft_tokens: int = 32, max_context: int = 1 << 30, curve: dict[int, float] | None = None,
-           gate: bool = False) -> Replay:
-    """Replay ``traces`` in order through ``proposer`` with the engine's budget rule (and, with
-    ``gate``, its draft gate judging by ``curve``)."""
-    from suffixspec.budget import DraftGate
-
+           gate: bool = False, policy: Policy = DEFAULT) -> Replay:
+    """Replay ``traces`` in order through ``proposer`` as the engine steps one greedy request
+    (``sequence.RequestState``): the budget of ``policy.draft_budget`` (its cost-curve bound with
+    ``curve``), and with ``gate`` the draft gate (``policy.choose_drafts`` with the request's
+    ``DraftGate``) judging each draft by ``curve``; a draft it skips costs a plain step."""
+    if gate and not curve:
+        raise ValueError("the draft gate judges drafts by a cost curve: pass curve (bench_drafting --costs)")
     from suffixspec.merge import merge_drafts
 
-    cost = CurveCost(curve) if curve else None
+    cost = CurveCost(curve) if curve else PassCost(policy)  # an empty PassCost: momentum alone bounds the budget
+    step = StepCost(cost, 1)
+    rate = policy.accepted_rate
     out = Replay()
     for tr in traces:
         proposer.begin(RequestContext(list(tr.prompt_ids), tr.reference_ids, tr.prediction_ids, drafters=drafters))
-        judge = DraftGate(cost) if gate and cost else None
-        ema, copy_run = max_draft_tokens / 2, 0
+        judge = DraftGate(policy) if gate else None
+        # the request's running means, as RequestState keeps them (see RequestState._learn)
+        mean_accepted, copy_run = max_draft_tokens / 2, 0
+        hits, tries = policy.acceptance_prior, 1.0
+        acceptance = policy.acceptance_prior
         done: list[int] = []
         context = list(tr.prompt_ids)
         try:
             while len(done) < len(tr.output_ids):
                 remaining = len(tr.output_ids) - len(done)
                 budget = min(max_draft_tokens, remaining - 1, max_context - len(context))
-                budget = min(budget, max(4, round(4 + 2 * ema), 2 * copy_run + 2))  # the engine's adaptive rule
+                budget = draft_budget(budget, mean_accepted, copy_run, acceptance, step, policy)
                 t, c = time.perf_counter(), time.thread_time()
                 draft = merge_drafts([proposer.propose(context, budget)], budget) if budget > 0 else Draft()
                 out.propose_s += time.perf_counter() - t
                 out.propose_cpu_s += time.thread_time() - c
-                if judge is not None and len(draft) and not judge.worth(len(draft), draft.score):
-                    draft = Draft()
+                if judge is not None and len(draft):
+                    row = RowDraft(draft.gate_size(), judge.expected(draft.score), gate=judge)
+                    choose_drafts([row], cost)
+                    if not row.verified:
+                        draft = Draft()
                 rest = tr.output_ids[len(done):]
                 acc = accepted_path(draft, rest)
                 new = rest[:acc + 1]
                 out.steps += 1
                 out.drafted += len(draft)
                 out.accepted += acc
-                if cost is not None:
+                if curve:
                     out.verify_s += cost.estimate(1 + len(draft))
-                if judge is not None and len(draft):
-                    judge.observe(draft.score, acc)
-                ema = 0.7 * ema + 0.3 * acc
+                mean_accepted = (1 - rate) * mean_accepted + rate * acc
+                if len(draft):
+                    missed = draft.follow(rest)[0] in draft.children()  # the walk stopped short of a leaf
+                    hits = (1 - rate) * hits + rate * acc
+                    tries = (1 - rate) * tries + rate * (acc + missed)
+                    acceptance = hits / tries if tries > 0 else acceptance
+                    if judge is not None:
+                        judge.observe(draft.score, acc)
                 copy_run = acc if len(draft) and acc == max(draft.depths()) else 0
                 done += new
                 context += new
@@ -184,7 +216,7 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
             proposer.end(done)
         out.tokens += len(done)
         out.requests += 1
-        if cost is not None:
+        if curve:
             out.plain_s += len(done) * cost.estimate(1)
     return out
 
@@ -376,6 +408,8 @@ def main() -> None:
     ap.add_argument("--cost", action="store_true", help="only time propose(): ours per drafter and Arctic, interleaved")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.gate and not args.costs:  # before recording outputs: a model run for nothing
+        ap.error("--gate judges drafts by the model's verify cost curve: give --costs (bench_limits --json)")
 
     from . import arctic
     from .bench_limits import load_curve
@@ -392,6 +426,7 @@ def main() -> None:
         for name, row in cost.items():
             print(f"| {name} | " + " | ".join(f"{row[w]:.0f} µs CPU" for w in wl) + " |")
         if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"propose_us_per_step": cost}, indent=2))
         return
     if args.search:
@@ -405,6 +440,7 @@ def main() -> None:
     if not arctic.available():
         print("(arctic-inference is not installed: the arctic_suffix rows are skipped; docs/benchmarks.md says how to install it)")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {k: str(v) for k, v in vars(args).items()}
         args.json.write_text(json.dumps({"meta": meta, "results": table}, indent=2))
 

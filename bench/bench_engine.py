@@ -42,26 +42,14 @@ def _random_model_dir() -> str:
 
 
 def verify_cost(engine, context_len: int = 200, ks=(1, 2, 4, 8, 16, 24, 32), repeats: int = 20) -> dict:
-    from transformers import DynamicCache
+    """Median seconds of a verify pass of ``1 + k`` tokens over ``repeats`` (``bench_limits.verify_pass``),
+    relative to a plain step's."""
+    from .bench_limits import verify_pass
 
-    from suffixspec.kv import keep_accepted
-
-    model = engine.model
-    ctx = [(7 * i) % 300 + 3 for i in range(context_len)]
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([ctx]), use_cache=True, **{engine._cache_kw: cache})
+    once = verify_pass(engine, context_len)
 
     def run(k: int) -> float:
-        times = []
-        for _ in range(repeats):
-            draft = list(range(10, 10 + k))
-            parents = list(range(-1, k - 1))
-            t = time.perf_counter()
-            engine._forward([5, *draft], cache, parents if k else [], context_len)
-            times.append(time.perf_counter() - t)
-            keep_accepted(cache, context_len, [])  # drop everything again
-        return statistics.median(times)
+        return statistics.median(once(k) for _ in range(repeats))
 
     run(0)  # warm-up
     base = run(0)
@@ -128,6 +116,7 @@ def main() -> None:
           f"{tp['generate_tokens_per_s']:.1f} tok/s; ratio {tp['ratio_engine_over_generate']:.3f}; "
           f"identical outputs {tp['identical_outputs']}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"model": name, "verify": vc, "throughput": tp}, indent=2))
 
 

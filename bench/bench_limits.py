@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +58,43 @@ def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def verify_pass(engine: Any, context_len: int = 400) -> Callable[[int], float]:
+    """A timer of the engine's verify pass at ``context_len`` tokens of context: ``once(k)`` runs one
+    target pass over a root and a chain draft of ``k`` nodes (k = 0: a plain step), as the scheduler
+    runs a step of one request (``runner.Runner.forward``, on the forward the engine chose: lean, or
+    the model's own where its probe turned the lean one off), drops the pass's keys and values again
+    and returns its seconds. The context is prefilled once, into a runner of its own."""
+    from suffixspec.lean import PassRow
+    from suffixspec.runner import Runner
+
+    vocab = engine.vocab_size
+    if context_len < 1 or context_len >= engine.max_context:
+        raise ValueError(f"context {context_len} does not fit the model's {engine.max_context} positions")
+    lean = engine.scheduler.runner.lean is not None  # the engine's choice (its batching probe)
+    runner = Runner(engine.model, 1, None, lean=lean)
+    row = runner.add_row()
+    runner.prefill(row, [(7919 * i) % (vocab - 10) + 5 for i in range(context_len)])
+
+    def once(k: int) -> float:
+        if context_len + 1 + k > engine.max_context:
+            raise ValueError(f"context {context_len} + 1 + {k} draft nodes exceed {engine.max_context} positions")
+        ids = [5] + [(31 * i) % (vocab - 10) + 5 for i in range(k)]
+        t = time.perf_counter()
+        runner.forward([PassRow(row, ids, list(range(-1, k - 1)), context_len)])
+        dt = time.perf_counter() - t
+        runner.keep(row, context_len, [])  # keep none of the pass's positions: the context alone again
+        return dt
+
+    return once
+
+
 def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: int = 5, stat: str = "median"
                  ) -> dict[int, float]:
     """Seconds of one forward over ``1 + k`` tokens (k = 0: a plain step), k = 0..max_k, at
-    ``context_len`` tokens of context, the median (or the minimum: what a busy machine's other jobs
-    add least to) of ``rounds``; sizes round-robin, so load changes hit them alike."""
-    from transformers import DynamicCache
-
-    from suffixspec.kv import keep_accepted
-
-    vocab = engine.vocab_size
-    ctx = [(7919 * i) % (vocab - 10) + 5 for i in range(context_len)]
-    cache = DynamicCache(config=engine.model.config)
-    with torch.inference_mode():
-        engine.model(input_ids=torch.tensor([ctx]), use_cache=True, **{engine._cache_kw: cache})
+    ``context_len`` tokens of context (:func:`verify_pass`), the median (or the minimum: what a busy
+    machine's other jobs add least to) of ``rounds``; sizes round-robin, so load changes hit them alike."""
+    once = verify_pass(engine, context_len)
     times: dict[int, list[float]] = {k: [] for k in range(max_k + 1)}
-
-    def once(k: int) -> float:
-        draft = [(31 * i) % (vocab - 10) + 5 for i in range(k)]
-        t = time.perf_counter()
-        engine._forward([5, *draft], cache, list(range(-1, k - 1)) if k else [], context_len)
-        dt = time.perf_counter() - t
-        keep_accepted(cache, context_len, [])  # drop the step's entries again
-        return dt
-
     once(0), once(max_k)  # warm-up
     for r in range(rounds):
         ks = list(range(max_k + 1))
@@ -167,7 +181,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         rel = r["verify_relative"]
         lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
                      f"| {r['weights_read_ms']:.1f} ms | {r['plain_step_ms']:.1f} ms | {r['plain_step_over_floor']:.2f}× "
-                     + " ".join(f"| {rel[k]:.2f}×" for k in (8, 16, 32, 64) if k in rel)
+                     + " ".join(f"| {rel[k]:.2f}×" if k in rel else "| –" for k in (8, 16, 32, 64))
                      + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) |")
     lines += ["", "| model | weight product | 1 row | 2 rows | 4 rows | 8 rows | 16 rows | 32 rows |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -201,6 +215,7 @@ def main() -> None:
     results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat) for m in args.model]
     print(markdown(results))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         old = json.loads(args.json.read_text()) if args.json.exists() else []
         names = {r["model"] for r in results}
         args.json.write_text(json.dumps([r for r in old if r["model"] not in names] + results, indent=1))

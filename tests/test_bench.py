@@ -1,17 +1,17 @@
-"""The benchmark runner end to end on tiny models: every system runs, outputs match plain, files are written."""
+"""The benchmark runner end to end on tiny models: every system runs, outputs match plain, files are written;
+every benchmark script at its smallest size, so an engine change that breaks one fails here."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from suffixspec.bench.run import run
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.mark.slow
@@ -102,6 +102,8 @@ def test_oracle_and_curve_cost_arithmetic():
     cost = CurveCost(curve)
     assert cost.estimate(1) == 0.070 and cost.estimate(5) == 0.100
     assert cost.estimate(7) == pytest.approx(0.100 + 2 * 0.020)  # past the curve: its last slope
+    dip = CurveCost({0: 0.070, 1: 0.080, 2: 0.075})  # a noisy curve: a larger pass never costs less
+    assert dip.estimate(3) == 0.080 and dip.estimate(9) == 0.080  # no negative slope past it
 
 
 @pytest.mark.slow
@@ -125,7 +127,96 @@ def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
     assert ours.steps <= longest_only.steps
 
 
-@pytest.mark.slow
+def test_replay_gate_decides_as_the_engine_by_the_cost_curve():
+    """``replay(gate=True)``: the engine's choose_drafts with the request's DraftGate. A flat curve makes
+    every draft free (verified: the same steps as without the gate); drafts costing ten plain steps a
+    node are all skipped (no exploration comes due in 48 steps): a plain step per token."""
+    from suffixspec.bench.bench_drafting import Trace, replay
+
+    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+
+    trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
+
+    def ours():
+        return SuffixProposer(config=SuffixConfig(periodic=False), history=False)
+
+    flat = {k: 0.070 for k in range(65)}
+    steep = {k: 0.070 * (1 + 10 * k) for k in range(65)}
+    assert replay(ours(), [trace], curve=flat, gate=True).steps == replay(ours(), [trace], curve=flat).steps
+    gated, ungated = replay(ours(), [trace], curve=steep, gate=True), replay(ours(), [trace], curve=steep)
+    assert gated.steps == gated.tokens == 48 and gated.drafted == 0 and ungated.steps < 48
+    assert gated.verify_s == pytest.approx(gated.plain_s)  # every step a plain one
+    with pytest.raises(ValueError, match="cost curve"):
+        replay(ours(), [trace], gate=True)  # no curve: the gate could judge nothing
+
+
+def _main(monkeypatch, module, args: list[str]) -> None:
+    """Run a benchmark script's ``main()`` in this process, as ``python -m`` would with ``args``."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [module, *map(str, args)])
+    importlib.import_module(f"suffixspec.bench.{module}").main()
+
+
+def test_bench_limits_script_on_a_tiny_model(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """The verify curve through the engine's runner, the table, --json into a folder that is not there."""
+    out = tmp_path / "new" / "limits.json"
+    model = tiny_model_dirs["llama"]
+    _main(monkeypatch, "bench_limits", ["--model", model, "--max-k", 4, "--rounds", 1, "--context", 32, "--json", out])
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "tiny-llama" and row["threads"] == 1 and row["context"] == 32
+    assert set(row["verify_ms"]) == {"0", "1", "2", "3", "4"} and all(v > 0 for v in row["verify_ms"].values())
+    assert 1 <= row["oracle_k"] <= 4 and row["weight_bytes"] > 0
+    assert "| tiny-llama |" in capsys.readouterr().out
+
+
+def test_bench_engine_script_on_a_tiny_model(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "new" / "engine.json"
+    _main(monkeypatch, "bench_engine", ["--model", tiny_model_dirs["llama"], "--tokens", 4, "--repeats", 1,
+                                        "--json", out])
+    saved = json.loads(out.read_text())
+    assert saved["verify"]["plain_step_ms"] > 0 and set(saved["verify"]["relative"]) == {"1", "2", "4", "8", "16",
+                                                                                          "24", "32"}
+    assert saved["throughput"]["identical_outputs"] == "3/3"  # the engine's plain decoding is transformers'
+    assert "identical outputs 3/3" in capsys.readouterr().out
+
+
+def test_bench_drafting_script_replays_with_the_gate(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """Recorded greedy outputs replayed by every system with a cost curve and the engine's gate; --gate
+    without --costs is refused."""
+    model = tiny_model_dirs["llama"]
+    costs = tmp_path / "limits.json"
+    costs.write_text(json.dumps([{"model": model.name, "verify_ms": {k: 10.0 + k for k in range(9)}}]))
+    out = tmp_path / "new" / "drafting.json"
+    _main(monkeypatch, "bench_drafting", ["--model", model, "--workloads", "code_edit,agentic", "--requests", 1,
+                                          "--max-tokens", 16, "--cache", tmp_path / "cache" / "outputs.json",
+                                          "--costs", costs, "--gate", "--json", out])
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"code_edit", "agentic"}
+    for w, table in results.items():
+        rows = table["systems"]
+        assert {"oracle", "ours_prompt", "ours_all"} <= set(rows), w
+        for name, row in rows.items():
+            assert row["tokens"] > 0 and row["estimated_speedup"] > 0, (w, name)
+        assert rows["oracle"]["forward_passes"] <= rows["ours_all"]["forward_passes"], w
+    with pytest.raises(SystemExit) as exc:
+        _main(monkeypatch, "bench_drafting", ["--model", model, "--gate", "--cache", tmp_path / "cache" / "outputs.json"])
+    assert exc.value.code == 2 and "--costs" in capsys.readouterr().err
+
+
+def test_bench_concurrency_script_one_client_one_request(tmp_path):
+    """Two real servers (batched, one at a time) on the embedded demo target: one client, one request."""
+    from suffixspec.bench.bench_concurrency import main
+
+    out = tmp_path / "new"
+    main(["--clients", "1", "--per-client", "1", "--max-tokens", "4", "--max-num-seqs", "2", "--no-plot",
+          "--out", str(out)])
+    (row,) = json.loads((out / "concurrency.json").read_text())["rows"]
+    assert row["clients"] == 1 and row["requests"] == 1 and row["identical"]
+    assert row["batched_tokens"] == row["one_at_a_time_tokens"] > 0
+    assert "| 1 |" in (out / "concurrency.md").read_text()
+
+
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
     from suffixspec.bench.bench_sampled import on_off, proposers_for

