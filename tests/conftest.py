@@ -11,6 +11,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N: N workers share the cores, so each runs torch on one thread, and so do the CLI and
+    # server processes its tests start (they inherit this); two-thread torch processes on cores that
+    # are all busy spin-wait on each other and run several times slower.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
 
 from tiny import build_tiny_model, train_bpe_tokenizer, train_unigram_tokenizer  # noqa: E402
 

