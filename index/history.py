@@ -204,8 +204,9 @@ class OutputHistory:
         the context matches them; but answers to similar requests often begin alike (an agent's tool
         call, a rewritten file's first line, a code fence). The newest ``max_candidates`` outputs'
         starts are counted as the occurrences of a match: a start all of them share is drafted at
-        probability 1, one shared by half of them at 1/2 (cut by ``min_token_prob``). Example: earlier
-        outputs ``[4, 5, 6]`` and ``[4, 5, 7]`` -> ``4 5`` at 1, then ``6`` and ``7`` at 1/2 each.
+        probability 1, one shared by half of them at 1/2, times ``k / (k + 1)`` for ``k`` outputs (cut by
+        ``min_token_prob``). Example: earlier outputs ``[4, 5, 6]`` and ``[4, 5, 7]`` -> ``4 5`` at 2/3,
+        then ``6`` and ``7`` at 1/3 each; with a budget of 1 (half of it rounds up to one node): ``4``.
         """
         starts, end = [], len(self.index)
         for seq in reversed(self._outputs):  # each output sits before its separator, newest last
@@ -213,7 +214,10 @@ class OutputHistory:
             starts.append(end)
             if len(starts) >= self.max_candidates:
                 break
-        half = replace(params, max_spec_tokens=params.max_spec_tokens // 2)  # the rest stays for the prompt's drafts
+        # half the budget, the rest stays for the prompt's drafts; at least one node: the engine's cost-aware
+        # budget is often 1 on a first step (measured on the tiny Llama), and half of 1 drafted nothing
+        n = params.max_spec_tokens
+        half = replace(params, max_spec_tokens=min(n, max(1, n // 2)))
         res = self.index.speculate_at(starts, half, evidence=half.max_spec_tokens)
         trust = len(starts) / (len(starts) + 1)  # rule of succession: one earlier output is weak evidence
         res.probs = [p * trust for p in res.probs]

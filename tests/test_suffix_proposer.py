@@ -378,6 +378,9 @@ def test_history_drafts_an_answer_start_from_how_earlier_outputs_began():
     assert res.token_ids[:2] == [4, 5] and sorted(res.token_ids[2:]) == [6, 7]
     assert res.parents == [-1, 0, 1, 1]
     assert res.probs == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    # a budget of 1 (the engine's cost-aware budget often is, on a first step) still drafts the shared first token
+    assert h.speculate_start(SpecParams(1, 4.0, 0.0, 0.1, True)).token_ids == [4]
+    assert len(h.speculate_start(SpecParams(0, 4.0, 0.0, 0.1, True))) == 0
 
 
 @pytest.mark.parametrize("answer_starts", [True, False])
