@@ -72,7 +72,8 @@ class Policy:
     # the per-token acceptance along a draft (for the cost-curve budget) starts here, moving with weight
     # accepted_rate per step
     acceptance_prior: float = 0.6
-    # draft lengths the cost-curve budget compares (the cost curve is read at these sizes only)
+    # draft lengths the cost-curve budget compares (the cost curve is read at these sizes only; empty: no cost
+    # curve, the momentum bound alone)
     budget_steps: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
     # -- prefills ---------------------------------------------------------------------------------------------------
     # a request joining while another joiner's prompt (not computed yet) shares at least this many more tokens

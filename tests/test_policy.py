@@ -327,6 +327,8 @@ def test_draft_budget_follows_the_cost_curve():
     flat = StepCost(_cost({1: 0.01, 33: 0.01}))
     assert draft_budget(32, 20.0, 16, 0.6, flat) == 32
     assert draft_budget(32, 1.5, 0, 0.9, StepCost(PassCost())) == 7  # nothing measured: momentum
+    # no sizes to compare (Policy.budget_steps empty): momentum alone, however steep the curve
+    assert draft_budget(32, 20.0, 16, 0.6, step, Policy(budget_steps=())) == 32
 
 
 def test_policy_validates():

@@ -378,6 +378,18 @@ def test_history_drafts_an_answer_start_from_how_earlier_outputs_began():
     assert res.token_ids[:2] == [4, 5] and sorted(res.token_ids[2:]) == [6, 7]
     assert res.parents == [-1, 0, 1, 1]
     assert res.probs == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    # a budget of 1 (the engine's cost-aware budget often is, on a first step) still drafts the shared first token
+    assert h.speculate_start(SpecParams(1, 4.0, 0.0, 0.1, True)).token_ids == [4]
+    assert len(h.speculate_start(SpecParams(0, 4.0, 0.0, 0.1, True))) == 0
+    # learned rates: a small budget cuts a start but does not read it as a 1-token match (rate 0.18), which
+    # min_token_prob would prune where half the earlier outputs began alike (0.5 x 0.18 < 0.1)
+    from suffixspec.index.speculate import AcceptanceRates
+
+    h.add([8, 1])
+    h.add([9, 2])
+    rates = AcceptanceRates().table()
+    small, large = (h.speculate_start(SpecParams(n, 4.0, 0.0, 0.1, True, rates=rates)) for n in (1, 8))
+    assert small.token_ids == [4] and large.token_ids[:1] == [4]
 
 
 @pytest.mark.parametrize("answer_starts", [True, False])
