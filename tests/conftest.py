@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # run in the background by a non-interactive shell (`.ci/run &`): SIGINT is ignored, and every process
+    # the tests start would inherit that; the tests that interrupt a writer with SIGINT need it back
+    # (a handler here, unlike an ignored signal, is reset to the default in the children)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n N: N workers share the cores, so each runs torch on one thread, and so do the CLI and
     # server processes its tests start (they inherit this); two-thread torch processes on cores that
