@@ -48,7 +48,9 @@ from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
+    DRAFT_SOURCES,
     SOURCE_DOCUMENTS,
+    SOURCE_DRAFT_MODEL,
     SOURCE_HISTORY,
     SOURCE_PREDICTION,
     SOURCE_PROMPT,
@@ -58,8 +60,8 @@ from ..draft import (
 )
 from .base import Proposer, RequestContext
 
-# the sources this proposer drafts from (each learns its own continuation rates)
-_SUFFIX_SOURCES = (SOURCE_PROMPT, SOURCE_REFERENCES, SOURCE_PREDICTION, SOURCE_HISTORY, SOURCE_DOCUMENTS)
+# the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
+_SUFFIX_SOURCES = tuple(s for s in DRAFT_SOURCES if s != SOURCE_DRAFT_MODEL)
 
 PROPOSER_NAME = "suffix"
 
