@@ -49,11 +49,10 @@ class Timing:
         return self.decode_tokens / self.decode_s if self.decode_tokens and self.decode_s > 0 else None
 
     def to_dict(self) -> dict:
-        out = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
-        # from the rounded seconds, so the figures printed agree with each other
-        rate = out["decode_tokens"] / out["decode_s"] if out["decode_tokens"] and out["decode_s"] > 0 else None
-        out["decode_tokens_per_s"] = None if rate is None else round(rate, 2)
-        return out
+        # the rate from the rounded seconds, so the figures printed agree with each other
+        rounded = Timing(**{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()})
+        rate = rounded.decode_tokens_per_s
+        return {**asdict(rounded), "decode_tokens_per_s": None if rate is None else round(rate, 2)}
 
 
 def _draft_model_needed(speculation, max_tokens: int) -> bool:
