@@ -65,6 +65,17 @@ def drafter_allows(drafters: Sequence[str] | None, source: str) -> bool:
     return drafters is None or source == SOURCE_PREDICTION or source in drafters
 
 
+def root_path(parents: Sequence[int], node: int) -> list[int]:
+    """The nodes from a child of the root down to ``node`` (none for ``node`` -1), given each node's parent.
+
+    Example: parents ``[-1, 0, 0, 2]``, node 3 -> ``[0, 2, 3]``."""
+    out: list[int] = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
 @dataclass
 class Draft:
     """A tree of proposed target tokens. An empty draft means "no proposal" (never ``None``)."""

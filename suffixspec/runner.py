@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .draft import root_path
 from .kv import SlotCache, additive, layer_types, tree_mask
 from .lean import PassRow, lean_forward
 from .prefix import PrefixStore
@@ -220,11 +221,7 @@ class Runner:
                 # (the probe runs at start-up: HF forwards cost 0.1-0.3 s each on a CPU)
                 leaves = [k for k in range(len(tokens)) if k not in parents] or [-1]
                 for leaf in leaves:
-                    path, node = [], leaf
-                    while node >= 0:
-                        path.append(node)
-                        node = parents[node]
-                    path.reverse()
+                    path = root_path(parents, leaf)
                     with torch.inference_mode():  # forward(), not __call__: no hooks for a probe
                         ref = self.model.forward(input_ids=torch.tensor([ids + [tokens[n] for n in path]],
                                                                         device=self.device)).logits[0].float()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .draft import Draft
+from .draft import Draft, root_path
 from .sampling import LogitsProcessor, PositionRNG, greedy_token, sample_inverse_cdf, sample_race
 
 TOP_MASS = 8  # how many of the likeliest tokens' masses a sampled outcome reports
@@ -73,19 +73,19 @@ def verify_tree(
             y = greedy_token(processed)
             nxt = draft.child_with(children, y)
             if nxt is None:
-                return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows)
+                return VerifyOutcome(root_path(draft.parents, cur), y, rows, processed_rows)
         else:
             p = processor.probs(processed[None])[0]  # [vocab] float64
             masses.append(_top_mass(p))
             if children and all(draft.has_q(c) for c in children):
                 nxt, emitted = _known_q_step(draft, children, p, rng, pos)
                 if nxt is None:
-                    return VerifyOutcome(_path_nodes(draft, cur), emitted, rows, processed_rows, masses)
+                    return VerifyOutcome(root_path(draft.parents, cur), emitted, rows, processed_rows, masses)
             else:
                 y = sample_race(p, rng.race(pos, p.shape[-1]))
                 nxt = draft.child_with(children, y)
                 if nxt is None:
-                    return VerifyOutcome(_path_nodes(draft, cur), y, rows, processed_rows, masses)
+                    return VerifyOutcome(root_path(draft.parents, cur), y, rows, processed_rows, masses)
         cur = nxt
         path.append(draft.tokens[nxt])
 
@@ -108,16 +108,8 @@ def _greedy_walk(draft: Draft, kids: dict[int, list[int]], processed: torch.Tens
         y = best[cur + 1]
         nxt = draft.child_with(kids.get(cur, []), y)
         if nxt is None:
-            return VerifyOutcome(_path_nodes(draft, cur), y, rows, [processed[r] for r in rows])
+            return VerifyOutcome(root_path(draft.parents, cur), y, rows, [processed[r] for r in rows])
         cur = nxt
-
-
-def _path_nodes(draft: Draft, node: int) -> list[int]:
-    out: list[int] = []
-    while node >= 0:
-        out.append(node)
-        node = draft.parents[node]
-    return out[::-1]
 
 
 def _known_q_step(
