@@ -33,6 +33,8 @@ queries of that head (mask rows repeated), one SDPA call per row and layer.
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -83,12 +85,59 @@ def lean_forward(model: Any) -> LeanForward | None:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [M, in] -> x @ w.T + b`` as ``(w @ x.T).T``: the same product, which MKL runs faster than
-    ``torch.nn.functional.linear`` for the few rows of a decode pass (measured on this machine's AMD EPYC,
-    one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33% at 2-8, 1-5% at 16-400). The result is
-    a transposed view: callers reshape (which copies) where they need rows."""
+    """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul;
+    any other as ``(w @ x.T).T``, the same product, which MKL runs faster than
+    ``torch.nn.functional.linear`` for the few rows of a decode pass (measured on this machine's AMD
+    EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33% at 2-8). The result may be a
+    transposed view: callers reshape (which copies) where they need rows."""
+    if w.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
     y = torch.mm(w, x.t()).t()
     return y if b is None else y + b
+
+
+PACK_ROWS = 4  # the row count oneDNN lays a packed weight out for (decode passes run 1 to a few dozen)
+
+
+def packed(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [out, in] laid out in oneDNN's blocked format for :func:`linear`, or ``w`` itself where
+    that is not available (another device or dtype, a torch without oneDNN) or not wanted
+    (``SUFFIXSPEC_ONEDNN=0``, for the memory below).
+
+    Why: on a CPU the BLAS behind ``torch.mm`` picks slow kernels for 2-16 rows (on AMD CPUs, MKL's
+    generic path), which is exactly a verify pass. oneDNN's matmul on a pre-packed weight keeps a pass
+    over a few rows near the cost of one row: measured on SmolLM2-135M-Instruct's lean forward (one
+    thread, 400 tokens of context, CPU time), a pass over 1 + k tokens took the same time at k = 0
+    and 1.3-1.4x less at k = 1..32 than ``(w @ x.T).T``. The packed copy is made once per model
+    (:func:`lean_forward`); it replaces the fused q/k/v and gate/up copies and adds the size of the
+    other matrices (the output and down projections and the LM head: +260 MB for SmolLM2-135M, +1 GB
+    for Gemma 3 270M, whose head is 671 MB). Rounding differs from the unpacked product as any other
+    summation order does (about 1e-6 relative), within the tolerance the lean tests and the batching
+    probe hold every lean forward to."""
+    if os.environ.get("SUFFIXSPEC_ONEDNN", "1") == "0" or not _onednn_packs(w.device.type, w.dtype):
+        return w
+    with torch.inference_mode():
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+
+
+@functools.cache
+def _onednn_packs(device: str, dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and multiplies ``dtype`` weights on ``device`` and gives the product
+    ``torch.mm`` gives (checked once on a small random matrix: the ops are torch's private ones, which
+    can change between versions, and only float32 on a CPU is measured to pay)."""
+    if device != "cpu" or dtype != torch.float32:
+        return False
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        with torch.inference_mode():
+            gen = torch.Generator().manual_seed(0)
+            w, x, b = (torch.randn(*shape, generator=gen, dtype=dtype) for shape in ((48, 40), (3, 40), (48,)))
+            got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS), b,
+                                                     "none", [], "")
+        return bool(torch.allclose(got, x @ w.t() + b, rtol=1e-5, atol=1e-5))
+    except (RuntimeError, AttributeError, TypeError):
+        return False
 
 
 def family(model: Any) -> str | None:
@@ -197,16 +246,16 @@ class LeanForward:
                 bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
                                                                             device=self.device) for p in projs])
             self.layers.append(_Layer(
-                norm_in=norm(layer.input_layernorm.weight), w_qkv=cat([p.weight for p in projs]), b_qkv=bias,
+                norm_in=norm(layer.input_layernorm.weight), w_qkv=packed(cat([p.weight for p in projs])), b_qkv=bias,
                 q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
-                wo=att.o_proj.weight, bo=att.o_proj.bias,
+                wo=packed(att.o_proj.weight), bo=att.o_proj.bias,
                 norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
                 norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
                 norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
-                w_gu=cat([mlp.gate_proj.weight, mlp.up_proj.weight]), wd=mlp.down_proj.weight,
+                w_gu=packed(cat([mlp.gate_proj.weight, mlp.up_proj.weight])), wd=packed(mlp.down_proj.weight),
                 window=window, rope=kind if gemma else "all"))
         self.norm = norm(inner.norm.weight)
-        self.head = model.get_output_embeddings().weight
+        self.head = packed(model.get_output_embeddings().weight)
         self.vocab_size = int(self.head.shape[0])
         self.gemma = gemma
         # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from suffixspec.kv import SlotCache
-from suffixspec.lean import FAMILIES, LeanForward, PassRow, lean_forward, unsupported
+from suffixspec.lean import FAMILIES, LeanForward, PassRow, _onednn_packs, lean_forward, linear, packed, unsupported
 
 VOCAB = 300
 REAL = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}  # names of suffixspec.models
@@ -82,13 +82,34 @@ def test_every_claimed_family_is_tested():
     assert set(FAMILIES) == {"llama", "qwen2", "mistral", "gemma3_text"}
 
 
+@pytest.mark.parametrize("onednn", ["1", "0"])  # weights packed for oneDNN (where it works), or plain
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
-def test_lean_equals_transformers(model_type):
+def test_lean_equals_transformers(model_type, onednn, monkeypatch):
     """A 20-token prompt (past the tiny windows of 8) and a tree after it, in two rows of different lengths."""
+    monkeypatch.setenv("SUFFIXSPEC_ONEDNN", onednn)
     model = _tiny(model_type)
+    weights = LeanForward(model).layers[0]
+    packs = onednn == "1" and _onednn_packs("cpu", torch.float32)
+    assert weights.w_qkv.is_mkldnn == weights.wd.is_mkldnn == packs
     assert unsupported(model) is None
     prompt = [int(t) for t in np.random.RandomState(1).randint(3, VOCAB, size=20)]
     _compare(model, prompt, short=5, tol=1e-5)
+
+
+def test_packed_weights_give_the_plain_product():
+    """Where oneDNN works here (a CPU torch built with it: this machine's), a packed weight's product equals
+    ``x @ w.T + b`` for 1 to 40 rows, and other dtypes stay unpacked (only float32 is measured to pay)."""
+    if not _onednn_packs("cpu", torch.float32):
+        pytest.skip("this torch has no working oneDNN linear: weights stay plain, tested by the other cases")
+    gen = torch.Generator().manual_seed(3)
+    w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    p = packed(w)
+    assert p.is_mkldnn and tuple(p.shape) == (96, 64)
+    for rows in (1, 2, 3, 9, 40):
+        x = torch.randn(rows, 64, generator=gen)
+        torch.testing.assert_close(linear(x, p, b), x @ w.t() + b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(linear(x, w, b), x @ w.t() + b, rtol=1e-5, atol=1e-5)
+    assert not packed(w.to(torch.bfloat16)).is_mkldnn and not packed(w.double()).is_mkldnn
 
 
 def test_other_models_have_no_lean_forward_and_say_why():
