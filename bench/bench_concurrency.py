@@ -87,16 +87,18 @@ class Server:
             raise RuntimeError(f"HTTP {resp.status}: {data[:300]}")
         return json.loads(data)
 
-    def passes(self) -> tuple[float, float]:
-        """(forward passes, requests summed over passes) so far, from /metrics."""
+    def passes(self) -> tuple[float, float, float, float]:
+        """(decode passes, requests summed over them, CPU seconds of passes that fed prompt tokens, CPU
+        seconds of passes that only decoded) so far, from /metrics."""
         _, text = self.get("/metrics")
-        count = total = 0.0
+        got = dict.fromkeys(("suffixspec_batch_size_count", "suffixspec_batch_size_sum",
+                             'suffixspec_pass_cpu_seconds_total{kind="prompt"}',
+                             'suffixspec_pass_cpu_seconds_total{kind="decode"}'), 0.0)
         for line in text.splitlines():
-            if line.startswith("suffixspec_batch_size_count "):
-                count = float(line.split()[-1])
-            elif line.startswith("suffixspec_batch_size_sum "):
-                total = float(line.split()[-1])
-        return count, total
+            name, _, value = line.rpartition(" ")
+            if name in got:
+                got[name] = float(value)
+        return tuple(got.values())  # type: ignore[return-value]
 
     def cpu_seconds(self) -> float:
         """CPU time the server process has used (all its threads), from /proc: on a shared, loaded
@@ -172,7 +174,11 @@ def run_round(server: Server, bodies: list[list[dict]]) -> dict:
     outs = [out for r in results for _, out in r]
     tokens = sum(o["usage"]["completion_tokens"] for o in outs)
     n_pass = passes1[0] - passes0[0]
+    prompt_cpu, decode_cpu = passes1[2] - passes0[2], passes1[3] - passes0[3]
     return {"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "tok_s": tokens / wall,
+            # where the passes' CPU time went: passes that fed prompts (prefills; batched, a decode pass a
+            # joining prompt rode in) against passes that only decoded
+            "prompt_pass_cpu_s": prompt_cpu, "decode_pass_cpu_s": decode_cpu,
             "tok_per_cpu_s": tokens / cpu if cpu else 0.0, "p50_s": statistics.median(lat),
             "p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
             "mean_batch": (passes1[1] - passes0[1]) / n_pass if n_pass else 0.0,
@@ -227,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
             row["throughput_ratio"] = round(res["batched"]["tok_s"] / res["one_at_a_time"]["tok_s"], 3)
             row["p50_ratio"] = round(res["batched"]["p50_s"] / res["one_at_a_time"]["p50_s"], 3)
             row["cpu_ratio"] = round(res["batched"]["tok_per_cpu_s"] / res["one_at_a_time"]["tok_per_cpu_s"], 3)
+            if res["batched"]["decode_pass_cpu_s"]:  # decoding alone: what batching can share
+                row["decode_cpu_ratio"] = round(res["one_at_a_time"]["decode_pass_cpu_s"]
+                                                / res["batched"]["decode_pass_cpu_s"], 3)
             if "before" in res:
                 row["before_cpu_ratio"] = round(res["one_at_a_time"]["tok_per_cpu_s"] / res["before"]["tok_per_cpu_s"], 3)
                 row["before_wall_ratio"] = round(res["one_at_a_time"]["tok_s"] / res["before"]["tok_s"], 3)
@@ -248,11 +257,19 @@ def main(argv: list[str] | None = None) -> None:
 
 def table(rows: list[dict], n: int) -> str:
     lines = [f"| clients | tok/s batched (N={n}) | tok/s one at a time | ratio | tokens per CPU-s ratio "
+             "| decode passes' CPU ratio | prompt passes' CPU share (batched / one at a time) "
              "| p50 s batched | p50 s one at a time | mean batch | identical | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def share(r: dict, name: str) -> str:
+        prompt, decode = r.get(f"{name}_prompt_pass_cpu_s"), r.get(f"{name}_decode_pass_cpu_s")
+        return f"{prompt / (prompt + decode):.0%}" if prompt is not None and prompt + decode else "-"
+
     for r in rows:
+        decode = f"{r['decode_cpu_ratio']:.2f}x" if "decode_cpu_ratio" in r else "-"
         lines.append(f"| {r['clients']} | {r['batched_tok_s']:.1f} | {r['one_at_a_time_tok_s']:.1f} | "
-                     f"{r['throughput_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['batched_p50_s']:.1f} | "
+                     f"{r['throughput_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {decode} | "
+                     f"{share(r, 'batched')} / {share(r, 'one_at_a_time')} | {r['batched_p50_s']:.1f} | "
                      f"{r['one_at_a_time_p50_s']:.1f} | {r['batched_mean_batch']:.1f} | "
                      f"{'yes' if r['identical'] else 'NO'} | {r['batched_load_avg']:.1f} |")
     return "\n".join(lines) + "\n"

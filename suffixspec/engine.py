@@ -35,7 +35,7 @@ from .policy import Policy, ProposerRecord
 from .prefix import PrefixStore
 from .proposers import Proposer, RequestContext
 from .runner import Runner
-from .scheduler import Scheduler
+from .scheduler import PassRecord, Scheduler
 from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Engine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_ids = self._eos_ids()
         self.max_num_seqs = max_num_seqs  # requests stepped together
-        self.step_observer: Callable[[int, int], None] | None = None  # called per pass with (rows, inputs)
+        self.step_observer: Callable[[PassRecord], None] | None = None  # called with every target pass
         # keys/values of earlier prompts' prefixes; None: every prompt prefilled in full
         self.prefix_store = PrefixStore(max_bytes=int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
         self._shared: dict[int, ProposerRecord] = {}  # proposer costs and yields shared across requests
@@ -141,9 +141,9 @@ class Engine:
         """Whether several requests can share a pass (the probe in ``Runner.batch_problem``)."""
         return self.scheduler is not None and self._batch_problem is None
 
-    def _observe(self, rows: int, inputs: int) -> None:
+    def _observe(self, record: PassRecord) -> None:
         if self.step_observer is not None:
-            self.step_observer(rows, inputs)
+            self.step_observer(record)
 
     def _runner(self) -> Runner:
         """The target's runner: the lean forward when the model has one and it passes the probe, else

@@ -46,6 +46,16 @@ from .verify import verify_tree
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PassRecord:
+    """One target pass, as the scheduler's observer sees it (the server's metrics count these)."""
+
+    rows: int  # requests whose drafts (or lone roots) the pass verified
+    inputs: int  # their tokens: every such row's root plus its verified draft nodes
+    prompt_tokens: int  # prompt tokens of joining requests fed in the same pass (a prefill: all of them)
+    cpu_seconds: float  # the pass's CPU time (policy.cpu_clock)
+
+
 @dataclass
 class Handle:
     """A request submitted to the scheduler, and the queue its caller reads."""
@@ -65,13 +75,13 @@ class Scheduler:
     """Steps up to ``max_num_seqs`` requests together; others wait in line (see the module docstring)."""
 
     def __init__(self, runner: Runner, proposers: Callable[[], list[Proposer]], max_num_seqs: int,
-                 policy: Policy, observer: Callable[[int, int], None] | None = None) -> None:
+                 policy: Policy, observer: Callable[[PassRecord], None] | None = None) -> None:
         self.runner = runner
         self.proposers = proposers  # the engine's current proposers (forked for concurrent requests)
         self.max_num_seqs = max_num_seqs
         self.policy = policy
         self.cost: Any = PassCost(policy)  # pass time by total inputs, learned across requests
-        self.observer = observer  # called per pass with (rows, inputs)
+        self.observer = observer  # called with every target pass's PassRecord
         self._rows: list[Handle] = []  # row i of the cache
         self._waiting: deque[Handle] = deque()
         self._cond = threading.Condition()  # guards _waiting and _stepping; notified at every step's end
@@ -232,7 +242,10 @@ class Scheduler:
                 handle.state.stats.time_prefill_s = time.perf_counter() - t
             return
         try:
+            cpu = cpu_clock()
             self.runner.prefill(row, prompt[handle.reused:], handle.reused)
+            if self.observer is not None:
+                self.observer(PassRecord(0, 0, len(prompt) - handle.reused, cpu_clock() - cpu))
             self.runner.remember(row, prompt)
         except Exception as e:
             log.exception("prefill failed")
@@ -276,8 +289,8 @@ class Scheduler:
         inputs = sum(len(r.ids) for r in rows[:decoding])
         if not joining and decoding:  # a pass with a prompt in it says little about the cost of drafts
             self.cost.observe(inputs, cpu)
-        if decoding and self.observer is not None:
-            self.observer(decoding, inputs)
+        if self.observer is not None:
+            self.observer(PassRecord(decoding, inputs, sum(len(r.ids) for r in rows[decoding:]), cpu))
         for h in joining:
             row = self._rows.index(h)
             prompt = h.state.request.prompt_ids[:-1]

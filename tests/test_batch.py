@@ -316,7 +316,7 @@ def test_threaded_engine_concurrent_generate(engines, tiny_model_dirs):
     reqs = [(PROMPTS[i % 5], SamplingParams(**CASES[i % len(CASES)])) for i in range(6)]
     alone = [_alone(engines["llama"], p, sp) for p, sp in reqs]
     rows: list[int] = []
-    engine.step_observer = lambda n, inputs: rows.append(n)
+    engine.step_observer = lambda record: rows.append(record.rows) if record.rows else None
     out: list = [None] * len(reqs)
     gate = threading.Barrier(len(reqs))
 

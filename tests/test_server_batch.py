@@ -69,6 +69,13 @@ def test_concurrent_clients_get_their_alone_output(target):
         passes = metric(srv, "suffixspec_batch_size_count")
         single = metric(srv, "suffixspec_batch_size_bucket", le="1.0")
         assert passes > 0 and single < passes  # some passes verified several requests together
+        # where the passes' time went: prompts fed (every prompt but its last token, less reused prefixes:
+        # the four prompts repeat) and decoding, both measured
+        fed = metric(srv, "suffixspec_pass_prompt_tokens_total")
+        distinct = sum(len(target.tokenizer.encode(p)) - 1 for p in PROMPTS)
+        assert distinct <= fed <= sum(len(target.tokenizer.encode(b["prompt"])) - 1 for b in bodies)
+        assert metric(srv, "suffixspec_pass_cpu_seconds_total", kind="prompt") > 0
+        assert metric(srv, "suffixspec_pass_cpu_seconds_total", kind="decode") > 0
 
 
 @pytest.fixture

@@ -61,6 +61,12 @@ class Metrics:
         self.batch_inputs = Histogram("suffixspec_batch_input_tokens",
                                       "Input tokens of each target forward pass (rows x padded width)",
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
+        self.pass_cpu_seconds = Counter("suffixspec_pass_cpu_seconds",
+                                        "CPU seconds of target forward passes, by whether they fed prompt tokens "
+                                        "(kind=prompt: a prefill, or a decode pass a joining prompt rode in) or "
+                                        "only decoded (kind=decode)", ["kind"], registry=r)
+        self.pass_prompt_tokens = Counter("suffixspec_pass_prompt_tokens",
+                                          "Prompt tokens fed to the target (past reused prefixes)", registry=r)
         if queue_length is not None:
             self.queue_length.set_function(queue_length)
         self._lock = threading.Lock()
@@ -103,10 +109,14 @@ class Metrics:
         if n:
             self.completion_tokens.inc(n)
 
-    def record_pass(self, rows: int, inputs: int) -> None:
-        """One target forward pass of ``rows`` requests and ``inputs`` input tokens (the engine calls it)."""
-        self.batch_size.observe(rows)
-        self.batch_inputs.observe(inputs)
+    def record_pass(self, record: Any) -> None:
+        """One target forward pass (a ``scheduler.PassRecord``; the engine calls this): its decoding rows
+        and their input tokens in the batch histograms, its CPU time by kind."""
+        if record.rows:
+            self.batch_size.observe(record.rows)
+            self.batch_inputs.observe(record.inputs)
+        self.pass_cpu_seconds.labels("prompt" if record.prompt_tokens else "decode").inc(record.cpu_seconds)
+        self.pass_prompt_tokens.inc(record.prompt_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
