@@ -9,8 +9,9 @@ verify cost curve, and what a perfect drafter could reach.
 3. One plain step and the verify cost curve: one target forward over ``1 + k`` tokens (a chain draft
    with the tree mask, as the engine verifies it), k = 1..64, at a fixed context length; sizes are
    measured round-robin, ``rounds`` times each, medians.
-4. Why the curve jumps after one token: one weight product (``F.linear``) with 1, 2, 4, ... rows
-   (:func:`matmul_rows`): one row streams the weights once, a few rows take a general matrix product.
+4. Why the curve jumps after one token: one weight product with 1, 2, 4, ... rows, as
+   ``transformers`` runs it and as the lean forward does (:func:`matmul_rows`): one row streams the
+   weights once, a few rows take a general matrix product.
 5. The oracle: a drafter that always drafts the true continuation gets ``k + 1`` tokens per pass at
    ``t(1 + k)``; its best speed over plain decoding is ``max_k (k + 1) * t(1) / t(1 + k)``.
 
@@ -105,29 +106,38 @@ def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: i
 
 
 def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[str, dict[int, float]]:
-    """Seconds of one weight product (``F.linear``, as the model runs it) for ``rows`` input rows:
-    the largest matrix of the first decoder layer and the LM head (``best of repeats``). On a CPU
-    one row is a matrix-vector product that streams the weights once; a few rows take the general
-    matrix product, whose small-row cases cost several times more on this machine's BLAS: the jump
-    from ``t(1)`` to ``t(2)`` in the verify curve."""
+    """Seconds of one weight product for ``rows`` input rows: the largest matrix of the first decoder
+    layer and the LM head (``best of repeats``), each as ``transformers`` runs it (``F.linear``) and as
+    the lean forward does (``lean.linear`` on the weight ``lean.packed`` for oneDNN, where that works).
+    On a CPU one row is a matrix-vector product that streams the weights once; a few rows take the
+    general matrix product, whose small-row cases cost several times more on this machine's BLAS (the
+    jump from ``t(1)`` to ``t(2)`` of ``F.linear``), which the packed weight avoids."""
     import torch.nn.functional as F
+
+    from suffixspec.lean import linear, packed
 
     layer = max((m for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel()
                 if m is not model.get_output_embeddings() else -1)
     out: dict[str, dict[int, float]] = {}
     for name, w in (("largest layer matrix", layer.weight), ("lm head", model.get_output_embeddings().weight)):
-        times = {}
-        with torch.inference_mode():
-            for m in rows:
-                x = torch.randn(m, w.shape[1], dtype=w.dtype)
-                F.linear(x, w)
-                best = float("inf")
-                for _ in range(repeats if w.numel() < 50_000_000 else max(3, repeats // 4)):
-                    t = time.perf_counter()
-                    F.linear(x, w)
-                    best = min(best, time.perf_counter() - t)
-                times[m] = best
-        out[f"{name} {tuple(w.shape)}"] = times
+        lean_w = packed(w)
+        kinds = [("F.linear", lambda x, w=w: F.linear(x, w))]
+        if lean_w.is_mkldnn:
+            kinds.append(("oneDNN packed", lambda x, p=lean_w: linear(x, p)))
+        for kind, product in kinds:
+            times = {}
+            with torch.inference_mode():
+                for m in rows:
+                    x = torch.randn(m, w.shape[1], dtype=w.dtype)
+                    product(x)
+                    best = float("inf")
+                    for _ in range(repeats if w.numel() < 50_000_000 else max(3, repeats // 4)):
+                        t = time.perf_counter()
+                        product(x)
+                        best = min(best, time.perf_counter() - t)
+                    times[m] = best
+            out[f"{name} {tuple(w.shape)}, {kind}"] = times
+        del lean_w
     return out
 
 
