@@ -76,6 +76,9 @@ def _compare(model, prompt: list[int], short: int, tol: float) -> None:
     for k, want in enumerate(_path_logits(model, prompt, tokens, parents)):
         assert float((got[1][k] - want).abs().max()) <= tol * scale, k
     assert float((got[0][0] - ref[short]).abs().max()) <= tol * scale
+    # a pass over one token alone (a plain step: with packed weights it runs on the model's own matrices)
+    one = lean([PassRow(rows[1], [prompt[short]], [], short)], cache)
+    assert float((one[0][0] - ref[short]).abs().max()) <= tol * scale
 
 
 def test_every_claimed_family_is_tested():
@@ -90,7 +93,7 @@ def test_lean_equals_transformers(model_type, onednn, monkeypatch):
     model = _tiny(model_type)
     weights = LeanForward(model).layers[0]
     packs = onednn == "1" and _onednn_packs("cpu", torch.float32)
-    assert weights.w_qkv.is_mkldnn == weights.wd.is_mkldnn == packs
+    assert weights.w_qkv.is_mkldnn == weights.wd.is_mkldnn == (weights.plain is not None) == packs
     assert unsupported(model) is None
     prompt = [int(t) for t in np.random.RandomState(1).randint(3, VOCAB, size=20)]
     _compare(model, prompt, short=5, tol=1e-5)
