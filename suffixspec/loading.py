@@ -28,15 +28,20 @@ def resolve_model_path(name_or_path: str, progress: bool = True) -> str:
     >>> resolve_model_path("./my-model")
     './my-model'
     """
+    return _resolve(name_or_path, progress)[0]
+
+
+def _resolve(name_or_path: str, progress: bool = True) -> tuple[str, bool]:
+    """(``resolve_model_path``'s folder, whether it is a folder of the conversion cache)."""
     local = embedded_path(name_or_path)
     if local is not None:
-        return str(local)
+        return str(local), False
     src = gguf_source(name_or_path)
     if src is not None:
         from .models import cached_folder
 
-        return str(cached_folder(src, progress=progress))
-    return name_or_path
+        return str(cached_folder(src, progress=progress)), True
+    return name_or_path, False
 
 
 def pick_device(device: str | None = None) -> str:
@@ -70,6 +75,9 @@ class LoadedModel:
     name: str  # the name or path it was loaded from
     device: str  # torch device string
     dtype: Any  # torch dtype of the weights
+    # the conversion cache's folder the weights were read from (suffixspec's own, where the batching probe's
+    # verdict is remembered: ``probe_cache``); None for any other source (a user's folder, a hub id, in memory)
+    cache_folder: str | None = None
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -114,7 +122,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
 
     from .kv import attention_windows
 
-    path = resolve_model_path(name_or_path)
+    path, converted = _resolve(name_or_path)
     config = AutoConfig.from_pretrained(path)
     attention_windows(config)  # refuse, before loading weights, a cache we cannot rewind
     dev = pick_device(device)
@@ -123,4 +131,5 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype)  # config read once
     model.to(dev).eval()
     tokenizer = _tokenizer_from(path)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
+                       cache_folder=path if converted else None)

@@ -190,7 +190,10 @@ def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_g
 
     assert lm.tokenizer.encode(PROMPT) == AutoTokenizer.from_pretrained(bpe_tokenizer_dir).encode(PROMPT)
     assert lm.tokenizer.chat_template
+    assert lm.cache_folder == str(folder)  # the engine remembers its batching probe's verdict there
+    assert load_model(str(folder)).cache_folder is None  # the same folder named as a plain folder
     assert _greedy(str(path)) == reference
+    assert (folder / "probe.json").is_file()
     stamp = _weights_stamp(folder)
 
     os.utime(path, ns=(1, 10**18))  # touched, same content: hashed once, not converted again
@@ -201,6 +204,7 @@ def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_g
     assert Path(resolve_model_path(str(path), progress=False)) == folder
     assert _weights_stamp(folder) != stamp
     assert json.loads((folder / "source.json").read_text())["sha256"] == models.sha256_file(path)
+    assert not (folder / "probe.json").exists()  # the old model's verdict went with its folder
     assert _greedy(str(path)) != reference
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         resolve_model_path(str(tmp_path / "missing.gguf"))
