@@ -51,6 +51,8 @@ def batch_problem(runner: Runner, cache_folder: str | Path | None) -> str | None
         return runner.batch_problem()
     path = Path(cache_folder) / FILE
     slot, key = probe_key(runner)
+    if key["code"] is None:  # the forward code cannot be read (a frozen install): nothing to key a verdict by
+        return runner.batch_problem()
     entries = _read(path)
     if entries.get(slot) == key:
         return None
@@ -77,13 +79,17 @@ def probe_key(runner: Runner) -> tuple[str, dict]:
     return slot, key
 
 
-def _code_hash() -> str:
-    """sha256 of the forward code's source (``_CODE``): an edit, or another suffixspec release, re-probes."""
+def _code_hash() -> str | None:
+    """sha256 of the forward code's source (``_CODE``): an edit, or another suffixspec release, re-probes.
+    None when a source file cannot be read."""
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in _CODE:
-        h.update(name.encode())
-        h.update((here / name).read_bytes())
+    try:
+        for name in _CODE:
+            h.update(name.encode())
+            h.update((here / name).read_bytes())
+    except OSError:
+        return None
     return h.hexdigest()
 
 

@@ -130,3 +130,13 @@ def test_an_engine_on_a_converted_folder_remembers_and_generates_the_same(llama,
     assert second.generate(PROMPT).token_ids == first.token_ids
     assert second.batchable
     assert Engine(llama, max_num_seqs=2).generate(PROMPT).token_ids == first.token_ids  # no folder: probed
+
+
+def test_without_the_forward_code_to_key_by_nothing_is_remembered(llama, tmp_path, monkeypatch):
+    """An install whose sources cannot be read (only compiled files): every start probes."""
+    monkeypatch.setattr(probe_cache, "_CODE", (*probe_cache._CODE, "not_a_module_here.py"))
+    for _ in range(2):
+        runner, calls = counted(llama.model)
+        assert probe_cache.batch_problem(runner, tmp_path) is None
+        assert calls[0] > 0
+    assert not (tmp_path / probe_cache.FILE).exists()
