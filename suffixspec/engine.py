@@ -11,6 +11,7 @@ Module map (imports point down this list; ``tests/test_imports.py`` fails on a c
     engine.py      this facade: arguments, the scheduler made on first use, the batching probe
     scheduler.py   the step loop: joins and leaves, cancellation, callers stepping in turn
     sequence.py    one request's state: propose, commit, stream events, the result
+    probe_cache.py the probe's passing verdict, remembered in a converted model's folder
     runner.py      the target: cache rows, the lean or padded pass, prefill, prefix reuse, the probe
     lean.py        lean forwards per architecture family (the target's passes and draft models)
     policy.py      which drafts are verified, which proposers run, the draft budget, the cost model
@@ -33,6 +34,7 @@ from .config import SamplingParams, SpeculationConfig
 from .loading import LoadedModel
 from .policy import Policy, ProposerRecord
 from .prefix import PrefixStore
+from .probe_cache import batch_problem
 from .proposers import Proposer, RequestContext
 from .runner import Runner
 from .scheduler import PassRecord, Scheduler
@@ -147,13 +149,15 @@ class Engine:
 
     def _runner(self) -> Runner:
         """The target's runner: the lean forward when the model has one and it passes the probe, else
-        the model's own forward; one row at a time when even that fails the probe (said in the log)."""
+        the model's own forward; one row at a time when even that fails the probe (said in the log). A
+        converted model's passing verdict is remembered for the next start (``probe_cache``)."""
+        folder = self.target.cache_folder  # a converted model's: a passing verdict is remembered there
         runner = Runner(self.model, self.max_num_seqs, self.prefix_store)
-        problem = runner.batch_problem()
+        problem = batch_problem(runner, folder)
         if problem is not None and runner.lean is not None:
             log.warning("the lean forward is off for %s (%s)", self.model_name, problem)
             runner = Runner(self.model, self.max_num_seqs, self.prefix_store, lean=False)
-            problem = runner.batch_problem()
+            problem = batch_problem(runner, folder)
         self._batch_problem = problem
         if problem is not None and self.max_num_seqs > 1:
             log.warning("%s cannot be batched (%s); serving one request at a time", self.model_name, problem)

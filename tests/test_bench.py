@@ -204,6 +204,20 @@ def test_bench_drafting_script_replays_with_the_gate(tiny_model_dirs, tmp_path, 
     assert exc.value.code == 2 and "--costs" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three processes that import torch and transformers
+def test_bench_startup_script_on_the_embedded_model(tmp_path, monkeypatch, capsys):
+    """Imports alone against a whole generate --max-tokens 1, side by side; the table and --json."""
+    out = tmp_path / "new" / "startup.json"
+    _main(monkeypatch, "bench_startup", ["--model", "suffixspec/demo-target", "--repeats", 1, "--json", out])
+    res = json.loads(out.read_text())["results"]
+    for kind in ("imports", "generate"):
+        assert set(res[kind]) == {"wall_s", "cpu_s"} and res[kind]["wall_s"]["median"] > 0, kind
+    assert res["difference"]["wall_s"] == pytest.approx(res["generate"]["wall_s"]["median"]
+                                                        - res["imports"]["wall_s"]["median"], abs=1e-3)
+    table = capsys.readouterr().out
+    assert "| suffixspec generate --model suffixspec/demo-target --max-tokens 1 |" in table and "| difference |" in table
+
+
 def test_bench_concurrency_script_one_client_one_request(tmp_path):
     """Two real servers (batched, one at a time) on the embedded demo target: one client, one request."""
     from suffixspec.bench.bench_concurrency import main

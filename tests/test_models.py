@@ -190,7 +190,10 @@ def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_g
 
     assert lm.tokenizer.encode(PROMPT) == AutoTokenizer.from_pretrained(bpe_tokenizer_dir).encode(PROMPT)
     assert lm.tokenizer.chat_template
+    assert lm.cache_folder == str(folder)  # the engine remembers its batching probe's verdict there
+    assert load_model(str(folder)).cache_folder is None  # the same folder named as a plain folder
     assert _greedy(str(path)) == reference
+    assert (folder / "probe.json").is_file()
     stamp = _weights_stamp(folder)
 
     os.utime(path, ns=(1, 10**18))  # touched, same content: hashed once, not converted again
@@ -201,6 +204,7 @@ def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_g
     assert Path(resolve_model_path(str(path), progress=False)) == folder
     assert _weights_stamp(folder) != stamp
     assert json.loads((folder / "source.json").read_text())["sha256"] == models.sha256_file(path)
+    assert not (folder / "probe.json").exists()  # the old model's verdict went with its folder
     assert _greedy(str(path)) != reference
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         resolve_model_path(str(tmp_path / "missing.gguf"))
@@ -267,3 +271,86 @@ def test_registry_entries_are_validated(field, value, message):
                 licence="MIT", description="-")
     with pytest.raises(ValueError, match=message):
         KnownModel(**{**base, field: value})
+
+
+# ----------------------------------------------------------------- loading a converted folder directly
+
+def _saved(model_type: str, folder: Path, tied: bool = False) -> Path:
+    """A tiny random model of ``model_type`` saved as ``models.convert`` saves one (``save_pretrained``)."""
+    import torch
+    from test_lean import _tiny
+
+    model = _tiny(model_type)
+    if tied:
+        model.config.tie_word_embeddings = True
+        model.tie_weights()  # the head shares the embedding matrix; the file holds it once
+    with torch.no_grad():  # norms and biases away from their initial values: a skipped weight would show
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _same_model(a, b) -> None:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ba, bb = dict(a.named_buffers()), dict(b.named_buffers())
+    assert ba.keys() == bb.keys() and all(torch.equal(ba[k], bb[k]) for k in ba)
+    assert a.config.to_dict() == b.config.to_dict()
+    assert a.generation_config.to_dict() == b.generation_config.to_dict()
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.inference_mode():
+        assert torch.equal(a.eval()(ids).logits, b.eval()(ids).logits)
+
+
+@pytest.mark.parametrize(("model_type", "tied"), [("llama", True), ("llama", False), ("qwen2", False),
+                                                   ("mistral", False), ("gemma3_text", True)])
+def test_a_converted_folder_loads_directly_into_what_from_pretrained_gives(tmp_path, model_type, tied):
+    """Every parameter, buffer, config field, generation setting and logit equal to from_pretrained's."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from suffixspec.loading import DIRECT_LOAD_TYPES, _load_converted
+
+    assert model_type in DIRECT_LOAD_TYPES
+    folder = _saved(model_type, tmp_path / "m", tied)
+    direct = _load_converted(str(folder), AutoConfig.from_pretrained(folder), torch.float32)
+    assert direct is not None
+    _same_model(direct, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
+    head, embed = direct.get_output_embeddings().weight, direct.get_input_embeddings().weight
+    assert (head.data_ptr() == embed.data_ptr()) == tied
+
+
+def _rewrite(folder: Path, change) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = dict(load_file(folder / "model.safetensors"))
+    change(state)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "extra key", "missing key", "bfloat16 weights", "sharded", "gpt2"])
+def test_a_folder_unlike_a_conversion_is_left_to_from_pretrained(tmp_path, tiny_model_dirs, case):
+    import shutil
+
+    import torch
+    from transformers import AutoConfig
+
+    from suffixspec.loading import _load_converted
+
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    if case == "gpt2":  # a model type whose direct load is not checked
+        folder = Path(shutil.copytree(tiny_model_dirs["gpt2"], tmp_path / "m"))
+    else:
+        folder = _saved("llama", tmp_path / "m")
+    if case == "extra key":
+        _rewrite(folder, lambda s: s.update({"model.extra.weight": torch.zeros(2)}))
+    elif case == "missing key":
+        _rewrite(folder, lambda s: s.pop("model.layers.0.mlp.up_proj.weight"))
+    elif case == "bfloat16 weights":
+        _rewrite(folder, lambda s: s.update({k: v.to(torch.bfloat16) for k, v in s.items()}))
+    elif case == "sharded":
+        (folder / "model.safetensors.index.json").write_text("{}")
+    assert _load_converted(str(folder), AutoConfig.from_pretrained(folder), dtype) is None

@@ -4,8 +4,8 @@ torch and transformers are imported inside the command, so ``suffixspec --help``
 
 What it reports apart (``Timing``): loading, the prefill, the first decode step and the decode speed
 after it. The first forward pass and the first draft of a process pay one-time set-up (the first
-step of SmolLM2 also builds the suffix index's vocabulary table, about a second on a 2-core machine),
-so the decode tokens/s is measured over the steps after the first. The draft model is loaded only
+step also makes the decode loop, and runs the batching probe unless a start before remembered its
+verdict: ``probe_cache``), so the decode tokens/s is measured over the steps after the first. The draft model is loaded only
 when the request can draft from it (not with ``--no-speculation``, ``--max-tokens 1`` or
 ``--drafters`` without ``draft_model``).
 """

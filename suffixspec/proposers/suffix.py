@@ -150,11 +150,14 @@ class SuffixProposer(Proposer):
         self.tokenizer = tokenizer
         # text matching needs a real tokenizer (some callers pass only enough of one for the fingerprint)
         self._can_decode = all(callable(getattr(tokenizer, f, None)) for f in ("encode", "convert_ids_to_tokens"))
-        self.fingerprint = fingerprint or (tokenizer_fingerprint(tokenizer) if tokenizer is not None else None)
         if isinstance(db, IndexStore) or db is None:
             self.store = db
         else:
             self.store = IndexStore(db)
+        # through the store's cache when there is a store: loading the documents asks it again (45 ms for
+        # SmolLM2's vocabulary, paid twice at every start before)
+        fp_of = self.store.fingerprint if self.store is not None else tokenizer_fingerprint
+        self.fingerprint = fingerprint or (fp_of(tokenizer) if tokenizer is not None else None)
         if self.store is not None and not self.fingerprint:
             raise ValueError("SuffixProposer with a database needs the target tokenizer (tokenizer=...) "
                              "or its fingerprint (fingerprint=index.fingerprint.tokenizer_fingerprint(tok))")
