@@ -114,10 +114,16 @@ def packed(w: torch.Tensor) -> torch.Tensor:
     for Gemma 3 270M, whose head is 671 MB). Rounding differs from the unpacked product as any other
     summation order does (about 1e-6 relative), within the tolerance the lean tests and the batching
     probe hold every lean forward to."""
-    if os.environ.get("SUFFIXSPEC_ONEDNN", "1") == "0" or not _onednn_packs(w.device.type, w.dtype):
+    if not packs(w.device, w.dtype):
         return w
     with torch.inference_mode():
         return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+
+
+def packs(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether :func:`packed` packs ``dtype`` weights on ``device`` (else it returns them as they are)."""
+    kind = device if isinstance(device, str) else device.type
+    return os.environ.get("SUFFIXSPEC_ONEDNN", "1") != "0" and _onednn_packs(kind, dtype)
 
 
 @functools.cache

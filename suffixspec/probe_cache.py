@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from .lean import packs
 from .runner import Runner
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def probe_key(runner: Runner) -> tuple[str, dict]:
 
     model = runner.model
     forward = f"lean {runner.lean.family}" if runner.lean is not None else "padded"
+    if runner.lean is not None and packs(runner.device, runner.dtype):
+        forward += " onednn"  # packed weights round differently (SUFFIXSPEC_ONEDNN=0 keeps them plain)
     device = str(runner.device)
     if runner.device.type == "cuda":  # another GPU model runs other kernels
         device += f" {torch.cuda.get_device_name(runner.device)}"

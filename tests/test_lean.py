@@ -16,7 +16,16 @@ import pytest
 import torch
 
 from suffixspec.kv import SlotCache
-from suffixspec.lean import FAMILIES, LeanForward, PassRow, _onednn_packs, lean_forward, linear, packed, unsupported
+from suffixspec.lean import (
+    FAMILIES,
+    LeanForward,
+    PassRow,
+    _onednn_packs,
+    lean_forward,
+    linear,
+    packed,
+    unsupported,
+)
 
 VOCAB = 300
 REAL = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}  # names of suffixspec.models
