@@ -145,6 +145,26 @@ def test_history_budget_is_persisted(store):
     assert store.history.load("other") == []
 
 
+def test_a_reopened_history_indexes_what_was_appended(store):
+    """The history a start loads from the store (indexed in one pass) equals the one that appended the
+    outputs one by one: the same tokens, matches and continuations."""
+    from suffixspec.index.incremental import IncrementalIndex
+
+    outputs = [[(7 * i + j * j) % 13 for j in range(5 + i % 70)] for i in range(40)]  # runs past 64 tokens
+    live = OutputHistory(10_000, store, "fp", max_candidates=10**6)
+    for out in outputs:
+        live.add(out)
+    live.flush()
+    reopened = OutputHistory(10_000, store, "fp", max_candidates=10**6)
+    appended = IncrementalIndex(max_candidates=10**6)
+    for out in outputs:
+        appended.add_sequence(out)
+    assert reopened.index.tokens() == live.index.tokens() == appended.tokens()
+    for ctx in ([3, 8], [1, 4, 9], [0], [12, 12, 3], [5, 6, 7, 8]):
+        assert reopened.index.match(ctx) == appended.match(ctx)
+        assert reopened.index.continuations(ctx) == appended.continuations(ctx)
+
+
 def test_fingerprint_of_a_real_tokenizer(bpe_tokenizer_dir, unigram_tokenizer_dir):
     from transformers import AutoTokenizer
 
