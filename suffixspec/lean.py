@@ -277,6 +277,7 @@ class LeanForward:
                                          mlp.down_proj.weight.detach())
         self.norm = norm(inner.norm.weight)
         self.head = packed(model.get_output_embeddings().weight)
+        self.onednn = self.head.is_mkldnn  # whether this forward's weights are packed (they all are, or none)
         self.vocab_size = int(self.head.shape[0])
         self.gemma = gemma
         # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)

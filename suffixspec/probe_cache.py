@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from .lean import packs
 from .runner import Runner
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ def probe_key(runner: Runner) -> tuple[str, dict]:
 
     model = runner.model
     forward = f"lean {runner.lean.family}" if runner.lean is not None else "padded"
-    if runner.lean is not None and packs(runner.device, runner.dtype):
+    if runner.lean is not None and runner.lean.onednn:
         forward += " onednn"  # packed weights round differently (SUFFIXSPEC_ONEDNN=0 keeps them plain)
     device = str(runner.device)
     if runner.device.type == "cuda":  # another GPU model runs other kernels

@@ -37,7 +37,7 @@ def counted(model, lean: bool = True) -> tuple[Runner, list[int]]:
             calls[0] += 1
             return inner(rows, cache)
 
-        lean_pass.family = inner.family  # what the key names the forward by
+        lean_pass.family, lean_pass.onednn = inner.family, inner.onednn  # what the key names the forward by
         runner.lean = lean_pass
     return runner, calls
 
@@ -100,7 +100,7 @@ def test_a_failing_verdict_is_not_remembered(llama, tmp_path):
             out[0][0] += 0.5
         return out
 
-    off.family = inner.family
+    off.family, off.onednn = inner.family, inner.onednn
     runner.lean = off
     for _ in range(2):
         assert "differ from the model's own" in probe_cache.batch_problem(runner, tmp_path)
