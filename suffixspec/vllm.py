@@ -59,8 +59,6 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,6 +67,7 @@ from suffixspec.index.history import OutputHistory
 
 from .proposers import RequestContext
 from .proposers.suffix import SuffixConfig, SuffixProposer
+from .tracked import ContextView, TrackedRequest
 
 log = logging.getLogger("suffixspec.vllm")
 
@@ -77,69 +76,7 @@ ENV_CONFIG = "SUFFIXSPEC_VLLM_CONFIG"
 ENV_RELOAD = "SUFFIXSPEC_VLLM_RELOAD_S"
 ENV_SOURCES = "SUFFIXSPEC_VLLM_SOURCES"
 SOURCES = ("prompt", "history", "documents")  # what a vLLM request can draft from
-_KEY = 16  # leading tokens that key a request (its prompt's start)
-_EDGE = 8  # trailing tokens compared to confirm that a slot still holds the same request
 IDLE_S = 1.0  # no propose call for this long: the engine is idle, the live requests' outputs are saved
-
-
-class _Context(Sequence):
-    """Tokens ``row[:n]`` of a batch slot as a read-only sequence whose slices are lists of ints.
-
-    The index lookups only read the context's tail (``context[-64:]``), so this spares copying the
-    whole row (up to ``max_model_len`` tokens) on every step.
-    """
-
-    __slots__ = ("row", "n")
-
-    def __init__(self, row: np.ndarray, n: int) -> None:
-        self.row, self.n = row, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            r = range(self.n)[i]
-            return self.row[r.start:r.stop:r.step].tolist() if len(r) else []
-        return int(self.row[range(self.n)[i]])
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.row[:self.n].tolist())
-
-
-@dataclass(eq=False)
-class _Request:
-    """What the proposer keeps of one vLLM request."""
-
-    drafter: SuffixProposer  # the request's own suffix index, with the shared history and documents
-    tokens: np.ndarray  # prompt + output so far (capacity grows by doubling; valid up to n)
-    n: int  # tokens known
-    prompt_len: int  # tokens before the first sampled one (the output starts here)
-    committed: int  # tokens[prompt_len:committed] are already in the output history
-    key: bytes  # its first key_len tokens, to find it again when it moves to another slot or resumes
-    key_len: int  # _KEY, or fewer for a request that started shorter
-
-    def holds(self, row: np.ndarray, n: int) -> bool:
-        """Whether a slot with ``row[:n]`` still holds this request (cheap: start and end compared)."""
-        m = self.n
-        if n < m or row[:self.key_len].tobytes() != self.key:
-            return False
-        lo = max(0, m - _EDGE)
-        return bool(np.array_equal(row[lo:m], self.tokens[lo:m]))
-
-    def prefix_of(self, row: np.ndarray, n: int) -> bool:
-        """Full check: this request's tokens are a prefix of ``row[:n]`` (its end first: cheap misses)."""
-        m = self.n
-        return self.holds(row, n) and bool(np.array_equal(row[:m], self.tokens[:m]))
-
-    def append(self, new: np.ndarray) -> None:
-        end = self.n + len(new)
-        if end > len(self.tokens):
-            grown = np.empty(max(end, 2 * len(self.tokens)), dtype=np.int32)
-            grown[:self.n] = self.tokens[:self.n]
-            self.tokens = grown
-        self.tokens[self.n:end] = new
-        self.n = end
 
 
 def _suffix_config() -> SuffixConfig:
@@ -206,10 +143,10 @@ class SuffixSpecProposer:
         self._documents = None  # SuffixArray shared by all requests, swapped whole by the watcher
         self._history = OutputHistory(self.config.history_tokens, None, None, max_candidates=self.config.max_candidates)
         self._rates: dict | None = None  # continuation rates learned by every request of this worker (_new)
-        self._slots: dict[int, _Request] = {}  # batch slot -> request seen there in the last call
-        self._by_key: dict[bytes, list[_Request]] = {}  # live and parked requests by their first tokens
-        self._key_lens: set[int] = set()  # token lengths of those keys (_KEY, or less for short prompts)
-        self._parked: OrderedDict[int, _Request] = OrderedDict()  # id -> departed request, oldest first
+        self._slots: dict[int, TrackedRequest] = {}  # batch slot -> request seen there in the last call
+        self._by_key: dict[bytes, list[TrackedRequest]] = {}  # live and parked requests by their first tokens
+        self._key_lens: set[int] = set()  # token lengths of those keys (KEY_TOKENS, or less for short prompts)
+        self._parked: OrderedDict[int, TrackedRequest] = OrderedDict()  # id -> departed request, oldest first
         self._writes: queue.Queue[list[np.ndarray] | None] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -353,7 +290,7 @@ class SuffixSpecProposer:
                  token_ids_cpu: np.ndarray) -> list[list[int]]:
         self.calls += 1
         rows = len(sampled_token_ids)
-        found: dict[int, _Request] = {}
+        found: dict[int, TrackedRequest] = {}
         claimed: set[int] = set()
         # 1. slots that still hold the request seen there last time (the usual case)
         for i in range(rows):
@@ -401,12 +338,12 @@ class SuffixSpecProposer:
                 drafts.append([])
                 continue
             req.drafter.documents = documents
-            draft = req.drafter.propose(_Context(row, n), budget)
+            draft = req.drafter.propose(ContextView(row, n), budget)
             drafts.append(draft.tokens[:budget])
         return drafts
 
     # ----- request bookkeeping -----------------------------------------------------------------------
-    def _find(self, row: np.ndarray, n: int, claimed: set[int]) -> _Request | None:
+    def _find(self, row: np.ndarray, n: int, claimed: set[int]) -> TrackedRequest | None:
         """The longest unclaimed known request whose tokens start ``row[:n]``."""
         best = None
         for length in self._key_lens:
@@ -415,7 +352,7 @@ class SuffixSpecProposer:
                     best = req
         return best
 
-    def _new(self, row: np.ndarray, n: int, n_sampled: int) -> _Request:
+    def _new(self, row: np.ndarray, n: int, n_sampled: int) -> TrackedRequest:
         prompt_len = n - n_sampled
         drafter = SuffixProposer(config=self.config, documents=self._documents, history=False)
         drafter.history = self._history  # shared by every request of this worker
@@ -424,27 +361,23 @@ class SuffixSpecProposer:
         drafter.rates = self._rates  # likewise what each source's drafts are worth (SuffixProposer._learn)
         drafter.begin(RequestContext(prompt_ids=row[:prompt_len].tolist(), drafters=self.sources))
         drafter.update(row[prompt_len:n].tolist())
-        tokens = np.empty(max(64, 2 * n), dtype=np.int32)
-        tokens[:n] = row[:n]
-        key_len = min(n, _KEY)
-        req = _Request(drafter, tokens, n, prompt_len, prompt_len, row[:key_len].tobytes(), key_len)
+        req = TrackedRequest.new(drafter, row, n, prompt_len)
         self._by_key.setdefault(req.key, []).append(req)
-        self._key_lens.add(key_len)
+        self._key_lens.add(req.key_len)
         return req
 
-    def _forget(self, req: _Request) -> None:
+    def _forget(self, req: TrackedRequest) -> None:
         same = self._by_key.get(req.key, [])
         if req in same:
             same.remove(req)
         if not same:
             self._by_key.pop(req.key, None)
 
-    def _commit(self, req: _Request) -> None:
+    def _commit(self, req: TrackedRequest) -> None:
         """Add the request's output not yet in the history (in memory now; SQLite by the writer)."""
         if req.n <= req.committed:
             return
-        out = req.tokens[req.committed:req.n].astype(np.uint32)
-        req.committed = req.n
+        out = req.output()
         self._history.add(out)
         if self._persist and not self._stop.is_set():
             self._writes.put([out])
