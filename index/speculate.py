@@ -74,7 +74,8 @@ class SpecParams:
             raise ValueError(f"max_spec_factor must be >= 0, got {self.max_spec_factor}")
         if not 0.0 <= self.min_token_prob <= 1.0:
             raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
-        if self.rates is not None and (not self.rates or not all(0.0 <= r <= 1.0 for r in self.rates)):
+        # min/max, not a loop: params are built at every propose call, each with a 65-entry table
+        if self.rates is not None and (not len(self.rates) or not 0.0 <= min(self.rates) <= max(self.rates) <= 1.0):
             raise ValueError("rates must be a non-empty sequence of probabilities in [0, 1]")
 
     def limit(self, match_len: int) -> int:

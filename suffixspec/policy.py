@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import bisect
 import statistics
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -105,8 +104,11 @@ DEFAULT = Policy()
 def cpu_clock() -> float:
     """Seconds of CPU time to measure a pass or a proposer call with: this thread's own with one torch
     thread (nothing else running on the machine moves it), the process's with more (the intra-op
-    threads do the pass's work). Not moved by preemption, so a loaded machine does not swing the gates."""
-    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
+    threads do the pass's work). Not moved by preemption, so a loaded machine does not swing the gates.
+    torch is not imported for this: a process without it (the llama.cpp drafter, suffixspec.llama_cpp)
+    runs no torch threads, so this thread's time is the one to read."""
+    torch = sys.modules.get("torch")
+    return time.thread_time() if torch is None or torch.get_num_threads() == 1 else time.process_time()
 
 
 class PassCost:
@@ -124,22 +126,31 @@ class PassCost:
     def __init__(self, policy: Policy = DEFAULT) -> None:
         self.policy = policy
         self._buckets: dict[int, deque[tuple[int, float]]] = {}  # (inputs - 1).bit_length() -> (inputs, seconds)
+        self._medians: dict[int, tuple[float, float]] = {}  # bucket -> (median inputs, median seconds)
+        self._stale: set[int] = set()  # buckets observed since their medians were taken
         self._points: tuple[list[float], list[float]] | None = None  # (sizes, times), None: recompute
 
     def observe(self, inputs: int, seconds: float) -> None:
-        bucket = self._buckets.get((inputs - 1).bit_length())
+        key = (inputs - 1).bit_length()
+        bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[(inputs - 1).bit_length()] = deque(maxlen=self.policy.cost_window)
+            bucket = self._buckets[key] = deque(maxlen=self.policy.cost_window)
         bucket.append((inputs, seconds))
-        self._points = None
+        self._stale.add(key)  # medians when next read, of the buckets that changed only (a pass every ~10 ms
+        self._points = None  # on llama.cpp, and most steps there read no estimate)
 
     def _curve(self) -> tuple[list[float], list[float]]:
         if self._points is None:
-            sizes, times, top = [], [], 0.0
-            for key in sorted(self._buckets):  # a larger pass never costs less (noise between neighbours)
+            for key in self._stale:
                 bucket = self._buckets[key]
-                top = max(top, statistics.median(t for _, t in bucket))
-                sizes.append(float(statistics.median(n for n, _ in bucket)))
+                self._medians[key] = (float(statistics.median(n for n, _ in bucket)),
+                                      statistics.median(t for _, t in bucket))
+            self._stale.clear()
+            sizes, times, top = [], [], 0.0
+            for key in sorted(self._medians):  # a larger pass never costs less (noise between neighbours)
+                size, t = self._medians[key]
+                top = max(top, t)
+                sizes.append(size)
                 times.append(top)
             self._points = sizes, times
         return self._points
@@ -478,6 +489,40 @@ def choose_drafts(rows: list[RowDraft], cost: Any) -> None:
             r.gate.judged(r.verified, r.explored, r.shape, plain or 0.0)
 
 
+def momentum_budget(cap: int, mean_accepted: float, copy_run: int, policy: Policy = DEFAULT) -> int:
+    """:func:`draft_budget`'s first bound: ``floor + 2 x`` the running mean of accepted tokens per step, or
+    twice the last step's accepted run plus 2 when it accepted its whole draft, at most ``cap``.
+    Example: cap 32, mean 1.5 -> 7; a copy that accepted all 8 tokens of the last draft -> 18."""
+    momentum = max(policy.budget_floor, round(policy.budget_floor + policy.budget_per_accepted * mean_accepted),
+                   2 * copy_run + 2)
+    return min(cap, momentum)
+
+
+def best_chain_prefix(probs: Sequence[float], calibration: float, cost: Any) -> int:
+    """How many nodes of a chain draft to verify, for a runtime that verifies one chain alone in its pass
+    (llama.cpp): the prefix with the most tokens per second, at least 1 (0 for an empty chain).
+
+    Node ``i`` has path probability ``probs[i]`` (non-increasing along the chain); verifying the first ``k``
+    promises ``calibration x (p1 + ... + pk)`` accepted tokens plus the target's own, for a pass of
+    ``1 + k`` inputs: ``(1 + calibration x sum) / t(1 + k)`` tokens per second. Unlike
+    :func:`draft_budget`'s geometric guess, this reads the draft's own probabilities: where a pass grows
+    steeply with its inputs (llama.cpp on one CPU thread: t(2) ~ 1.8 t(1)), only the sure head of a draft
+    pays, and a copy at 0.98 per token pays far down. Whether even the best prefix pays is
+    :func:`choose_drafts`' call. Before any pass was measured: the whole chain.
+
+    Example: t(2), t(3), t(4), t(5) = 14, 19.5, 25, 30.5 ms; probs 0.95, 0.9, 0.5, 0.2, calibration 1:
+    k = 1: 1.95 / 14 = 0.139, k = 2: 2.85 / 19.5 = 0.146, k = 3: 3.35 / 25 = 0.134 -> 2."""
+    best_k, best_rate, promised = min(1, len(probs)), 0.0, 0.0
+    for k, p in enumerate(probs, 1):
+        promised += calibration * p
+        t = cost.estimate(1 + k)
+        if t is None:
+            return len(probs)
+        if (1.0 + promised) / t > best_rate:
+            best_k, best_rate = k, (1.0 + promised) / t
+    return best_k
+
+
 def draft_budget(cap: int, mean_accepted: float, copy_run: int, acceptance: float, step: StepCost,
                  policy: Policy = DEFAULT) -> int:
     """The nodes a request may draft this step (adaptive requests), at most ``cap``.
@@ -493,9 +538,7 @@ def draft_budget(cap: int, mean_accepted: float, copy_run: int, acceptance: floa
 
     Example: cap 32, mean 1.5 -> momentum 7; a = 0.9 and t(1 + k) = 70, 71, 72, 73, 75, 77, 82, 95 ms
     for k = 1, 2, 3, 4, 6, 8, 12, 16 -> the cost curve's best is 8 or 12; the budget is 7."""
-    momentum = max(policy.budget_floor, round(policy.budget_floor + policy.budget_per_accepted * mean_accepted),
-                   2 * copy_run + 2)
-    budget = min(cap, momentum)
+    budget = momentum_budget(cap, mean_accepted, copy_run, policy)
     plain = step.plain()
     if not plain or budget <= 1:
         return budget
