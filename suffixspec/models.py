@@ -271,8 +271,22 @@ def cached_folder(src: GGUFSource, progress: bool = True) -> Path:
     return convert(src, folder, progress=progress)
 
 
+def tokenizer_folder(src: GGUFSource, progress: bool = True) -> Path:
+    """A folder holding ``src``'s ``transformers`` tokenizer (the same ids as the GGUF's vocabulary, which
+    llama.cpp uses): the converted model folder when it is current, else a conversion of the tokenizer
+    alone (no weights; 20-50 s once, as building the tokenizer is most of a conversion) into
+    ``$SUFFIXSPEC_CACHE/tokenizers/<name>/``."""
+    full = cache_dir() / "models" / src.key
+    if is_current(full, src):
+        return full
+    folder = cache_dir() / "tokenizers" / src.key
+    if is_current(folder, src):
+        return folder
+    return convert(src, folder, progress=progress, weights=False)
+
+
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on ``path`` for this process (released by the OS if the process dies)."""
     try:
         import fcntl
@@ -287,13 +301,14 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def convert(src: GGUFSource, folder: Path, progress: bool = True) -> Path:
-    """Convert ``src`` into ``folder``: a temporary folder beside it, renamed into place when complete."""
+def convert(src: GGUFSource, folder: Path, progress: bool = True, weights: bool = True) -> Path:
+    """Convert ``src`` into ``folder``: a temporary folder beside it, renamed into place when complete
+    (``weights=False``: the tokenizer only)."""
     import secrets
 
     root = folder.parent
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f".{folder.name}.lock"):
+    with file_lock(root / f".{folder.name}.lock"):
         if is_current(folder, src):  # another process converted it while this one waited
             return folder
         for leftover in root.glob(f".{folder.name}.tmp-*"):  # a killed conversion's (the lock is ours)
@@ -301,7 +316,7 @@ def convert(src: GGUFSource, folder: Path, progress: bool = True) -> Path:
         tmp = root / f".{folder.name}.tmp-{secrets.token_hex(4)}"
         tmp.mkdir()  # with the umask's permissions, as the renamed folder should have
         try:
-            _convert_into(src, tmp, progress)
+            _convert_into(src, tmp, progress, weights)
             _swap_in(tmp, folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -321,7 +336,7 @@ def _swap_in(tmp: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
+def _convert_into(src: GGUFSource, out: Path, progress: bool, weights: bool = True) -> None:
     """Read the GGUF with ``transformers`` (dequantized to fp32) and save a plain folder into ``out``.
 
     The loaded model refuses ``save_pretrained`` (it is still marked as quantized), so a fresh model is
@@ -332,8 +347,9 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
 
     label = src.model.name if src.model else src.path.name
     started, cpu_started = time.monotonic(), time.process_time()
-    bar = tqdm(total=4, desc=f"converting {label} (once)", unit="step", file=sys.stderr, disable=not progress,
-               bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
+    what = "" if weights else "'s tokenizer"
+    bar = tqdm(total=4 if weights else 2, desc=f"converting {label}{what} (once)", unit="step", file=sys.stderr,
+               disable=not progress, bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
     try:
         bar.set_postfix_str("reading the file")
         path, sha = _materialize(src, out)
@@ -341,15 +357,16 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
         bar.set_postfix_str("building the tokenizer")
         _save_tokenizer(path, out)
         bar.update()
-        bar.set_postfix_str("dequantizing the weights")
-        model = _load_gguf_model(path)
-        bar.update()
-        bar.set_postfix_str("saving safetensors")
-        _save_plain(model, out)
-        del model
+        if weights:
+            bar.set_postfix_str("dequantizing the weights")
+            model = _load_gguf_model(path)
+            bar.update()
+            bar.set_postfix_str("saving safetensors")
+            _save_plain(model, out)
+            del model
         if src.path is None:
             path.unlink()  # an assembled GGUF: the converted folder is all the cache needs
-        bar.update()
+        bar.update(int(weights))  # the last step of a full conversion
     finally:
         bar.close()
     record = {"name": label, "source": src.label, "gguf": str(src.path or src.model.gguf), "sha256": sha,
@@ -359,7 +376,7 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool) -> None:
               "converted_with": _versions()}
     _write_record(out, record)
     if progress:
-        print(f"converted {label} in {record['converted_s']:.0f} s into {cache_dir() / 'models' / src.key}",
+        print(f"converted {label}{what} in {record['converted_s']:.0f} s into {out.parent / src.key}",
               file=sys.stderr)
 
 
