@@ -1,0 +1,439 @@
+"""suffixspec's suffix drafter as llama-cpp-python's ``draft_model``, drafting only what pays.
+
+``Llama(model_path=..., draft_model=SuffixDraftModel())``: llama-cpp-python calls the draft model
+once per step with the tokens so far (prompt + output, a numpy array) and appends the returned draft
+tokens to the next batch it evaluates; it keeps the longest prefix of the draft its sampler agrees
+with, plus the sampler's own token (``Llama.generate``). Drafts come from a
+:class:`~suffixspec.proposers.suffix.SuffixProposer`: the request's prompt and output, its
+references and prediction (:meth:`SuffixDraftModel.request`), the output history and the document
+store, configured for the single chain llama.cpp verifies (as :mod:`suffixspec.vllm`).
+
+Request identity: the interface gives tokens, no request. A call whose tokens extend the last call's
+by the accepted part of the last draft plus one token continues that request; any other call starts
+a new one, whose prompt is all but its last token (llama.cpp calls the draft model first right after
+sampling the first output token). The request before it then ends: its output goes to the history.
+
+Sizing, from measured costs (:mod:`suffixspec.policy`, one row): a pass of ``n`` tokens costs ``t(n)``
+(:class:`~suffixspec.policy.PassCost`), measured here as the time between two calls of one request (the
+evaluation of the batch this model's last draft was part of, and the sampling after it), plus a short
+calibration when bound to a ``Llama`` (:meth:`SuffixDraftModel.bind`). The index drafts up to the
+engine's momentum budget (:func:`~suffixspec.policy.momentum_budget`); the chain is cut to the prefix
+with the most tokens per second by its own node probabilities (:func:`~suffixspec.policy.best_chain_prefix`)
+and sent only when it pays: ``(1 + expected) * t(1) >= t(1 + k)``
+(:func:`~suffixspec.policy.choose_drafts`, with its calibration and bounded exploration). While the
+index yields nothing worth sending it is asked at most every :data:`IDLE_MAX`-th step. On text with
+nothing to copy nothing is sent: llama.cpp evaluates one token per step, as without a draft model.
+
+Worked example (SmolLM2 Q4_1, one thread, as measured here): t(1) = 8.3 ms, t(2) = 14 ms, t(9) = 52 ms
+(a batch costs nearly as much per token as a step: ~5.5 ms). A copy whose next 8 tokens the index
+holds at 0.98 each (score 7.6, calibration 1): 8.6 x 8.3 = 71 ms >= 52 ms -> sent; a 1-token match at
+0.45: 1.45 x 8.3 = 12 ms < 14 ms -> not sent.
+
+Lossless as llama.cpp is: its sampler draws every output token whether or not a draft was there (a
+draft token is kept only where it equals that draw), so outputs equal llama.cpp's without a draft
+model, up to the rounding of a batched evaluation against a one-token one (docs/llama_cpp.md gives the
+measured share of identical outputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..draft import Draft
+from ..policy import (
+    DEFAULT,
+    DraftGate,
+    PassCost,
+    Policy,
+    RowDraft,
+    best_chain_prefix,
+    choose_drafts,
+    momentum_budget,
+)
+from ..proposers.base import RequestContext
+from ..proposers.suffix import SuffixConfig, SuffixProposer
+from ..stats import RequestStats
+from ..tracked import ContextView
+
+try:  # the base class when llama-cpp-python is installed (it is an ABC with __call__ only)
+    from llama_cpp.llama_speculative import LlamaDraftModel as _Base
+except ImportError:  # pragma: no cover - the module still imports (tests of the pieces, docs)
+    _Base = object
+
+INSTALL = "pip install 'suffixspec[llama-cpp]'"
+# draft lengths the calibration evaluates (PassCost pools sizes 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64)
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32)
+# While the index yields nothing worth sending, it is asked at most every IDLE_MAX-th step. A query costs
+# 0.1-0.5 ms of CPU between two llama.cpp passes (cold caches after a pass: 4x what it costs in a loop),
+# 1.5-6% of a 8 ms SmolLM2 step, where open-ended text gains nothing from it; a copy that starts is
+# found at most IDLE_MAX - 1 tokens late, and every step after an accepted token asks again.
+IDLE_MAX = 4
+_EMPTY = np.empty(0, dtype=np.intc)  # no draft (llama-cpp-python copies what it is given)
+_NO_DRAFT = Draft()  # shared, never changed
+
+
+def single_chain_config(**overrides: Any) -> SuffixConfig:
+    """The suffix settings for a runtime that verifies one chain (llama.cpp, vLLM): every source drafts its
+    most likely path and the best-scoring path wins."""
+    return SuffixConfig(**{"tree": False, "merge": False, **overrides})
+
+
+@dataclass
+class RequestArgs:
+    """What :meth:`SuffixDraftModel.request` tells the drafter about the next request."""
+
+    reference_ids: list[list[int]] = field(default_factory=list)  # RAG chunks, tokenized
+    prediction_ids: list[int] | None = None  # the expected output of a code edit, tokenized
+    drafters: tuple[str, ...] | None = None  # sources allowed (speculation.drafters); None = all
+    enabled: bool = True  # False: no drafts for this request (speculation off)
+    adaptive: bool = True  # False: every draft is sent, whatever it costs (tests; a fixed budget)
+    max_draft_tokens: int | None = None  # the request's cap (None: the model's)
+
+
+@dataclass(eq=False)
+class _Live:
+    """The request the draft model is serving."""
+
+    args: RequestArgs  # what was told about it
+    prompt_len: int  # tokens of its prompt
+    first: int  # its first token and the last one known (with the count, what recognises it: _continues)
+    last: int
+    output: list[int] = field(default_factory=list)  # output tokens so far
+    stats: RequestStats = field(default_factory=RequestStats)
+    gate: DraftGate = field(default_factory=DraftGate)  # calibration of its drafts' scores, exploration
+    draft: Draft = field(default_factory=Draft)  # the draft returned at the last call (empty: none)
+    mean_accepted: float = 0.0  # running mean of accepted tokens per step (the budget's momentum)
+    copy_run: int = 0  # accepted tokens of the last step when it accepted the whole draft, else 0
+    last_end: float = 0.0  # clock at the end of the last call (the next call times the pass between)
+    pending: list[int] = field(default_factory=list)  # output tokens the suffix index has not been given yet
+    proposed: bool = False  # the last call asked the index (which learns from the very next tokens)
+    idle: int = 0  # steps to skip between index queries while they yield nothing worth sending (backoff)
+    wait: int = 0  # steps left to skip now
+    started: float = field(default_factory=time.perf_counter)
+
+
+class SuffixDraftModel(_Base):
+    """llama-cpp-python ``draft_model`` drafting from suffixspec's suffix index, sized by measured costs.
+
+    Args:
+        db: the document store (``suffixspec index add --db``) and persisted output history: an
+            ``IndexStore``, a path, or None (no documents; the history is kept in memory).
+        tokenizer: the model's ``transformers`` tokenizer (the one ``suffixspec`` loads for the same
+            GGUF): needed with ``db`` (it names the documents' token ids) and for text matching at
+            tokenization seams; None drafts from token matches only.
+        config: the suffix settings (default :func:`single_chain_config`).
+        history: draft from earlier outputs (and keep them).
+        max_draft_tokens: the longest draft.
+        adaptive: size and gate drafts by cost (False: send every draft the index makes).
+        policy: the decision constants (``suffixspec.policy.Policy``).
+
+    Per call: ``with draft.request(references=[...], prediction="..."):`` around a completion tells the
+    drafter that call's references and prediction; :meth:`bind` gives it the ``Llama``'s tokenizer
+    and context size and calibrates the cost curve (:func:`suffixspec.llama_cpp.load` does both).
+    """
+
+    name = "suffix"
+
+    def __init__(self, db: Any = None, tokenizer: Any = None, config: SuffixConfig | None = None,
+                 history: bool = True, max_draft_tokens: int = 32, adaptive: bool = True,
+                 policy: Policy | None = None) -> None:
+        if not 0 <= max_draft_tokens <= 256:
+            raise ValueError(f"max_draft_tokens must be between 0 and 256, got {max_draft_tokens}")
+        self.policy = policy or DEFAULT
+        self.suffix = SuffixProposer(db=db, tokenizer=tokenizer, config=config or single_chain_config(),
+                                     history=history)
+        self.tokenizer = tokenizer
+        self.max_draft_tokens = max_draft_tokens
+        self.adaptive = adaptive
+        self.cost = PassCost(self.policy)  # llama.cpp's pass time by tokens evaluated (shared by requests)
+        self.n_ctx: int | None = None  # the Llama's context (bind): drafts never run past it
+        self.clock = time.thread_time  # CPU time of the calling thread (bind: the process's with more threads)
+        self._tokenize: Any = None  # text -> ids, as the bound Llama tokenizes (else the tokenizer's)
+        self._next = RequestArgs()  # for the next request that starts
+        self._live: _Live | None = None
+        self._lock = threading.Lock()  # one Llama drives this at a time; the lock makes misuse safe
+        self.last_stats: RequestStats | None = None  # statistics of the last finished request
+        self.on_pass: Any = None  # called with (tokens evaluated, seconds) for every pass timed (metrics)
+        self.calls = 0
+
+    # ----- set-up ------------------------------------------------------------------------------------
+    def bind(self, llm: Any, calibrate: bool = True, lean_prompt: bool = True) -> SuffixDraftModel:
+        """Use ``llm``'s tokenizer for references and predictions, its context size and thread counts;
+        with ``calibrate``, time its evaluation of 1, 2, 4, ..., 32 tokens (a few hundred ms) so the first
+        request already sizes its drafts by cost; with ``lean_prompt``, evaluate prompts as llama.cpp does
+        without a draft model (:func:`lean_prompt_eval`). Returns self."""
+        self.n_ctx = int(llm.n_ctx())
+        params = getattr(llm, "context_params", None)
+        threads = max(int(getattr(params, "n_threads", 1) or 1), int(getattr(params, "n_threads_batch", 1) or 1))
+        self.clock = time.thread_time if threads == 1 else time.process_time
+        self._tokenize = lambda text: llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        if lean_prompt:
+            lean_prompt_eval(llm, self)
+        if calibrate:
+            calibrate_cost(llm, self.cost, self.clock)
+        return self
+
+    def forget(self) -> None:
+        """Drop what was learned from earlier requests (each source's continuation rates, the output history
+        in memory; nothing stored is deleted); the measured costs stay. Benchmarks start each workload so."""
+        with self._lock:
+            self._end()
+            old = self.suffix
+            self.suffix = SuffixProposer(db=old.store, tokenizer=old.tokenizer, config=old.config,
+                                         documents=old.documents, history=old.history is not None)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a reference or prediction text (no BOS), as the bound ``Llama`` tokenizes it."""
+        if self._tokenize is not None:
+            return list(self._tokenize(text))
+        if self.tokenizer is not None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        raise ValueError("text references need a tokenizer: call draft.bind(llm) (suffixspec.llama_cpp.load does), "
+                         "pass tokenizer= or give token ids")
+
+    def _ids(self, text_or_ids: str | Sequence[int]) -> list[int]:
+        return self.encode(text_or_ids) if isinstance(text_or_ids, str) else [int(t) for t in text_or_ids]
+
+    @contextlib.contextmanager
+    def request(self, references: Sequence[str | Sequence[int]] | None = None,
+                prediction: str | Sequence[int] | None = None, drafters: Sequence[str] | None = None,
+                enabled: bool = True, adaptive: bool | None = None,
+                max_draft_tokens: int | None = None) -> Iterator[SuffixDraftModel]:
+        """The completion run inside this block drafts from ``references`` (RAG chunks) and
+        ``prediction`` (a code edit's expected output) besides its prompt, the history and documents;
+        ``drafters`` limits the sources (names of ``speculation.drafters``); ``enabled=False`` drafts
+        nothing. When the block ends, the request's output goes to the history::
+
+            with draft.request(references=chunks):
+                out = llm.create_chat_completion(messages=messages, temperature=0)
+        """
+        self.expect(RequestArgs([self._ids(r) for r in references or ()],
+                                self._ids(prediction) if prediction else None,
+                                tuple(drafters) if drafters is not None else None, enabled,
+                                self.adaptive if adaptive is None else adaptive, max_draft_tokens))
+        try:
+            yield self
+        finally:
+            self.finish()
+
+    def expect(self, args: RequestArgs) -> None:
+        """The next request that starts is described by ``args`` (the current one, if any, ends now)."""
+        with self._lock:
+            self._end()
+            self._next = args
+
+    def finish(self, output: Sequence[int] | None = None) -> RequestStats | None:
+        """End the current request (its output goes to the history); its statistics. ``output``: its
+        full output when the caller knows it (tokens after the last draft call included)."""
+        with self._lock:
+            live = self._live
+            if live is not None and output is not None:
+                tail = [int(t) for t in list(output)[len(live.output):]]
+                if tail:
+                    self._observe(live, tail, None)
+            stats = self._end()
+            self._next = RequestArgs()
+            return stats
+
+    def _end(self) -> RequestStats | None:
+        live, self._live = self._live, None
+        if live is None:
+            return None
+        out = live.output
+        self.suffix.end(out)
+        live.stats.output_tokens = int(len(out))
+        live.stats.time_total_s = time.perf_counter() - live.started
+        self.last_stats = live.stats
+        return live.stats
+
+    @property
+    def stats(self) -> RequestStats | None:
+        """The current request's statistics, else the last finished one's."""
+        live = self._live
+        return live.stats if live is not None else self.last_stats
+
+    @property
+    def current_draft(self) -> Draft:
+        """The draft returned at the last call (what llama.cpp is verifying now)."""
+        live = self._live
+        return live.draft if live is not None else Draft()
+
+    # ----- llama-cpp-python's interface --------------------------------------------------------------
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        """The draft continuing ``input_ids`` (prompt + output so far); empty for none."""
+        with self._lock:
+            t0 = self.clock()
+            wall = time.perf_counter()
+            self.calls += 1
+            ids = np.asarray(input_ids)
+            n = len(ids)
+            live = self._live
+            if live is not None and self._continues(live, ids, n):
+                self._observe(live, ids[live.prompt_len + len(live.output):n].tolist(), t0)
+            else:
+                self._end()
+                live = self._begin(ids, n)
+            draft = self._draft(live, ids, n)
+            live.draft = draft
+            live.stats.time_propose_s += time.perf_counter() - wall
+            live.last_end = self.clock()
+            return np.asarray(draft.tokens, dtype=np.intc) if draft.tokens else _EMPTY
+
+    # ----- requests ----------------------------------------------------------------------------------
+    @staticmethod
+    def _continues(live: _Live, ids: np.ndarray, n: int) -> bool:
+        """Whether ``ids[:n]`` is the live request one step on: its tokens, then an accepted prefix of its
+        last draft and one sampled token (anything else is another request, or a new completion of a
+        prompt that starts with this one)."""
+        m = live.prompt_len + len(live.output)  # tokens known
+        new = n - m
+        if new < 1 or new > len(live.draft) + 1 or int(ids[m - 1]) != live.last or int(ids[0]) != live.first:
+            return False  # (a few scalar reads: numpy calls are slow between two passes, the caches cold)
+        return new == 1 or ids[m:n - 1].tolist() == live.draft.tokens[:new - 1]
+
+    def _begin(self, ids: np.ndarray, n: int) -> _Live:
+        """A new request: ``ids[:n-1]`` its prompt, ``ids[n-1]`` its first output token."""
+        args, self._next = self._next, RequestArgs()
+        prompt = ids[:n - 1]
+        self.suffix.begin(RequestContext(prompt_ids=prompt.tolist(), reference_ids=args.reference_ids,
+                                         prediction_ids=args.prediction_ids, drafters=args.drafters))
+        self.suffix.update(ids[n - 1:n].tolist())
+        live = _Live(args, n - 1, int(ids[0]), int(ids[n - 1]), [int(ids[n - 1])], gate=DraftGate(self.policy))
+        cap = args.max_draft_tokens if args.max_draft_tokens is not None else self.max_draft_tokens
+        live.mean_accepted = cap / 2  # as the engine: start by trusting the index (sequence.RequestState)
+        self._live = live
+        return live
+
+    def _observe(self, live: _Live, new: list[int], t0: float | None) -> None:
+        """``new`` = the accepted part of the last draft + the sampler's own token: record the step (its
+        pass time when ``t0`` is given), feed the budget's means, the gate and the index."""
+        draft, rate = live.draft, self.policy.accepted_rate
+        k = len(draft.tokens)
+        if t0 is not None:
+            seconds = max(0.0, t0 - live.last_end)
+            self.cost.observe(1 + k, seconds)
+            if self.on_pass is not None:
+                self.on_pass(1 + k, seconds)
+        if not k:  # the usual step where nothing is copied: as little as possible between two passes
+            live.stats.steps += 1
+            live.stats.accepted_per_step.append(0)
+            live.mean_accepted *= 1 - rate
+            live.copy_run = 0
+        else:
+            accepted = 0
+            while accepted < min(k, len(new)) and new[accepted] == draft.tokens[accepted]:
+                accepted += 1
+            live.stats.record_step(draft.sources, list(range(1, k + 1)), draft.sources[:accepted])
+            live.mean_accepted = (1 - rate) * live.mean_accepted + rate * accepted
+            live.gate.observe(draft.score, accepted)
+            live.copy_run = accepted if accepted == k else 0
+            if accepted:
+                live.idle = live.wait = 0  # a copy is on: ask the index at every step
+        live.output += new
+        live.last = new[-1]
+        live.pending += new
+        if live.proposed:  # it learns what came of its draft from exactly the tokens that followed it
+            self.suffix.update(live.pending)
+            live.pending = []
+
+    def _draft(self, live: _Live, ids: np.ndarray, n: int) -> Draft:
+        """The chain to send: the index's best path within the budget, if the gate says it pays."""
+        args = live.args
+        cap = args.max_draft_tokens if args.max_draft_tokens is not None else self.max_draft_tokens
+        if self.n_ctx is not None:
+            cap = min(cap, self.n_ctx - n - 1)
+        live.proposed = False
+        if not args.enabled or cap <= 0:
+            return _NO_DRAFT
+        if live.wait > 0:
+            live.wait -= 1
+            return _NO_DRAFT
+        if live.pending:
+            self.suffix.update(live.pending)
+            live.pending = []
+        budget = momentum_budget(cap, live.mean_accepted, live.copy_run, self.policy) if args.adaptive else cap
+        t = time.perf_counter()
+        draft = chain_of(self.suffix.propose(ContextView(ids, n), budget)).truncated(budget)
+        live.stats.record_call(self.name, time.perf_counter() - t)
+        live.proposed = True
+        if not args.adaptive:
+            return draft
+        if len(draft):  # its surest head, sized by its own probabilities against the cost curve
+            probs = self.suffix.last_probs[:len(draft)]
+            k = best_chain_prefix(probs, live.gate.calibration, self.cost)
+            draft = Draft(draft.tokens[:k], draft.parents[:k], draft.sources[:k], score=sum(probs[:k]))
+            row = RowDraft(k, live.gate.expected(draft.score), gate=live.gate)
+            choose_drafts([row], self.cost)
+            if row.verified:
+                return draft
+        # nothing worth sending: query the index every 2nd, then 4th step until something is (see IDLE_MAX)
+        live.idle = min(IDLE_MAX, 2 * live.idle or 1)
+        live.wait = live.idle
+        return _NO_DRAFT
+
+
+def chain_of(draft: Draft) -> Draft:
+    """The draft's first path from the root (a chain: what llama.cpp verifies); the draft itself when it
+    is one. Example: parents ``[-1, 0, 0, 1]`` -> nodes 0, 1 (node 2 is a sibling of 1, and 3 comes after it)."""
+    k = 0
+    while k < len(draft) and draft.parents[k] == k - 1:
+        k += 1
+    return draft.truncated(k)
+
+
+def lean_prompt_eval(llm: Any, drafter: SuffixDraftModel) -> None:
+    """Make ``llm`` compute a prompt's logits at its last token only, as it does without a draft model.
+
+    With a draft model, llama-cpp-python evaluates every batch with the logits of every token (a draft
+    is verified position by position), prompts included: the output layer runs once per prompt token
+    (49k x 576 multiply-adds per token for SmolLM2, ~20% of its evaluation; measured here +0.4 s of CPU
+    on a 300-token prompt, one thread) and the logits are copied out. ``llm.eval`` is wrapped so that a
+    batch which is not ``[token] + the draft just returned`` is evaluated with its last logits only, which
+    are then stored where the full evaluation would have put them (``llm.scores``: what
+    ``create_completion``'s ``logprobs`` reads for the first generated token). Verify batches are
+    evaluated as before. Prompt tokens' own logprobs (``echo=True`` with ``logprobs``) need
+    ``bind(llm, lean_prompt=False)``. Relies on llama-cpp-python 0.3's ``Llama._logits_all``, which
+    tests/test_llama_cpp.py checks."""
+    import llama_cpp
+
+    inner = llm.eval
+    n_vocab = int(llm.n_vocab())
+
+    def eval(tokens: Sequence[int]) -> None:  # noqa: A001 - it replaces Llama.eval
+        draft = drafter.current_draft.tokens
+        if len(tokens) <= 1 or (draft and len(tokens) == len(draft) + 1 and list(tokens[1:]) == draft):
+            return inner(tokens)
+        llm._logits_all = False
+        try:
+            inner(tokens)
+        finally:
+            llm._logits_all = True
+        last = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        llm.scores[llm.n_tokens - 1, :] = np.ctypeslib.as_array(last, shape=(n_vocab,))
+
+    llm.eval = eval
+
+
+def calibrate_cost(llm: Any, cost: PassCost, clock: Any = time.thread_time, context: int = 16,
+                   sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 2) -> None:
+    """Time ``llm``'s evaluation of ``sizes`` tokens after a ``context``-token prefix (``repeats`` times each,
+    smallest first) into ``cost``; the model's state is reset after. A few hundred ms for a 135M model."""
+    filler = llm.tokenize(b" the", add_bos=False, special=False)[:1] or [0]
+    llm.reset()
+    llm.eval(filler * context)
+    for _ in range(repeats):
+        for k in sizes:
+            if context + k >= int(llm.n_ctx()):
+                break
+            llm.n_tokens = context  # eval() drops the cache past n_tokens before it evaluates
+            t = clock()
+            llm.eval(filler * k)
+            cost.observe(k, clock() - t)
+    llm.reset()
