@@ -36,6 +36,8 @@ from .models import DEFAULT_MODEL, default_draft
 log = logging.getLogger(__name__)
 
 AUTO = "auto"  # draft_model default: the draft model shipped for the target (models.default_draft), if any
+# what runs the target: our engine over transformers, or llama.cpp (llama-cpp-python) with our drafter in it
+RUNTIMES = ("transformers", "llama-cpp")
 
 
 @dataclass
@@ -73,18 +75,23 @@ class SuffixSpec:
             time, as ``suffixspec serve --max-num-seqs 1``).
         prefix_cache_mb: memory for the target's keys/values of earlier prompts, reused by a prompt that
             starts with the same tokens (0 = recompute every prompt).
+        runtime: ``"transformers"`` (default: our engine) or ``"llama-cpp"``: the model's GGUF in llama.cpp
+            with the suffix drafter as its draft model (``pip install 'suffixspec[llama-cpp]'``; no draft
+            model, one request at a time; docs/llama_cpp.md).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
                  engine: Any = None, history: bool = True, max_num_seqs: int = 1,
-                 prefix_cache_mb: float = 256) -> None:
+                 prefix_cache_mb: float = 256, runtime: str = "transformers") -> None:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
         self._lock = threading.RLock()  # close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
         self._closed = False
         if draft_model == AUTO:
-            draft_model = default_draft(model)
+            draft_model = default_draft(model) if runtime == "transformers" else None
         if draft_model in ("none", ""):
             draft_model = None
         self.model_name = model
@@ -97,6 +104,8 @@ class SuffixSpec:
             self.engine = engine
             self.proposers = list(getattr(engine, "proposers", []))
             self.model_name = getattr(engine, "model_name", model)
+        elif runtime == "llama-cpp":
+            self.engine = self._build_llama_cpp(model, draft_model, device, dtype)
         else:
             self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs, prefix_cache_mb)
         self.tokenizer = self.engine.tokenizer
@@ -132,6 +141,24 @@ class SuffixSpec:
         target = load_model(model, device=device, dtype=dtype)
         self.proposers = self._build_proposers(target, draft_model, device, dtype)
         return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb)
+
+    def _build_llama_cpp(self, model: str, draft_model: str | None, device: str | None, dtype: str | None) -> Any:
+        """llama.cpp runs the model's GGUF, the suffix drafter (over this object's store) its draft model."""
+        if draft_model:
+            raise ValueError(f"the llama-cpp runtime drafts with the suffix index only; drop the draft model "
+                             f"{draft_model!r} (--draft-model none)")
+        if device not in (None, "cpu") or dtype is not None:
+            raise ValueError("device and dtype are the transformers runtime's settings; llama.cpp runs the GGUF "
+                             "as it is quantized, on the CPU")
+        from .llama_cpp.engine import build_engine
+
+        if self.db_path is not None:
+            from suffixspec.index.store import IndexStore
+
+            self.store = IndexStore(self.db_path)
+        engine = build_engine(model, self.store, history=self.history)
+        self.proposers = list(engine.proposers)
+        return engine
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:

@@ -91,7 +91,7 @@ def _draft_model_needed(speculation, max_tokens: int) -> bool:
 @click.option("--no-history", is_flag=True,
               help="Neither draft from nor save to the output history: nothing generated is stored, and "
                    "earlier runs do not change this one.")
-def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, chat, max_tokens, temperature, top_p,
+def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, prompt_file, chat, max_tokens, temperature, top_p,
                  top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation, stream,
                  as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
@@ -133,7 +133,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
             draft_model = None  # loading it would only delay the first token
         t = time.perf_counter()
         spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype,
-                          history=not no_history)
+                          history=not no_history, runtime=runtime)
         load_s = time.perf_counter() - t
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
                   prediction=_read(prediction) if prediction else None, max_tokens=max_tokens,

@@ -18,6 +18,11 @@ _model_options = [
                       "else ~/.local/share/suffixspec/index.db."),
     click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
     click.option("--dtype", default=None, help="Weights dtype: float32, bfloat16, float16 (default per device)."),
+    click.option("--runtime", type=click.Choice(["transformers", "llama-cpp"]), default="transformers",
+                 show_default=True,
+                 help="What runs the model: our engine over transformers, or llama-cpp: the GGUF in llama.cpp "
+                      "with the suffix drafter inside it (pip install 'suffixspec[llama-cpp]'; no draft model; "
+                      "docs/llama_cpp.md)."),
 ]
 
 

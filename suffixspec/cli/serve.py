@@ -47,7 +47,7 @@ DEFAULTS = ServerConfig  # the dataclass' class attributes are its defaults: the
               help="Largest max_tokens a request may ask for.")
 @click.option("--max-body-mb", default=DEFAULTS.max_body_bytes / 2**20, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
-def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, allowed_hosts,
+def serve_cmd(model, draft_model, db, device, dtype, runtime, host, port, api_key, served_model_name, allowed_hosts,
               allowed_origins, threads, max_queue, max_num_seqs, prefix_cache_mb, max_tokens_limit, max_body_mb):
     """Serve the OpenAI-compatible API (and the web page at /) under waitress.
 
@@ -56,6 +56,7 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
       suffixspec serve                                  # SmolLM2-135M-Instruct on 127.0.0.1:8000
       suffixspec serve --model gemma-3-270m --db docs.db
       suffixspec serve --model ./model.gguf --draft-model none
+      suffixspec serve --runtime llama-cpp              # the GGUF in llama.cpp, our drafter inside it
       SUFFIXSPEC_API_KEY=secret suffixspec serve --host 0.0.0.0 --port 8080
       suffixspec serve --served-model-name my-model --served-model-name gpt-4o-mini
     \b
@@ -77,7 +78,8 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
 
     if allowed_hosts is None and not is_loopback(host.strip("[]")):
         allowed_hosts = "*" if host in ("0.0.0.0", "::", "") else host  # bound to a LAN address: clients use it
-    cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, api_key=api_key,
+    cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, runtime=runtime,
+                       api_key=api_key,
                        served_model_name=list(served_model_name) or None, allowed_hosts=allowed_hosts,
                        allowed_origins=allowed_origins, max_queue=max_queue, max_num_seqs=max_num_seqs,
                        prefix_cache_mb=prefix_cache_mb,

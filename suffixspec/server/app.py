@@ -77,7 +77,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
                           dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
-                          prefix_cache_mb=cfg.prefix_cache_mb)
+                          prefix_cache_mb=cfg.prefix_cache_mb, runtime=cfg.runtime)
     holder: dict[str, EngineWorker] = {}
     metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)
 

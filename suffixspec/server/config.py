@@ -18,6 +18,7 @@ class ServerConfig:
     #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu
     dtype: str | None = None  # weights dtype name; None = float32 on cpu, bf16/fp16 on gpu
+    runtime: str = "transformers"  # "transformers" (our engine) or "llama-cpp" (the GGUF in llama.cpp, docs/llama_cpp.md)
     served_model_name: str | list[str] | None = None  # model id(s) clients may name; the first is the one
     #                                                  /v1/models reports; None = the model argument
     allowed_hosts: list[str] | None = None  # Host header values accepted (DNS-rebinding guard); None = loopback
