@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .llama import LLAMA_SYSTEMS
 from .loops import distinct_ngrams, loop_share, loops
 from .workloads import WORKLOADS, Request, build
 
@@ -56,7 +57,7 @@ def our_systems() -> tuple[str, ...]:
 
 
 def all_systems() -> tuple[str, ...]:
-    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS
+    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS + LLAMA_SYSTEMS
 
 
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
@@ -84,6 +85,7 @@ class Bench:
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
+    llama: Any = None  # bench.llama.LlamaBench when llama.cpp systems run (same GGUF, same prompt ids)
 
     def __post_init__(self) -> None:
         from suffixspec.engine import Engine
@@ -136,6 +138,14 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     return Run(seconds, cpu, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict())
 
 
+def _llama(bench: Bench, system: str, req: Request) -> Run:
+    """One request through llama.cpp (:mod:`bench.llama`): the same prompt ids as ``_hf_generate``'s."""
+    ids = bench.target.tokenizer(req.prompt)["input_ids"]
+    tokens, seconds, cpu, forwards, stats = bench.llama.generate(system, ids, req.max_tokens, req.references,
+                                                                 req.prediction)
+    return Run(seconds, cpu, tokens, forwards, stats.get("steps"), stats)
+
+
 def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> Any:
     """A fresh drafter for ``system``: our suffix proposer, or Arctic's for the ``arctic_*`` systems."""
     if system in ARCTIC_SYSTEMS:
@@ -170,12 +180,17 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
-        suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems if not s.startswith("hf_")}
+        suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems
+                    if not s.startswith(("hf_", "llama_"))}
+        if bench.llama is not None:  # like ours: what the drafter learned starts afresh with each workload
+            bench.llama.new_workload()
         runs: dict[str, list[Run]] = {s: [] for s in systems}
         for k, req in enumerate(requests):
             for system in systems[k % len(systems):] + systems[:k % len(systems)]:
                 if system.startswith("hf_"):
                     runs[system].append(_hf_generate(bench, system, req))
+                elif system.startswith("llama_"):
+                    runs[system].append(_llama(bench, system, req))
                 else:
                     runs[system].append(_ours(bench, system, req, suffixes[system]))
             plain = runs["hf_plain"][-1]
@@ -249,9 +264,26 @@ def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str =
     return {"best_baseline": best, "vs_best_baseline_median": _median(ratios)}
 
 
+def vs_llama(runs: dict[str, list[Run]], system: str, keep: list[bool]) -> dict[str, Any]:
+    """A llama.cpp system against llama.cpp plain and its prompt lookup (medians over requests of their
+    time / this system's), and the share of its outputs equal to llama.cpp plain's, token for token."""
+    out: dict[str, Any] = {}
+    rs = [r for r, k in zip(runs[system], keep, strict=True) if k]
+    for base, key in (("llama_plain", "vs_llama_plain_median"), ("llama_prompt_lookup", "vs_llama_prompt_lookup_median")):
+        if base in runs and base != system and rs:
+            bs = [b for b, k in zip(runs[base], keep, strict=True) if k]
+            out[key] = _median([b.seconds / r.seconds for b, r in zip(bs, rs, strict=True)])
+    if "llama_plain" in runs and rs:
+        ref = [b for b, k in zip(runs["llama_plain"], keep, strict=True) if k]
+        out["identical_share"] = round(sum(b.tokens == r.tokens for b, r in zip(ref, rs, strict=True)) / len(rs), 3)
+        out["identical"] = out["identical_share"] == 1.0
+    return out
+
+
 def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
     """The result rows: per workload and system, over all requests and (``no_loop``) over those whose
-    plain output does not loop."""
+    plain output does not loop. A llama.cpp system's ``identical`` compares with llama.cpp plain (its
+    quantized arithmetic differs from the dequantized ``transformers`` model's)."""
     rows = []
     for workload, runs in all_runs.items():
         plain = runs["hf_plain"]
@@ -259,11 +291,14 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
         no_loop = [not loops(p.tokens) for p in plain]
         for system, rs in runs.items():
             row = {"model": model, "workload": workload, "system": system, **summarize_system(plain, rs, every)}
-            if system == "ours_all":
-                row.update(vs_best_baseline(runs, every))
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
+                row.update(vs_best_baseline(runs, every))
                 nl.update(vs_best_baseline(runs, no_loop))
+            if system.startswith("llama_"):
+                row.update(vs_llama(runs, system, every))
+                if nl.get("requests"):
+                    nl.update(vs_llama(runs, system, no_loop))
             row["no_loop"] = nl
             rows.append(row | meta)
     return rows
@@ -292,6 +327,31 @@ def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
                      f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
                      f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
                      f"| {f('vs_best_baseline_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def llama_markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
+    """The llama.cpp table: each llama.cpp system against llama.cpp plain and its prompt lookup, and the
+    runtimes side by side (speedup over ``transformers`` plain ``generate``); empty without llama rows."""
+    mine = [r for r in rows if r["system"].startswith("llama_") or r["system"] in ("hf_plain", "ours_all")]
+    if not any(r["system"].startswith("llama_") for r in mine):
+        return ""
+    lines = ["| model | workload | system | requests | tok/s | vs transformers plain | vs llama.cpp plain "
+             "| vs its prompt lookup | tokens/forward | loop share | identical to llama.cpp plain |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in mine:
+        r = row["no_loop"] if no_loop else row
+        if not r.get("requests"):
+            continue
+
+        def f(key: str, fmt: str = "{:.2f}×", r=r) -> str:
+            return fmt.format(r[key]) if r.get(key) is not None else "–"
+
+        same = f("identical_share", "{:.0%}") if row["system"].startswith("llama_") else "–"
+        lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} "
+                     f"| {f('tokens_per_s', '{:.1f}')} | {f('speedup_median')} | {f('vs_llama_plain_median')} "
+                     f"| {f('vs_llama_prompt_lookup_median')} | {f('tokens_per_forward', '{:.2f}')} "
+                     f"| {f('loop_share', '{:.2f}')} | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -345,8 +405,11 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     import torch
 
     from suffixspec.loading import load_model
+    from suffixspec.models import gguf_source
 
     from .arctic import available
+    from .llama import LlamaBench
+    from .llama import available as llama_available
 
     every = all_systems()
     systems = systems or (QUICK_SYSTEMS if quick else tuple(s for s in every if s != "ours_history" or history))
@@ -358,6 +421,13 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (docs/benchmarks.md says how)")
     if draft_model is None:
         skipped += [s for s in systems if s in ("hf_assisted", "ours_draft_model")]
+    llama = [s for s in systems if s in LLAMA_SYSTEMS]
+    if llama and not llama_available():
+        log(f"skipping {', '.join(llama)}: llama-cpp-python is not installed (docs/llama_cpp.md says how)")
+        skipped += llama
+    elif llama and gguf_source(model) is None:
+        log(f"skipping {', '.join(llama)}: {model} is no GGUF file (give a model name or a .gguf path)")
+        skipped += llama
     systems = tuple(s for s in systems if s not in skipped)
     if "hf_plain" not in systems:
         systems = ("hf_plain", *systems)
@@ -371,6 +441,11 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
     _hf_generate(bench, "hf_plain", warm)
     _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+    if any(s in LLAMA_SYSTEMS for s in systems):
+        bench.llama = LlamaBench(model, bench.target.tokenizer, threads=threads or 1)
+        for s in systems:
+            if s in LLAMA_SYSTEMS:
+                _llama(bench, s, warm)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     all_runs = {}
@@ -389,7 +464,13 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     published = merge_rows(out_dir / "results.json", rows)
     (out_dir / "results.json").write_text(json.dumps(published, indent=1))
     table = (markdown(rows) + "\nOutputs that do not loop:\n\n" + markdown(rows, no_loop=True))
-    (out_dir / "results.md").write_text(markdown(published) + "\nOutputs that do not loop:\n\n"
-                                        + markdown(published, no_loop=True))
+    published_md = markdown(published) + "\nOutputs that do not loop:\n\n" + markdown(published, no_loop=True)
+    if llama_markdown(rows):
+        table += "\nllama.cpp (same GGUF, same prompts):\n\n" + llama_markdown(rows)
+        table += "\nllama.cpp, outputs that do not loop:\n\n" + llama_markdown(rows, no_loop=True)
+    if llama_markdown(published):
+        published_md += ("\nllama.cpp (same GGUF, same prompts):\n\n" + llama_markdown(published)
+                         + "\nllama.cpp, outputs that do not loop:\n\n" + llama_markdown(published, no_loop=True))
+    (out_dir / "results.md").write_text(published_md)
     plot(published, out_dir / "speedup.png")
     return {"rows": rows, "markdown": table, "skipped": skipped, "seconds": round(time.perf_counter() - started, 1)}
