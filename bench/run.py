@@ -49,6 +49,12 @@ ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
 BASELINES = ("hf_prompt_lookup", "arctic_suffix_best")  # ours_all is judged against the faster of these
 
 
+def baseline(systems: tuple[str, ...]) -> str:
+    """What every speedup is taken against: ``transformers`` plain ``generate``, or in a run of llama.cpp
+    systems alone, llama.cpp plain."""
+    return "hf_plain" if "hf_plain" in systems else "llama_plain"
+
+
 def our_systems() -> tuple[str, ...]:
     """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_all``."""
     from suffixspec.draft import DRAFTERS
@@ -177,7 +183,11 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     """Every system serves each request in turn (request-major, the order rotating by one per
     request), so a system and its baseline run seconds apart rather than minutes: load changes on a
     shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload."""
-    _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
+    base = baseline(systems)
+    if base == "hf_plain":
+        _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
+    else:
+        _llama(bench, base, requests[0])
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
         suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems
@@ -193,10 +203,10 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                     runs[system].append(_llama(bench, system, req))
                 else:
                     runs[system].append(_ours(bench, system, req, suffixes[system]))
-            plain = runs["hf_plain"][-1]
+            plain = runs[base][-1]
             log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
                 f"{loop_share(plain.tokens):.2f}; " + ", ".join(
-                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in systems if s != "hf_plain"))
+                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in systems if s != base))
     return runs
 
 
@@ -254,7 +264,7 @@ def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str =
     base = [b for b in BASELINES if b in runs]
     if system not in runs or not base or not any(keep):
         return {}
-    plain = runs["hf_plain"]
+    plain = runs[baseline(tuple(runs))]
 
     def med(s: str) -> float:
         return statistics.median(p.seconds / r.seconds for p, r, k in zip(plain, runs[s], keep, strict=True) if k)
@@ -269,10 +279,11 @@ def vs_llama(runs: dict[str, list[Run]], system: str, keep: list[bool]) -> dict[
     time / this system's), and the share of its outputs equal to llama.cpp plain's, token for token."""
     out: dict[str, Any] = {}
     rs = [r for r, k in zip(runs[system], keep, strict=True) if k]
-    for base, key in (("llama_plain", "vs_llama_plain_median"), ("llama_prompt_lookup", "vs_llama_prompt_lookup_median")):
+    for base, key in (("llama_plain", "vs_llama_plain"), ("llama_prompt_lookup", "vs_llama_prompt_lookup")):
         if base in runs and base != system and rs:
             bs = [b for b, k in zip(runs[base], keep, strict=True) if k]
-            out[key] = _median([b.seconds / r.seconds for b, r in zip(bs, rs, strict=True)])
+            out[key + "_median"] = _median([b.seconds / r.seconds for b, r in zip(bs, rs, strict=True)])
+            out[key + "_cpu_median"] = _median([b.cpu_s / r.cpu_s for b, r in zip(bs, rs, strict=True) if r.cpu_s > 0])
     if "llama_plain" in runs and rs:
         ref = [b for b, k in zip(runs["llama_plain"], keep, strict=True) if k]
         out["identical_share"] = round(sum(b.tokens == r.tokens for b, r in zip(ref, rs, strict=True)) / len(rs), 3)
@@ -286,11 +297,13 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
     quantized arithmetic differs from the dequantized ``transformers`` model's)."""
     rows = []
     for workload, runs in all_runs.items():
-        plain = runs["hf_plain"]
+        base = baseline(tuple(runs))
+        plain = runs[base]
         every = [True] * len(plain)
         no_loop = [not loops(p.tokens) for p in plain]
         for system, rs in runs.items():
-            row = {"model": model, "workload": workload, "system": system, **summarize_system(plain, rs, every)}
+            row = {"model": model, "workload": workload, "system": system, "baseline": base,
+                   **summarize_system(plain, rs, every)}
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
                 row.update(vs_best_baseline(runs, every))
@@ -336,8 +349,9 @@ def llama_markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
     mine = [r for r in rows if r["system"].startswith("llama_") or r["system"] in ("hf_plain", "ours_all")]
     if not any(r["system"].startswith("llama_") for r in mine):
         return ""
-    lines = ["| model | workload | system | requests | tok/s | vs transformers plain | vs llama.cpp plain "
-             "| vs its prompt lookup | tokens/forward | loop share | identical to llama.cpp plain |",
+    lines = ["| model | workload | system | requests | tok/s | vs transformers plain (wall, CPU) "
+             "| vs llama.cpp plain (wall, CPU) | vs its prompt lookup (wall, CPU) | tokens/forward | loop share "
+             "| identical to llama.cpp plain |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in mine:
         r = row["no_loop"] if no_loop else row
@@ -348,10 +362,13 @@ def llama_markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
             return fmt.format(r[key]) if r.get(key) is not None else "–"
 
         same = f("identical_share", "{:.0%}") if row["system"].startswith("llama_") else "–"
+        hf = (f"{f('speedup_median')}, {f('cpu_speedup_median')}" if row.get("baseline", "hf_plain") == "hf_plain"
+              else "–")
         lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} "
-                     f"| {f('tokens_per_s', '{:.1f}')} | {f('speedup_median')} | {f('vs_llama_plain_median')} "
-                     f"| {f('vs_llama_prompt_lookup_median')} | {f('tokens_per_forward', '{:.2f}')} "
-                     f"| {f('loop_share', '{:.2f}')} | {same} |")
+                     f"| {f('tokens_per_s', '{:.1f}')} | {hf} "
+                     f"| {f('vs_llama_plain_median')}, {f('vs_llama_plain_cpu_median')} "
+                     f"| {f('vs_llama_prompt_lookup_median')}, {f('vs_llama_prompt_lookup_cpu_median')} "
+                     f"| {f('tokens_per_forward', '{:.2f}')} | {f('loop_share', '{:.2f}')} | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -429,8 +446,10 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         log(f"skipping {', '.join(llama)}: {model} is no GGUF file (give a model name or a .gguf path)")
         skipped += llama
     systems = tuple(s for s in systems if s not in skipped)
-    if "hf_plain" not in systems:
+    if "hf_plain" not in systems and not all(s in LLAMA_SYSTEMS for s in systems):
         systems = ("hf_plain", *systems)
+    if all(s in LLAMA_SYSTEMS for s in systems) and "llama_plain" not in systems:
+        systems = ("llama_plain", *systems)
     n = requests or (2 if quick else 8)
     max_tokens = max_tokens or (96 if quick else 128)
     if threads:
@@ -439,8 +458,9 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     draft = load_model(draft_model) if draft_model else None
     bench = Bench(target, draft, history)
     warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
-    _hf_generate(bench, "hf_plain", warm)
-    _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+    if "hf_plain" in systems:
+        _hf_generate(bench, "hf_plain", warm)
+        _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
     if any(s in LLAMA_SYSTEMS for s in systems):
         bench.llama = LlamaBench(model, bench.target.tokenizer, threads=threads or 1)
         for s in systems:

@@ -396,3 +396,26 @@ def test_serve_runtime_llama_cpp_answers_the_openai_client(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.llama_cpp
+def test_the_benchmark_runs_llama_cpp_systems_side_by_side(tmp_path):
+    """``suffixspec bench`` with the llama.cpp systems alone: speedups against llama.cpp plain and its
+    prompt lookup, the share of outputs equal to llama.cpp plain's, a table of their own."""
+    from suffixspec.bench.run import run
+
+    _need_llama_cpp()
+    result = run(SMOLLM2, None, tmp_path, workloads=("code_edit", "open_ended"),
+                 systems=("llama_plain", "llama_prompt_lookup", "llama_ours"), requests=1, max_tokens=24,
+                 log=lambda msg: None)
+    rows = {(r["workload"], r["system"]): r for r in result["rows"]}
+    assert set(rows) == {(w, s) for w in ("code_edit", "open_ended")
+                         for s in ("llama_plain", "llama_prompt_lookup", "llama_ours")}
+    for (w, s), row in rows.items():
+        assert row["baseline"] == "llama_plain" and row["tokens"] > 0
+        assert row["identical_share"] == (1.0 if s == "llama_plain" else row["identical_share"])
+        if s != "llama_plain":
+            assert row["vs_llama_plain_median"] > 0 and row["vs_llama_plain_cpu_median"] > 0
+    assert rows[("code_edit", "llama_ours")]["vs_llama_prompt_lookup_median"] > 0
+    assert "| smollm2-135m-instruct | code_edit | llama_ours |" in result["markdown"]
