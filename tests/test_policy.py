@@ -14,8 +14,10 @@ from suffixspec.policy import (
     ProposerRecord,
     RowDraft,
     StepCost,
+    best_chain_prefix,
     choose_drafts,
     draft_budget,
+    momentum_budget,
 )
 
 
@@ -329,6 +331,32 @@ def test_draft_budget_follows_the_cost_curve():
     assert draft_budget(32, 1.5, 0, 0.9, StepCost(PassCost())) == 7  # nothing measured: momentum
     # no sizes to compare (Policy.budget_steps empty): momentum alone, however steep the curve
     assert draft_budget(32, 20.0, 16, 0.6, step, Policy(budget_steps=())) == 32
+
+
+def test_momentum_budget_is_draft_budgets_first_bound():
+    assert momentum_budget(32, 1.5, 0) == 7  # 4 + 2 x 1.5
+    assert momentum_budget(32, 0.0, 8) == 18  # a whole draft of 8 accepted: 2 x 8 + 2
+    assert momentum_budget(5, 20.0, 16) == 5  # the cap
+    assert momentum_budget(32, 0.0, 0) == 4  # the floor
+
+
+def test_best_chain_prefix_reads_the_drafts_own_probabilities():
+    """The docstring's example, a copy that pays far down a steep curve, and nothing measured yet."""
+    steep = _cost({1: 0.008, 2: 0.014, 3: 0.0195, 4: 0.025, 5: 0.0305, 9: 0.0525, 17: 0.0965})
+    assert best_chain_prefix([0.95, 0.9, 0.5, 0.2], 1.0, steep) == 2
+    assert best_chain_prefix([0.98] * 16, 1.0, steep) == 16  # a sure copy: the whole chain
+    assert best_chain_prefix([0.98] * 16, 0.3, steep) == 1  # scores not coming true: the head at most
+    assert best_chain_prefix([], 1.0, steep) == 0
+    assert best_chain_prefix([0.5, 0.4], 1.0, PassCost()) == 2  # nothing measured: the whole chain
+
+
+def test_pass_cost_medians_follow_new_passes():
+    """Medians are taken when read, for the buckets observed since: the curve moves with new passes."""
+    cost = _cost({1: 0.010, 9: 0.050})
+    assert cost.estimate(1) == pytest.approx(0.010) and cost.estimate(9) == pytest.approx(0.050)
+    for _ in range(3):
+        cost.observe(9, 0.030)
+    assert cost.estimate(9) == pytest.approx(0.030) and cost.estimate(1) == pytest.approx(0.010)
 
 
 def test_policy_validates():
