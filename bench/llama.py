@@ -9,9 +9,9 @@ the ``transformers`` systems read dequantized):
 - ``llama_ours``: :class:`suffixspec.llama_cpp.SuffixDraftModel`, given the request's references and
   prediction (``with draft.request(...)``), history off as for every system of the run.
 
-Every system has its own ``Llama`` (its own cache: llama.cpp keeps the previous prompt's keys and
-values, the same for all three) and decodes the same prompt ids (the ``transformers`` tokenizer's, as
-the other systems') through the same loop: ``Llama.generate`` until EOS or ``max_tokens``. Forward
+Every system has its own ``Llama``, evaluates each prompt afresh (no keys and values kept from the
+request before) and decodes the same prompt ids (the ``transformers`` tokenizer's, as the other
+systems') through the same loop: ``Llama.generate`` until EOS or ``max_tokens``. Forward
 passes are counted as the prefill plus one per draft call (one per token for plain).
 
 When ``llama-cpp-python`` is missing, :func:`available` is False and the runner skips these systems.
@@ -96,6 +96,11 @@ class LlamaBench:
         ctx = draft.request(references=references or None, prediction=prediction) \
             if system == "llama_ours" else contextlib.nullcontext()
         out: list[int] = []
+        # the whole prompt evaluated afresh, as for the transformers systems: llama.cpp would reuse the keys
+        # and values of the previous prompt's common start, computed in a batch of another length, and
+        # its batched and one-token evaluations round differently (docs/llama_cpp.md): a system's output
+        # would then depend on the request before it
+        llm.reset()
         t, c = time.perf_counter(), time.thread_time()
         with ctx:
             gen = llm.generate(prompt_ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
