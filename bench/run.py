@@ -322,19 +322,26 @@ def model_label(model: str) -> str:
     return Path(model).name if os.sep in model and Path(model).exists() else model
 
 
-def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
-    """The full table (or its twin over the outputs that do not loop)."""
-    lines = ["| model | workload | system | requests | tok/s | speedup (median, min–max) | CPU speedup | "
-             "forward passes | tokens/forward | drafted/accepted | propose ms/step | loop share | vs best baseline "
-             "| identical |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+def _table_rows(rows: list[dict[str, Any]], no_loop: bool, times: str = "") -> Any:
+    """(row, its figures: all outputs or those that do not loop, a cell formatter) for each row with
+    requests; the formatter's default format is ``{:.2f}`` followed by ``times``."""
     for row in rows:
         r = row["no_loop"] if no_loop else row
         if not r.get("requests"):
             continue
 
-        def f(key: str, fmt: str = "{:.2f}", r=r) -> str:
+        def f(key: str, fmt: str = "{:.2f}" + times, r=r) -> str:
             return fmt.format(r[key]) if r.get(key) is not None else "–"
 
+        yield row, r, f
+
+
+def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
+    """The full table (or its twin over the outputs that do not loop)."""
+    lines = ["| model | workload | system | requests | tok/s | speedup (median, min–max) | CPU speedup | "
+             "forward passes | tokens/forward | drafted/accepted | propose ms/step | loop share | vs best baseline "
+             "| identical |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for row, r, f in _table_rows(rows, no_loop):
         lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} | {f('tokens_per_s', '{:.1f}')} "
                      f"| {f('speedup_median', '{:.2f}×')} ({f('speedup_min')}–{f('speedup_max')}) "
                      f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
@@ -353,14 +360,7 @@ def llama_markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
              "| vs llama.cpp plain (wall, CPU) | vs its prompt lookup (wall, CPU) | tokens/forward | loop share "
              "| identical to llama.cpp plain |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in mine:
-        r = row["no_loop"] if no_loop else row
-        if not r.get("requests"):
-            continue
-
-        def f(key: str, fmt: str = "{:.2f}×", r=r) -> str:
-            return fmt.format(r[key]) if r.get(key) is not None else "–"
-
+    for row, r, f in _table_rows(mine, no_loop, "×"):
         same = f("identical_share", "{:.0%}") if row["system"].startswith("llama_") else "–"
         hf = (f"{f('speedup_median')}, {f('cpu_speedup_median')}" if row.get("baseline", "hf_plain") == "hf_plain"
               else "–")
