@@ -120,8 +120,11 @@ class LlamaCppEngine:
                                 min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
                                 presence_penalty=sampling.presence_penalty,
                                 frequency_penalty=sampling.frequency_penalty)
+        first_at = None
         try:
             for token in gen:
+                if first_at is None:  # the prompt's evaluation and the first token's sampling
+                    first_at = time.perf_counter()
                 token = int(token)
                 source = steps.source(token)
                 output.append(token)
@@ -143,6 +146,7 @@ class LlamaCppEngine:
         if stats is None:  # no drafter: a plain run
             stats = RequestStats(output_tokens=len(output), time_total_s=time.perf_counter() - started)
         stats.time_total_s = time.perf_counter() - started
+        stats.time_prefill_s = (first_at or started) - started
         result = GenerationResult(tracker.text, output, prompt, finish or "length", sources, None, stats)
         last = [output[-1]] if finish is not None and output else []
         yield StreamEvent("".join(s for s, _ in pieces), pieces, last, sources[-len(last):] if last else [],
