@@ -97,6 +97,16 @@ def test_text_with_nothing_to_copy_sends_nothing_and_queries_the_index_rarely():
     assert stats.propose_calls["suffix"] <= len(NOISE) / IDLE_MAX + 4
 
 
+def test_a_copy_that_starts_late_is_found_at_once():
+    """Idle (asked rarely) after 60 tokens of new text, the drafter sees the last 4 tokens repeat the prompt
+    and asks the index at once: the copy goes out in long drafts from its first tokens."""
+    d, clock = drafter()
+    _, passes, _ = drive(d, [1, 2, *TEXT, 3], NOISE[:60] + TEXT, clock)
+    stats = d.finish()
+    assert stats.propose_calls["suffix"] < 60 / 2  # idle while nothing repeats
+    assert passes < 60 + len(TEXT) / 3 and stats.per_source["prompt"]["accepted"] > 0.8 * len(TEXT)
+
+
 def test_drafts_that_do_not_pay_are_not_sent():
     """Every other token is 7, followed each time by a token never seen after it: the index drafts what
     followed 7 last, which never comes true; at t(2) = 1.66 t(1) such drafts stop being sent."""

@@ -21,8 +21,9 @@ engine's momentum budget (:func:`~suffixspec.policy.momentum_budget`); the chain
 with the most tokens per second by its own node probabilities (:func:`~suffixspec.policy.best_chain_prefix`)
 and sent only when it pays: ``(1 + expected) * t(1) >= t(1 + k)``
 (:func:`~suffixspec.policy.choose_drafts`, with its calibration and bounded exploration). While the
-index yields nothing worth sending it is asked at most every :data:`IDLE_MAX`-th step. On text with
-nothing to copy nothing is sent: llama.cpp evaluates one token per step, as without a draft model.
+index yields nothing worth sending it is asked less and less often, down to every :data:`IDLE_MAX`-th
+step, and at once when the last 4 tokens repeat the request's own text. On text with nothing to copy
+nothing is sent: llama.cpp evaluates one token per step, as without a draft model.
 
 Worked example (SmolLM2 Q4_1, one thread, as measured here): t(1) = 8.3 ms, t(2) = 14 ms, t(9) = 52 ms
 (a batch costs nearly as much per token as a step: ~5.5 ms). A copy whose next 8 tokens the index
@@ -70,11 +71,14 @@ except ImportError:  # pragma: no cover - the module still imports (tests of the
 INSTALL = "pip install 'suffixspec[llama-cpp]'"
 # draft lengths the calibration evaluates (PassCost pools sizes 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64)
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32)
-# While the index yields nothing worth sending, it is asked at most every IDLE_MAX-th step. A query costs
-# 0.1-0.5 ms of CPU between two llama.cpp passes (cold caches after a pass: 4x what it costs in a loop),
-# 1.5-6% of a 8 ms SmolLM2 step, where open-ended text gains nothing from it; a copy that starts is
-# found at most IDLE_MAX - 1 tokens late, and every step after an accepted token asks again.
-IDLE_MAX = 4
+# While the index yields nothing worth sending, it is asked every 2nd, 4th, then IDLE_MAX-th step, and at
+# once when the context's last 4 tokens occurred before in the request's own texts (prompt, output,
+# references, prediction: a copy may be starting). A query costs 0.1-0.5 ms of CPU between two llama.cpp
+# passes (cold caches after a pass: 4x what it costs in a loop), 1.5-6% of an 8 ms SmolLM2 step, where
+# open-ended text gains nothing from it. A copy of the history or the documents is found at most
+# IDLE_MAX - 1 tokens late; every step after an accepted token asks again. Replayed SmolLM2 outputs
+# (llama.cpp's costs): 8 kept RAG's gain, which 16 lost a third of, and asks half as often as 4.
+IDLE_MAX = 8
 _EMPTY = np.empty(0, dtype=np.intc)  # no draft (llama-cpp-python copies what it is given)
 _NO_DRAFT = Draft()  # shared, never changed
 
@@ -116,6 +120,9 @@ class _Live:
     proposed: bool = False  # the last call asked the index (which learns from the very next tokens)
     idle: int = 0  # steps to skip between index queries while they yield nothing worth sending (backoff)
     wait: int = 0  # steps left to skip now
+    seen: set[tuple[int, ...]] = field(default_factory=set)  # every 4 tokens in a row of its own texts so far
+    tail: tuple[int, ...] = ()  # the context's last 4 tokens
+    repeat: bool = False  # they occurred before in its own texts: a copy may be starting, ask the index now
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -294,7 +301,7 @@ class SuffixDraftModel(_Base):
         prompt that starts with this one)."""
         m = live.prompt_len + len(live.output)  # tokens known
         new = n - m
-        if new < 1 or new > len(live.draft) + 1 or int(ids[m - 1]) != live.last or int(ids[0]) != live.first:
+        if new < 1 or new > len(live.draft.tokens) + 1 or ids.item(m - 1) != live.last or ids.item(0) != live.first:
             return False  # (a few scalar reads: numpy calls are slow between two passes, the caches cold)
         return new == 1 or ids[m:n - 1].tolist() == live.draft.tokens[:new - 1]
 
@@ -308,6 +315,9 @@ class SuffixDraftModel(_Base):
         live = _Live(args, n - 1, int(ids[0]), int(ids[n - 1]), [int(ids[n - 1])], gate=DraftGate(self.policy))
         cap = args.max_draft_tokens if args.max_draft_tokens is not None else self.max_draft_tokens
         live.mean_accepted = cap / 2  # as the engine: start by trusting the index (sequence.RequestState)
+        for seq in (ids[:n].tolist(), *args.reference_ids, args.prediction_ids or ()):
+            live.seen.update(zip(seq, seq[1:], seq[2:], seq[3:], strict=False))
+        live.tail = tuple(ids[max(0, n - 4):n].tolist())
         self._live = live
         return live
 
@@ -339,6 +349,10 @@ class SuffixDraftModel(_Base):
         live.output += new
         live.last = new[-1]
         live.pending += new
+        for tok in new:  # (a tuple and a set lookup per token: far cheaper than asking the index)
+            live.tail = (*live.tail[1:], tok)
+            live.repeat = live.tail in live.seen
+            live.seen.add(live.tail)
         if live.proposed:  # it learns what came of its draft from exactly the tokens that followed it
             self.suffix.update(live.pending)
             live.pending = []
@@ -352,7 +366,7 @@ class SuffixDraftModel(_Base):
         live.proposed = False
         if not args.enabled or cap <= 0:
             return _NO_DRAFT
-        if live.wait > 0:
+        if live.wait > 0 and not live.repeat:
             live.wait -= 1
             return _NO_DRAFT
         if live.pending:
@@ -373,7 +387,7 @@ class SuffixDraftModel(_Base):
             choose_drafts([row], self.cost)
             if row.verified:
                 return draft
-        # nothing worth sending: query the index every 2nd, then 4th step until something is (see IDLE_MAX)
+        # nothing worth sending: query the index every 2nd, 4th, then 8th step until something is (IDLE_MAX)
         live.idle = min(IDLE_MAX, 2 * live.idle or 1)
         live.wait = live.idle
         return _NO_DRAFT
