@@ -18,7 +18,8 @@ from ..models import DEFAULT_MODEL, default_draft
 @click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, open_ended.")
 @click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
               "ours_off, ours_prompt, ours_history, ours_documents, ours_references, ours_draft_model, ours_all; "
-              "arctic_suffix, arctic_suffix_best need arctic-inference).")
+              "arctic_suffix, arctic_suffix_best need arctic-inference; llama_plain, llama_prompt_lookup, llama_ours need "
+              "llama-cpp-python and a GGUF model, and alone take llama.cpp plain as the baseline).")
 @click.option("--requests", type=int, default=None, help="Requests per workload (default 8, quick 2).")
 @click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 128, quick 96).")
 @click.option("--history", is_flag=True, help="Let the drafters learn earlier requests' outputs (ours and Arctic's "
@@ -35,6 +36,7 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
       suffixspec bench --model smollm2-135m-instruct --draft-model none
       suffixspec bench --model gemma-3-270m --draft-model smollm2-135m-instruct --workloads agentic,rag
       suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all,arctic_suffix_best
+      suffixspec bench --systems llama_plain,llama_prompt_lookup,llama_ours --requests 16
     """
     from ..bench.run import run
     from ..bench.workloads import WORKLOADS
