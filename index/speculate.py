@@ -361,9 +361,9 @@ class AcceptanceRates:
     def table(self) -> tuple[float, ...]:
         """The current rate of every match length 0..max_len (for ``SpecParams.rates``)."""
         if self._table is None:
-            per = [(h + self.weight * p) / (m + self.weight) for h, m, p in zip(self.hits, self.mass, self.prior,
-                                                                               strict=True)]
-            self._table = tuple(min(1.0, per[b]) for b in self._bucket)
+            per = [min(1.0, (h + self.weight * p) / (m + self.weight))
+                   for h, m, p in zip(self.hits, self.mass, self.prior, strict=True)]
+            self._table = tuple(map(per.__getitem__, self._bucket))  # (C-level: rebuilt after every learned step)
         return self._table
 
     def observe(self, ell: int, hit: bool, mass: float = 1.0) -> None:
