@@ -346,15 +346,19 @@ def _agentic(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) 
     return reqs[:n]
 
 
-def _rag(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
-         ) -> tuple[list[Request], list[tuple[str, str]]]:
+def _api_sections(seed: str) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]], Retriever, list[int]]:
+    """The documentation set, its chunks, a retriever over them, and the chunks to ask about in an order
+    drawn from ``seed``: API entries (a heading in backticks) over enough text to quote."""
     files = doc_files()
     chunks = doc_chunks(files)
-    rng = random.Random("rag")
-    retriever = Retriever(chunks)
-    # questions about API entries: a heading in backticks over a chunk with enough text to quote
     api = [i for i, (_, h, c) in enumerate(chunks) if h.startswith("`") and len(c) > 600]
-    rng.shuffle(api)
+    random.Random(seed).shuffle(api)
+    return files, chunks, Retriever(chunks), api
+
+
+def _rag(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+         ) -> tuple[list[Request], list[tuple[str, str]]]:
+    files, chunks, retriever, api = _api_sections("rag")
     reqs, used = [], set()
     for i in api:
         if len(reqs) == n:
@@ -496,12 +500,7 @@ def _doc_answers(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | No
                  ) -> tuple[list[Request], list[tuple[str, str]]]:
     """Questions about API entries with the first paragraph of the best section as the prompt's snippet;
     every page indexed whole."""
-    files = doc_files()
-    chunks = doc_chunks(files)
-    rng = random.Random("doc_answers")
-    retriever = Retriever(chunks)
-    api = [i for i, (_, h, c) in enumerate(chunks) if h.startswith("`") and len(c) > 600]
-    rng.shuffle(api)
+    files, chunks, retriever, api = _api_sections("doc_answers")
     reqs = []
     for i in api:
         if len(reqs) == n:

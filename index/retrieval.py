@@ -39,7 +39,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .speculate import MatchNode, SpecParams, SpecResult, speculate_from
+from .speculate import MatchNode, RestOfRun, SpecParams, SpecResult, speculate_from
 
 # Information per token of source code and prose under a large corpus' own statistics, in bits: an L-token
 # stretch is expected by chance about once in 2 ** (L * BITS_PER_TOKEN) tokens. Fitted on the measurement in
@@ -96,29 +96,8 @@ class _SmoothedRoot:
     def children(self, min_count: int) -> list[tuple[int, int, MatchNode]]:
         run, end = self.node.chain(_RUN_CAP)
         if run:  # every occurrence continues with the run: one child, all the occurrences
-            return [(run[0], self.node.count, _Run(run[1:], end))]
+            return [(run[0], self.node.count, RestOfRun(run[1:], end))]
         return self.node.children(min_count)
-
-
-class _Run:
-    """The rest of a shared run below its first token (ratio 1 each), then ``end``'s tree."""
-
-    __slots__ = ("run", "end", "count")
-
-    def __init__(self, run: list[int], end: MatchNode) -> None:
-        self.run, self.end, self.count = run, end, end.count
-
-    def chain(self, max_len: int) -> tuple[list[int], MatchNode]:
-        if not self.run:
-            return self.end.chain(max_len)
-        if max_len >= len(self.run):
-            return self.run, self.end
-        return self.run[:max_len], _Run(self.run[max_len:], self.end)
-
-    def children(self, min_count: int) -> list[tuple[int, int, MatchNode]]:
-        if not self.run:
-            return self.end.children(min_count)
-        return [(self.run[0], self.count, _Run(self.run[1:], self.end))]
 
 
 class DocumentRetrieval:
