@@ -55,7 +55,7 @@ from suffixspec.proposers import Proposer, RequestContext
 
 from .loops import loop_share
 from .run import NO_DOCUMENTS
-from .workloads import WORKLOADS, build
+from .workloads import WORKLOADS, build, index_documents
 
 
 @dataclass
@@ -285,17 +285,11 @@ def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: i
 
 def documents_for(model: str, workload: str, n: int, max_tokens: int, tmp: Path) -> Any:
     """The document index the workload indexes first (RAG), or None."""
-    from suffixspec.index.store import DocInput, IndexStore
-
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(model)
     _reqs, docs = build(workload, tok, n, max_tokens)
-    if not docs:
-        return None
-    store = IndexStore(tmp / f"{workload}.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], tok)
-    return store.document_index(tok)
+    return index_documents(tok, docs, tmp)
 
 
 def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | None = None

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .loops import distinct_ngrams, loop_share, loops
-from .workloads import WORKLOADS, Request, build
+from .workloads import WORKLOADS, Request, build, index_documents
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
@@ -163,21 +163,6 @@ def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> 
     return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
 
-def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any:
-    """The documents indexed in a store under ``tmp``, once per set of documents in a run (the standard
-    library serves two workloads)."""
-    if not docs:
-        return None
-    import hashlib
-
-    from suffixspec.index.store import DocInput, IndexStore
-
-    key = hashlib.sha256("\0".join(rel for rel, _ in docs).encode()).hexdigest()[:16]
-    store = IndexStore(tmp / f"bench-{key}.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], bench.target.tokenizer)
-    return store.document_index(bench.target.tokenizer)
-
-
 def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, str]], systems: tuple[str, ...],
                  log=print, name: str = "", tmp: Path | None = None) -> dict[str, list[Run]]:
     """Every system serves each request in turn (request-major, the order rotating by one per
@@ -187,7 +172,7 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     folder of this workload's own)."""
     _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
     with tempfile.TemporaryDirectory() as own:
-        documents = _document_index(bench, docs, tmp or Path(own))
+        documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
         suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems if not s.startswith("hf_")}
         runs: dict[str, list[Run]] = {s: [] for s in systems}
         for k, req in enumerate(requests):

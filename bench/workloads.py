@@ -536,6 +536,28 @@ def _humaneval(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
             if _fits(tokenizer, p["prompt"], max_prompt_tokens)][:n]
 
 
+def index_documents(tokenizer, docs: list[tuple[str, str]], folder: Path):
+    """``docs`` (path, text) indexed for ``tokenizer`` in a store under ``folder`` named after their paths,
+    and its document index (None without documents). The same documents again (the standard library
+    of two workloads) open that store: indexed once per folder.
+
+    Example: ``index_documents(tok, stdlib_sources(), tmp)`` indexes 3.4M tokens; a second call returns
+    at once."""
+    if not docs:
+        return None
+    import hashlib
+
+    from suffixspec.index.store import DocInput, IndexStore
+
+    db = Path(folder) / f"docs-{hashlib.sha256(chr(0).join(rel for rel, _ in docs).encode()).hexdigest()[:16]}.db"
+    done = db.with_suffix(".indexed")  # written once the add committed: a store cut short is indexed again
+    store = IndexStore(db)
+    if not done.exists():
+        store.add_documents([DocInput(text, path=rel) for rel, text in docs], tokenizer)
+        done.touch()
+    return store.document_index(tokenizer)
+
+
 def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None = None
           ) -> tuple[list[Request], list[tuple[str, str]]]:
     """The requests of workload ``name`` and the documents to index first (path, text); with
