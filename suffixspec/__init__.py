@@ -11,9 +11,11 @@ folders: the package's search path gains the repository root when the folders si
 
 from pathlib import Path as _Path
 
+from .errors import RequestError
+
 __version__ = "0.1.0"
 
-__all__ = ["SuffixSpec", "__version__"]
+__all__ = ["RequestError", "SuffixSpec", "__version__"]
 
 _ROOT = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "index").is_dir() and (_ROOT / "index" / "__init__.py").is_file() \

@@ -116,7 +116,7 @@ class Engine:
     def prepare(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                 speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                 prediction: str | None = None) -> tuple[RequestContext, SpeculationConfig]:
-        """Check and tokenize a request's arguments (``ValueError`` says what to change)."""
+        """Check and tokenize a request's arguments (a ``RequestError`` says what to change)."""
         return prepare(self.tokenizer, self.max_context, self.default_speculation, prompt, sampling, speculation,
                        references, prediction)
 

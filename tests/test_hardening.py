@@ -107,14 +107,14 @@ def test_a_long_prompt_is_counted_in_pieces_and_refused_early():
     from suffixspec.loading import load_tokenizer
     from suffixspec.server import ServerConfig
     from suffixspec.server.errors import APIError
-    from suffixspec.server.validation import PIECE_CHARS, encode_bounded, max_chars_per_token
+    from suffixspec.server.validation import PIECE_CHARS, check_bounds, max_chars_per_token
 
     tok = load_tokenizer("suffixspec/demo-target")  # its longest token has 66 characters
     cfg = ServerConfig(max_prompt_tokens=500)
     text = _code_text(30_000)
     assert len(text) < 501 * max_chars_per_token(tok)  # the character bound lets it through
     with TokenizerSpy(tok) as spy, pytest.raises(APIError) as err:
-        encode_bounded(text, lambda t: tok(t)["input_ids"], tok, cfg, 2048, "prompt")
+        check_bounds(text, tok, cfg, 2048, "prompt")
     assert err.value.code == "context_length_exceeded"
     assert len(spy.lengths) == 1 and spy.lengths[0] <= PIECE_CHARS  # one piece was enough to know
 
@@ -122,14 +122,12 @@ def test_a_long_prompt_is_counted_in_pieces_and_refused_early():
 def test_the_bounds_never_refuse_a_prompt_that_fits():
     from suffixspec.loading import load_tokenizer
     from suffixspec.server import ServerConfig
-    from suffixspec.server.validation import PIECE_CHARS, encode_bounded, max_chars_per_token
+    from suffixspec.server.validation import PIECE_CHARS, check_bounds, max_chars_per_token
 
     tok = load_tokenizer("suffixspec/demo-target")
     text = _code_text(PIECE_CHARS * 6 + 123)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    got = encode_bounded(text, lambda t: tok(t, add_special_tokens=False)["input_ids"], tok,
-                         ServerConfig(max_prompt_tokens=len(ids)), 10**9, "prompt")
-    assert got == ids
+    check_bounds(text, tok, ServerConfig(max_prompt_tokens=len(ids)), 10**9, "prompt")  # raises if it refuses
     longest = max(len(tok.decode([i])) for i in range(len(tok)))
     assert max_chars_per_token(tok) >= longest
 
