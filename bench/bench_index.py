@@ -663,7 +663,7 @@ def _sample_sequences(index, n: int) -> list[list[int]]:
         step = max(1, len(starts) // max(1, n // len(index.segments)))
         text = np.asarray(seg.text)
         for k in range(0, len(starts), step):
-            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg._n - 1
+            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg.num_suffixes - 1
             if end - starts[k] > 80:
                 out.append(text[starts[k]:end].astype(np.int64))
     return out
