@@ -92,7 +92,7 @@ class SuffixSpec:
         self.draft_model_name = draft_model
         self.history = bool(history)  # draft from and save the output history
         self.db_path = self._db_path(db)  # None: no store
-        self.store: Any = None  # IndexStore the suffix proposer reads (used by the engine thread only)
+        self.store: Any = None  # IndexStore the suffix proposer reads (only from inside the decode loop)
         self.documents: Any = None  # suffixspec.index.DocumentIndex: the document methods below go through it
         if engine is not None:
             self.engine = engine
@@ -287,7 +287,7 @@ class SuffixSpec:
 
         from suffixspec.index.document_index import DocumentIndex, TokenizerChoice
 
-        def own_tokenizer(_index: Any) -> TokenizerChoice:  # no tokenizer shared with the engine thread
+        def own_tokenizer(_index: Any) -> TokenizerChoice:  # not the tokenizer the generating threads use
             return TokenizerChoice(copy.deepcopy(self.tokenizer), self.model_name)
 
         index = DocumentIndex(self.db_path, load_tokenizer=own_tokenizer, background_merges=True)
@@ -373,7 +373,7 @@ class SuffixSpec:
             if self._closed:
                 return
             self._closed = True
-            calls = [getattr(self.engine, "close", None)]  # the batch thread, if one runs
+            calls = [getattr(self.engine, "close", None)]  # a given engine's resources (ours holds none)
             calls += [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
             calls += [s.close for s in (self.documents, self.store) if s is not None]
             for fn in calls:
