@@ -11,7 +11,7 @@ server: output tokens per second (wall), tokens per server CPU-second (steadier 
 machine), p50/p90 latency, mean rows per pass (``/metrics``); and whether every output equals the
 same request served alone (the ``--max-num-seqs 1`` server runs each request alone).
 
-    python -m suffixspec.bench.bench_concurrency --model /work/models/smollm2-135m-instruct \\
+    python -m suffixspec.bench.bench_concurrency --model smollm2-135m-instruct \\
         --clients 1,8 --max-num-seqs 8 --per-client 2 --max-tokens 96 --torch-threads 1
 
 Each round uses fresh requests. Writes ``concurrency.json`` and ``concurrency.md`` (and a plot
