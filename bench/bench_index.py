@@ -77,6 +77,8 @@ from suffixspec.index.speculate import SpecParams
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
 
+from .checkout import command
+
 # ArcticInference 0.3.0 on the micro section's corpus (depth 64), measured on a 2-core machine: printed
 # for comparison when it is not installed here
 PEERS = {"append_us_per_token": "1.1-1.5", "speculate_us_per_call": 92.0, "speculate_us_per_drafted_token": 5.8,
@@ -1048,11 +1050,11 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
         def timed_cli(args: list[str], root: str | None = None) -> tuple[float, float]:
             """(wall, CPU) seconds of ``suffixspec index ARGS`` run from ``root``'s code (default: this one),
             started in ``workdir`` so that no checkout is on its path but the one named."""
-            e = env if root is None else {**env, "PYTHONPATH": root}
+            argv = ["index", *args, "--db", str(db)]
+            cmd = command(root, "suffixspec", *argv) if root else [sys.executable, "-m", "suffixspec", *argv]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "suffixspec", "index", *args, "--db", str(db)],
-                                 capture_output=True, text=True, env=e, cwd=workdir)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
             wall = time.perf_counter() - t
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             assert out.returncode == 0, out.stderr[-2000:]
