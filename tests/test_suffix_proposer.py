@@ -611,3 +611,12 @@ def test_gated_documents_keep_greedy_and_seeded_outputs(llama, tmp_path, monkeyp
             fast = spec_engine.generate(prompt, sampling, speculation=only_documents)
             assert fast.token_ids == plain.token_ids, (prompt, temperature)
     assert seen["on"] > 0 and seen["shadow"] > 0, seen  # measured while drafting, and while left out
+
+
+def test_retrieval_settings_come_as_an_object_or_as_json_fields():
+    from suffixspec.index.retrieval import RetrievalParams
+
+    assert SuffixConfig(retrieval={"min_match": 3, "pseudo_count": 0.5}).retrieval == RetrievalParams(
+        pseudo_count=0.5, min_match=3)
+    with pytest.raises(ValueError, match="min_count"):
+        SuffixConfig(retrieval={"min_count": 0})

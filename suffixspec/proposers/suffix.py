@@ -147,6 +147,8 @@ class SuffixConfig:
         if self.match_lengths < 0:
             raise ValueError(f"match_lengths must be >= 0 (0 = the longest match only), got {self.match_lengths}")
         SpecParams(0, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)  # validates
+        if isinstance(self.retrieval, dict):  # from JSON (SUFFIXSPEC_VLLM_CONFIG): {"min_match": 4, ...}
+            self.retrieval = RetrievalParams(**self.retrieval)
 
 
 class SuffixProposer(Proposer):
