@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .workloads import Request, build
+from .workloads import Request, build, index_documents
 
 TEMPERATURES = (0.7, 1.0)
 SAMPLED_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
@@ -87,20 +87,11 @@ def summarize(runs: list[OnOff]) -> dict[str, Any]:
             "speedup_max": round(max(ratios), 3)}
 
 
-def document_index(target: Any, docs: list[tuple[str, str]], tmp: Path) -> Any:
-    if not docs:
-        return None
-    from suffixspec.index.store import DocInput, IndexStore
-
-    store = IndexStore(tmp / "docs.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], target.tokenizer)
-    return store.document_index(target.tokenizer)
-
-
 class OnOffBench:
     """What the on/off benchmarks share (this module's sampled cells, :mod:`bench.bench_context`'s
     prompt lengths): the target (and draft) loaded once, one engine warmed up by a plain step, a
-    temporary folder for each cell's document index; :meth:`cell` runs a cell's requests off, then on.
+    temporary folder where the cells' documents are indexed (once per set of documents); :meth:`cell`
+    runs a cell's requests off, then on.
 
     Use it as a context manager (the folder is removed on exit)."""
 
@@ -127,7 +118,7 @@ class OnOffBench:
              sampling: Callable[[int], Any], history: bool = False) -> list[OnOff]:
         """Each request off, then on, with fresh proposers for the cell (``sampling(i)``: request i's
         settings); ``docs`` are indexed first, in a folder of their own."""
-        documents = document_index(self.target, docs, Path(self._tmp.name) / name) if docs else None
+        documents = index_documents(self.target.tokenizer, docs, Path(self._tmp.name))  # once per run
         proposers = proposers_for(self.target, self.draft, documents, history=history)
         return [on_off(self.engine, proposers, req, sampling(i)) for i, req in enumerate(requests)]
 

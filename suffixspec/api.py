@@ -313,9 +313,10 @@ class SuffixSpec:
         return self._docs().add_documents(documents)
 
     def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = (), follow_links: bool = False,
-                  max_bytes: int | None = None) -> list[dict]:
-        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``), as
-        ``suffixspec index add`` does with the same options.
+                  max_bytes: int | None = None, exclude: Sequence[str] = ()) -> list[dict]:
+        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``; directories and
+        files named like one of ``exclude``, such as ``"tests"``, left out), as ``suffixspec index add``
+        does with the same options.
 
         Skips binary and empty files, files over ``max_bytes`` (2 MiB by default), FIFOs and devices,
         dangling or looping symlinks, and symlinks out of ``paths`` unless ``follow_links``. Returns one
@@ -324,7 +325,7 @@ class SuffixSpec:
         a warning). A path that does not exist raises FileNotFoundError.
         """
         index = self._docs()
-        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes,
+        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes, exclude,
                                   on_skip=lambda path, _kind, why: log.warning("skipped %s: %s", path, why))
         return index.records(summary) + [{"object": "document", "id": None, "source": path, "status": "skipped",
                                           "reason": why} for path, _kind, why in summary.skipped_files]

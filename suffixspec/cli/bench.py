@@ -15,9 +15,12 @@ from ..models import DEFAULT_MODEL, default_draft
 @click.option("--draft-model", default="auto", show_default=True,
               help="Draft model with any tokenizer; 'auto' = the one shipped for the target, if any; 'none' = none.")
 @click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems.")
-@click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, open_ended.")
+@click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, "
+              "open_ended; where documents hold what the prompt lacks: repo_code, doc_answers, humaneval, agent_sessions "
+              "(history on, restarted half-way; its own systems).")
 @click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
-              "ours_off, ours_prompt, ours_history, ours_documents, ours_references, ours_draft_model, ours_all; "
+              "ours_off, ours_prompt, ours_history, ours_documents, ours_references, ours_draft_model, ours_no_documents, "
+              "ours_all; "
               "arctic_suffix, arctic_suffix_best need arctic-inference).")
 @click.option("--requests", type=int, default=None, help="Requests per workload (default 8, quick 2).")
 @click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 128, quick 96).")
