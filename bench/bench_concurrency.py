@@ -52,12 +52,16 @@ class Server:
         self.port = _free_port()
         self.log = open(workdir / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in stop()
         entry = "import sys; from suffixspec.cli import main; sys.exit(main())"
-        cmd = [sys.executable, "-c", entry, "serve", "--model", model, "--draft-model", draft_model,
-               "--port", str(self.port), "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs),
-               "--threads", str(threads), "--max-queue", "256"]
         env = dict(os.environ)
         if code is not None:  # another checkout's code (its suffixspec package first on the path)
             env["PYTHONPATH"] = os.pathsep.join([code, env.get("PYTHONPATH", "")])
+        # waitress' threads: --http-threads since torch's took the name --threads (older checkouts: --threads)
+        helptext = subprocess.run([sys.executable, "-c", entry, "serve", "--help"], capture_output=True, text=True,
+                                  env=env).stdout
+        http = "--http-threads" if "--http-threads" in helptext else "--threads"
+        cmd = [sys.executable, "-c", entry, "serve", "--model", model, "--draft-model", draft_model,
+               "--port", str(self.port), "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs),
+               http, str(threads), "--max-queue", "256"]
         if torch_threads:
             env["OMP_NUM_THREADS"] = str(torch_threads)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: torch's default)")
+    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: none, suffixspec's own measured choice)")
     ap.add_argument("--before", default=None, help="a checkout whose code serves a third --max-num-seqs 1 server")
     ap.add_argument("--out", default="bench/published")
     ap.add_argument("--no-plot", action="store_true")

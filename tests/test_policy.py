@@ -19,11 +19,12 @@ from suffixspec.policy import (
 )
 
 
-def _cost(seconds: dict[int, float]) -> PassCost:
-    """A pass cost measured at these input counts."""
+def _cost(seconds: dict[int, float], times: int = 1) -> PassCost:
+    """A pass cost measured at these input counts (each ``times`` times: from 3, buckets read medians)."""
     cost = PassCost()
-    for inputs, t in seconds.items():
-        cost.observe(inputs, t)
+    for _ in range(times):
+        for inputs, t in seconds.items():
+            cost.observe(inputs, t)
     return cost
 
 
@@ -32,21 +33,27 @@ def _linear(slope: float, sizes: int = 40) -> PassCost:
 
 
 def test_cost_is_a_robust_monotone_curve():
-    """The docstring's example: medians per size (a preempted pass does not move them), never
-    decreasing with size, interpolated and extrapolated."""
+    """The docstring's example: medians per size (a slowed pass does not move them; the shortest of a
+    bucket's first passes), never decreasing with size, subadditive, interpolated and extrapolated."""
     cost = PassCost()
     assert cost.estimate(5) is None
     cost.observe(1, 4.0)
     assert cost.estimate(11) == pytest.approx(4.0 * (1 + 0.05 * 10))  # the prior slope
-    cost = _cost({1: 0.070})
+    cost = PassCost()
     for t in (0.070, 0.071, 0.090):
         cost.observe(1, t)
     cost.observe(9, 0.085)
-    assert cost.estimate(1) == pytest.approx(0.0705)
-    assert cost.estimate(5) == pytest.approx(0.0705 + 0.5 * (0.085 - 0.0705))
-    assert cost.estimate(17) == pytest.approx(0.085 + 8 * (0.085 - 0.0705) / 8)
+    assert cost.estimate(1) == pytest.approx(0.071)
+    assert cost.estimate(5) == pytest.approx(0.078)
+    assert cost.estimate(17) == pytest.approx(0.099)
     cost.observe(4, 0.050)  # cheaper than one input: noise, lifted to the curve
-    assert cost.estimate(4) == pytest.approx(0.0705)
+    assert cost.estimate(4) == pytest.approx(0.071)
+    cost.observe(2, 0.250)  # one pass of 2 slowed 3.5x (threads spinning on a busy machine): capped
+    assert cost.estimate(2) == pytest.approx(0.142)  # at t(1) + t(1): it never pays to split a pass
+    cost.observe(2, 0.072)  # a second pass of 2: the shorter one holds while the bucket has under 3
+    assert cost.estimate(2) == pytest.approx(0.072)
+    cost.observe(2, 0.075)  # from 3 passes: their median
+    assert cost.estimate(2) == pytest.approx(0.075)
 
 
 def _row(size: int, expected: float, gate: DraftGate | None = None, must: bool = False) -> RowDraft:
@@ -320,7 +327,7 @@ def test_draft_budget_follows_the_cost_curve():
     (the docstring's example), and leaves momentum alone where the curve is flat (a GPU)."""
     curve = {1: 0.070, 2: 0.071, 3: 0.072, 4: 0.073, 5: 0.074, 7: 0.075, 9: 0.077, 13: 0.082, 17: 0.095,
              25: 0.150, 33: 0.230}
-    step = StepCost(_cost(curve))
+    step = StepCost(_cost(curve, times=3))
     assert draft_budget(32, 1.5, 0, 0.9, step) == 7  # momentum: 4 + 2 x 1.5
     unsure, sure, copying = (draft_budget(32, 20.0, 16, a, step) for a in (0.6, 0.9, 0.99))
     assert 4 <= unsure <= 6 and unsure < sure <= 12 and sure < copying < 32  # copying: longer, still not 32

@@ -77,7 +77,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
                           dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
-                          prefix_cache_mb=cfg.prefix_cache_mb)
+                          prefix_cache_mb=cfg.prefix_cache_mb, threads=cfg.threads)
     holder: dict[str, EngineWorker] = {}
     metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)
 
@@ -221,7 +221,8 @@ def _install_misc(app: Flask) -> None:
         resp = jsonify({"status": status, "model": st.model_id,
                         "queue_length": st.worker.queue_length(), "busy": st.worker.busy(),
                         "max_context": st.spec.max_context, "auth": bool(st.config.api_key),
-                        "uptime_s": int(time.time()) - st.started, "degraded": degraded})
+                        "uptime_s": int(time.time()) - st.started, "degraded": degraded,
+                        "threads": getattr(st.spec, "threads", None)})
         resp.status_code = 200 if ok else 503
         return resp
 
