@@ -175,6 +175,7 @@ export async function runStream(body, { onPiece = () => {}, signal } = {}) {
 function clearOutput() {
   $("output").replaceChildren();
   $("out-summary").textContent = "";
+  $("history-note").hidden = true;
   $("gen-error").hidden = true;
   $("stats").replaceChildren();
   $("per-source").hidden = true;
@@ -311,14 +312,30 @@ function splitAccepted(n, chars) {
 
 const UNKNOWN_LABEL = "drafted, source not known";
 
-/** Tokens per step. A step whose drafted tokens cannot be told apart by source (its text came in
- * another step's chunk) is drawn in its own colour, and the legend then lists that colour too. */
-function renderSteps(run) {
+/** The step chart's bars: tokens per step by source, exact from the stats' `sources_per_step`; from
+ * an older server, split by the characters of the step's chunk, and a step whose drafted tokens cannot be
+ * told apart by source (its text came in another step's chunk) is `unknown` (drawn in its own colour).
+ * Returns {bars, unknown}. */
+export function stepBars(run) {
   const ids = SOURCES.map((x) => x.id).filter((id) => id !== "target");
   const perStep = (run.stats && run.stats.accepted_per_step) || null;
   let bars;
   let unknown = false;
-  if (perStep) {
+  const bySource = run.stats && run.stats.sources_per_step;
+  if (perStep && Array.isArray(bySource) && bySource.length === perStep.length) {
+    // Exact: each step's accepted draft tokens by source, from the stats (whatever the chunks held).
+    bars = bySource.map((counts, i) => {
+      const split = {};
+      for (const [src, n] of Object.entries(counts || {})) split[normSource(src)] = (split[normSource(src)] || 0) + n;
+      return {
+        label: `step ${i + 1}`,
+        parts: [
+          ...ids.map((id) => ({ value: split[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
+          { value: 1, color: sourceColor("target"), name: sourceLabel("target") },
+        ],
+      };
+    });
+  } else if (perStep) {
     // Exact accepted lengths from the stats; sources from the matching chunk when chunks and steps line up.
     // Sources per step: from the matching chunk when chunks and steps line up one to one (a step whose
     // text is held back, e.g. half a UTF-8 character, breaks that), or from the only source there was.
@@ -344,6 +361,12 @@ function renderSteps(run) {
       parts: [...ids, "target"].map((id) => ({ value: st[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
     }));
   }
+  return { bars, unknown };
+}
+
+/** Draw the step chart; an `unknown` step adds its colour to the legend. */
+function renderSteps(run) {
+  const { bars, unknown } = stepBars(run);
   stackedBars($("step-chart"), bars, { label: "Tokens per decoding step, by source" });
   if (unknown) {
     const li = document.createElement("li");
@@ -364,6 +387,19 @@ function renderSummary(run) {
   $("out-summary").textContent =
     `${run.tokens} tokens in ${steps} steps; ${drafted} ${unit} came from drafts ` +
     `(${fmtNum(tokensPerSecond(run))} tokens/s).`;
+  const note = historyNote(counts, unit, run.tokens);
+  $("history-note").textContent = note;
+  $("history-note").hidden = !note;
+}
+
+/** What to say when the output history drafted part of the result: it repeats an earlier answer, so its
+ * speed is not what fresh text gets ("" when the history drafted nothing). */
+export function historyNote(counts, unit, tokens) {
+  const n = counts.history || 0;
+  if (!n) return "";
+  const share = unit === "tokens" && tokens ? ` (${Math.round((100 * n) / tokens)}% of the output)` : "";
+  return `${n} ${unit}${share} were drafted from the output history: an earlier answer to a similar request. ` +
+    "A repeated request runs this fast; fresh text drafts less.";
 }
 
 function showError(err) {
