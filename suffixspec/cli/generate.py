@@ -2,10 +2,11 @@
 
 torch and transformers are imported inside the command, so ``suffixspec --help`` stays fast.
 
-What it reports apart (``Timing``): loading, the prefill, the first decode step and the decode speed
-after it. The first forward pass and the first draft of a process pay one-time set-up (the first
-step also makes the decode loop, and runs the batching probe unless a start before remembered its
-verdict: ``probe_cache``), so the decode tokens/s is measured over the steps after the first. The draft model is loaded only
+What it reports apart (``Timing``): start-up, the prefill, the first decode step and the decode speed
+after it. Start-up pays the process's one-time set-up (loading; ``SuffixSpec`` warms the engine up:
+packed weights, the batching probe unless a start before remembered its verdict (``probe_cache``),
+the thread count's timed passes), and the decode tokens/s is measured over the steps after the first
+(whose draft may still build what a drafter makes on first use). The draft model is loaded only
 when the request can draft from it (not with ``--no-speculation``, ``--max-tokens 1`` or
 ``--drafters`` without ``draft_model``).
 """
@@ -32,9 +33,9 @@ class Timing:
     """Where one ``generate`` run's seconds went. Example: 40 prompt tokens, 7 completion tokens in 5
     steps -> prefill 0.40 s, first step 1.30 s (2 tokens), then 5 tokens in 0.50 s: 10 tokens/s decode."""
 
-    load_s: float  # building SuffixSpec: importing torch and transformers, tokenizer, model(s), store
-    prefill_s: float  # the engine's prefill of the prompt (the process's first forward pass)
-    first_step_s: float  # the first decode step (with the prompt's tokenizing): pays one-time set-up
+    load_s: float  # building SuffixSpec: imports, tokenizer, model(s), store, the engine's warm-up
+    prefill_s: float  # the engine's prefill of the prompt
+    first_step_s: float  # the first decode step (with the prompt's tokenizing)
     first_step_tokens: int  # tokens the first step produced
     decode_s: float  # the steps after the first
     decode_tokens: int  # tokens those steps produced
@@ -99,9 +100,9 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, threads, prompt_
                  stream, as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
 
-    The statistics give the decode speed apart from loading, the prefill and the first step: a
-    process's first forward pass and first draft pay one-time set-up, so a one-off run is slower per
-    token than a server that has answered before.
+    The statistics give the decode speed apart from start-up (loading and the one-time warm-up), the
+    prefill and the first step, then the thread count and how it was chosen (measured at start unless
+    --threads or OMP_NUM_THREADS fixes it).
 
     Every output is saved in the output history of the --db store (default
     ~/.local/share/suffixspec/index.db), and later runs draft from it: that is why a second
@@ -257,9 +258,8 @@ def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, 
         "completion tokens",
         decode,
         f"prefill {timing.prefill_s:.2f}s ({_n(len(result.prompt_token_ids), 'token')}), first step "
-        f"{timing.first_step_s:.2f}s ({_n(timing.first_step_tokens, 'token')}): both include this process's "
-        f"one-time warm-up (first forward pass, first draft); start-up {timing.load_s:.2f}s (imports, "
-        "tokenizer, model, store)",
+        f"{timing.first_step_s:.2f}s ({_n(timing.first_step_tokens, 'token')}); start-up {timing.load_s:.2f}s "
+        "(imports, tokenizer, model, store, warm-up)",
         f"steps: {stats['steps']}; mean accepted length {stats['mean_accepted_length']:.2f} tokens/step; "
         f"acceptance {stats['acceptance_rate']:.1%} ({stats['accepted_tokens']}/{stats['drafted_tokens']} drafted)",
     ]
