@@ -117,9 +117,11 @@ class PassCost:
     """Time of a target pass by its total inputs (every row's root plus the verified nodes), kept for the
     engine's life. Passes are pooled in buckets of sizes 1, 2, 3-4, 5-8, 9-16, ... (the last
     ``cost_window`` of each); a bucket's point is the median size and the median time of its passes, or
-    the size and time of its fastest pass while it holds fewer than ``Policy.cost_min_passes`` (the noise
-    of a CPU clock only adds: a pass slowed by another process's use of the caches and memory, a thread
-    that waited for a preempted one; so one slow pass in a bucket of one or two says nothing). The curve through the
+    the size and time of its fastest pass, at most what the prior slope says from the smallest bucket,
+    while it holds fewer than ``Policy.cost_min_passes`` (the noise of a CPU clock only adds: a pass slowed
+    by another process's use of the caches and memory, a thread that waited for a preempted one; so one
+    slow pass in a bucket of one or two says nothing, and the slope it would give is extrapolated to
+    every larger draft). The curve through the
     points is made non-decreasing
     and subadditive (a pass of ``m + k`` inputs costs at most a pass of ``m`` plus ``k`` plain passes:
     it never pays to split a pass), interpolated between them, extrapolated with the measured slope above
@@ -128,7 +130,8 @@ class PassCost:
     a few noisy passes each made decisions swing between runs.
 
     Example: passes of 1 input took 70, 71, 90 ms (one slowed), of 9 inputs 85 ms: t(1) = 71 ms,
-    t(5) = 78 ms, t(17) = 99 ms. A lone pass of 2 inputs reading 250 ms counts as t(1) + t(1) = 142 ms."""
+    t(5) = 78 ms, t(17) = 99 ms. A lone pass of 2 inputs reading 250 ms counts as the prior's 74.6 ms
+    until two more passes of 2 are measured; their median then, at most t(1) + t(1) = 142 ms."""
 
     def __init__(self, policy: Policy = DEFAULT) -> None:
         self.policy = policy
@@ -149,6 +152,8 @@ class PassCost:
             for key in sorted(self._buckets):
                 bucket = self._buckets[key]
                 size, t = _bucket_point(bucket, self.policy.cost_min_passes)
+                if times and len(bucket) < self.policy.cost_min_passes:  # a bucket of one or two passes claims
+                    t = min(t, times[0] * (1 + self.policy.prior_slope * (size - sizes[0])))  # no more than the prior
                 if times:  # a larger pass never costs less (noise between neighbours), nor more than the
                     #        smaller one plus its extra inputs as plain passes (subadditive)
                     t = min(max(t, times[-1]), times[-1] + (size - sizes[-1]) * times[0])

@@ -19,8 +19,9 @@ from suffixspec.policy import (
 )
 
 
-def _cost(seconds: dict[int, float], times: int = 1) -> PassCost:
-    """A pass cost measured at these input counts (each ``times`` times: from 3, buckets read medians)."""
+def _cost(seconds: dict[int, float], times: int = 3) -> PassCost:
+    """A pass cost measured at these input counts, each ``times`` times (3: every bucket reads its median;
+    fewer: its fastest pass, at most the prior)."""
     cost = PassCost()
     for _ in range(times):
         for inputs, t in seconds.items():
@@ -48,12 +49,15 @@ def test_cost_is_a_robust_monotone_curve():
     assert cost.estimate(17) == pytest.approx(0.099)
     cost.observe(4, 0.050)  # cheaper than one input: noise, lifted to the curve
     assert cost.estimate(4) == pytest.approx(0.071)
-    cost.observe(2, 0.250)  # one pass of 2 slowed 3.5x (threads spinning on a busy machine): capped
-    assert cost.estimate(2) == pytest.approx(0.142)  # at t(1) + t(1): it never pays to split a pass
-    cost.observe(2, 0.072)  # a second pass of 2: the shorter one holds while the bucket has under 3
-    assert cost.estimate(2) == pytest.approx(0.072)
-    cost.observe(2, 0.075)  # from 3 passes: their median
-    assert cost.estimate(2) == pytest.approx(0.075)
+    cost.observe(2, 0.250)  # one pass of 2 slowed 3.5x (threads spinning on a busy machine): the prior
+    assert cost.estimate(2) == pytest.approx(0.071 * 1.05)  # holds while the bucket has under 3 passes
+    cost.observe(2, 0.0725)  # a second pass: the shorter one, within the prior
+    assert cost.estimate(2) == pytest.approx(0.0725)
+    cost.observe(2, 0.300)  # from 3 passes: their median, at most t(1) + t(1) (it never pays to split a pass)
+    assert cost.estimate(2) == pytest.approx(0.142)
+    for t in (0.073, 0.074):  # mostly fast passes: their median
+        cost.observe(2, t)
+    assert cost.estimate(2) == pytest.approx(0.074)
 
 
 def _row(size: int, expected: float, gate: DraftGate | None = None, must: bool = False) -> RowDraft:
@@ -327,7 +331,7 @@ def test_draft_budget_follows_the_cost_curve():
     (the docstring's example), and leaves momentum alone where the curve is flat (a GPU)."""
     curve = {1: 0.070, 2: 0.071, 3: 0.072, 4: 0.073, 5: 0.074, 7: 0.075, 9: 0.077, 13: 0.082, 17: 0.095,
              25: 0.150, 33: 0.230}
-    step = StepCost(_cost(curve, times=3))
+    step = StepCost(_cost(curve))
     assert draft_budget(32, 1.5, 0, 0.9, step) == 7  # momentum: 4 + 2 x 1.5
     unsure, sure, copying = (draft_budget(32, 20.0, 16, a, step) for a in (0.6, 0.9, 0.99))
     assert 4 <= unsure <= 6 and unsure < sure <= 12 and sure < copying < 32  # copying: longer, still not 32
@@ -343,3 +347,15 @@ def test_policy_validates():
         Policy(explore_every=10, max_explore_every=5)
     with pytest.raises(ValueError, match="acceptance_prior"):
         Policy(acceptance_prior=1.0)
+
+
+def test_a_copy_keeps_drafting_through_one_slow_pass():
+    """The busy-machine trace (issue 38): plain passes of 250 ms, then one pass of 2 inputs read 873 ms.
+    That one pass no longer makes every larger draft look dear: a 32-node history draft promising 30
+    tokens is verified and the budget of a copying request stays long."""
+    cost = _cost({1: 0.250}, times=20)
+    cost.observe(2, 0.873)  # one pass of 2: a bucket of one
+    row = _row(32, 30.0)
+    choose_drafts([row], cost)
+    assert row.verified and not row.explored
+    assert draft_budget(32, 10.0, 8, 0.98, StepCost(cost)) >= 16
