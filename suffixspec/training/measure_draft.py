@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "free_draft_break_even": break_even(t, 0.0)}
         print(json.dumps(report["costs"]), flush=True)
     if not args.no_run:
-        engine = Engine(target, prefix_cache_mb=0)
+        engine = Engine(target, prefix_cache_mb=0, threads=1)  # the one thread set above
         systems = {"plain": ((), None), "draft": ((proposer,), SpeculationConfig()),
                    "draft-always": ((proposer,), SpeculationConfig(adaptive=False))}
         report["systems"] = run_systems(engine, prompts, systems, args.tokens)
