@@ -177,7 +177,7 @@ class ThreadTuner:
         fewest, most = self.counts
         self.current = most if medians[most] * (1 + self.policy.margin) < medians[fewest] else fewest
         self._set(self.current)
-        log.info("torch threads: %s", self.describe())
+        log.debug("torch threads: %s", self.describe())  # SuffixSpec states it at INFO
 
     # -- around every pass ---------------------------------------------------------------------------
     def before_pass(self) -> int | None:

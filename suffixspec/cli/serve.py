@@ -92,8 +92,6 @@ def serve_cmd(model, draft_model, db, device, dtype, threads, host, port, api_ke
     except StoreError as e:  # corrupt or foreign --db: a clear error and exit 1, not a traceback
         raise click.ClickException(str(e)) from None
 
-    click.echo(f"threads: {app.extensions['suffixspec'].spec.engine.threads.describe()}", err=True)
-
     def ready(server) -> None:
         click.echo(f"suffixspec serving {app.extensions['suffixspec'].model_id} on "
                    f"http://{host}:{server.effective_port} (Ctrl-C to stop)", err=True)
