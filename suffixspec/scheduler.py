@@ -11,7 +11,9 @@ A step, top to bottom (:meth:`Scheduler.step`):
 3. **choose**: ``policy.choose_drafts`` decides which drafts the pass verifies, from the cost of a
    pass with this step's rows;
 4. **pass**: ONE forward over every decoding row's root and verified nodes, plus the prompts of the
-   requests that joined since the last step (lean models pack them in);
+   requests that joined since the last step (lean models pack them in), on the thread count
+   ``threads.ThreadTuner`` sets (its wall time feeds the tuner's re-checks, its CPU time the cost
+   curve of that count);
 5. **commit**: every row walks its own tree (``verify_tree``), keeps its accepted keys and values
    and commits its tokens (a stream event for its caller); finished rows leave.
 
