@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-file", type=Path, default=EXAMPLE)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if not args.prompt_file.is_file():  # examples/ is in a checkout, not in the installed package
+        ap.error(f"no prompt file {args.prompt_file}; run from a checkout or give --prompt-file")
     conditions = tuple(c.strip() for c in args.conditions.split(",") if c.strip())
     if any(c not in ("idle", "busy") for c in conditions):
         ap.error("--conditions takes idle and/or busy")
