@@ -241,7 +241,7 @@ def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cach
 
     torch.set_num_threads(1)
     target = load_model(model)
-    engine = Engine(target)
+    engine = Engine(target, threads=1)
     tok = target.tokenizer
     for w in workloads:
         if f"{key}|{w}" in saved:

@@ -1077,7 +1077,7 @@ _GENERATOR = """
 import sys, time, torch
 torch.set_num_threads(1)
 from suffixspec import SuffixSpec
-spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False)
+spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False, threads=1)
 print("generating", flush=True)
 while True:  # until killed: one long greedy generation after the other
     spec.generate("Write a long story about a lighthouse keeper.", max_tokens=400, temperature=0, ignore_eos=True)

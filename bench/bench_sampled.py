@@ -96,6 +96,8 @@ class OnOffBench:
     Use it as a context manager (the folder is removed on exit)."""
 
     def __init__(self, model: str, draft_model: str | None) -> None:
+        import torch
+
         from suffixspec.config import SamplingParams
         from suffixspec.engine import Engine
         from suffixspec.loading import load_model
@@ -104,7 +106,7 @@ class OnOffBench:
         self.draft = load_model(draft_model) if draft_model else None
         # every run prefills its whole prompt: with the prompt-prefix store on, the second run of a
         # request (speculation on) would reuse the first one's keys and values and look faster
-        self.engine = Engine(self.target, prefix_cache_mb=0)
+        self.engine = Engine(self.target, prefix_cache_mb=0, threads=torch.get_num_threads())  # as set in run()
         self.engine.generate(self.engine.encode("def main():\n    return 0\n"), SamplingParams(max_tokens=8), False)
         self._tmp = tempfile.TemporaryDirectory()
 

@@ -91,6 +91,7 @@ class Bench:
     target: Any  # LoadedModel
     draft: Any | None  # LoadedModel of the draft model (any tokenizer), or None
     history: bool = False  # drafters learn from earlier requests' outputs
+    threads: int | None = None  # torch threads of our engine (None: measured, as a user's engine)
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
@@ -101,7 +102,7 @@ class Bench:
 
         from .bench_bridge import ForwardCounter
 
-        self.engine = Engine(self.target, prefix_cache_mb=0)
+        self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
         if self.draft is not None:
             self.draft_proposer = make_draft_proposer(self.draft, self.target)
@@ -444,8 +445,12 @@ def merge_rows(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int = 1) -> dict[str, Any]:
-    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``."""
+        threads: int | str = 1) -> dict[str, Any]:
+    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
+
+    ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
+    engine measures at start (``suffixspec.threads``), then held for every system, so the baselines and
+    ours run on the same count and the ratios stay side by side."""
     import torch
 
     from suffixspec.loading import load_model
@@ -467,11 +472,15 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         systems = ("hf_plain", *systems)
     n = requests or (2 if quick else 8)
     max_tokens = max_tokens or (96 if quick else 128)
-    if threads:
-        torch.set_num_threads(threads)
+    if threads != "auto" and threads:
+        torch.set_num_threads(int(threads))
     target = load_model(model)
     draft = load_model(draft_model) if draft_model else None
-    bench = Bench(target, draft, history)
+    bench = Bench(target, draft, history, None if threads == "auto" else torch.get_num_threads())
+    bench.engine.warm_up()
+    bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
+    torch.set_num_threads(bench.engine.threads.current or torch.get_num_threads())
+    log(f"torch threads: {bench.engine.threads.describe()}")
     warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
     _hf_generate(bench, "hf_plain", warm)
     _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
@@ -495,7 +504,8 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
             else:
                 all_runs[w] = run_workload(bench, reqs, docs, systems, log, w, Path(tmp))
     meta = {"draft_model": model_label(draft_model) if draft_model else None, "max_tokens": max_tokens,
-            "threads": torch.get_num_threads(), "history": history, "temperature": 0.0,
+            "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
+            "history": history, "temperature": 0.0,
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)

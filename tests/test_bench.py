@@ -210,7 +210,7 @@ def test_bench_drafting_script_replays_with_the_gate(tiny_model_dirs, tmp_path, 
 
 @pytest.mark.slow  # three processes that import torch and transformers
 def test_bench_startup_script_on_the_embedded_model(tmp_path, monkeypatch, capsys):
-    """Imports alone against a whole generate --max-tokens 1, side by side; the table and --json."""
+    """Imports alone against a whole generate --max-tokens 8, side by side; the table and --json."""
     out = tmp_path / "new" / "startup.json"
     _main(monkeypatch, "bench_startup", ["--model", "suffixspec/demo-target", "--repeats", 1, "--json", out])
     res = json.loads(out.read_text())["results"]
@@ -219,7 +219,7 @@ def test_bench_startup_script_on_the_embedded_model(tmp_path, monkeypatch, capsy
     assert res["difference"]["wall_s"] == pytest.approx(res["generate"]["wall_s"]["median"]
                                                         - res["imports"]["wall_s"]["median"], abs=1e-3)
     table = capsys.readouterr().out
-    assert "| suffixspec generate --model suffixspec/demo-target --max-tokens 1 |" in table and "| difference |" in table
+    assert "| suffixspec generate --model suffixspec/demo-target --max-tokens 8 |" in table and "| difference |" in table
 
 
 def test_bench_concurrency_script_one_client_one_request(tmp_path):
