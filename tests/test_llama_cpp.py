@@ -48,7 +48,8 @@ def drafter(**kw) -> tuple[SuffixDraftModel, Clock]:
     clock = Clock()
     d.clock = clock
     for n in (1, 2, 3, 5, 9, 17, 33):
-        d.cost.observe(n, T1 + SLOPE * (n - 1))
+        for _ in range(d.policy.cost_min_passes):  # fewer count as the prior slope at most (PassCost)
+            d.cost.observe(n, T1 + SLOPE * (n - 1))
     return d, clock
 
 
@@ -161,6 +162,38 @@ def test_finish_counts_the_tokens_after_the_last_call():
     drive(d, [1, 2, 3], NOISE[:10], clock)
     stats = d.finish(NOISE[:12])  # the caller took two more tokens before it stopped
     assert stats.output_tokens == 12 and d.suffix.history.num_tokens == 12
+
+
+def test_the_documents_gate_weighs_llama_cpp_pass_costs():
+    """The documents hold ``1 2 3 4 5 6 7 8``; the output writes ``6x 1 2`` over and over (the documents'
+    ``2`` after ``1`` comes true, their ``3 4 ...`` after ``2`` never). Told llama.cpp's costs (a draft token
+    0.66 of a step), the corpus' record ends far lower than where an extra token costs nothing (a flat
+    curve), on the same drafts: the measured costs reach the documents' gate (Proposer.observe_costs)."""
+    from suffixspec.index.retrieval import RetrievalParams
+    from suffixspec.index.suffix_array import SuffixArray
+
+    from suffixspec.llama_cpp.draft import RequestArgs, single_chain_config
+    from suffixspec.proposers.suffix import SuffixProposer
+
+    truth = [t for i in range(60) for t in (60 + i % 5, 1, 2)]
+
+    def corpus_value(flat: bool) -> float:
+        d, clock = drafter()
+        if flat:  # every pass as dear as one token: a draft token costs nothing
+            for n in (1, 2, 3, 5, 9, 17, 33):
+                for _ in range(2 * d.policy.cost_min_passes):  # the majority of each bucket
+                    d.cost.observe(n, T1)
+        cfg = single_chain_config(min_token_prob=0.0, retrieval=RetrievalParams(min_match=1))
+        d.suffix = SuffixProposer(documents=SuffixArray.build([[1, 2, 3, 4, 5, 6, 7, 8]]), config=cfg,
+                                  history=False)
+        assert d._step_costs(8)[1] == (0.0 if flat else pytest.approx(SLOPE))
+        d.expect(RequestArgs(drafters=("documents",), adaptive=False))  # the documents' drafts alone
+        drive(d, [9, 1, 2], truth, clock)
+        d.finish()
+        return d.suffix.documents_yield.value
+
+    steep, flat = corpus_value(False), corpus_value(True)
+    assert steep < flat - 0.1, (steep, flat)  # here about 0.10 against 0.34 (from the prior 0.25)
 
 
 def test_chain_of_keeps_the_first_path():
@@ -368,8 +401,9 @@ def test_the_runtime_behind_suffixspec_and_its_refusals(tmp_path):
 
     with pytest.raises(ValueError, match="draft model"):
         SuffixSpec(model=SMOLLM2, runtime="llama-cpp", draft_model="gemma-3-270m", db=False)
-    with SuffixSpec(model=SMOLLM2, runtime="llama-cpp", db=tmp_path / "i.db") as spec:
+    with SuffixSpec(model=SMOLLM2, runtime="llama-cpp", db=tmp_path / "i.db", threads=1) as spec:
         assert spec.drafters == ["prompt", "history", "documents", "references", "prediction"]
+        assert spec.threads["threads"] == 1 and spec.threads["how"] == "given"  # llama.cpp's, as given
         # every draft sent: whether one pays depends on this machine's measured costs
         res = spec.generate(messages=PROMPTS[2], max_tokens=64, temperature=0.0, speculation={"adaptive": False})
         assert res.stats.accepted_tokens > 20 and sum(s != "target" for s in res.token_sources) > 20

@@ -23,6 +23,11 @@ _model_options = [
                  help="What runs the model: our engine over transformers, or llama-cpp: the GGUF in llama.cpp "
                       "with the suffix drafter inside it (pip install 'suffixspec[llama-cpp]'; no draft model; "
                       "docs/llama_cpp.md)."),
+    click.option("--threads", type=click.IntRange(1, 1024), default=None,
+                 help="torch threads for the model's passes. Default on a CPU: measured at start (one thread or "
+                      "every core, whichever passes faster) and re-checked while decoding, as the machine's load "
+                      "changes; OMP_NUM_THREADS fixes it too. --runtime llama-cpp: llama.cpp's threads (default: "
+                      "the physical cores)."),
 ]
 
 

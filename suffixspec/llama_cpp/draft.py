@@ -374,6 +374,8 @@ class SuffixDraftModel(_Base):
             self.suffix.update(live.pending)
             live.pending = []
         budget = momentum_budget(cap, live.mean_accepted, live.copy_run, self.policy) if args.adaptive else cap
+        if self.suffix.documents is not None:  # the documents' gate weighs their nodes and lookups in passes
+            self.suffix.observe_costs(*self._step_costs(budget))
         t = time.perf_counter()
         draft = chain_of(self.suffix.propose(ContextView(ids, n), budget)).truncated(budget)
         live.stats.record_call(self.name, time.perf_counter() - t)
@@ -392,6 +394,16 @@ class SuffixDraftModel(_Base):
         live.idle = min(IDLE_MAX, 2 * live.idle or 1)
         live.wait = live.idle
         return _NO_DRAFT
+
+    def _step_costs(self, budget: int) -> tuple[float | None, float | None]:
+        """What a plain llama.cpp step and one more verified draft token cost, for ``Proposer.observe_costs``
+        (as the engine tells it: ``t(1)`` and ``(t(1 + budget) - t(1)) / budget``; None: nothing measured).
+        Example: t(1) = 8.3 ms, t(9) = 52 ms, budget 8 -> (8.3 ms, 5.5 ms): a document node costs 0.66 of a
+        step here, where the engine's batched passes on a CPU make it a few hundredths."""
+        plain = self.cost.estimate(1)
+        if not plain or budget < 1:
+            return plain, None
+        return plain, (self.cost.estimate(1 + budget) - plain) / budget
 
 
 def chain_of(draft: Draft) -> Draft:
@@ -437,9 +449,12 @@ def lean_prompt_eval(llm: Any, drafter: SuffixDraftModel) -> None:
 
 
 def calibrate_cost(llm: Any, cost: PassCost, clock: Any = time.thread_time, context: int = 16,
-                   sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 2) -> None:
+                   sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int | None = None) -> None:
     """Time ``llm``'s evaluation of ``sizes`` tokens after a ``context``-token prefix (``repeats`` times each,
-    smallest first) into ``cost``; the model's state is reset after. A few hundred ms for a 135M model."""
+    smallest first) into ``cost``; the model's state is reset after. A few hundred ms for a 135M model.
+    ``repeats`` defaults to ``Policy.cost_min_passes``: fewer passes of a size count at most as the prior
+    slope says (``PassCost``), and the first requests would take every draft for nearly free."""
+    repeats = repeats or cost.policy.cost_min_passes
     filler = llm.tokenize(b" the", add_bos=False, special=False)[:1] or [0]
     llm.reset()
     llm.eval(filler * context)

@@ -45,8 +45,9 @@ class LlamaCppEngine:
     batchable = False
 
     def __init__(self, llm: Any, tokenizer: Any, model_name: str, drafter: SuffixDraftModel | None = None,
-                 max_draft_tokens: int = 32) -> None:
+                 max_draft_tokens: int = 32, threads_given: bool = False) -> None:
         self.llm = llm
+        self.threads = LlamaThreads(int(llm.context_params.n_threads), threads_given)  # what SuffixSpec.threads reads
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.drafter = drafter
@@ -153,6 +154,26 @@ class LlamaCppEngine:
                           None, result)
 
 
+class LlamaThreads:
+    """llama.cpp's thread count, in the form ``SuffixSpec.threads`` reports (``suffixspec.threads.describe``):
+    given (``--threads N``) or llama-cpp-python's default; llama.cpp keeps it for the engine's life."""
+
+    def __init__(self, threads: int, given: bool) -> None:
+        self.current = threads
+        self.how = "given" if given else "llama.cpp default"
+
+    def to_dict(self) -> dict:
+        from ..threads import wait_policy
+
+        return {"threads": self.current, "how": self.how, "device": "cpu", "measured_ms": {},
+                "wait_policy": wait_policy(), "rechecks": 0, "switches": 0}
+
+    def describe(self) -> str:
+        from ..threads import describe
+
+        return describe(self.to_dict())
+
+
 class _Steps:
     """Which draft each generated token came from: tokens arrive one by one from ``Llama.generate``; a
     new draft call (the drafter's ``calls`` moved) starts a step, whose tokens match the draft up to
@@ -185,4 +206,4 @@ def build_engine(model: str, store: Any = None, history: bool = True, max_draft_
     drafter = SuffixDraftModel(db=store, tokenizer=tokenizer, history=history,
                                max_draft_tokens=max_draft_tokens) if speculation else None
     llm = load(model, n_ctx=n_ctx, n_threads=n_threads, tokenizer=tokenizer, draft=drafter or False)
-    return LlamaCppEngine(llm, tokenizer, model, drafter, max_draft_tokens)
+    return LlamaCppEngine(llm, tokenizer, model, drafter, max_draft_tokens, threads_given=n_threads is not None)
