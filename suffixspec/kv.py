@@ -56,8 +56,13 @@ def attention_windows(config: Any) -> dict[str, int | None]:
 
 
 def layer_types(config: Any) -> list[tuple[str, int | None]]:
-    """(layer type, sliding window or None) per decoder layer, in order; refuses what cannot be rewound."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
+    """(layer type, sliding window or None) per decoder layer, in order; refuses what cannot be rewound.
+
+    Read with ``transformers``' own helper where it has one (``cache_utils.get_layer_types_and_kwargs``,
+    which knows the newest layouts), else from the config's documented fields (:func:`_config_layer_types`:
+    ``layer_types``, ``sliding_window``, ``attention_chunk_size``): the helper is not public API, so a
+    ``transformers`` release without it (5.0 has none; a later one may rename it) must not stop a start.
+    """
 
     def refuse(types: list[str]) -> None:
         bad = sorted({t for t in types if t not in SUPPORTED_LAYERS})
@@ -70,9 +75,42 @@ def layer_types(config: Any) -> list[tuple[str, int | None]]:
 
     decoder = config.get_text_config(decoder=True)
     refuse(list(getattr(decoder, "layer_types", None) or []))  # before the kwargs of a type we do not know
-    types, kwargs = get_layer_types_and_kwargs(decoder)
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types, kwargs = get_layer_types_and_kwargs(decoder)
+        windows = [kw.get("sliding_window") for kw in kwargs]
+    except (ImportError, AttributeError, TypeError):  # no such helper, or one that reads other fields
+        types, windows = _config_layer_types(decoder)
     refuse(types)  # inferred types, and layers that reuse another layer's KV ("dummy")
-    return [(t, kw.get("sliding_window")) for t, kw in zip(types, kwargs, strict=True)]
+    return list(zip(types, windows, strict=True))
+
+
+def _config_layer_types(decoder: Any) -> tuple[list[str], list[int | None]]:
+    """(layer types, sliding windows) from a decoder config's documented fields, as ``transformers``' caches
+    read them: ``layer_types`` when the config has it, else every layer sliding when ``sliding_window`` is
+    set (Mistral), chunked when ``attention_chunk_size`` is, full otherwise. Layers that reuse another
+    layer's keys and values (``num_kv_shared_layers``, ``kv_sharing_modes``) come out as ``"dummy"``.
+
+    Example: Gemma 3 (``layer_types`` = 5 sliding then 1 full, ``sliding_window`` 512) ->
+    ``(["sliding_attention"] * 5 + ["full_attention"], [512] * 5 + [None])``.
+    """
+    n = int(decoder.num_hidden_layers)
+    window = getattr(decoder, "sliding_window", None)
+    chunk = getattr(decoder, "attention_chunk_size", None)
+    types = list(getattr(decoder, "layer_types", None) or [])
+    if not types:
+        kind = "sliding_attention" if window is not None else "chunked_attention" if chunk is not None \
+            else "full_attention"
+        types = [kind] * n
+    shared = int(getattr(decoder, "num_kv_shared_layers", 0) or 0)
+    if shared:
+        types = types[: n - shared] + ["dummy"] * shared
+    modes = getattr(decoder, "kv_sharing_modes", None)
+    if modes:
+        types = ["dummy" if mode == "reuse" else t for t, mode in zip(types, modes, strict=False)]
+    types = ["dummy" if t in ("moe", "mlp") else t for t in types]
+    return types, [window if t == "sliding_attention" else chunk if t == "chunked_attention" else None for t in types]
 
 
 def new_cache(config: Any) -> Any:

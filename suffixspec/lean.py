@@ -34,6 +34,7 @@ queries of that head (mask rows repeated), one SDPA call per row and layer.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import weakref
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ import numpy as np
 import torch
 
 from .kv import SlotCache, additive, layer_types, tree_mask
+
+log = logging.getLogger(__name__)
 
 # model_type -> family
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}
@@ -71,16 +74,35 @@ class PassRow:
 
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its LeanForward (fused weights once)
+_BROKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its lean forward failed to build
 
 
 def lean_forward(model: Any) -> LeanForward | None:
     """The lean forward of ``model`` (one per model, so its fused weights exist once however many
-    runners use it), or None when its family has none (:func:`unsupported` says why)."""
-    if unsupported(model) is not None:
+    runners use it), or None when it runs through its own forward: its family has none
+    (:func:`unsupported` says why), or building it failed.
+
+    Building reads ``transformers`` internals (the rotary module's ``inv_freq``, config fields, the
+    module layout), which a release may rename. Then the model's own forward serves it, the same
+    tokens at its speed, and one warning per model says why::
+
+        lean forward of LlamaForCausalLM unavailable (AttributeError: 'LlamaConfig' object has no
+        attribute 'rms_norm_eps'); running the model's own forward
+    """
+    if model in _BROKEN:
         return None
     lean = _LEAN.get(model)
-    if lean is None:
+    if lean is not None:
+        return lean
+    try:
+        if unsupported(model) is not None:
+            return None
         lean = _LEAN[model] = LeanForward(model)
+    except Exception as e:  # noqa: BLE001 - any failure to read the model: its own forward still runs
+        _BROKEN[model] = f"{type(e).__name__}: {e}"
+        log.warning("lean forward of %s unavailable (%s); running the model's own forward",
+                    type(model).__name__, _BROKEN[model])
+        return None
     return lean
 
 
@@ -187,10 +209,28 @@ def unsupported(model: Any) -> str | None:
             return "bidirectional attention"
         if getattr(text, "hidden_activation", None) not in ("gelu_pytorch_tanh", "gelu"):
             return f"activation {getattr(text, 'hidden_activation', None)!r}"
-        params = getattr(text, "rope_parameters", None) or {}
-        if any((p or {}).get("rope_type", "default") != "default" for p in params.values()):
+        # transformers 5: one rope dict per layer type; 4.x: rope_scaling (None: default)
+        params = getattr(text, "rope_parameters", None) or {"all": getattr(text, "rope_scaling", None)}
+        if any((p or {}).get("rope_type", (p or {}).get("type", "default")) != "default" for p in params.values()):
             return "a rope type other than default"
     return None
+
+
+def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [d/2], attention scaling) of the model's rotary embedding; ``kind``: the layer
+    type of a model with one table per type (Gemma 3), None for one table.
+
+    The layouts of ``transformers`` differ: 5.x keeps Gemma 3's tables in one module as
+    ``{kind}_inv_freq`` / ``{kind}_attention_scaling``; 4.x has two modules, ``rotary_emb`` (global) and
+    ``rotary_emb_local`` (sliding). Anything else raises AttributeError, and :func:`lean_forward` falls
+    back to the model's own forward."""
+    rotary = inner.rotary_emb
+    if kind is None:
+        return rotary.inv_freq, getattr(rotary, "attention_scaling", 1.0)
+    if hasattr(rotary, f"{kind}_inv_freq"):
+        return getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling", 1.0)
+    module = inner.rotary_emb_local if kind == "sliding_attention" else rotary
+    return module.inv_freq, getattr(module, "attention_scaling", 1.0)
 
 
 @dataclass
@@ -238,19 +278,16 @@ class LeanForward:
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
-        self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype) if gemma else None
+        self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype, device=self.device) if gemma else None
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048))
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) if gemma else None
         types = layer_types(cfg)
         self.windows = sorted({w for _, w in types}, key=lambda w: (w is not None, w or 0))  # None first
         self.rope: dict[str, tuple[torch.Tensor, float]] = {}  # table key -> (inv_freq [d/2], scaling)
-        rotary = inner.rotary_emb
         for kind, _ in types:
             key = kind if gemma else "all"
             if key not in self.rope:
-                inv = getattr(rotary, f"{kind}_inv_freq") if gemma else rotary.inv_freq
-                scaling = getattr(rotary, f"{kind}_attention_scaling", 1.0) if gemma else getattr(
-                    rotary, "attention_scaling", 1.0)
+                inv, scaling = _rotary_table(inner, kind if gemma else None)
                 self.rope[key] = (inv.float().to(self.device), float(scaling))
         norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
         self.layers: list[_Layer] = []

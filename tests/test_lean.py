@@ -175,3 +175,64 @@ def test_the_batching_probe_catches_a_lean_forward_that_differs(node):
 
     runner.lean = off
     assert "differ from the model's own" in runner.batch_problem()
+
+
+# -- a transformers release that renames what the lean forward reads ---------------------------------------
+
+def _rename_rms_norm_eps(model, monkeypatch) -> None:
+    """As a release that renamed ``LlamaConfig.rms_norm_eps`` would leave a loaded model: neither the config
+    class nor the model's config has the name. The model's own norms keep the epsilon they were built with,
+    so its forward is untouched; the lean build, which reads the name, fails."""
+    monkeypatch.delattr(type(model.config), "rms_norm_eps", raising=False)  # transformers 5: a class default
+    monkeypatch.delattr(model.config, "rms_norm_eps")
+
+
+def test_a_start_with_a_renamed_internal_serves_the_same_tokens(tiny_model_dirs, monkeypatch, caplog):
+    """A real tiny Llama whose lean build reads a name its transformers lacks: the engine starts, says why in
+    one warning, serves through the model's own forward, and greedy, seeded and speculative outputs equal
+    those of the intact model on the lean forward."""
+    import logging
+
+    from doubles import OracleProposer
+
+    from suffixspec.config import SamplingParams, SpeculationConfig
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model
+
+    path = str(tiny_model_dirs["llama"])
+    params = [SamplingParams(max_tokens=24, ignore_eos=True),
+              SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=3)]
+    intact = Engine(load_model(path, device="cpu"))
+    assert intact.scheduler.runner.lean is not None
+    want = [intact.generate("def add(a, b):", sp, speculation=False).token_ids for sp in params]
+
+    loaded = load_model(path, device="cpu")
+    _rename_rms_norm_eps(loaded.model, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="suffixspec"):
+        engine = Engine(loaded)
+        got = [engine.generate("def add(a, b):", sp, speculation=False).token_ids for sp in params]
+        for sp, plain in zip(params, want, strict=True):  # speculation on: a tree verified on the fallback path
+            engine.proposers = [OracleProposer(plain, engine.vocab_size, corrupt_every=3, branch=True)]
+            res = engine.generate("def add(a, b):", sp, SpeculationConfig(adaptive=False))
+            assert res.token_ids == plain and res.stats.accepted_tokens > 0
+        engine.proposers = []
+    assert got == want
+    assert engine.scheduler.runner.lean is None and engine.batchable
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "rms_norm_eps" in warnings[0] and "model's own forward" in warnings[0]
+
+
+def test_a_draft_model_whose_lean_build_fails_drafts_with_its_own_forward(tiny_model_dirs, monkeypatch):
+    """The draft model's runner falls back the same way: the same logits from its own forward and cache."""
+    from suffixspec.loading import load_model
+    from suffixspec.proposers.model_drafter import DraftRunner
+
+    path = str(tiny_model_dirs["llama"])
+    intact, broken = load_model(path, device="cpu"), load_model(path, device="cpu")
+    _rename_rms_norm_eps(broken.model, monkeypatch)
+    lean, own = DraftRunner(intact), DraftRunner(broken)
+    assert lean.lean is not None and own.lean is None
+    ids = [5, 9, 30, 7, 12, 40, 3]
+    for n in (4, 7, 6):  # a prompt, its extension, a rewrite (the cache is cropped)
+        torch.testing.assert_close(own.logits_after(ids[:n]), lean.logits_after(ids[:n]), rtol=1e-5, atol=1e-5)
