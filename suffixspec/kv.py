@@ -61,7 +61,8 @@ def layer_types(config: Any) -> list[tuple[str, int | None]]:
     Read with ``transformers``' own helper where it has one (``cache_utils.get_layer_types_and_kwargs``,
     which knows the newest layouts), else from the config's documented fields (:func:`_config_layer_types`:
     ``layer_types``, ``sliding_window``, ``attention_chunk_size``): the helper is not public API, so a
-    ``transformers`` release without it (5.0 has none; a later one may rename it) must not stop a start.
+    ``transformers`` release without it (5.6, the lowest release suffixspec supports, has none; a later one may rename it) must not
+    stop a start.
     """
 
     def refuse(types: list[str]) -> None:

@@ -209,28 +209,21 @@ def unsupported(model: Any) -> str | None:
             return "bidirectional attention"
         if getattr(text, "hidden_activation", None) not in ("gelu_pytorch_tanh", "gelu"):
             return f"activation {getattr(text, 'hidden_activation', None)!r}"
-        # transformers 5: one rope dict per layer type; 4.x: rope_scaling (None: default)
-        params = getattr(text, "rope_parameters", None) or {"all": getattr(text, "rope_scaling", None)}
-        if any((p or {}).get("rope_type", (p or {}).get("type", "default")) != "default" for p in params.values()):
+        params = getattr(text, "rope_parameters", None) or {}
+        if any((p or {}).get("rope_type", "default") != "default" for p in params.values()):
             return "a rope type other than default"
     return None
 
 
 def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [d/2], attention scaling) of the model's rotary embedding; ``kind``: the layer
-    type of a model with one table per type (Gemma 3), None for one table.
-
-    The layouts of ``transformers`` differ: 5.x keeps Gemma 3's tables in one module as
-    ``{kind}_inv_freq`` / ``{kind}_attention_scaling``; 4.x has two modules, ``rotary_emb`` (global) and
-    ``rotary_emb_local`` (sliding). Anything else raises AttributeError, and :func:`lean_forward` falls
-    back to the model's own forward."""
+    type of a model with one table per type (Gemma 3 keeps them as ``{kind}_inv_freq`` and
+    ``{kind}_attention_scaling``), None for one table. A layout without these names raises
+    AttributeError, and :func:`lean_forward` falls back to the model's own forward."""
     rotary = inner.rotary_emb
     if kind is None:
         return rotary.inv_freq, getattr(rotary, "attention_scaling", 1.0)
-    if hasattr(rotary, f"{kind}_inv_freq"):
-        return getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling", 1.0)
-    module = inner.rotary_emb_local if kind == "sliding_attention" else rotary
-    return module.inv_freq, getattr(module, "attention_scaling", 1.0)
+    return getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling", 1.0)
 
 
 @dataclass

@@ -140,10 +140,7 @@ def _load_converted(path: str, config: Any, torch_dtype: Any) -> Any | None:
     try:
         from transformers.initialization import no_init_weights  # transformers 5
     except ImportError:
-        try:
-            from transformers.modeling_utils import no_init_weights  # transformers 4.x
-        except ImportError:
-            return None
+        return None
     weights = Path(path) / "model.safetensors"
     if config.model_type not in DIRECT_LOAD_TYPES or torch_dtype != torch.float32 or not weights.is_file() \
             or any(Path(path).glob("*.safetensors.index.json")):

@@ -137,7 +137,7 @@ def _configs() -> dict:
 @pytest.mark.parametrize("name", sorted(_configs()))
 def test_layer_types_read_without_transformers_helper_agree(name, monkeypatch):
     """kv.layer_types reads transformers' cache_utils.get_layer_types_and_kwargs where it exists (not public
-    API; transformers 5.0 has none): without it, the config's documented fields give the same types and
+    API; transformers 5.6 has none): without it, the config's documented fields give the same types and
     windows per layer, for every family with windows."""
     import transformers.cache_utils
 
