@@ -236,3 +236,89 @@ def test_a_draft_model_whose_lean_build_fails_drafts_with_its_own_forward(tiny_m
     ids = [5, 9, 30, 7, 12, 40, 3]
     for n in (4, 7, 6):  # a prompt, its extension, a rewrite (the cache is cropped)
         torch.testing.assert_close(own.logits_after(ids[:n]), lean.logits_after(ids[:n]), rtol=1e-5, atol=1e-5)
+
+
+# -- attention in one call per group of rows -------------------------------------------------------------
+
+def _rows_pass(lean: LeanForward, prompts: list[list[int]], drafts: list[tuple[list[int], list[int]]],
+               order: list[int]) -> list[torch.Tensor]:
+    """Each prompt prefilled into its own cache row, then one pass over the rows in ``order`` (root + draft)."""
+    cache = SlotCache(len(prompts), capacity=16)
+    rows = [cache.add_row() for _ in prompts]
+    for r, p in zip(rows, prompts, strict=True):
+        lean([PassRow(r, p[:-1], None, 0, "none")], cache)
+        cache.lengths[r] = len(p) - 1
+    out = lean([PassRow(rows[j], [prompts[j][-1], *drafts[j][0]], drafts[j][1], len(prompts[j]) - 1) for j in order],
+               cache)
+    return [out[order.index(j)] for j in range(len(prompts))]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma3_text"])  # full attention; windows of 8
+def test_rows_grouped_in_one_attention_call_equal_each_row_alone(model_type, monkeypatch):
+    """Six rows (trees of one shape, chains, lone roots; contexts inside and past the windows) in one pass:
+    every grouping (all in one call per layer, padded and masked; each alone; the cost rule's) gives each
+    row the logits it gets alone and transformers' own."""
+    import suffixspec.lean as lean_module
+
+    model = _tiny(model_type)
+    lean = LeanForward(model)
+    rng = np.random.RandomState(2)
+    prompts = [[int(t) for t in rng.randint(3, VOCAB, size=n)] for n in (12, 13, 21, 6, 14, 30)]
+    tree = ([5, 6, 7], [-1, 0, 0])
+    drafts = [tree, tree, ([8, 9, 10], [-1, 0, 1]), ([], []), tree, ([], [])]
+    order = [3, 0, 5, 1, 4, 2]  # cache rows out of order in the pass: keys gathered, not sliced
+    alone = [_rows_pass(lean, [prompts[j]], [drafts[j]], [0])[0] for j in range(len(prompts))]
+    for scores in (10**12, 0, lean_module.CALL_SCORES):
+        monkeypatch.setattr(lean_module, "CALL_SCORES", scores)
+        got = _rows_pass(lean, prompts, drafts, order)
+        for j, (want, row) in enumerate(zip(alone, got, strict=True)):
+            torch.testing.assert_close(row, want, rtol=1e-5, atol=1e-5 * max(1.0, float(want.abs().max())),
+                                       msg=f"row {j}, CALL_SCORES {scores}")
+    refs = _path_logits(model, prompts[0], *tree)  # and transformers' own, for one row of the one-call grouping
+    monkeypatch.setattr(lean_module, "CALL_SCORES", 10**12)
+    got = _rows_pass(lean, prompts, drafts, order)[0]
+    for k, want in enumerate(refs):
+        assert float((got[k] - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), k
+
+
+def test_grouping_follows_the_cost_of_a_call():
+    """Rows share a call where padding them costs fewer scores than the calls saved (CPU); a prompt over an
+    empty cache stays alone."""
+    lean = LeanForward(_tiny("llama"))  # 4 heads
+    steps = [PassRow(j, [5], [], past) for j, past in enumerate((400, 410, 420, 900))]
+    assert lean._grouping(steps, [(np.zeros(1, dtype=np.int64), np.ones((1, 1), bool))] * 4) == [[0, 1, 2], [3]]
+    blocks = [(np.array([0, 1, 2]), np.tril(np.ones((3, 3), bool))), (np.zeros(1, dtype=np.int64), np.ones((1, 1), bool)),
+              (np.arange(20), None)]
+    for past, want in ((40, [[2], [1, 0]]), (1000, [[2], [1], [0]])):  # a lone root padded to 3 queries: cheap at 40
+        rows = [PassRow(0, [5, 6, 7], [-1, 0], past), PassRow(1, [5], [], past), PassRow(2, list(range(3, 23)), None, 0)]
+        assert lean._grouping(rows, blocks) == want, past
+
+
+@pytest.mark.parametrize("window", [None, 3, 8])
+def test_masks_built_on_the_device_equal_tree_masks(window):
+    """LeanForward._masks (one row, and rows padded to a group's shape) against kv.tree_mask, random trees."""
+    from suffixspec.kv import additive, tree_block, tree_mask
+
+    lean = LeanForward(_tiny("llama"))
+    rng = np.random.RandomState(window or 0)
+    sel = []
+    for past in (0, 2, 9, 15):
+        n = int(rng.randint(1, 7))
+        parents = [int(rng.randint(-1, i)) for i in range(n - 1)]
+        sel.append(PassRow(0, [5] * n, parents, past))
+    blocks = [tree_block(r.parents) for r in sel]
+    width, end = max(len(r.ids) for r in sel), max(r.past + len(r.ids) for r in sel)
+    start = min(0 if window is None else max(0, r.past - window + 1) for r in sel)
+    group = lean._masks(sel, blocks, window, start, 1, end, width)  # [B, 1, width, end - start]
+    for b, r in enumerate(sel):
+        n = len(r.ids)
+        first, allowed = tree_mask(r.parents, r.past, (window,))[1][window].first, None
+        allowed = tree_mask(r.parents, r.past, (window,))[1][window].allowed
+        if allowed is None:  # the root alone: every key from first on
+            allowed = np.ones((1, r.past + 1 - first), dtype=bool)
+        want = additive(allowed, lean.dtype, "cpu")
+        assert torch.equal(lean._masks([r], [blocks[b]], window, first, 1)[0, 0], want)
+        row = group[b, 0, :n]
+        assert torch.equal(row[:, first - start : r.past + n - start], want)
+        assert bool((row[:, : first - start] < 0).all()) and bool((row[:, r.past + n - start :] < 0).all())
+        assert bool((group[b, 0, n:, r.past - start] == 0).all())  # padding queries see their row's root
