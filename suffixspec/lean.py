@@ -23,7 +23,7 @@ of them, no padding to the widest row). Attention runs over each row's own keys 
 only its window on a sliding layer), in one SDPA call per layer for each *group* of rows
 (:meth:`LeanForward._grouping`): a group's rows are padded to its most queries and widest key range,
 masked, which pays where a call's overhead costs more than the padding's arithmetic (on a GPU nearly
-always; on a CPU for rows of equal query counts and similar lengths). Worked example (two rows: a tree
+always; on a CPU only for rows of one shape: attention there is reading keys and values). Worked example (two rows: a tree
 of 3 nodes after 2 cached tokens, a lone root after 5)::
 
     packed tokens   r0: root a b   r1: root        (4 tokens through every matmul)
@@ -231,12 +231,16 @@ def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
     return getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling", 1.0)
 
 
-# what one SDPA call costs on a CPU beyond its arithmetic, in attention scores (query x key x head): about
-# 15 us of call overhead at 4.7 ns a score (SmolLM2's heads of 64, one thread, this project's AMD EPYC).
-# Rows share a call where padding them to one shape adds fewer scores than the calls it saves
-CALL_SCORES = 3200
-# the same on a GPU, an estimate (not measured here: no GPU): a call's launches cost tens of microseconds,
-# in which a GPU computes millions of scores; a prompt chunk of thousands of tokens still gets its own call
+# what one SDPA call costs beyond its arithmetic, in attention scores (query x key x head), above which rows
+# share a call padded to one shape. On a CPU: 0, rows share a call only where padding adds nothing (the
+# same queries and keys). Measured on SmolLM2-135M-Instruct (one thread, 8 rows at 300-500 tokens of
+# context, CPU time): attention is a third of the pass (22 ms of 66 for 8 plain steps, 35 of 117 for drafts of
+# 0-8 nodes) and it is reading keys and values, not calls: one call per layer for all 8 rows took as long
+# for rows of one shape (22 vs 22 ms, 40 vs 41 ms) and longer once padded (59 vs 35 ms for the mixed drafts)
+CALL_SCORES = 0
+# on a GPU a call's launches cost tens of microseconds, in which it computes millions of scores: nearly
+# every row shares the call (an estimate, not measured here: no GPU); a prompt chunk of thousands of tokens
+# still gets its own
 GPU_CALL_SCORES = 10_000_000
 
 
@@ -436,12 +440,12 @@ class LeanForward:
         """Which rows share an attention call (indices into ``rows``), each group in one SDPA call per layer.
 
         A call over several rows pads each to the group's most queries and widest key range (masked), so
-        grouping pays where a call costs more than the padding's arithmetic: on a GPU, nearly always
-        (launches dominate a decode pass; :data:`GPU_CALL_SCORES` keeps a long prompt chunk apart); on a CPU,
-        where the padding adds fewer scores than one call's overhead (:data:`CALL_SCORES`): rows of equal
-        query counts and similar lengths, such as plain steps or drafts of one budget. A prompt over an empty cache (causal) stays alone. Rows are grouped
-        greedily in order of (queries, keys). Example (CPU, 9 heads): four plain steps at 400, 410, 420
-        and 900 cached tokens -> [[0, 1, 2], [3]] (the fourth would pad 3 rows by 480 keys).
+        grouping pays where a call costs more than the padding's arithmetic: on a GPU nearly always (launches
+        dominate a decode pass; :data:`GPU_CALL_SCORES` keeps a long prompt chunk apart); on a CPU only where
+        the padding adds nothing (:data:`CALL_SCORES`: rows of the same queries and keys), since attention
+        there is reading keys and values, which no grouping saves. A prompt over an empty cache (causal)
+        stays alone. Rows are grouped greedily in order of (queries, keys). Example (CPU): four plain steps at
+        400, 400, 400 and 900 cached tokens -> [[0, 1, 2], [3]]; on a GPU, [[0, 1, 2, 3]].
         """
         cost_of_call = CALL_SCORES if self.device.type == "cpu" else GPU_CALL_SCORES
         alone, others = [], []
@@ -461,7 +465,9 @@ class LeanForward:
             current.append(j)
         if current:
             groups.append(current)
-        return groups
+        # each group in cache-row order: consecutive rows (the scheduler's decoding rows are) read their keys
+        # and values in place, where others copy them
+        return [sorted(g, key=lambda j: rows[j].row) for g in groups]
 
     def _group(self, rows: list[PassRow], offsets: list[int], blocks: list[tuple[np.ndarray, np.ndarray | None]],
                members: list[int]) -> _Group:

@@ -281,17 +281,25 @@ def test_rows_grouped_in_one_attention_call_equal_each_row_alone(model_type, mon
         assert float((got[k] - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), k
 
 
-def test_grouping_follows_the_cost_of_a_call():
-    """Rows share a call where padding them costs fewer scores than the calls saved (CPU); a prompt over an
-    empty cache stays alone."""
+def test_grouping_follows_the_cost_of_a_call(monkeypatch):
+    """Rows share a call where padding them costs fewer scores than the calls saved (on a CPU: none, so rows of
+    one shape only); a prompt over an empty cache stays alone; groups in cache-row order."""
+    import suffixspec.lean as lean_module
+
     lean = LeanForward(_tiny("llama"))  # 4 heads
-    steps = [PassRow(j, [5], [], past) for j, past in enumerate((400, 410, 420, 900))]
-    assert lean._grouping(steps, [(np.zeros(1, dtype=np.int64), np.ones((1, 1), bool))] * 4) == [[0, 1, 2], [3]]
-    blocks = [(np.array([0, 1, 2]), np.tril(np.ones((3, 3), bool))), (np.zeros(1, dtype=np.int64), np.ones((1, 1), bool)),
-              (np.arange(20), None)]
-    for past, want in ((40, [[2], [1, 0]]), (1000, [[2], [1], [0]])):  # a lone root padded to 3 queries: cheap at 40
-        rows = [PassRow(0, [5, 6, 7], [-1, 0], past), PassRow(1, [5], [], past), PassRow(2, list(range(3, 23)), None, 0)]
-        assert lean._grouping(rows, blocks) == want, past
+    one = (np.zeros(1, dtype=np.int64), np.ones((1, 1), bool))
+    steps = [PassRow(j, [5], [], past) for j, past in enumerate((400, 400, 400, 900))]
+    assert lean._grouping(steps, [one] * 4) == [[0, 1, 2], [3]]
+    tree = (np.array([0, 1, 2]), np.tril(np.ones((3, 3), bool)))
+    rows = [PassRow(0, [5, 6, 7], [-1, 0], 40), PassRow(1, [5], [], 40), PassRow(2, list(range(3, 23)), None, 0),
+            PassRow(3, [8, 9, 10], [-1, 0], 40)]
+    blocks = [tree, one, (np.arange(20), None), tree]
+    assert lean._grouping(rows, blocks) == [[2], [1], [0, 3]]
+    # a lone root padded to 3 queries at 40 keys: 352 more scores than apart
+    monkeypatch.setattr(lean_module, "CALL_SCORES", 400)
+    assert lean._grouping(rows, blocks) == [[2], [0, 1, 3]]
+    monkeypatch.setattr(lean_module, "CALL_SCORES", 300)
+    assert lean._grouping(rows, blocks) == [[2], [1], [0, 3]]
 
 
 @pytest.mark.parametrize("window", [None, 3, 8])
