@@ -233,10 +233,11 @@ def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
 
 # what one SDPA call costs beyond its arithmetic, in attention scores (query x key x head), above which rows
 # share a call padded to one shape. On a CPU: 0, rows share a call only where padding adds nothing (the
-# same queries and keys). Measured on SmolLM2-135M-Instruct (one thread, 8 rows at 300-500 tokens of
-# context, CPU time): attention is a third of the pass (22 ms of 66 for 8 plain steps, 35 of 117 for drafts of
-# 0-8 nodes) and it is reading keys and values, not calls: one call per layer for all 8 rows took as long
-# for rows of one shape (22 vs 22 ms, 40 vs 41 ms) and longer once padded (59 vs 35 ms for the mixed drafts)
+# same queries and keys). Measured on SmolLM2-135M-Instruct (bench/bench_attention.py: one thread, 8 rows
+# at 300-500 tokens of context, CPU time, load 8): attention is a third of the pass (25 ms of 71 for 8
+# plain steps, 41 of 123 for drafts of 0-8 nodes) and it is reading keys and values, not calls: one call
+# per layer for all 8 rows took as long for rows of one shape (26 vs 25 ms; 42 vs 40 for drafts of 4) and
+# longer once padded (60 vs 41 ms for the mixed drafts, the pass 1.2x)
 CALL_SCORES = 0
 # on a GPU a call's launches cost tens of microseconds, in which it computes millions of scores: nearly
 # every row shares the call (an estimate, not measured here: no GPU); a prompt chunk of thousands of tokens

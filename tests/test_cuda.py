@@ -114,34 +114,15 @@ def test_a_seeded_request_draws_the_same_tokens_on_cpu_and_cuda(engines, tiny_mo
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_batched_rows_on_cuda_equal_each_alone(engines, arch, dtype):
     """Four rows per pass, joining and leaving, greedy and seeded, with random-tree drafts."""
-    from suffixspec.runner import Runner
-    from suffixspec.scheduler import Scheduler
+    from test_precision import _batched
 
     engine = engines[(arch, dtype)]
     reqs = [(p, SamplingParams(max_tokens=32, ignore_eos=True, **case))
             for p, case in zip(PROMPTS + PROMPTS[:2], [dict()] + SEEDED + [dict(), SEEDED[0]], strict=True)]
     alone = [_generate(engine, [], p, sp, False).token_ids for p, sp in reqs]
-    engine.proposers = [RandomTreeProposer(list(range(3, 60)), seed=5)]
-    try:
-        sched = Scheduler(Runner(engine.model, 4, engine.prefix_store), lambda: engine.proposers, 4, engine.policy)
-        handles = []
-        for p, sp in reqs:
-            request, spc = engine.prepare(p, sp, None)
-            handles.append(sched.submit(engine.state_maker(request, spc, None)))
-        sizes = []
-        while sched.running or sched.waiting:
-            sched.step()
-            sizes.append(sched.running)
-    finally:
-        engine.proposers = []
+    results, sizes = _batched(engine, reqs, 4)
     assert max(sizes) == 4
-    runs = []
-    for (p, sp), want, h in zip(reqs, alone, handles, strict=True):
-        events = []
-        while not h.events.empty():
-            events.append(h.events.get())
-        assert not isinstance(events[-1], BaseException), events[-1]
-        runs.append((p, want, events[-1].result.token_ids, sp.seed))
+    runs = [(p, want, got, sp.seed) for (p, sp), want, got in zip(reqs, alone, results, strict=True)]
     _same(engine, dtype, runs)
 
 
@@ -170,7 +151,7 @@ def test_draft_models_on_cuda(engines, tiny_model_dirs, tiny_draft_dir, mode):
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral", "gemma3_text"])
 def test_lean_forward_on_cuda_equals_transformers(model_type):
     """A prompt, then a tree after it, against the model's own forward over each node's path (float32)."""
-    from test_lean import _tiny
+    from test_lean import _path_logits, _tiny
 
     from suffixspec.kv import SlotCache
     from suffixspec.lean import LeanForward, PassRow
@@ -185,12 +166,5 @@ def test_lean_forward_on_cuda_equals_transformers(model_type):
     cache.lengths[0] = len(prompt) - 1
     got = lean([PassRow(0, [prompt[-1], *tokens], parents, len(prompt) - 1)], cache)[0]
     assert got.device.type == "cuda"
-    for k in range(len(tokens) + 1):
-        path, node = [], k - 1
-        while node >= 0:
-            path.append(tokens[node])
-            node = parents[node]
-        with torch.inference_mode():
-            want = model(input_ids=torch.tensor([prompt + path[::-1]], device="cuda")).logits[0, -1].float()
-        scale = max(1.0, float(want.abs().max()))
-        assert float((got[k] - want).abs().max()) <= 1e-4 * scale, k
+    for k, want in enumerate(_path_logits(model, prompt, tokens, parents)):
+        assert float((got[k] - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), k

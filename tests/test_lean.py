@@ -63,7 +63,7 @@ def _path_logits(model, prompt: list[int], tokens: list[int], parents: list[int]
             path.append(tokens[node])
             node = parents[node]
         with torch.inference_mode():
-            out.append(model(input_ids=torch.tensor([prompt + path[::-1]])).logits[0, -1].float())
+            out.append(model(input_ids=torch.tensor([prompt + path[::-1]], device=model.device)).logits[0, -1].float())
     return out
 
 

@@ -146,6 +146,33 @@ def test_greedy_and_seeded_speculation_in_reduced_precision(engines, arch, dtype
         _check(pairs, engine, f"{arch} {dtype} {what}")
 
 
+def _batched(engine: Engine, reqs: list[tuple[str, SamplingParams]], rows: int) -> tuple[list[list[int]], list[int]]:
+    """Each request's tokens served ``rows`` at a time (random-tree drafts), joining as rows free up; and the
+    batch size after each step."""
+    engine.proposers = [RandomTreeProposer(list(range(3, 60)), seed=5)]
+    try:
+        sched = Scheduler(Runner(engine.model, rows, engine.prefix_store), lambda: engine.proposers, rows,
+                          engine.policy)
+        handles = []
+        for p, sp in reqs:
+            request, spc = engine.prepare(p, sp, None)
+            handles.append(sched.submit(engine.state_maker(request, spc, None)))
+        sizes = []
+        while sched.running or sched.waiting:
+            sched.step()
+            sizes.append(sched.running)
+    finally:
+        engine.proposers = []
+    results = []
+    for h in handles:
+        events = []
+        while not h.events.empty():
+            events.append(h.events.get())
+        assert not isinstance(events[-1], BaseException), events[-1]
+        results.append(events[-1].result.token_ids)
+    return results, sizes
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_batched_rows_in_reduced_precision(engines, arch, dtype):
@@ -155,23 +182,8 @@ def test_batched_rows_in_reduced_precision(engines, arch, dtype):
              ({}, {"temperature": 1.0, "seed": 1}, {}, {"temperature": 0.8, "seed": 2}, {}, {"temperature": 1.0, "seed": 3})]
     reqs = list(zip(PROMPTS, cases, strict=True))
     alone = [_generate(engine, [], p, sp, False) for p, sp in reqs]
-    engine.proposers = [RandomTreeProposer(list(range(3, 60)), seed=5)]
-    try:
-        sched = Scheduler(Runner(engine.model, 4, engine.prefix_store), lambda: engine.proposers, 4, engine.policy)
-        handles = []
-        for p, sp in reqs:
-            request, spc = engine.prepare(p, sp, None)
-            handles.append(sched.submit(engine.state_maker(request, spc, None)))
-        while sched.running or sched.waiting:
-            sched.step()
-    finally:
-        engine.proposers = []
-    results = []
-    for h in handles:
-        events = []
-        while not h.events.empty():
-            events.append(h.events.get())
-        results.append(events[-1].result.token_ids)
+    results, sizes = _batched(engine, reqs, 4)
+    assert max(sizes) == 4
     _check([(engine.encode(p), a, b, sp.seed) for (p, sp), a, b in zip(reqs, alone, results, strict=True)],
            engine, f"{arch} {dtype} batched vs alone")
 
