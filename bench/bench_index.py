@@ -7,9 +7,9 @@ Sections:
 1. **micro** — on ~311k tokens of standard-library source: appending tokens (one per
    call and in runs of 16), speculating from 64-token contexts (per call and per drafted token,
    path and tree), bytes per indexed token. suffixspec's incremental index (request / history) and
-   its static suffix array (documents) side by side with ArcticInference's C++ suffix tree when it is
-   installed in ``/work/arctic-venv`` (``--arctic-python``); it runs there in a subprocess on the same
-   token data, same machine, same moment.
+   its static suffix array (documents) side by side with ArcticInference's C++ suffix tree when
+   ``--arctic-python`` names the Python of an environment where it is installed; it runs there in a
+   subprocess on the same token data, same machine, same moment.
 2. **corpus** — the Python standard library tokenized to ``--tokens`` tokens: time to index through
    the SQLite store (tokenize + store + suffix array + save), the longest wait of another writer
    (a thread writing every 50 ms, as a server's history does) meanwhile, to load (memory-map), the median
@@ -26,7 +26,7 @@ Sections:
    document until a reader drafts from it, deleting it. Tokenizing 200M tokens takes most of an hour
    on 2 shared cores: run it once, niced, in the background, with ``--workdir`` and a log::
 
-       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir /tmp/scale > /tmp/scale.log &
+       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir scale-work > scale.log &
 
 6. **reopen** — on the database a scale run left: the merges the policy plans now, speculate of the
    segment set vs its largest segment, add/delete one document (medians).
@@ -42,14 +42,14 @@ Sections:
    the POST route and ``index add`` run) to stores already holding 100 and 20,000 documents, interleaved:
    CPU and wall time per add, and the cost of the whole-table read adds made before::
 
-       python -m bench.bench_index --sections add --tokenizer /work/models/smollm2-135m-instruct
+       python -m bench.bench_index --sections add --tokenizer smollm2-135m-instruct
 
 9. **busy-add** — ``suffixspec index add`` of one small file against ``suffixspec index stats``, fresh
    processes, alternating, on a store of ~100 MB of source text indexed for ``--busy-model``, while another
    process generates with that model (one torch thread). Indexing the corpus takes most of the time:
    keep it with ``--workdir``::
 
-       python -m bench.bench_index --sections busy-add --workdir /tmp/busy --rounds 7
+       python -m bench.bench_index --sections busy-add --workdir busy-work --rounds 7
 
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
@@ -77,7 +77,8 @@ from suffixspec.index.speculate import SpecParams
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
 
-ARCTIC_PYTHON = "/work/arctic-venv/bin/python"
+from .checkout import command
+
 # ArcticInference 0.3.0 on the micro section's corpus (depth 64), measured on a 2-core machine: printed
 # for comparison when it is not installed here
 PEERS = {"append_us_per_token": "1.1-1.5", "speculate_us_per_call": 92.0, "speculate_us_per_drafted_token": 5.8,
@@ -663,7 +664,7 @@ def _sample_sequences(index, n: int) -> list[list[int]]:
         step = max(1, len(starts) // max(1, n // len(index.segments)))
         text = np.asarray(seg.text)
         for k in range(0, len(starts), step):
-            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg._n - 1
+            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg.num_suffixes - 1
             if end - starts[k] > 80:
                 out.append(text[starts[k]:end].astype(np.int64))
     return out
@@ -1049,11 +1050,11 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
         def timed_cli(args: list[str], root: str | None = None) -> tuple[float, float]:
             """(wall, CPU) seconds of ``suffixspec index ARGS`` run from ``root``'s code (default: this one),
             started in ``workdir`` so that no checkout is on its path but the one named."""
-            e = env if root is None else {**env, "PYTHONPATH": root}
+            argv = ["index", *args, "--db", str(db)]
+            cmd = command(root, "suffixspec", *argv) if root else [sys.executable, "-m", "suffixspec", *argv]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "suffixspec", "index", *args, "--db", str(db)],
-                                 capture_output=True, text=True, env=e, cwd=workdir)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
             wall = time.perf_counter() - t
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             assert out.returncode == 0, out.stderr[-2000:]
@@ -1154,8 +1155,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", type=int, default=2000, help="speculate / lookup calls measured")
     ap.add_argument("--requests", type=int, default=100, help="requests in the history section")
     ap.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: demo-target or a trained BPE)")
-    ap.add_argument("--arctic-python", default=ARCTIC_PYTHON if os.path.exists(ARCTIC_PYTHON) else None,
-                    help="python of a venv with arctic-inference (default /work/arctic-venv if present)")
+    ap.add_argument("--arctic-python", default=None,
+                    help="python of an environment with arctic-inference installed (micro: compare with it)")
     ap.add_argument("--sections", default="micro,corpus,history",
                     help="comma-separated: micro, corpus, history, lookup (segments vs main's array at --tokens), "
                          "concurrent (listing and generation during an add of ~--tokens tokens), "
@@ -1166,7 +1167,7 @@ def main(argv: list[str] | None = None) -> None:
                          "scale (streamed add up to --scale-tokens; run alone, niced, in the background)")
     ap.add_argument("--scale-tokens", default="25000000,50000000,100000000,200000000",
                     help="cumulative stages of the scale section")
-    ap.add_argument("--main-root", default="/work/main",
+    ap.add_argument("--main-root", default=None,
                     help="checkout of the code to compare with (lookup: its single suffix array; reopen: its segments)")
     ap.add_argument("--compact", action="store_true", help="reopen: also compact (in a child process) and time both")
     ap.add_argument("--workdir", default=None, help="where the scale section keeps its database (default: a temp dir)")
@@ -1177,7 +1178,7 @@ def main(argv: list[str] | None = None) -> None:
                          "SCHED_IDLE, nice 19)")
     ap.add_argument("--add-sizes", default="100,20000", help="add: documents already stored, per store")
     ap.add_argument("--adds", type=int, default=15, help="add: small documents added to each store (interleaved)")
-    ap.add_argument("--busy-model", default="/work/models/smollm2-135m-instruct",
+    ap.add_argument("--busy-model", default="smollm2-135m-instruct",
                     help="busy-add: the model the index is for and the other process generates with")
     ap.add_argument("--busy-bytes", type=int, default=100_000_000, help="busy-add: text indexed first")
     ap.add_argument("--compare-main", action="store_true", help="busy-add: also time --main-root's index add")

@@ -270,7 +270,7 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
 
 
 def model_label(model: str) -> str:
-    """The model's name in the tables: a folder's last part (``/work/models/gemma-3-270m`` -> ``gemma-3-270m``)."""
+    """The model's name in the tables: a folder's last part (``models/gemma-3-270m`` -> ``gemma-3-270m``)."""
     return Path(model).name if os.sep in model and Path(model).exists() else model
 
 

@@ -4,7 +4,7 @@ Sources (found on the machine, never downloaded; each function says where):
 
 - code: functions of third-party packages installed with suffixspec itself (click, flask,
   werkzeug, jinja2, sqlite_utils, waitress, tqdm: :data:`CODE_PACKAGES`), which the embedded
-  models were never trained on (``suffixspec.training.data.EVAL_PACKAGES``);
+  models were never trained on (``EVAL_PACKAGES`` of ``tools/training/data.py``);
 - documentation: the Node.js API reference in Markdown, as Debian's ``nodejs`` package installs it
   (``/usr/share/doc/nodejs/api/*.md``); where it is missing, the Markdown long descriptions of the
   installed Python distributions (their PyPI pages);

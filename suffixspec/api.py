@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import SamplingParams, SpeculationConfig
+from .errors import RequestError
 from .models import DEFAULT_MODEL, default_draft
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class SuffixSpec:
         self.draft_model_name = draft_model
         self.history = bool(history)  # draft from and save the output history
         self.db_path = self._db_path(db)  # None: no store
-        self.store: Any = None  # IndexStore the suffix proposer reads (used by the engine thread only)
+        self.store: Any = None  # IndexStore the suffix proposer reads (only from inside the decode loop)
         self.documents: Any = None  # suffixspec.index.DocumentIndex: the document methods below go through it
         if engine is not None:
             self.engine = engine
@@ -191,16 +192,33 @@ class SuffixSpec:
         return list(self.tokenizer(text)["input_ids"])
 
     def render_chat(self, messages: Sequence[Message | dict]) -> str:
-        """The prompt text the tokenizer's chat template makes of ``messages`` (ready for the assistant)."""
-        msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+        """The prompt text the tokenizer's chat template makes of ``messages`` (ready for the assistant).
+
+        ``developer`` (OpenAI's newer name for the role) reaches the template as ``system``, which chat
+        templates know. A template that refuses the conversation (roles out of order, say) raises
+        ``RequestError``."""
+        msgs = [dict(m) if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+        for m in msgs:
+            if m.get("role") == "developer":
+                m["role"] = "system"
         if not self.has_chat_template:
             # No template: a plain transcript, so base models still get a sensible prompt.
             return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:"
-        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        from jinja2 import TemplateError  # what a template's raise_exception (and any template fault) raises
 
-    def encode_chat(self, messages: Sequence[Message | dict]) -> list[int]:
-        """Token ids of a chat prompt. The template already holds special tokens, so none are added."""
+        try:
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except TemplateError as e:
+            raise RequestError(f"the model's chat template rejected these messages: {e}", "messages") from None
+
+    def encode_chat(self, messages: Sequence[Message | dict], check: Callable[[str], None] | None = None
+                    ) -> list[int]:
+        """Token ids of a chat prompt: ``render_chat``'s text, tokenized with no special tokens added (the
+        template holds them). HTTP and Python requests both encode messages here. ``check``, if given, sees
+        the rendered text before it is tokenized and may refuse it (the server's length bounds)."""
         text = self.render_chat(messages)
+        if check is not None:
+            check(text)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- generation ---------------------------------------------------------------------------
@@ -227,7 +245,7 @@ class SuffixSpec:
                        sampling: SamplingParams | None, speculation: Any, references: Sequence[str] | None,
                        prediction: str | None, kw: dict) -> dict:
         if (prompt is None) == (messages is None):
-            raise ValueError("give exactly one of prompt= or messages=")
+            raise RequestError("give exactly one of prompt= or messages=", "prompt")
         ids = self.encode_chat(messages) if messages is not None else (
             self.encode(prompt) if isinstance(prompt, str) else list(prompt))
         return dict(prompt=ids, sampling=self.sampling_params(sampling, **kw),
@@ -269,7 +287,7 @@ class SuffixSpec:
 
         from suffixspec.index.document_index import DocumentIndex, TokenizerChoice
 
-        def own_tokenizer(_index: Any) -> TokenizerChoice:  # no tokenizer shared with the engine thread
+        def own_tokenizer(_index: Any) -> TokenizerChoice:  # not the tokenizer the generating threads use
             return TokenizerChoice(copy.deepcopy(self.tokenizer), self.model_name)
 
         index = DocumentIndex(self.db_path, load_tokenizer=own_tokenizer, background_merges=True)
@@ -355,7 +373,7 @@ class SuffixSpec:
             if self._closed:
                 return
             self._closed = True
-            calls = [getattr(self.engine, "close", None)]  # the batch thread, if one runs
+            calls = [getattr(self.engine, "close", None)]  # a given engine's resources (ours holds none)
             calls += [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
             calls += [s.close for s in (self.documents, self.store) if s is not None]
             for fn in calls:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .config import SamplingParams, SpeculationConfig
-from .loading import LoadedModel
+from .loading import LoadedModel, max_context
 from .policy import Policy, ProposerRecord
 from .prefix import PrefixStore
 from .probe_cache import batch_problem
@@ -66,8 +66,7 @@ class Engine:
         self.proposers = list(proposers)
         self.default_speculation = SpeculationConfig(max_draft_tokens=max_draft_tokens)
         self.policy = policy or Policy()
-        cfg = self.model.config
-        self.max_context = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
+        self.max_context = max_context(self.model.config)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_ids = self._eos_ids()
         self.max_num_seqs = max_num_seqs  # requests stepped together
@@ -116,7 +115,7 @@ class Engine:
     def prepare(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                 speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                 prediction: str | None = None) -> tuple[RequestContext, SpeculationConfig]:
-        """Check and tokenize a request's arguments (``ValueError`` says what to change)."""
+        """Check and tokenize a request's arguments (a ``RequestError`` says what to change)."""
         return prepare(self.tokenizer, self.max_context, self.default_speculation, prompt, sampling, speculation,
                        references, prediction)
 

@@ -60,7 +60,6 @@ class KnownModel:
     assembled: bool  # False: the file sits in the package folder; True: the package's assemble(path) writes it
     licence: str  # the model's licence (shown by `suffixspec models`)
     description: str  # one line: what it is
-    draft: str | None = None  # the shipped draft model that draft_model="auto" picks, when installed
 
     def __post_init__(self) -> None:
         if not self.gguf.endswith(".gguf"):
@@ -84,7 +83,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         description="Gemma 3 270M (base): 18 layers, 512-token sliding windows, 262k vocabulary"),
 )}
 
-# the draft model draft_model="auto" picks for a target named this way (besides KnownModel.draft)
+# the draft model draft_model="auto" picks for a target named this way (the registry's models ship none)
 _EMBEDDED_DRAFTS = {DEMO_TARGET: DEMO_DRAFT}
 
 
@@ -120,7 +119,7 @@ def default_draft(target: str) -> str | None:
     >>> default_draft("./my-model") is None
     True
     """
-    draft = _EMBEDDED_DRAFTS.get(target) or (KNOWN_MODELS[target].draft if target in KNOWN_MODELS else None)
+    draft = _EMBEDDED_DRAFTS.get(target)
     if draft is None:
         return None
     if draft.startswith("suffixspec/") and not (EMBEDDED_DIR / draft.split("/", 1)[1] / "config.json").exists():

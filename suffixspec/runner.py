@@ -51,7 +51,6 @@ class Runner:
         cfg = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.max_context = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         types = layer_types(cfg)  # refuses layers whose cache cannot drop rejected tokens
         self.windows: dict[str, int | None] = dict(types)  # layer type -> window (None: full)

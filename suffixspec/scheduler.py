@@ -67,7 +67,6 @@ class Handle:
     proposers: list[Proposer] | None = None  # the proposer set lent to this request
     joining: bool = False  # admitted, its prompt (past a reused prefix) not yet in the cache: it rides in the next pass
     reused: int = 0  # prompt positions copied from the prefix store
-    done: bool = False  # its final event (or error) is in ``events``
     prompt: list[int] = field(default_factory=list)  # the prompt's token ids (staggering joiners that share a head)
 
 
@@ -226,7 +225,7 @@ class Scheduler:
             handle.state.begin()
         except Exception as e:
             self._release(handle)
-            self._emit(handle, e)
+            handle.events.put(e)
             return
         row = self.runner.add_row()
         self._rows.append(handle)
@@ -311,7 +310,7 @@ class Scheduler:
                 log.exception("committing a step failed")
                 done.append((h, e))
                 continue
-            self._emit(h, ev)
+            h.events.put(ev)
             if state.finish is not None:
                 done.append((h, None))
         for h, err in done:
@@ -346,18 +345,13 @@ class Scheduler:
             self._pool.append(handle.proposers)
         handle.proposers = None
 
-    def _emit(self, handle: Handle, ev: StreamEvent | BaseException) -> None:
-        if isinstance(ev, BaseException) or ev.result is not None:
-            handle.done = True
-        handle.events.put(ev)
-
     def _finish(self, handle: Handle) -> None:
         try:
             ev: StreamEvent | BaseException = handle.state.close()
         except Exception as e:
             ev = e
         self._remove(handle)
-        self._emit(handle, ev)
+        handle.events.put(ev)
 
     def _fail(self, handle: Handle, err: BaseException) -> None:
         try:
@@ -369,4 +363,4 @@ class Scheduler:
             self._remove(handle)
         else:
             self._release(handle)
-        self._emit(handle, err)
+        handle.events.put(err)

@@ -681,15 +681,12 @@ def test_metrics_token_rate_follows_a_running_generation(page, server):
     screenshot(page, "metrics-after-long-request")
 
 
-SMOLLM2 = "/work/models/smollm2-135m-instruct"
-
-
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory):
-    """SmolLM2-135M-Instruct from its folder (else by name, once the name resolves), no draft model."""
+    """SmolLM2-135M-Instruct (by name, or the folder ``SUFFIXSPEC_SMOLLM2`` names), no draft model."""
     import os
 
-    model = os.environ.get("SUFFIXSPEC_SMOLLM2") or (SMOLLM2 if Path(SMOLLM2).is_dir() else "smollm2-135m-instruct")
+    model = os.environ.get("SUFFIXSPEC_SMOLLM2") or "smollm2-135m-instruct"
     with serve({"model": model, "draft_model": None, "db": str(tmp_path_factory.mktemp("smoldb") / "docs.db")}) as url:
         yield url
 

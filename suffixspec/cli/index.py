@@ -67,7 +67,7 @@ def index_group() -> None:
       suffixspec index remove 3 docs/old.md
       suffixspec index stats
       suffixspec index merge
-      SUFFIXSPEC_DB=/tmp/test.db suffixspec index stats
+      SUFFIXSPEC_DB=./test.db suffixspec index stats
     """
 
 

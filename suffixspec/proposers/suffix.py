@@ -48,7 +48,7 @@ from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
-    DRAFT_SOURCES,
+    DRAFTERS,
     SOURCE_DOCUMENTS,
     SOURCE_DRAFT_MODEL,
     SOURCE_HISTORY,
@@ -57,11 +57,13 @@ from ..draft import (
     SOURCE_REFERENCES,
     Draft,
     drafter_allows,
+    node_depths,
 )
+from ..merge import TreeUnion
 from .base import Proposer, RequestContext
 
 # the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
-_SUFFIX_SOURCES = tuple(s for s in DRAFT_SOURCES if s != SOURCE_DRAFT_MODEL)
+_SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
 
 PROPOSER_NAME = "suffix"
 
@@ -645,10 +647,7 @@ def chain_probs(res: SpecResult, params: SpecParams, first: float) -> None:
 
 def node_ells(res: SpecResult) -> list[int]:
     """The match length that predicts each node: ``match_len + depth - 1`` (depth 1 below the match)."""
-    depths: list[int] = []
-    for par in res.parents:
-        depths.append(1 if par < 0 else depths[par] + 1)
-    return [res.match_len + d - 1 for d in depths]
+    return [res.match_len + d - 1 for d in node_depths(res.parents)]
 
 
 def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None) -> Draft:
@@ -672,39 +671,27 @@ def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str |
     Returns the draft and, per node, its probability, the match length that predicted it
     (:func:`node_ells`) and whose continuation rates it feeds (the result's ``kind``, else its source).
     """
-    key_to_node: dict[tuple[int, int], int] = {}
-    tokens: list[int] = []
-    parents: list[int] = []
+    union = TreeUnion()
     probs: list[float] = []
     sources: list[str] = []
-    depths: list[int] = []
     preferred: list[bool] = []  # the preferred source proposed this node (whichever source keeps it)
     ells: list[int] = []  # the match length behind each node (of the source that gave its probability)
     keys: list[str] = []  # and whose rates it learns (the result's kind, else its source)
     for source, res in results:
-        local: list[int] = []
-        for tok, par, p, ell in zip(res.token_ids, res.parents, res.probs, node_ells(res), strict=True):
-            mpar = -1 if par < 0 else local[par]
-            node = key_to_node.get((mpar, tok))
-            if node is None:
-                node = len(tokens)
-                key_to_node[(mpar, tok)] = node
-                tokens.append(tok)
-                parents.append(mpar)
+        key, res_ells = res.kind or source, node_ells(res)
+        for i, node, created in union.add(res.token_ids, res.parents):
+            p = res.probs[i]
+            if created:
                 probs.append(p)
                 sources.append(source)
-                depths.append(1 if mpar < 0 else depths[mpar] + 1)
                 preferred.append(source == prefer)
-                ells.append(ell)
-                keys.append(res.kind or source)
+                ells.append(res_ells[i])
+                keys.append(key)
             elif p > probs[node]:
-                probs[node] = p
-                sources[node] = source
-                ells[node] = ell
-                keys[node] = res.kind or source
+                probs[node], sources[node], ells[node], keys[node] = p, source, res_ells[i], key
             if source == prefer:
                 preferred[node] = True
-            local.append(node)
+    tokens, parents, depths = union.tokens, union.parents, node_depths(union.parents)
     rank: list[float] = []  # probability, + 1 on the preferred source's nodes, capped by the parent's rank
     for i, p in enumerate(probs):
         r = p + 1.0 if preferred[i] else p

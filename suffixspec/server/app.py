@@ -1,7 +1,8 @@
 """The Flask application factory.
 
 ``create_app(config)`` builds the engine, index and tokenizers once (a ``SuffixSpec``), starts the
-one engine worker thread, and keeps both in ``app.extensions["suffixspec"]``. Every route is thin.
+engine worker (``worker.py``: as many runner threads as the engine steps requests together), and keeps
+both in ``app.extensions["suffixspec"]``. Every route is thin.
 ``app.extensions["suffixspec"].shutdown()`` finishes or cancels the work in flight and flushes
 the output history and the store (``suffixspec serve`` calls it on exit).
 """

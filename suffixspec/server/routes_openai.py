@@ -164,7 +164,7 @@ def _failure(ev: JobFailed) -> APIError:
     if ev.shutdown:
         return APIError("the server is shutting down; retry on another instance or later", 503, code="shutting_down")
     if ev.bad_request:
-        return APIError(ev.message, 400, code="invalid_value")
+        return APIError(ev.message, 400, param=ev.param, code="invalid_value")
     return APIError(ev.message, 500, code="engine_error")
 
 
