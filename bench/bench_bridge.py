@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
                                         **extra)
         if base:
             proposer.runner.lean = None  # the draft model's own transformers forward
-        return Engine(target, [proposer])
+        return Engine(target, [proposer], threads=torch.get_num_threads())
 
     engines: dict[str, Engine] = {}
     specs: dict[str, SpeculationConfig | None] = {}  # None: the engine's default SpeculationConfig

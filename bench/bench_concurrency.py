@@ -54,11 +54,16 @@ class Server:
         self.max_num_seqs = max_num_seqs
         self.port = _free_port()
         self.log = open(workdir / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in stop()
-        args = ["serve", "--model", model, "--draft-model", draft_model, "--port", str(self.port),
-                "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs), "--threads", str(threads),
+        # waitress' threads: --http-threads since torch's took the name --threads (older checkouts: --threads)
+        serve = command(code, "suffixspec", "serve") if code is not None else [sys.executable, "-m", "suffixspec",
+                                                                                 "serve"]
+        helptext = subprocess.run([*serve, "--help"], capture_output=True, text=True).stdout
+        http = "--http-threads" if "--http-threads" in helptext else "--threads"
+        args = ["--model", model, "--draft-model", draft_model, "--port", str(self.port),
+                "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs), http, str(threads),
                 "--max-queue", "256"]
         # another checkout's code, every part of it (checkout.py), or this one's
-        cmd = command(code, "suffixspec", *args) if code is not None else [sys.executable, "-m", "suffixspec", *args]
+        cmd = [*serve, *args]
         env = dict(os.environ)
         if torch_threads:
             env["OMP_NUM_THREADS"] = str(torch_threads)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: torch's default)")
+    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: none, suffixspec's own measured choice)")
     ap.add_argument("--before", default=None, help="a checkout whose code serves a third --max-num-seqs 1 server")
     ap.add_argument("--before-max-num-seqs", type=int, default=1,
                     help="that server's --max-num-seqs (as --max-num-seqs: a change to batching itself, A/B per round)")

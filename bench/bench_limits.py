@@ -155,7 +155,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
 
     if threads:
         torch.set_num_threads(threads)
-    engine = Engine(load_model(model), prefix_cache_mb=0)
+    engine = Engine(load_model(model), prefix_cache_mb=0, threads=torch.get_num_threads())
     bandwidth = memory_bandwidth()
     wbytes = weight_bytes(engine.model)
     load = os.getloadavg()[0]

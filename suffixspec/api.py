@@ -32,7 +32,7 @@ from typing import Any
 
 from .config import SamplingParams, SpeculationConfig
 from .errors import RequestError
-from .models import DEFAULT_MODEL, default_draft
+from .models import DEFAULT_MODEL, check_model_name, default_draft
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,22 @@ class SuffixSpec:
             time, as ``suffixspec serve --max-num-seqs 1``).
         prefix_cache_mb: memory for the target's keys/values of earlier prompts, reused by a prompt that
             starts with the same tokens (0 = recompute every prompt).
+        threads: torch threads for the model's passes on a CPU. ``None`` (default): measured when the
+            object is built (one thread or every core, whichever passes faster) and re-checked while
+            decoding, as the machine's load changes; ``OMP_NUM_THREADS`` in the environment fixes it
+            too. ``spec.threads`` says what was chosen.
+
+    Building it pays a start's one-time costs (loading, packing the weights, the batching probe, the
+    thread measurement), so the first request runs as fast as the later ones.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
                  engine: Any = None, history: bool = True, max_num_seqs: int = 1,
-                 prefix_cache_mb: float = 256) -> None:
+                 prefix_cache_mb: float = 256, threads: int | None = None) -> None:
+        from .threads import prepare_openmp
+
+        prepare_openmp()  # a no-op once torch is imported (then OpenMP's wait policy is already fixed)
         self._lock = threading.RLock()  # close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
@@ -88,6 +98,10 @@ class SuffixSpec:
             draft_model = default_draft(model)
         if draft_model in ("none", ""):
             draft_model = None
+        if engine is None:  # a name nothing can load fails now, not after importing torch
+            for name in (model, draft_model):
+                if name:
+                    check_model_name(name)
         self.model_name = model
         self.draft_model_name = draft_model
         self.history = bool(history)  # draft from and save the output history
@@ -99,7 +113,10 @@ class SuffixSpec:
             self.proposers = list(getattr(engine, "proposers", []))
             self.model_name = getattr(engine, "model_name", model)
         else:
-            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs, prefix_cache_mb)
+            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs, prefix_cache_mb,
+                                             threads)
+            self.engine.warm_up()
+            log.info("torch threads: %s", self.engine.threads.describe())
         self.tokenizer = self.engine.tokenizer
         self.suffix = next((p for p in self.proposers if getattr(p, "name", "") == "suffix"), None)
         if self.store is None and self.db_path is not None:  # an engine was given: open the store for documents
@@ -126,13 +143,14 @@ class SuffixSpec:
     # -- construction -------------------------------------------------------------------------
 
     def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None,
-                      max_num_seqs: int = 1, prefix_cache_mb: float = 256) -> Any:
+                      max_num_seqs: int = 1, prefix_cache_mb: float = 256, threads: int | None = None) -> Any:
         from .engine import Engine
         from .loading import load_model
 
         target = load_model(model, device=device, dtype=dtype)
         self.proposers = self._build_proposers(target, draft_model, device, dtype)
-        return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb)
+        return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb,
+                      threads=threads)
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:
@@ -154,6 +172,13 @@ class SuffixSpec:
         return proposers
 
     # -- tokenization -------------------------------------------------------------------------
+
+    @property
+    def threads(self) -> dict:
+        """The torch thread count and how it was chosen: ``{"threads", "how", "measured_ms", "wait_policy",
+        "rechecks", "switches"}`` (``how``: measured, given, OMP_NUM_THREADS, device or one core)."""
+        tuner = getattr(self.engine, "threads", None)
+        return tuner.to_dict() if tuner is not None else {}
 
     @property
     def max_context(self) -> int:
@@ -313,9 +338,10 @@ class SuffixSpec:
         return self._docs().add_documents(documents)
 
     def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = (), follow_links: bool = False,
-                  max_bytes: int | None = None) -> list[dict]:
-        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``), as
-        ``suffixspec index add`` does with the same options.
+                  max_bytes: int | None = None, exclude: Sequence[str] = ()) -> list[dict]:
+        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``; directories and
+        files named like one of ``exclude``, such as ``"tests"``, left out), as ``suffixspec index add``
+        does with the same options.
 
         Skips binary and empty files, files over ``max_bytes`` (2 MiB by default), FIFOs and devices,
         dangling or looping symlinks, and symlinks out of ``paths`` unless ``follow_links``. Returns one
@@ -324,7 +350,7 @@ class SuffixSpec:
         a warning). A path that does not exist raises FileNotFoundError.
         """
         index = self._docs()
-        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes,
+        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes, exclude,
                                   on_skip=lambda path, _kind, why: log.warning("skipped %s: %s", path, why))
         return index.records(summary) + [{"object": "document", "id": None, "source": path, "status": "skipped",
                                           "reason": why} for path, _kind, why in summary.skipped_files]

@@ -12,6 +12,7 @@ Module map (imports point down this list; ``tests/test_imports.py`` fails on a c
     scheduler.py   the step loop: joins and leaves, cancellation, callers stepping in turn
     sequence.py    one request's state: propose, commit, stream events, the result
     probe_cache.py the probe's passing verdict, remembered in a converted model's folder
+    threads.py     how many threads the target's passes run on (measured at start, re-checked)
     runner.py      the target: cache rows, the lean or padded pass, prefill, prefix reuse, the probe
     lean.py        lean forwards per architecture family (the target's passes and draft models)
     policy.py      which drafts are verified, which proposers run, the draft budget, the cost model
@@ -39,6 +40,7 @@ from .proposers import Proposer, RequestContext
 from .runner import Runner
 from .scheduler import PassRecord, Scheduler
 from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare
+from .threads import ThreadTuner
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,12 @@ class Engine:
 
     ``max_num_seqs``: requests stepped together when called from several threads (1 = one at a time);
     ``prefix_cache_mb``: memory for the keys and values of earlier prompts' prefixes (0 = none);
-    ``policy``: the decision constants (``policy.Policy``)."""
+    ``policy``: the decision constants (``policy.Policy``); ``threads``: torch threads for the target's
+    passes (None: measured on a CPU, see ``threads.ThreadTuner``)."""
 
     def __init__(self, target: LoadedModel, proposers: Sequence[Proposer] = (), max_draft_tokens: int = 32,
-                 max_num_seqs: int = 1, prefix_cache_mb: float = 256, policy: Policy | None = None) -> None:
+                 max_num_seqs: int = 1, prefix_cache_mb: float = 256, policy: Policy | None = None,
+                 threads: int | None = None) -> None:
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be a positive integer (1 = one request at a time), got {max_num_seqs!r}")
         if prefix_cache_mb < 0:
@@ -79,6 +83,7 @@ class Engine:
         self._target = Target(self.tokenizer, self.eos_ids, self.vocab_size, self.device, self.max_context,
                               self.policy, self._shared)
         self._batch_problem: str | None = None  # why passes cannot hold several rows (set by the probe)
+        self.threads = ThreadTuner(threads, device=str(target.device))  # the passes' thread count
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -127,6 +132,12 @@ class Engine:
     def close(self) -> None:
         """Nothing to end: the engine runs no thread of its own (callers step the loop in turn)."""
 
+    def warm_up(self) -> None:
+        """Pay the one-time costs of a start now rather than in the first request: the target's runner
+        (packed weights), the batching probe and the thread count, whose timed passes also warm the
+        kernels (``SuffixSpec`` calls this; otherwise the first request does)."""
+        _ = self.scheduler
+
     @property
     def scheduler(self) -> Scheduler:
         """The decode loop, made (and the target probed) on first use."""
@@ -134,7 +145,8 @@ class Engine:
             if self._scheduler is None:
                 runner = self._runner()
                 rows = self.max_num_seqs if self._batch_problem is None else 1
-                self._scheduler = Scheduler(runner, lambda: self.proposers, rows, self.policy, self._observe)
+                self._scheduler = Scheduler(runner, lambda: self.proposers, rows, self.policy, self._observe,
+                                            self.threads)
             return self._scheduler
 
     @property
@@ -160,4 +172,7 @@ class Engine:
         self._batch_problem = problem
         if problem is not None and self.max_num_seqs > 1:
             log.warning("%s cannot be batched (%s); serving one request at a time", self.model_name, problem)
+        tp = self.threads.policy
+        with runner.sample_pass(tp.probe_inputs, tp.probe_context) as run:
+            self.threads.calibrate(run)
         return runner

@@ -195,6 +195,8 @@ class RequestState:
         allowed = self.request.drafters
         gate = self.proposer_gate
         plain = step.plain()
+        extra = step.extra(budget) if plain else None
+        node = extra / budget if extra is not None else None  # one more verified node, at this budget
         drafts: list[Draft] = []
         calls: list[Call] = []
         if gate is not None:
@@ -204,6 +206,7 @@ class RequestState:
             held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
             if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held):
                 continue
+            p.observe_costs(plain, node)
             wall, cpu = time.perf_counter(), cpu_clock()
             d = p.propose(context, budget)
             cpu = cpu_clock() - cpu

@@ -64,6 +64,11 @@ class Proposer(ABC):
         a draft would be worth anything (a sampled request's first step)."""
         return False
 
+    def observe_costs(self, plain_s: float | None, node_s: float | None) -> None:  # noqa: B027 - optional hook
+        """What the engine measured before this step's ``propose``: the CPU seconds of a plain decoding step
+        and of one more verified draft node (None: not measured yet), for a proposer that weighs what its
+        drafts cost against what they yield (the suffix proposer's documents)."""
+
     def update(self, new_tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """``new_tokens`` (accepted draft tokens plus the target's own token) were appended to the context."""
 

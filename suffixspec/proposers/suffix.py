@@ -26,23 +26,30 @@ A node's probability is its count ratio times the continuation rates of its sour
 shrink where they have not been coming true and run on where they have, and ``min_token_prob`` cuts
 the unlikely tail, so a draft holds fewer, likelier tokens.
 
+The documents draft by ranked retrieval (:mod:`index.retrieval`: a minimum match length that grows with
+the corpus, a match's few occurrences smoothed), and only while they pay: each step the draft with them
+is compared with the draft without them, and a corpus that has not been adding accepted tokens worth
+its nodes and lookup time is left out, looked up in the shadow now and then (:mod:`.source_gate`).
+
 Worked example (``max_spec_factor=1``, count ratios alone: ``learn_rates=False``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
-(node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9,
-2/3 for 11, 1/3 for 5). Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
-parents ``[-1, 0, 0]`` and score 2.67.
+(node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (a match of 3 occurrences,
+smoothed: 2 / (3 + 1) = 0.5 for 9 and 11 after it, 0.25 for 5). Merged with budget 3: ``9`` (1.0, prompt),
+``10`` (1.0, prompt), ``11`` (0.5, documents), with parents ``[-1, 0, 0]`` and score 2.5.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
 from suffixspec.index.incremental import IncrementalIndex
+from suffixspec.index.retrieval import DocumentRetrieval, RetrievalParams
 from suffixspec.index.speculate import AcceptanceRates, SpecParams, SpecResult
 from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
@@ -61,6 +68,7 @@ from ..draft import (
 )
 from ..merge import TreeUnion
 from .base import Proposer, RequestContext
+from .source_gate import SourceGate, SourceYield
 
 # the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
 _SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
@@ -121,6 +129,13 @@ class SuffixConfig:
     # path, and min_token_prob cuts the unlikely tail. False: count ratios alone (SuffixDecoding's
     # estimate, where every single-occurrence path is "certain").
     learn_rates: bool = True
+    # How the documents draft (index.retrieval): the shortest match drafted from (by default from the
+    # corpus size) and the smoothing of a match's few occurrences.
+    retrieval: RetrievalParams = field(default_factory=RetrievalParams)
+    # Measure what the documents add to each step against the draft without them (source_gate) and leave
+    # them out, looked up in the shadow now and then, while they have not been paying (this request, and
+    # this corpus across requests). False: they draft whenever they match.
+    gate_documents: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= 256:
@@ -132,6 +147,8 @@ class SuffixConfig:
         if self.match_lengths < 0:
             raise ValueError(f"match_lengths must be >= 0 (0 = the longest match only), got {self.match_lengths}")
         SpecParams(0, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)  # validates
+        if isinstance(self.retrieval, dict):  # from JSON (SUFFIXSPEC_VLLM_CONFIG): {"min_match": 4, ...}
+            self.retrieval = RetrievalParams(**self.retrieval)
 
 
 class SuffixProposer(Proposer):
@@ -166,6 +183,14 @@ class SuffixProposer(Proposer):
         self.documents = documents
         self._origin: SuffixProposer | None = None  # set on forks: the proposer whose documents they share
         self._docs_version = -1
+        self._doc_retrieval: DocumentRetrieval | None = None  # ranked retrieval over ``documents``
+        self.documents_yield = SourceYield()  # what the documents have been worth per step, across requests (forks share it)
+        self._doc_gate = SourceGate(self.documents_yield)  # this request's judgement (made again in begin)
+        self._doc_lookup_s = 0.0  # CPU seconds of this step's document lookup
+        # the last step's draft with and without the documents, and whether they were left out (a shadow)
+        self._doc_trial: tuple[Draft, Draft, bool] | None = None
+        self._plain_s: float | None = None  # what the engine says a plain step costs (observe_costs)
+        self._node_s: float | None = None  # and one more verified node
         if self.store is not None and documents is None:
             self.reload_documents()
         self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
@@ -242,6 +267,8 @@ class SuffixProposer(Proposer):
         if request.prediction_ids:
             self._prediction = IncrementalIndex.from_sequences([request.prediction_ids], self.config.max_candidates)
         self._doc_hint = None
+        self._doc_gate = SourceGate(self.documents_yield)
+        self._doc_trial = None
         self._last, self._copy_run, self._copy_source = None, 0, None
         self._copy = CopyTracker(self.config.resume_window)
 
@@ -254,6 +281,12 @@ class SuffixProposer(Proposer):
         self._ctx_len += len(new_tokens)
         if self._last is not None and self.rates:
             self._learn(self._last, new_tokens)
+        if self._doc_trial is not None:
+            with_docs, without, shadow = self._doc_trial
+            self._doc_gate.observe(with_docs.follow(new_tokens)[1] - without.follow(new_tokens)[1],
+                                   len(with_docs) - len(without), self._doc_lookup_s, self._plain_s, self._node_s,
+                                   shadow)
+            self._doc_trial = None
         self._copy_run, self._copy_source = confirmed_run(self._last, new_tokens) if self._last else (0, None)
         self._last = None
         if self._doc_hint is not None:
@@ -272,6 +305,9 @@ class SuffixProposer(Proposer):
     def _allows(self, source: str) -> bool:
         return drafter_allows(self._allowed, source)  # the prediction drafts whenever given
 
+    def observe_costs(self, plain_s: float | None, node_s: float | None) -> None:
+        self._plain_s, self._node_s = plain_s, node_s
+
     # ----- drafting ----------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0 or not context:
@@ -283,7 +319,8 @@ class SuffixProposer(Proposer):
             self._ctx_len = len(context)
         offset = max(cfg.max_spec_offset, cfg.copy_growth * self._copy_run)
         params = SpecParams(budget, cfg.max_spec_factor, offset, cfg.min_token_prob, cfg.tree)
-        results = self.speculate_all(context, params)
+        gated = cfg.gate_documents and self.documents is not None and self._allows(SOURCE_DOCUMENTS)
+        results = self.speculate_all(context, params, documents=not gated or self._doc_gate.look_up())
         if self.config.resume and self._allows(SOURCE_PROMPT):
             resumed = self._copy.drafts(self._request, context, budget)
             own = self._with_rates(params, _RESUME)
@@ -293,18 +330,34 @@ class SuffixProposer(Proposer):
             for source, res in results:
                 if source == SOURCE_PROMPT:
                     self._copy.apply(res, context)
-        if not results:
-            self._last = None
-            return Draft()
-        if cfg.merge and len(results) > 1:
-            draft, self._last_probs, self._last_ells, self._last_keys = merge_tree(results, budget,
-                                                                                   prefer=self._copy_source)
+        self._doc_trial = None
+        if gated and any(src == SOURCE_DOCUMENTS for src, _ in results):
+            # the draft with the documents and without them: the gate measures the difference
+            with_docs = self._combine(results, budget)
+            without = self._combine([r for r in results if r[0] != SOURCE_DOCUMENTS], budget)
+            shadow = not self._doc_gate.on
+            self._doc_trial = (with_docs[0], without[0], shadow)
+            chosen = without if shadow else with_docs
+        elif gated and self._doc_lookup_s:  # looked up, nothing found: the lookup's time is its cost
+            chosen = self._combine(results, budget)
+            self._doc_trial = (chosen[0], chosen[0], not self._doc_gate.on)
         else:
-            source, best = max(results, key=lambda r: r[1].score)
-            draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
-            self._last_probs, self._last_ells, self._last_keys = best.probs, node_ells(best), [best.kind or source] * len(best)
-        self._last = draft
+            chosen = self._combine(results, budget)
+        draft, self._last_probs, self._last_ells, self._last_keys = chosen
+        self._last = draft if len(draft) else None
         return draft
+
+    def _combine(self, results: list[tuple[str, SpecResult]], budget: int
+                 ) -> tuple[Draft, list[float], list[int], list[str]]:
+        """The draft of the sources' results: merged into one tree (``merge``) or the best-scoring one; with
+        per node its probability, match length and rates key (see :func:`merge_tree`)."""
+        if not results:
+            return Draft(), [], [], []
+        if self.config.merge and len(results) > 1:
+            return merge_tree(results, budget, prefer=self._copy_source)
+        source, best = max(results, key=lambda r: r[1].score)
+        draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
+        return draft, best.probs, node_ells(best), [best.kind or source] * len(best)
 
     def _learn(self, draft: Draft, new_tokens: Sequence[int]) -> None:
         """Feed each source's continuation rates with what the output did at each level of the last
@@ -334,8 +387,10 @@ class SuffixProposer(Proposer):
                 return
             cur, cur_prob = hit, probs[hit]
 
-    def speculate_all(self, context: Sequence[int], params: SpecParams) -> list[tuple[str, SpecResult]]:
-        """Non-empty drafts of every allowed source, as ``(source, SpecResult)``."""
+    def speculate_all(self, context: Sequence[int], params: SpecParams, documents: bool = True
+                      ) -> list[tuple[str, SpecResult]]:
+        """Non-empty drafts of every allowed source, as ``(source, SpecResult)`` (``documents``: look the
+        corpus up too; its lookup's CPU time is kept for the gate)."""
         depth = self.config.max_depth
         out: list[tuple[str, SpecResult]] = []
         candidates: list[tuple[str, Any]] = [(SOURCE_PROMPT, self._request), (SOURCE_REFERENCES, self._references),
@@ -363,12 +418,25 @@ class SuffixProposer(Proposer):
             res = self.history.speculate_start(self._with_rates(params, SOURCE_HISTORY))  # how earlier answers began
             if len(res):
                 out.append((SOURCE_HISTORY, res))
-        if self.documents is not None and self._allows(SOURCE_DOCUMENTS):
-            res = self.documents.speculate(context, self._with_rates(params, SOURCE_DOCUMENTS), depth, hint=self._doc_hint)
+        self._doc_lookup_s = 0.0
+        if documents and self.documents is not None and self._allows(SOURCE_DOCUMENTS):
+            t = time.thread_time()
+            res = self._retrieval().speculate(context, self._with_rates(params, SOURCE_DOCUMENTS), depth,
+                                              hint=self._doc_hint)
+            self._doc_lookup_s = time.thread_time() - t
             self._doc_hint = res.match_len or None
             if len(res):
                 out.append((SOURCE_DOCUMENTS, res))
+        elif not documents:
+            self._doc_hint = None  # a step without a lookup: the last match length says nothing of the next
         return out
+
+    def _retrieval(self) -> DocumentRetrieval:
+        """Ranked retrieval over the current document index (made again when the index is reloaded)."""
+        r = self._doc_retrieval
+        if r is None or r.index is not self.documents:
+            r = self._doc_retrieval = DocumentRetrieval(self.documents, self.config.retrieval)
+        return r
 
     def _with_rates(self, params: SpecParams, source: str) -> SpecParams:
         """``params`` with ``source``'s learned continuation rates (unchanged when not learning)."""
