@@ -104,13 +104,18 @@ def test_size_and_model_cards():
 
 def test_shipped_drafts_exist_fit_and_are_shallow_drafts():
     """Every shipped draft a known model names (``KnownModel.draft``, what ``draft_model="auto"`` picks) is a
-    shallow draft folder inside the package with a model card, trained for that target; together <= 30 MB."""
+    shallow draft folder inside the package with a model card, trained for that target; together <= 30 MB.
+    A draft that is itself a known model (Qwen2.5-Coder-0.5B for the 1.5B) installs with its target's extra:
+    it is named in the registry, with the same package version pinning."""
     from suffixspec.models import KNOWN_MODELS, default_draft
     from suffixspec.proposers.shallow_draft import is_shallow_draft
 
     total = 0
     for target_name, known in KNOWN_MODELS.items():
         if known.draft is None:
+            continue
+        if known.draft in KNOWN_MODELS:
+            assert KNOWN_MODELS[known.draft].install == known.install, known.draft  # one extra installs both
             continue
         folder = Path(resolve_model_path(known.draft))
         assert is_shallow_draft(folder) and (folder / "README.md").exists(), known.draft

@@ -18,9 +18,13 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
 from ..draft import Draft
+
+if TYPE_CHECKING:
+    from ..policy import StepCost
 
 
 @dataclass
@@ -57,6 +61,20 @@ class Proposer(ABC):
         is too unsure for any of them to pay (``policy.DraftGate.hopeless``); drafts with ``q`` may
         be judged only by what was fixed before sampling. Called after ``begin``."""
         return False
+
+    # whether the proposer weighs its own cost against its yield (a draft model, per drafted token:
+    # policy.ModelDraftJudge), so the engine's ProposerGate does not judge its calls' yields
+    judges_own_cost: bool = False
+
+    def observe_costs(self, step: StepCost) -> None:  # noqa: B027 - optional hook
+        """The pass cost as this request's row sees it this step (``policy.StepCost``), told before
+        ``propose``: a drafter whose tokens cost time (a draft model) plans its draft from it."""
+
+    def active(self) -> bool:
+        """Whether it may draft anything for this request (called after ``begin``): a proposer the request's
+        ``speculation.drafters`` leave out is neither called nor timed, so the costs and yields the engine
+        remembers across requests (``policy.ProposerGate``'s shared records) are never those of a no-op call."""
+        return True
 
     def setup_pending(self) -> bool:
         """Whether the next ``propose`` pays a one-off setup for this request (``setup_s``: a draft
