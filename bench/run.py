@@ -4,10 +4,14 @@ Systems (same target model, same prompts, same process, one torch thread unless 
 
 - ``hf_plain``: ``transformers`` greedy ``generate`` (the baseline every ratio is taken against);
 - ``hf_prompt_lookup``: its prompt lookup decoding (``prompt_lookup_num_tokens=10``);
-- ``hf_assisted``: its universal assisted generation with the draft model (any tokenizer);
+- ``hf_assisted``: its assisted generation with the draft model (any tokenizer: universal assisted
+  generation where the tokenizers differ);
 - ``ours_off``: our engine with speculation off (its own overhead against ``generate``);
 - ``ours_<drafter>``: suffixspec with one drafter (prompt, history, documents, references,
-  draft_model) and ``ours_all`` with every drafter;
+  draft_model), ``ours_suffix`` with every suffix-index drafter and no draft model, and ``ours_all``
+  with every drafter;
+- with several draft models (``draft_model="a,b"``), ``hf_assisted`` and ``ours_draft_model`` run the
+  first and ``hf_assisted:b`` / ``ours_draft_model:b`` each other one (``ours_all`` drafts with the first);
 - ``arctic_suffix`` / ``arctic_suffix_best``: ArcticInference's ``SuffixDecodingCache`` (vLLM's
   ``suffix`` method) as the only drafter in our engine, with its default settings and with the
   best of a grid (:mod:`bench.arctic`); skipped with a note when ``arctic-inference`` is missing.
@@ -18,7 +22,12 @@ before, which a benchmark that repeats a prompt across systems must not reward. 
 store is off too: every run prefills its whole prompt, as ``generate`` does.
 
 Each request is served by every system in turn, the order rotating from request to request, so a
-system and its baseline run seconds apart; per request: wall and CPU time (this thread's: what
+system and its baseline run seconds apart. Where one process cannot hold both (``separate``: a target
+whose float32 weights pass :data:`SEPARATE_BYTES`, such as Qwen2.5-Coder-1.5B: 7.1 GB, plus the 6 GB our
+lean forward packs for oneDNN), each workload runs twice, in child processes one after the other,
+never at once: the ``transformers`` systems (the model's own weights), then ours (the lean forward's
+packed copy, the model's own paged out); the rows say ``"interleaved": false`` and the CPU-time ratios
+(what load moves least) are the ones to read. Per request: wall and CPU time (this thread's: what
 other jobs' load leaves out), tokens, target forward passes (a hook on the target, prefill
 included, so prompt lookup's count compares with ours), and for ours the engine's statistics. Every
 output is measured for loops (:mod:`bench.loops`); each row has its twin over the requests whose
@@ -36,7 +45,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +54,30 @@ from .workloads import WORKLOADS, Request, build
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
-BASELINES = ("hf_prompt_lookup", "arctic_suffix_best")  # ours_all is judged against the faster of these
+# ours_all is judged against the faster of these (assisted generation too when it runs)
+BASELINES = ("hf_prompt_lookup", "arctic_suffix_best", "hf_assisted")
+DRAFT_SYSTEMS = ("hf_assisted", "ours_draft_model")  # one per draft model (the first's names carry no suffix)
+SEPARATE_BYTES = 2 * 2**30  # a target this large runs transformers' systems and ours in separate processes
 
 
 def our_systems() -> tuple[str, ...]:
-    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_all``."""
+    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_suffix`` (every
+    suffix-index drafter, no draft model), ``ours_all``."""
     from suffixspec.draft import DRAFTERS
 
-    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_all")
+    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_suffix", "ours_all")
 
 
-def all_systems() -> tuple[str, ...]:
-    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS
+def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every system name; ``extra_drafts``: labels of the draft models after the first (``hf_assisted:<label>``,
+    ``ours_draft_model:<label>``)."""
+    more = tuple(f"{s}:{d}" for d in extra_drafts for s in DRAFT_SYSTEMS)
+    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS + more
+
+
+def _draft_index(system: str, labels: list[str]) -> int:
+    """Which draft model a system runs: 0 for the plain names, the label's place for ``name:label``."""
+    return labels.index(system.split(":", 1)[1]) if ":" in system else 0
 
 
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
@@ -76,14 +97,17 @@ class Run:
 
 @dataclass
 class Bench:
-    """Models and drafters loaded once for the whole run."""
+    """Models and drafters loaded once for the whole run (or for one phase of it)."""
 
     target: Any  # LoadedModel
-    draft: Any | None  # LoadedModel of the draft model (any tokenizer), or None
+    draft: Any | None  # LoadedModel of the (first) draft model (any tokenizer), or None
     history: bool = False  # drafters learn from earlier requests' outputs
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
+    drafts: list[Any] = field(default_factory=list)  # LoadedModel per draft model (the first is ``draft``)
+    draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
+    proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
 
     def __post_init__(self) -> None:
         from suffixspec.engine import Engine
@@ -93,8 +117,12 @@ class Bench:
 
         self.engine = Engine(self.target, prefix_cache_mb=0)
         self.forwards = ForwardCounter(self.target.model)
-        if self.draft is not None:
-            self.draft_proposer = make_draft_proposer(self.draft, self.target)
+        if self.draft is not None and not self.drafts:
+            self.drafts = [self.draft]
+        self.draft = self.drafts[0] if self.drafts else None
+        if self.proposers:
+            self.draft_proposers = [make_draft_proposer(d, self.target) for d in self.drafts]
+        self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
 
 def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
@@ -106,8 +134,13 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
                                   attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
     if system == "hf_prompt_lookup":
         kwargs["prompt_lookup_num_tokens"] = 10
-    elif system == "hf_assisted":
-        kwargs.update(assistant_model=bench.draft.model, tokenizer=tok, assistant_tokenizer=bench.draft.tokenizer)
+    elif system.startswith("hf_assisted"):
+        from suffixspec.tokenizer_bridge import TokenBridge
+
+        draft = bench.drafts[_draft_index(system, [model_label(d.name) for d in bench.drafts])]
+        kwargs["assistant_model"] = draft.model
+        if not TokenBridge.cached(tok, draft.tokenizer).same_vocabulary:  # universal assisted generation
+            kwargs.update(tokenizer=tok, assistant_tokenizer=draft.tokenizer)
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
@@ -125,9 +158,18 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     elif system.startswith("arctic_"):
         bench.engine.proposers, spec = [suffix], SpeculationConfig()
     else:
-        drafter = system.removeprefix("ours_")
-        bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
-        spec = SpeculationConfig(drafters=None if drafter == "all" else (drafter,))
+        from suffixspec.draft import DRAFTERS, SOURCE_DRAFT_MODEL
+
+        drafter = system.removeprefix("ours_").split(":", 1)[0]
+        model = bench.draft_proposers[_draft_index(system, [model_label(d.name) for d in bench.drafts])] \
+            if bench.draft_proposers else None
+        bench.engine.proposers = [suffix] + ([model] if model is not None else [])
+        if drafter == "all":
+            spec = SpeculationConfig()
+        elif drafter == "suffix":
+            spec = SpeculationConfig(drafters=tuple(d for d in DRAFTERS if d != SOURCE_DRAFT_MODEL))
+        else:
+            spec = SpeculationConfig(drafters=(drafter,))
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
@@ -167,7 +209,10 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     """Every system serves each request in turn (request-major, the order rotating by one per
     request), so a system and its baseline run seconds apart rather than minutes: load changes on a
     shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload."""
-    _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
+    if any(s.startswith("hf_") for s in systems):  # untimed warm-up at this workload's prompt length
+        _hf_generate(bench, "hf_plain", requests[0])
+    else:
+        _ours(bench, "ours_off", Request(requests[0].prompt, 4), None)
     with tempfile.TemporaryDirectory() as tmp:
         documents = _document_index(bench, docs, Path(tmp))
         suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems if not s.startswith("hf_")}
@@ -178,10 +223,11 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                     runs[system].append(_hf_generate(bench, system, req))
                 else:
                     runs[system].append(_ours(bench, system, req, suffixes[system]))
-            plain = runs["hf_plain"][-1]
+            base = "hf_plain" if "hf_plain" in runs else systems[0]
+            plain = runs[base][-1]
             log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
-                f"{loop_share(plain.tokens):.2f}; " + ", ".join(
-                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in systems if s != "hf_plain"))
+                f"{loop_share(plain.tokens):.2f}; CPU over {base}: " + ", ".join(
+                    f"{s} {plain.cpu_s / runs[s][-1].cpu_s:.2f}x" for s in systems if s != base))
     return runs
 
 
@@ -235,18 +281,32 @@ def summarize_system(plain: list[Run], rs: list[Run], keep: list[bool]) -> dict[
 
 def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str = "ours_all") -> dict[str, Any]:
     """``system``'s speed over the faster of :data:`BASELINES` on this workload (the one with the higher
-    median speedup over plain on the kept requests): median over requests of its time / ours."""
-    base = [b for b in BASELINES if b in runs]
-    if system not in runs or not base or not any(keep):
+    median speedup over plain on the kept requests): median over requests of its time / ours, by wall
+    time and by CPU time; and (``ours_all``) over the better of ``ours_suffix`` and ``ours_draft_model``,
+    its parts (a merged tree must never be slower than its best part)."""
+    if system not in runs or not any(keep):
         return {}
     plain = runs["hf_plain"]
+    out: dict[str, Any] = {}
 
     def med(s: str) -> float:
-        return statistics.median(p.seconds / r.seconds for p, r, k in zip(plain, runs[s], keep, strict=True) if k)
+        return statistics.median(p.cpu_s / r.cpu_s for p, r, k in zip(plain, runs[s], keep, strict=True) if k)
 
-    best = max(base, key=med)
-    ratios = [b.seconds / r.seconds for b, r, k in zip(runs[best], runs[system], keep, strict=True) if k]
-    return {"best_baseline": best, "vs_best_baseline_median": _median(ratios)}
+    def ratios(other: str) -> tuple[float | None, float | None]:
+        pairs = [(b, r) for b, r, k in zip(runs[other], runs[system], keep, strict=True) if k]
+        return _median([b.seconds / r.seconds for b, r in pairs]), _median([b.cpu_s / r.cpu_s for b, r in pairs])
+
+    base = [b for b in BASELINES if b in runs]
+    if base:
+        best = max(base, key=med)
+        wall, cpu = ratios(best)
+        out.update(best_baseline=best, vs_best_baseline_median=wall, vs_best_baseline_cpu_median=cpu)
+    parts = [p for p in ("ours_suffix", "ours_draft_model") if p in runs]
+    if system == "ours_all" and parts:
+        best = max(parts, key=med)
+        wall, cpu = ratios(best)
+        out.update(best_part=best, vs_best_part_median=wall, vs_best_part_cpu_median=cpu)
+    return out
 
 
 def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -337,54 +397,103 @@ def merge_rows(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in old if (r.get("model"), r.get("workload"), r.get("system")) not in new_keys] + rows
 
 
-def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
+def _draft_names(draft_model: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """``"a,b"`` or a list -> ``["a", "b"]``; None or "none" -> ``[]``."""
+    if draft_model is None:
+        return []
+    names = draft_model.split(",") if isinstance(draft_model, str) else list(draft_model)
+    return [n.strip() for n in names if n.strip() and n.strip() != "none"]
+
+
+def weights_bytes(model: str) -> int:
+    """Bytes of ``model``'s safetensors files where it resolves to a local folder (0 otherwise)."""
+    from suffixspec.loading import resolve_model_path
+
+    folder = Path(resolve_model_path(model))
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
+
+
+# default new tokens per workload: enough to finish a HumanEval function (the issue asks 256-384)
+DEFAULT_MAX_TOKENS = {"humaneval": 256}
+
+
+def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int = 1) -> dict[str, Any]:
-    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``."""
-    import torch
+        threads: int = 1, separate: bool | None = None) -> dict[str, Any]:
+    """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
-    from suffixspec.loading import load_model
+    ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
+    ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
+    (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring)."""
+    import torch
 
     from .arctic import available
 
-    every = all_systems()
-    systems = systems or (QUICK_SYSTEMS if quick else tuple(s for s in every if s != "ours_history" or history))
+    drafts = _draft_names(draft_model)
+    labels = [model_label(d) for d in drafts]
+    every = all_systems(tuple(labels[1:]))
+    default = tuple(s for s in every if s != "ours_history" or history)
+    systems = systems or (QUICK_SYSTEMS if quick else default)
     unknown = [s for s in systems if s not in every]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; choose from {list(every)}")
     skipped = [s for s in systems if s in ARCTIC_SYSTEMS and not available()]
     if skipped:
         log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (docs/benchmarks.md says how)")
-    if draft_model is None:
-        skipped += [s for s in systems if s in ("hf_assisted", "ours_draft_model")]
+    if not drafts:
+        skipped += [s for s in systems if s.split(":", 1)[0] in DRAFT_SYSTEMS]
     systems = tuple(s for s in systems if s not in skipped)
     if "hf_plain" not in systems:
         systems = ("hf_plain", *systems)
     n = requests or (2 if quick else 8)
-    max_tokens = max_tokens or (96 if quick else 128)
     if threads:
         torch.set_num_threads(threads)
-    target = load_model(model)
-    draft = load_model(draft_model) if draft_model else None
-    bench = Bench(target, draft, history)
-    warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
-    _hf_generate(bench, "hf_plain", warm)
-    _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+    if separate is None:
+        separate = weights_bytes(model) >= SEPARATE_BYTES
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    all_runs = {}
-    for w in workloads:
-        reqs, docs = build(w, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
-        if not reqs:
-            log(f"skipping {w}: none of its prompts fits {model}'s context of {bench.engine.max_context} tokens")
-            continue
-        all_runs[w] = run_workload(bench, reqs, docs, systems, log, w)
-    meta = {"draft_model": model_label(draft_model) if draft_model else None, "max_tokens": max_tokens,
-            "threads": torch.get_num_threads(), "history": history, "temperature": 0.0,
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    all_runs: dict[str, dict[str, list[Run]]] = {}
+    phases: dict[str, dict[str, Any]] = {}
+    if separate:
+        for w in workloads:
+            tokens = max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(w, 128))
+            runs: dict[str, list[Run]] = {}
+            for phase in ("hf", "ours"):
+                mine = tuple(s for s in systems if s.startswith("hf_") == (phase == "hf"))
+                if not mine:
+                    continue
+                log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
+                got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n, max_tokens=tokens,
+                                      history=history, threads=threads, phase=phase), log)
+                if got is None:
+                    break
+                runs.update(got["runs"])
+                phases.setdefault(phase, got["meta"])
+            if runs and all(s in runs for s in systems):
+                all_runs[w] = {s: runs[s] for s in systems}
+    else:
+        from suffixspec.loading import load_model
+
+        t = time.perf_counter()
+        bench = Bench(load_model(model), None, history, drafts=[load_model(d) for d in drafts])
+        warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
+        _hf_generate(bench, "hf_plain", warm)
+        _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+        phases["all"] = {"startup_s": round(time.perf_counter() - t, 1)}
+        for w in workloads:
+            tokens = max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(w, 128))
+            reqs, docs = _requests(w, bench, n, tokens, log)
+            if reqs:
+                all_runs[w] = run_workload(bench, reqs, docs, systems, log, w)
+        phases["all"]["rss_gb"] = _peak_rss_gb()
+    meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
+            "threads": torch.get_num_threads(), "history": history, "temperature": 0.0, "interleaved": not separate,
+            "phases": phases, "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
+    for row in rows:  # each workload's own token cap
+        row["max_tokens"] = max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(row["workload"], 128))
     out_dir.mkdir(parents=True, exist_ok=True)
     published = merge_rows(out_dir / "results.json", rows)
     (out_dir / "results.json").write_text(json.dumps(published, indent=1))
@@ -393,3 +502,81 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
                                         + markdown(published, no_loop=True))
     plot(published, out_dir / "speedup.png")
     return {"rows": rows, "markdown": table, "skipped": skipped, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log) -> tuple[list[Request], list[tuple[str, str]]]:
+    """The workload's requests that fit the model (none, with a note, when its data is missing)."""
+    try:
+        reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
+    except FileNotFoundError as e:  # the humaneval workload without HumanEval's problems installed
+        log(f"skipping {workload}: {e}")
+        return [], []
+    if not reqs:
+        log(f"skipping {workload}: none of its prompts fits the model's context of {bench.engine.max_context} tokens")
+    return reqs, docs
+
+
+def _peak_rss_gb() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)  # Linux: kilobytes
+
+
+def _run_phase(spec: dict[str, Any], log) -> dict[str, Any] | None:
+    """One phase of one workload in a child process (``python -m suffixspec.bench.run --phase``): its runs
+    per system and its meta (start-up seconds, peak resident memory, load); None when the workload was
+    skipped there (its log says why)."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        proc = subprocess.run([sys.executable, "-m", "suffixspec.bench.run", "--phase", str(spec_path), str(out_path)],
+                              stderr=subprocess.PIPE, text=True)
+        for line in proc.stderr.splitlines():
+            if line.startswith("  ") or line.startswith("skipping"):
+                log(line)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {spec['phase']} phase of {spec['workload']} failed:\n{proc.stderr[-3000:]}")
+        got = json.loads(out_path.read_text())
+    if not got["runs"]:
+        return None
+    got["runs"] = {s: [Run(**r) for r in rs] for s, rs in got["runs"].items()}
+    return got
+
+
+def _phase_main(spec_path: Path, out_path: Path) -> None:
+    """The child of :func:`_run_phase`: load what the phase needs, serve the workload, write the runs."""
+    import sys
+
+    import torch
+
+    from suffixspec.loading import load_model
+
+    spec = json.loads(spec_path.read_text())
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    t = time.perf_counter()
+    ours = spec["phase"] == "ours"
+    drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
+    bench = Bench(load_model(spec["model"]), None, spec["history"], drafts=[load_model(d) for d in drafts],
+                  proposers=ours)
+    if ours:
+        bench.engine.scheduler  # noqa: B018 - the lean forward packed (and the model's own weights paged out) now
+    startup = time.perf_counter() - t
+    reqs, docs = _requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
+    runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"]) if reqs else {}
+    out_path.write_text(json.dumps({"runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},
+                                    "meta": {"startup_s": round(startup, 1), "rss_gb": _peak_rss_gb(),
+                                             "load_average": round(os.getloadavg()[0], 2)}}))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--phase":
+        _phase_main(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        sys.exit("usage: python -m suffixspec.bench.run --phase SPEC.json OUT.json (suffixspec bench runs it)")

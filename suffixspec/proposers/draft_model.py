@@ -45,8 +45,9 @@ class DraftModelProposer(ModelDrafter):
 
     def __init__(self, draft: LoadedModel, target_vocab_size: int | None = None, sample: bool = True,
                  length: AdaptiveLength | None = None, min_confidence: float = 0.3,
-                 context_window: int | None = None, int8: bool | None = None) -> None:
-        super().__init__(draft, length, min_confidence=min_confidence, context_window=context_window, int8=int8)
+                 context_window: int | None = None, int8: bool | None = None, max_length: int = 24) -> None:
+        super().__init__(draft, length, min_confidence=min_confidence, context_window=context_window, int8=int8,
+                         max_length=max_length)
         self.target_vocab_size = target_vocab_size or self.runner.vocab_size
         self.sample = sample
 
@@ -78,6 +79,7 @@ class DraftModelProposer(ModelDrafter):
         else:
             k = min(cap, self.max_length)
         logits = self.logits(self._window(context, k))
+        self._reaches = []
         tokens: list[int] = []
         parents: list[int] = []
         rows: list[torch.Tensor] = []
@@ -98,6 +100,7 @@ class DraftModelProposer(ModelDrafter):
             chain.append(tok)
             alt_reach = reach * float(top.values[1]) if not use_q else 0.0
             reach *= float(probs[tok])
+            self._reaches.append(reach)
             score += reach
             if costed and not use_q and len(tokens) < cap and self.judge.branch(alt_reach, len(tokens), self._step):
                 # a small tree where the draft's top two are close: its runner-up as a sibling, not drafted on

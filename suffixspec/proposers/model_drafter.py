@@ -215,6 +215,7 @@ class ModelDrafter(Proposer):
         self._step: StepCost | None = None  # the pass cost told this step (None: judge nothing)
         self._fwd_cpu, self._fwd_n = 0.0, 0  # CPU seconds and count of this call's draft forwards
         self._reach = 1.0  # the chance that the draft's tokens so far all come true (_stop_after)
+        self._reaches: list[float] = []  # per token of the last chain: its reach (the judge's calibration)
 
     def begin(self, request: RequestContext) -> None:
         self.sampling = request.sampling
@@ -260,6 +261,7 @@ class ModelDrafter(Proposer):
         """Whether drafting stops after ``token`` (the ``drafted``-th draft token, drawn from ``probs``),
         keeping the chain's reach in ``_reach`` (reset by the caller at each draft)."""
         self._reach *= float(probs[token])
+        self._reaches.append(self._reach)
         return not self.draft_further(self._reach, drafted, probs, token)
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
@@ -304,8 +306,9 @@ class ModelDrafter(Proposer):
             rate = self.policy.accepted_rate
             self._hits = (1 - rate) * self._hits + rate * hits
             self._tries = (1 - rate) * self._tries + rate * (hits + (hits < known))
-            self.judge.observe(new[0] == self._chain[0])
+            self.judge.observe(new[0] == self._chain[0], sum(self._reaches[:known]), hits)
         self._chain = []
+        self._reaches = []
 
     def end(self, output_ids: Sequence[int]) -> None:
         self._chain = []
