@@ -534,13 +534,16 @@ def _run_phase(spec: dict[str, Any], log) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
-        proc = subprocess.run([sys.executable, "-m", "suffixspec.bench.run", "--phase", str(spec_path), str(out_path)],
-                              stderr=subprocess.PIPE, text=True)
-        for line in proc.stderr.splitlines():
+        proc = subprocess.Popen([sys.executable, "-m", "suffixspec.bench.run", "--phase", str(spec_path),
+                                 str(out_path)], stderr=subprocess.PIPE, text=True)
+        tail: list[str] = []
+        for line in proc.stderr:  # the child's progress, as it comes
+            line = line.rstrip("\n")
+            tail = (tail + [line])[-60:]
             if line.startswith("  ") or line.startswith("skipping"):
                 log(line)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the {spec['phase']} phase of {spec['workload']} failed:\n{proc.stderr[-3000:]}")
+        if proc.wait() != 0:
+            raise RuntimeError(f"the {spec['phase']} phase of {spec['workload']} failed:\n" + "\n".join(tail))
         got = json.loads(out_path.read_text())
     if not got["runs"]:
         return None

@@ -1,19 +1,21 @@
 """Same-vocabulary draft model (classic speculative decoding), and the factory of model drafters.
 
 - :class:`DraftModelProposer` drafts a chain with a model that shares the target's vocabulary
-  (the runner, adaptive length and request bookkeeping come from :mod:`.model_drafter`).
-  Greedy requests: argmax tokens, no ``q``. Sampling requests: tokens are sampled from the draft's
-  processed distribution (temperature, top-k, top-p) and that distribution is reported as
-  ``Draft.q`` (one row per node, over the target vocabulary), so verification applies
-  ``min(1, p/q)``.
+  (the runner, the costs and the request bookkeeping come from :mod:`.model_drafter`).
+  Greedy requests: argmax tokens, no ``q``, and (inside the engine) the draft's runner-up as a sibling
+  where it pays for its node. Sampling requests: tokens are sampled from the draft's processed
+  distribution (temperature, top-k, top-p) and that distribution is reported as ``Draft.q`` (one row
+  per node, over the target vocabulary), so verification applies ``min(1, p/q)``.
 - :func:`make_draft_proposer` picks it or :class:`~.bridged_draft.BridgedDraftProposer`.
 
-Worked example (draft length 3, greedy)::
+Worked example (greedy, inside the engine: F = 230 ms, a draft forward 30 ms)::
 
-    context [5, 8, 13]        runner feeds the 3 ids (or only the new ones), argmax -> 21
-    then 21 -> 34, 34 -> 55    Draft.chain([21, 34, 55])
-    target accepts [21] + 40   update([21, 40]); next propose crops the cache to [5, 8, 13, 21]
-                               and feeds 40 alone; length shrinks 3 -> 2 (early rejection)
+    context [5, 8, 13]        runner feeds the 3 ids (or only the new ones): 21 (p 0.9), runner-up 22 (0.08)
+                              reach 0.9: 0.9 x 230 >= 30 + ~3 ms, draft on; 22 at 0.08 x 230 >= ~3 ms: a sibling
+    then 21 -> 34 (0.6)       reach 0.54: draft on;   34 -> 55 (0.2): reach 0.11, 25 ms < 33 ms: stop
+    Draft                     tokens [21, 22, 34, 55], parents [-1, -1, 0, 2]
+    target accepts [21] + 40   update([21, 40]); next propose crops the cache to [5, 8, 13, 21] and
+                              feeds 40 alone; the chain promised 0.9 + 0.54 + 0.11 and 1 came true
 """
 
 from __future__ import annotations

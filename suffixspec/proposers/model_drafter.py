@@ -10,8 +10,12 @@ it one way.
   feeds only the rest, so after the target rejects a draft suffix the cache is back in step with
   one short forward pass (the lean forward of :mod:`suffixspec.lean` is its fast path for the
   families it covers).
-- :class:`AdaptiveLength` grows the draft length after a fully accepted draft and shrinks it
-  after an early rejection.
+- :class:`ModelDrafter` keeps what a drafter learns across requests (the CPU seconds of one draft
+  forward, the acceptance of its first and later tokens) and, inside the engine, judges each draft
+  from those costs (:class:`~suffixspec.policy.ModelDraftJudge`: whether to draft, how far, which
+  runner-ups to branch on). Outside the engine (no costs told) :class:`AdaptiveLength` grows the draft
+  length after a fully accepted draft and shrinks it after an early rejection.
+- A draft model of :data:`INT8_MIN_PARAMS` or more runs on int8 matrices (``lean.Int8Weight``).
 
 Worked example (runner)::
 
