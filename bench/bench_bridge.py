@@ -20,8 +20,8 @@ forward passes (counted with a hook on the target model for every system, prefil
 tokens per step (new tokens / target forward passes: the same count for all, so our separate
 prefill pass counts against us), and whether the output equals plain greedy. The issue's
 criterion (tokens per step at least transformers' and tokens/s at least 1.3x) is printed per row.
-Prompts: the first lines of held-out standard-library files (``suffixspec/training/heldout.txt``),
-cut at a line boundary.
+Prompts: the first lines of held-out standard-library files (``tools/training/heldout.txt``),
+cut at a line boundary. It runs from a checkout of the repository (the training tools are not installed).
 
     python -m bench.bench_bridge [--target suffixspec/demo-target] [--draft suffixspec/demo-draft]
                                  [--prompts 8] [--tokens 96] [--repeats 2] [--always] [--baseline]
@@ -47,13 +47,20 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def training_data():
+    """``tools/training/data.py`` of this checkout: the held-out files and the tokenizer recipes."""
+    sys.path.insert(0, str(ROOT))
+    from tools.training import data
+
+    return data
+
+
 def heldout_prompts(n: int, chars: int = 700) -> list[str]:
     """The first ~``chars`` characters (whole lines) of ``n`` held-out stdlib files."""
-    from suffixspec.training.data import HELDOUT_FILE, read_texts
-
-    rels = [ln.strip() for ln in HELDOUT_FILE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    data = training_data()
+    rels = [ln.strip() for ln in data.HELDOUT_FILE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     out: list[str] = []
-    for text in read_texts(rels):
+    for text in data.read_texts(rels):
         if len(text) < chars + 400:
             continue
         cut = text.rfind("\n", 0, chars) + 1
@@ -79,24 +86,18 @@ def trained_tiny_models(steps: int = 400, root: Path | None = None) -> tuple[str
     to mean something while the embedded models are not there. Cached in ``root``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from suffixspec.training.data import (
-        read_texts,
-        split_files,
-        stdlib_files,
-        train_draft_tokenizer,
-        train_target_tokenizer,
-    )
+    data = training_data()
 
     root = root or Path(tempfile.gettempdir()) / f"suffixspec-bench-bridge-trained-{steps}"
     dirs = (root / "target", root / "draft")
     if all((d / "config.json").exists() for d in dirs):
         return str(dirs[0]), str(dirs[1])
-    train, _ = split_files(stdlib_files())
-    texts = read_texts(train[::7])[:200]
+    train, _ = data.split_files(data.stdlib_files())
+    texts = data.read_texts(train[::7])[:200]
     text = "\n".join(texts)[:1_500_000]
     g = torch.Generator().manual_seed(0)
     for (tok, layers, hidden), out in zip(
-            ((train_target_tokenizer(texts, 1024), 4, 128), (train_draft_tokenizer(texts, 800), 2, 96)), dirs,
+            ((data.train_target_tokenizer(texts, 1024), 4, 128), (data.train_draft_tokenizer(texts, 800), 2, 96)), dirs,
             strict=True):
         ids = torch.tensor(tok.encode(text, add_special_tokens=False))
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3,
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
                                         **extra)
         if base:
             proposer.runner.lean = None  # the draft model's own transformers forward
-        return Engine(target, [proposer])
+        return Engine(target, [proposer], threads=torch.get_num_threads())
 
     engines: dict[str, Engine] = {}
     specs: dict[str, SpeculationConfig | None] = {}  # None: the engine's default SpeculationConfig

@@ -11,7 +11,7 @@ server: output tokens per second (wall), tokens per server CPU-second (steadier 
 machine), p50/p90 latency, mean rows per pass (``/metrics``); and whether every output equals the
 same request served alone (the ``--max-num-seqs 1`` server runs each request alone).
 
-    python -m suffixspec.bench.bench_concurrency --model /work/models/smollm2-135m-instruct \\
+    python -m suffixspec.bench.bench_concurrency --model smollm2-135m-instruct \\
         --clients 1,8 --max-num-seqs 8 --per-client 2 --max-tokens 96 --torch-threads 1
 
 Each round uses fresh requests. Writes ``concurrency.json`` and ``concurrency.md`` (and a plot
@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from .checkout import command
+
 DRAFTERS_NO_HISTORY = ["prompt", "documents", "references", "draft_model"]
 
 
@@ -51,13 +53,17 @@ class Server:
         self.max_num_seqs = max_num_seqs
         self.port = _free_port()
         self.log = open(workdir / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in stop()
-        entry = "import sys; from suffixspec.cli import main; sys.exit(main())"
-        cmd = [sys.executable, "-c", entry, "serve", "--model", model, "--draft-model", draft_model,
-               "--port", str(self.port), "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs),
-               "--threads", str(threads), "--max-queue", "256"]
+        # waitress' threads: --http-threads since torch's took the name --threads (older checkouts: --threads)
+        serve = command(code, "suffixspec", "serve") if code is not None else [sys.executable, "-m", "suffixspec",
+                                                                                 "serve"]
+        helptext = subprocess.run([*serve, "--help"], capture_output=True, text=True).stdout
+        http = "--http-threads" if "--http-threads" in helptext else "--threads"
+        args = ["--model", model, "--draft-model", draft_model, "--port", str(self.port),
+                "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs), http, str(threads),
+                "--max-queue", "256"]
+        # another checkout's code, every part of it (checkout.py), or this one's
+        cmd = [*serve, *args]
         env = dict(os.environ)
-        if code is not None:  # another checkout's code (its suffixspec package first on the path)
-            env["PYTHONPATH"] = os.pathsep.join([code, env.get("PYTHONPATH", "")])
         if torch_threads:
             env["OMP_NUM_THREADS"] = str(torch_threads)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: torch's default)")
+    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: none, suffixspec's own measured choice)")
     ap.add_argument("--before", default=None, help="a checkout whose code serves a third --max-num-seqs 1 server")
     ap.add_argument("--out", default="bench/published")
     ap.add_argument("--no-plot", action="store_true")

@@ -54,7 +54,8 @@ from suffixspec.policy import (
 from suffixspec.proposers import Proposer, RequestContext
 
 from .loops import loop_share
-from .workloads import WORKLOADS, build
+from .run import NO_DOCUMENTS
+from .workloads import WORKLOADS, build, index_documents
 
 
 @dataclass
@@ -183,6 +184,7 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
                 remaining = len(tr.output_ids) - len(done)
                 budget = min(max_draft_tokens, remaining - 1, max_context - len(context))
                 budget = draft_budget(budget, mean_accepted, copy_run, acceptance, step, policy)
+                proposer.observe_costs(step)  # as the engine does
                 t, c = time.perf_counter(), time.thread_time()
                 draft = merge_drafts([proposer.propose(context, budget)], budget) if budget > 0 else Draft()
                 out.propose_s += time.perf_counter() - t
@@ -237,7 +239,7 @@ def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cach
 
     torch.set_num_threads(1)
     target = load_model(model)
-    engine = Engine(target)
+    engine = Engine(target, threads=1)
     tok = target.tokenizer
     for w in workloads:
         if f"{key}|{w}" in saved:
@@ -281,17 +283,11 @@ def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: i
 
 def documents_for(model: str, workload: str, n: int, max_tokens: int, tmp: Path) -> Any:
     """The document index the workload indexes first (RAG), or None."""
-    from suffixspec.index.store import DocInput, IndexStore
-
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(model)
     _reqs, docs = build(workload, tok, n, max_tokens)
-    if not docs:
-        return None
-    store = IndexStore(tmp / f"{workload}.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], tok)
-    return store.document_index(tok)
+    return index_documents(tok, docs, tmp)
 
 
 def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | None = None
@@ -311,6 +307,7 @@ def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | N
 
     out: dict[str, tuple[Callable[[Any], Proposer], tuple[str, ...] | None]] = {
         "ours_prompt": (ours, ("prompt",)),
+        "ours_no_documents": (ours, NO_DOCUMENTS),
         "ours_all": (ours, None),
     }
     if history:

@@ -103,7 +103,7 @@ def main() -> None:
             name = None
     if name is None:
         name = _random_model_dir()
-    engine = Engine(load_model(name))
+    engine = Engine(load_model(name), threads=torch.get_num_threads())  # torch's count, as printed
     n_params = sum(p.numel() for p in engine.model.parameters())
     print(f"model: {name} ({n_params / 1e6:.1f}M parameters, {torch.get_num_threads()} threads)")
     vc = verify_cost(engine)

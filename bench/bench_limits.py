@@ -19,7 +19,7 @@ Worked example: SmolLM2-135M (540 MB of fp32 weights) at 10 GB/s reads its weigh
 plain step of 70 ms is then 1.3x the floor. If t(1 + 15) = 2.0 t(1) and t(1 + 31) = 3.6 t(1), the
 oracle gets 16 / 2.0 = 8.0x at k = 15 and 32 / 3.6 = 8.9x at k = 31.
 
-    python -m bench.bench_limits --model /work/models/smollm2-135m-instruct [--context 400] [--rounds 5]
+    python -m bench.bench_limits --model smollm2-135m-instruct [--context 400] [--rounds 5]
                                  [--stat median|min] [--cpu] [--json bench/published/limits.json]
 
 The curve is what :mod:`bench.bench_drafting` turns replayed drafts into time with (``--costs``).
@@ -164,7 +164,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
 
     if threads:
         torch.set_num_threads(threads)
-    engine = Engine(load_model(model), prefix_cache_mb=0)
+    engine = Engine(load_model(model), prefix_cache_mb=0, threads=torch.get_num_threads())
     bandwidth = memory_bandwidth()
     wbytes = weight_bytes(engine.model)
     load = os.getloadavg()[0]

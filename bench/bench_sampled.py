@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .workloads import Request, build
+from .workloads import Request, build, index_documents
 
 TEMPERATURES = (0.7, 1.0)
 SAMPLED_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
@@ -96,24 +96,17 @@ def summarize(runs: list[OnOff]) -> dict[str, Any]:
             "speedup_max": round(max(ratios), 3)}
 
 
-def document_index(target: Any, docs: list[tuple[str, str]], tmp: Path) -> Any:
-    if not docs:
-        return None
-    from suffixspec.index.store import DocInput, IndexStore
-
-    store = IndexStore(tmp / "docs.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], target.tokenizer)
-    return store.document_index(target.tokenizer)
-
-
 class OnOffBench:
     """What the on/off benchmarks share (this module's sampled cells, :mod:`bench.bench_context`'s
     prompt lengths): the target (and draft) loaded once, one engine warmed up by a plain step, a
-    temporary folder for each cell's document index; :meth:`cell` runs a cell's requests off, then on.
+    temporary folder where the cells' documents are indexed (once per set of documents); :meth:`cell`
+    runs a cell's requests off, then on.
 
     Use it as a context manager (the folder is removed on exit)."""
 
     def __init__(self, model: str, draft_model: str | None, sample: bool = True) -> None:
+        import torch
+
         from suffixspec.config import SamplingParams
         from suffixspec.engine import Engine
         from suffixspec.loading import load_model
@@ -123,7 +116,7 @@ class OnOffBench:
         self.sample = sample  # a same-vocabulary draft model samples its tokens (reports q); False: argmax
         # every run prefills its whole prompt: with the prompt-prefix store on, the second run of a
         # request (speculation on) would reuse the first one's keys and values and look faster
-        self.engine = Engine(self.target, prefix_cache_mb=0)
+        self.engine = Engine(self.target, prefix_cache_mb=0, threads=torch.get_num_threads())  # as set in run()
         self.engine.generate(self.engine.encode("def main():\n    return 0\n"), SamplingParams(max_tokens=8), False)
         self._tmp = tempfile.TemporaryDirectory()
 
@@ -137,7 +130,7 @@ class OnOffBench:
              sampling: Callable[[int], Any], history: bool = False) -> list[OnOff]:
         """Each request off, then on, with fresh proposers for the cell (``sampling(i)``: request i's
         settings); ``docs`` are indexed first, in a folder of their own."""
-        documents = document_index(self.target, docs, Path(self._tmp.name) / name) if docs else None
+        documents = index_documents(self.target.tokenizer, docs, Path(self._tmp.name))  # once per run
         proposers = proposers_for(self.target, self.draft, documents, history=history, sample=self.sample)
         return [on_off(self.engine, proposers, req, sampling(i)) for i, req in enumerate(requests)]
 

@@ -251,7 +251,7 @@ def main() -> None:
     w.add_argument("--system", required=True, choices=SYSTEMS)
     w.add_argument("--plan", type=Path, required=True)
     w.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--model", type=Path, default=None, help="a model folder (e.g. /work/models/smollm2-135m-instruct)")
+    ap.add_argument("--model", type=Path, default=None, help="a model folder (e.g. a converted smollm2-135m-instruct: suffixspec models --convert)")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--max-model-len", type=int, default=2048)

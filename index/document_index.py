@@ -222,17 +222,19 @@ class DocumentIndex:
         return self.records(summary, [d.key() for d in docs])
 
     def find_files(self, paths: Sequence[str | os.PathLike], globs: Sequence[str] = (), follow_links: bool = False,
-                   max_bytes: int | None = None) -> FileSet:
-        """The files under ``paths`` (directories walked, names filtered by ``globs`` such as ``"*.py"``),
-        not read yet. A path that does not exist raises FileNotFoundError."""
-        return FileSet(list(walk(paths, tuple(globs), follow_links=follow_links)), max_bytes or DEFAULT_MAX_BYTES)
+                   max_bytes: int | None = None, exclude: Sequence[str] = ()) -> FileSet:
+        """The files under ``paths`` (directories walked, names filtered by ``globs`` such as ``"*.py"``,
+        directories and files whose name matches one of ``exclude`` such as ``"tests"`` left out), not read
+        yet. A path that does not exist raises FileNotFoundError."""
+        return FileSet(list(walk(paths, tuple(globs), follow_links=follow_links, exclude=tuple(exclude))),
+                       max_bytes or DEFAULT_MAX_BYTES)
 
     def add_paths(self, paths: Sequence[str | os.PathLike], globs: Sequence[str] = (), follow_links: bool = False,
-                  max_bytes: int | None = None, *, progress: ProgressFn | None = None,
+                  max_bytes: int | None = None, exclude: Sequence[str] = (), *, progress: ProgressFn | None = None,
                   status: Callable[[str], None] | None = None,
                   on_skip: Callable[[str, str, str], None] | None = None) -> AddSummary:
         """Add text files (:meth:`find_files`, then :meth:`add_files`)."""
-        return self.add_files(self.find_files(paths, globs, follow_links, max_bytes), progress=progress,
+        return self.add_files(self.find_files(paths, globs, follow_links, max_bytes, exclude), progress=progress,
                               status=status, on_skip=on_skip)
 
     def add_files(self, files: FileSet, *, progress: ProgressFn | None = None,

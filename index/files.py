@@ -96,11 +96,13 @@ def _resolve_link(p: Path) -> tuple[Path | None, str | None]:
 
 
 def walk(paths: Sequence[str | os.PathLike], globs: Sequence[str] = (), *,
-         follow_links: bool = False) -> Iterator[FileCandidate]:
+         follow_links: bool = False, exclude: Sequence[str] = ()) -> Iterator[FileCandidate]:
     """Files under ``paths`` (recursively, sorted), keeping names matching any of ``globs`` (all if none).
 
     Hidden directories (``.git``, ``.venv``), ``__pycache__`` and ``node_modules`` are not entered
-    unless named directly. A path named directly is taken as given, even through a symlink; links
+    unless named directly, nor directories whose name matches one of ``exclude``; files whose name
+    matches one of ``exclude`` are left out (``exclude=["test*", "tests"]`` leaves a package's tests
+    out: ``tests/``, ``test/``, ``test_utils.py``). A path named directly is taken as given, even through a symlink; links
     found inside are followed only when their target is inside one of ``paths`` (directories inside
     are walked at their real place, once) or when ``follow_links`` is set. Every file is yielded
     once, by its resolved path. Entries that cannot be indexed (links out of the tree, dangling
@@ -126,15 +128,20 @@ def walk(paths: Sequence[str | os.PathLike], globs: Sequence[str] = (), *,
             yield FileCandidate(real, st.st_size)
 
     def matches(dirpath: str, name: str) -> bool:
+        if excluded(name):
+            return False
         return not globs or any(fnmatch.fnmatch(name, g) or fnmatch.fnmatch(os.path.join(dirpath, name), g)
                                 for g in globs)
+
+    def excluded(name: str) -> bool:
+        return any(fnmatch.fnmatch(name, x) for x in exclude)
 
     def walk_dir(top: Path) -> Iterator[FileCandidate]:
         seen.add(top.resolve())
         for dirpath, dirnames, filenames in os.walk(top):  # never follows links itself: we decide below
             keep = []
             for d in sorted(dirnames):
-                if d.startswith(".") or d in _SKIP_DIRS:
+                if d.startswith(".") or d in _SKIP_DIRS or excluded(d):
                     continue
                 p = Path(dirpath, d)
                 if not p.is_symlink():

@@ -17,7 +17,7 @@ over the live documents would give (:class:`SegmentSet`):
   and the others are asked for that token's exact range);
 - a node's shared run (compressed edge) is the common prefix of the parts' runs;
 - when the match occurs at most ``_POS_UNION`` times in all segments together (the usual case for a
-  long match), the node is instead one list of those occurrences (``_PosNode``): children and runs are
+  long match), the node is instead one list of those occurrences (``PosNode``): children and runs are
   read at each occurrence, whatever segment holds it, with no search.
 
 Worked example: segment A holds ``[1 2 3]``, segment B holds ``[1 2 4]`` and ``[1 2 3]``; context
@@ -43,9 +43,9 @@ from .suffix_array import (
     DEFAULT_SORT_DEPTH,
     SEP,
     SEP16,
+    PosNode,
+    SANode,
     SuffixArray,
-    _PosNode,
-    _SANode,
     common_prefix,
     first_token_buckets,
     sort_suffixes,
@@ -159,9 +159,9 @@ def tombstone_ranks(sa: SuffixArray, dead_seqs: np.ndarray, sa_file: str | os.Pa
     (the segment's ``.sa``) the chunks are read from it rather than from the mapping, whose pages would
     stay resident in the process (4 bytes per token of the segment counted in its RSS after a delete).
     """
-    if len(dead_seqs) == 0 or sa._n == 0:
+    if len(dead_seqs) == 0 or sa.num_suffixes == 0:
         return np.zeros(0, dtype=np.int32)
-    starts, ends = sequence_bounds(sa.starts, sa._n)
+    starts, ends = sequence_bounds(sa.starts, sa.num_suffixes)
     dead_seqs = np.unique(np.asarray(dead_seqs, dtype=np.int64))
     s, e = starts[dead_seqs], ends[dead_seqs]
     bounds = np.empty(2 * len(s), dtype=np.int64)
@@ -182,27 +182,27 @@ def _sa_chunks(sa: SuffixArray, sa_file: str | os.PathLike | None) -> Iterable[t
     """``(offset, entries)`` of ``sa`` in steps of ``_SCAN_CHUNK``, read from ``sa_file`` when given."""
     if sa_file is None:
         arr = np.asarray(sa.sa)
-        for a in range(0, sa._n, _SCAN_CHUNK):
+        for a in range(0, sa.num_suffixes, _SCAN_CHUNK):
             yield a, arr[a:a + _SCAN_CHUNK]
         return
     with open(sa_file, "rb") as f:
-        for a in range(0, sa._n, _SCAN_CHUNK):
-            yield a, np.fromfile(f, dtype="<i4", count=min(_SCAN_CHUNK, sa._n - a))
+        for a in range(0, sa.num_suffixes, _SCAN_CHUNK):
+            yield a, np.fromfile(f, dtype="<i4", count=min(_SCAN_CHUNK, sa.num_suffixes - a))
 
 
 class _MultiNode:
-    """A node of the union of several segments: one ``_SANode`` per segment holding the path."""
+    """A node of the union of several segments: one ``SANode`` per segment holding the path."""
 
     __slots__ = ("parts", "count")
 
-    def __init__(self, parts: list[_SANode]) -> None:
+    def __init__(self, parts: list[SANode]) -> None:
         self.parts = parts
         self.count = sum(p.count for p in parts)
 
-    def children(self, min_count: int) -> list[tuple[int, int, _MultiNode | _SANode]]:
+    def children(self, min_count: int) -> list[tuple[int, int, _MultiNode | SANode]]:
         parts = self.parts
         per = max(1, -(-min_count // len(parts)))  # pigeonhole: see the module docstring
-        found: dict[int, list[_SANode | None]] = {}
+        found: dict[int, list[SANode | None]] = {}
         complete = []  # parts whose every child is listed (a missing token is absent, no search needed)
         for i, p in enumerate(parts):
             full = per == 1 or p.hi - p.lo <= _SMALL_PART
@@ -230,17 +230,17 @@ class _MultiNode:
         step = len(common)
         # each part's own node after its run spans only its live suffixes (tombstones at the edges may not
         # share the run); the combined node goes ``step`` tokens down in it
-        return common, _MultiNode([_SANode(q.owner, q.lo, q.hi, p.depth + step)
+        return common, _MultiNode([SANode(q.owner, q.lo, q.hi, p.depth + step)
                                    for p, (_, q) in zip(self.parts, chained, strict=True)])
 
 
-def _union(parts: list[_SANode | _PosNode]) -> _MultiNode | _PosNode:
+def _union(parts: list[SANode | PosNode]) -> _MultiNode | PosNode:
     """One node of the same path in several segments: a node of all their occurrences when they are at most
     ``_POS_UNION`` (children and runs read at each, no search), else a :class:`_MultiNode` of ranges."""
     if sum(p.count for p in parts) <= _POS_UNION:
-        return _PosNode([oc for p in parts for oc in p.occurrences()], parts[0].depth,
-                        min(p.limit if isinstance(p, _PosNode) else p.owner.sort_depth for p in parts))
-    return _MultiNode([p.range_node() if isinstance(p, _PosNode) else p for p in parts])
+        return PosNode([oc for p in parts for oc in p.occurrences()], parts[0].depth,
+                        min(p.limit if isinstance(p, PosNode) else p.owner.sort_depth for p in parts))
+    return _MultiNode([p.range_node() if isinstance(p, PosNode) else p for p in parts])
 
 
 class SegmentSet(LongestMatchLookups):
@@ -275,7 +275,7 @@ class SegmentSet(LongestMatchLookups):
         return sum(s.nbytes() for s in self.segments)
 
     def node(self, context: Sequence[int], max_depth: int = 64,
-             hint: int | None = None) -> tuple[int, _SANode | _MultiNode | None]:
+             hint: int | None = None) -> tuple[int, SANode | _MultiNode | None]:
         """Longest suffix of ``context`` in any segment and the combined node of its occurrences."""
         best, parts = 0, []
         packs: dict[tuple[int, int], tuple[int, bytes | None]] = {}  # the context packed once per layout
@@ -303,7 +303,7 @@ class SegmentSet(LongestMatchLookups):
         out = []
         for seg in self.segments:
             dead = set(np.asarray(seg.sa)[np.asarray(seg.dead)].tolist()) if len(seg.dead) else set()
-            starts, ends = sequence_bounds(seg.starts, seg._n)
+            starts, ends = sequence_bounds(seg.starts, seg.num_suffixes)
             text = np.asarray(seg.text)
             for s, e in zip(starts, ends, strict=True):
                 if int(s) not in dead:

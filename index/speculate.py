@@ -266,7 +266,7 @@ def _tree(node: MatchNode, limit: int, params: SpecParams, match_len: int) -> Sp
             p = prob * params.rate(match_len + d)
             if p < min_prob or (heap and p < -heap[0][0]):
                 if p >= min_prob:  # the rest of the run competes from the heap
-                    heapq.heappush(heap, (-p, tie, tok, idx, _Rest(run[k + 1:], end)))
+                    heapq.heappush(heap, (-p, tie, tok, idx, RestOfRun(run[k + 1:], end)))
                     tie += 1
                 return
             parents.append(idx)
@@ -298,7 +298,7 @@ def _tree(node: MatchNode, limit: int, params: SpecParams, match_len: int) -> Sp
     return res
 
 
-class _Rest:
+class RestOfRun:
     """The untaken rest of a shared run (a compressed edge cut where another branch was likelier):
     a match node whose chain is ``run`` and whose children are those of ``end``."""
 
@@ -311,12 +311,12 @@ class _Rest:
             return self.end.chain(max_len)
         if max_len >= len(self.run):
             return self.run, self.end
-        return self.run[:max_len], _Rest(self.run[max_len:], self.end)
+        return self.run[:max_len], RestOfRun(self.run[max_len:], self.end)
 
     def children(self, min_count: int) -> list[tuple[int, int, MatchNode]]:
         if not self.run:
             return self.end.children(min_count)
-        return [(self.run[0], self.count, _Rest(self.run[1:], self.end))]
+        return [(self.run[0], self.count, RestOfRun(self.run[1:], self.end))]
 
 
 # Upper match length of each bucket of AcceptanceRates (the last bucket holds every longer match).

@@ -140,7 +140,7 @@ def token_counts(text: np.ndarray, sep: int) -> np.ndarray:
     return np.bincount(t.astype(np.int64), minlength=0) if len(t) else np.zeros(0, dtype=np.int64)
 
 
-class _SANode:
+class SANode:
     """Implicit suffix-tree node: the ``sa[lo:hi]`` suffixes share their first ``depth`` tokens;
     ``count`` leaves out the suffixes of deleted documents (tombstones)."""
 
@@ -150,13 +150,13 @@ class _SANode:
         self.owner, self.lo, self.hi, self.depth = owner, lo, hi, depth
         self.count = owner._live(lo, hi)
 
-    def children(self, min_count: int) -> list[tuple[int, int, _SANode]]:
+    def children(self, min_count: int) -> list[tuple[int, int, SANode]]:
         return self.owner._children(self, min_count)
 
-    def chain(self, max_len: int) -> tuple[list[int], _SANode]:
+    def chain(self, max_len: int) -> tuple[list[int], SANode]:
         return self.owner._chain(self, max_len)
 
-    def child(self, tok: int) -> _SANode | None:
+    def child(self, tok: int) -> SANode | None:
         """The child for token ``tok`` (None when no live suffix continues with it)."""
         return self.owner._child(self, tok)
 
@@ -186,13 +186,13 @@ def common_prefix(runs: list[list[int]]) -> list[int]:
     return common
 
 
-class _PosNode:
+class PosNode:
     """A match node given by its occurrences, when they are few: ``(array, start)`` of every live suffix
     that begins with the node's ``depth``-token path, in one array or in several (segments). Children
-    and shared runs are read at those positions, with no search of ``sa``: a :class:`_SANode` needs the
+    and shared runs are read at those positions, with no search of ``sa``: a :class:`SANode` needs the
     ``sa`` range of its path first, one bisect per array, which for a match found by backward
     extension (:meth:`SuffixArray._extend`) is the most expensive part of a lookup. Counts, children
-    (token order) and runs are those of the ``_SANode`` of the same suffixes.
+    (token order) and runs are those of the ``SANode`` of the same suffixes.
 
     Worked example: ``5 6`` (depth 2) occurs at 0 and 5 of ``5 6 7 1 SEP 5 6 7 2 SEP``: the shared run is
     ``[7]`` (node at depth 3, same occurrences), whose children are ``1`` and ``2``, count 1 each.
@@ -204,9 +204,9 @@ class _PosNode:
         self.occ = occ  # (array, start of the suffix) per live occurrence
         self.depth = depth  # tokens of the path
         self.count = len(occ)
-        self.limit = limit  # sort depth: tokens a lookup may compare (as _SANode's owner.sort_depth)
+        self.limit = limit  # sort depth: tokens a lookup may compare (as SANode's owner.sort_depth)
 
-    def children(self, min_count: int) -> list[tuple[int, int, _PosNode]]:
+    def children(self, min_count: int) -> list[tuple[int, int, PosNode]]:
         d = self.depth
         if d >= self.limit:
             return []
@@ -216,9 +216,9 @@ class _PosNode:
             tok = int.from_bytes(o._buf[s:s + o.width], "big")
             if tok != o.sep:
                 groups.setdefault(tok, []).append((o, p))
-        return [(t, len(g), _PosNode(g, d + 1, self.limit)) for t, g in sorted(groups.items()) if len(g) >= min_count]
+        return [(t, len(g), PosNode(g, d + 1, self.limit)) for t, g in sorted(groups.items()) if len(g) >= min_count]
 
-    def chain(self, max_len: int) -> tuple[list[int], _PosNode]:
+    def chain(self, max_len: int) -> tuple[list[int], PosNode]:
         """The tokens every occurrence continues with (at most ``max_len``, cut at a separator)."""
         d = self.depth
         k = min(max_len, self.limit - d)
@@ -251,18 +251,18 @@ class _PosNode:
             run = run[:run.index(SEP)]
         if not run:
             return [], self
-        return run, _PosNode(self.occ, d + len(run), self.limit)
+        return run, PosNode(self.occ, d + len(run), self.limit)
 
     def occurrences(self) -> list[tuple[SuffixArray, int]]:
         return self.occ
 
-    def range_node(self) -> _SANode:
+    def range_node(self) -> SANode:
         """The same node as an ``sa`` range (its occurrences must all be in one array): one bisect."""
         o, p = self.occ[0]
         s = o._base + o.width * p
         pat = o._buf[s:s + o.width * self.depth]
         lo, hi, top = o._probe(pat)
-        return _SANode(o, lo, o._range_from(pat, lo, hi, top), self.depth)
+        return SANode(o, lo, o._range_from(pat, lo, hi, top), self.depth)
 
 
 def _tokens(o: SuffixArray, pos: int, k: int) -> list[int]:
@@ -396,6 +396,11 @@ class SuffixArray(LongestMatchLookups):
                    buckets=buckets, dead=dead)
 
     # ----- facts ---------------------------------------------------------------------------------
+    @property
+    def num_suffixes(self) -> int:
+        """Entries of ``sa``: one per indexed token and one per sequence's separator."""
+        return self._n
+
     @property
     def num_tokens(self) -> int:
         """Indexed tokens, separators excluded (tombstoned ones included)."""
@@ -598,15 +603,15 @@ class SuffixArray(LongestMatchLookups):
 
     def node(self, context: Sequence[int], max_depth: int = 64, hint: int | None = None,
              at_least: int = 0, packed: tuple[int, bytes | None] | None = None
-             ) -> tuple[int, _SANode | _PosNode | None]:
+             ) -> tuple[int, SANode | PosNode | None]:
         """The match of :meth:`match` as a node: (match_len, node or None); a node of its occurrences
-        (:class:`_PosNode`) when they are few."""
+        (:class:`PosNode`) when they are few."""
         L, lo, hi, starts = self._find(context, max_depth, hint, at_least, packed)
         if not L:
             return 0, None
         if starts is not None:
-            return L, _PosNode([(self, p) for p in starts], L, self.sort_depth)
-        return L, _SANode(self, lo, hi, L)
+            return L, PosNode([(self, p) for p in starts], L, self.sort_depth)
+        return L, SANode(self, lo, hi, L)
 
     def count(self, pattern: Sequence[int]) -> int:
         """Occurrences of ``pattern`` (at most ``sort_depth`` tokens long)."""
@@ -620,7 +625,7 @@ class SuffixArray(LongestMatchLookups):
         s = self._base + self.width * pos
         return self._buf[s:s + self.width]
 
-    def _chain(self, node: _SANode, max_len: int) -> tuple[list[int], _SANode]:
+    def _chain(self, node: SANode, max_len: int) -> tuple[list[int], SANode]:
         """The run shared by all live suffixes of ``node``: sorted order makes it the common prefix of the
         first and the last one (past the node's depth), cut at the first separator."""
         lo, hi, d, w = node.lo, node.hi, node.depth, self.width
@@ -647,9 +652,9 @@ class SuffixArray(LongestMatchLookups):
         run = list(struct.unpack(f">{len(first) // w}{self._fmt[1]}", first))
         if self.sep in run:
             run = run[:run.index(self.sep)]
-        return run, (_SANode(self, lo, hi, d + len(run)) if run else node)
+        return run, (SANode(self, lo, hi, d + len(run)) if run else node)
 
-    def _child(self, node: _SANode, tok: int) -> _SANode | None:
+    def _child(self, node: SANode, tok: int) -> SANode | None:
         lo, hi, d, w = node.lo, node.hi, node.depth, self.width
         if hi <= lo or d >= self.sort_depth or not 0 <= tok < self.sep:
             return None
@@ -664,9 +669,9 @@ class SuffixArray(LongestMatchLookups):
         b = gallop_right(sa, t, a + 1, hi, key) if a < hi and key(sa[a]) == t else a
         if self._live(a, b) <= 0:
             return None
-        return _SANode(self, a, b, d + 1)
+        return SANode(self, a, b, d + 1)
 
-    def _children(self, node: _SANode, min_count: int) -> list[tuple[int, int, _SANode]]:
+    def _children(self, node: SANode, min_count: int) -> list[tuple[int, int, SANode]]:
         """Children of ``node`` with at least ``min_count`` occurrences (others may be omitted), in token order.
 
         The token after the node's prefix is sorted across ``sa[lo:hi]``. A child run of length
@@ -682,13 +687,13 @@ class SuffixArray(LongestMatchLookups):
         if z == a or first == self._token_at(sa[z] + d):  # one child (the common case deep down)
             if first == self._sep_bytes:
                 return []  # tombstones at the edges may not share the token: the child keeps the live span
-            return [(int.from_bytes(first, "big"), node.count, _SANode(self, a, z + 1, d + 1))]
+            return [(int.from_bytes(first, "big"), node.count, SANode(self, a, z + 1, d + 1))]
 
         def key(i: int) -> bytes:
             s = base + w * (i + d)
             return buf[s:s + w]
 
-        out: list[tuple[int, int, _SANode]] = []
+        out: list[tuple[int, int, SANode]] = []
         stride = max(1, min_count)
         pos = lo
         while pos < hi:
@@ -696,7 +701,7 @@ class SuffixArray(LongestMatchLookups):
             start = pos if stride == 1 or pos == lo else bisect_left(sa, tok, lo, pos + 1, key=key)
             end = gallop_right(sa, tok, pos + 1, hi, key)
             if tok != self._sep_bytes:
-                child = _SANode(self, start, end, d + 1)
+                child = SANode(self, start, end, d + 1)
                 if child.count >= min_count and child.count > 0:
                     out.append((int.from_bytes(tok, "big"), child.count, child))
             # next sample point at or after the end of this run

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import SamplingParams, SpeculationConfig
-from .models import DEFAULT_MODEL, default_draft
+from .errors import RequestError
+from .models import DEFAULT_MODEL, check_model_name, default_draft
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,22 @@ class SuffixSpec:
             time, as ``suffixspec serve --max-num-seqs 1``).
         prefix_cache_mb: memory for the target's keys/values of earlier prompts, reused by a prompt that
             starts with the same tokens (0 = recompute every prompt).
+        threads: torch threads for the model's passes on a CPU. ``None`` (default): measured when the
+            object is built (one thread or every core, whichever passes faster) and re-checked while
+            decoding, as the machine's load changes; ``OMP_NUM_THREADS`` in the environment fixes it
+            too. ``spec.threads`` says what was chosen.
+
+    Building it pays a start's one-time costs (loading, packing the weights, the batching probe, the
+    thread measurement), so the first request runs as fast as the later ones.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
                  engine: Any = None, history: bool = True, max_num_seqs: int = 1,
-                 prefix_cache_mb: float = 256) -> None:
+                 prefix_cache_mb: float = 256, threads: int | None = None) -> None:
+        from .threads import prepare_openmp
+
+        prepare_openmp()  # a no-op once torch is imported (then OpenMP's wait policy is already fixed)
         self._lock = threading.RLock()  # close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
@@ -87,18 +98,25 @@ class SuffixSpec:
             draft_model = default_draft(model)
         if draft_model in ("none", ""):
             draft_model = None
+        if engine is None:  # a name nothing can load fails now, not after importing torch
+            for name in (model, draft_model):
+                if name:
+                    check_model_name(name)
         self.model_name = model
         self.draft_model_name = draft_model
         self.history = bool(history)  # draft from and save the output history
         self.db_path = self._db_path(db)  # None: no store
-        self.store: Any = None  # IndexStore the suffix proposer reads (used by the engine thread only)
+        self.store: Any = None  # IndexStore the suffix proposer reads (only from inside the decode loop)
         self.documents: Any = None  # suffixspec.index.DocumentIndex: the document methods below go through it
         if engine is not None:
             self.engine = engine
             self.proposers = list(getattr(engine, "proposers", []))
             self.model_name = getattr(engine, "model_name", model)
         else:
-            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs, prefix_cache_mb)
+            self.engine = self._build_engine(model, draft_model, device, dtype, max_num_seqs, prefix_cache_mb,
+                                             threads)
+            self.engine.warm_up()
+            log.info("torch threads: %s", self.engine.threads.describe())
         self.tokenizer = self.engine.tokenizer
         self.suffix = next((p for p in self.proposers if getattr(p, "name", "") == "suffix"), None)
         if self.store is None and self.db_path is not None:  # an engine was given: open the store for documents
@@ -125,13 +143,14 @@ class SuffixSpec:
     # -- construction -------------------------------------------------------------------------
 
     def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None,
-                      max_num_seqs: int = 1, prefix_cache_mb: float = 256) -> Any:
+                      max_num_seqs: int = 1, prefix_cache_mb: float = 256, threads: int | None = None) -> Any:
         from .engine import Engine
         from .loading import load_model
 
         target = load_model(model, device=device, dtype=dtype)
         self.proposers = self._build_proposers(target, draft_model, device, dtype)
-        return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb)
+        return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb,
+                      threads=threads)
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:
@@ -153,6 +172,13 @@ class SuffixSpec:
         return proposers
 
     # -- tokenization -------------------------------------------------------------------------
+
+    @property
+    def threads(self) -> dict:
+        """The torch thread count and how it was chosen: ``{"threads", "how", "measured_ms", "wait_policy",
+        "rechecks", "switches"}`` (``how``: measured, given, OMP_NUM_THREADS, device or one core)."""
+        tuner = getattr(self.engine, "threads", None)
+        return tuner.to_dict() if tuner is not None else {}
 
     @property
     def max_context(self) -> int:
@@ -191,16 +217,33 @@ class SuffixSpec:
         return list(self.tokenizer(text)["input_ids"])
 
     def render_chat(self, messages: Sequence[Message | dict]) -> str:
-        """The prompt text the tokenizer's chat template makes of ``messages`` (ready for the assistant)."""
-        msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+        """The prompt text the tokenizer's chat template makes of ``messages`` (ready for the assistant).
+
+        ``developer`` (OpenAI's newer name for the role) reaches the template as ``system``, which chat
+        templates know. A template that refuses the conversation (roles out of order, say) raises
+        ``RequestError``."""
+        msgs = [dict(m) if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+        for m in msgs:
+            if m.get("role") == "developer":
+                m["role"] = "system"
         if not self.has_chat_template:
             # No template: a plain transcript, so base models still get a sensible prompt.
             return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:"
-        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        from jinja2 import TemplateError  # what a template's raise_exception (and any template fault) raises
 
-    def encode_chat(self, messages: Sequence[Message | dict]) -> list[int]:
-        """Token ids of a chat prompt. The template already holds special tokens, so none are added."""
+        try:
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except TemplateError as e:
+            raise RequestError(f"the model's chat template rejected these messages: {e}", "messages") from None
+
+    def encode_chat(self, messages: Sequence[Message | dict], check: Callable[[str], None] | None = None
+                    ) -> list[int]:
+        """Token ids of a chat prompt: ``render_chat``'s text, tokenized with no special tokens added (the
+        template holds them). HTTP and Python requests both encode messages here. ``check``, if given, sees
+        the rendered text before it is tokenized and may refuse it (the server's length bounds)."""
         text = self.render_chat(messages)
+        if check is not None:
+            check(text)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- generation ---------------------------------------------------------------------------
@@ -227,7 +270,7 @@ class SuffixSpec:
                        sampling: SamplingParams | None, speculation: Any, references: Sequence[str] | None,
                        prediction: str | None, kw: dict) -> dict:
         if (prompt is None) == (messages is None):
-            raise ValueError("give exactly one of prompt= or messages=")
+            raise RequestError("give exactly one of prompt= or messages=", "prompt")
         ids = self.encode_chat(messages) if messages is not None else (
             self.encode(prompt) if isinstance(prompt, str) else list(prompt))
         return dict(prompt=ids, sampling=self.sampling_params(sampling, **kw),
@@ -269,7 +312,7 @@ class SuffixSpec:
 
         from suffixspec.index.document_index import DocumentIndex, TokenizerChoice
 
-        def own_tokenizer(_index: Any) -> TokenizerChoice:  # no tokenizer shared with the engine thread
+        def own_tokenizer(_index: Any) -> TokenizerChoice:  # not the tokenizer the generating threads use
             return TokenizerChoice(copy.deepcopy(self.tokenizer), self.model_name)
 
         index = DocumentIndex(self.db_path, load_tokenizer=own_tokenizer, background_merges=True)
@@ -295,9 +338,10 @@ class SuffixSpec:
         return self._docs().add_documents(documents)
 
     def add_paths(self, paths: Sequence[str | Path], globs: Sequence[str] = (), follow_links: bool = False,
-                  max_bytes: int | None = None) -> list[dict]:
-        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``), as
-        ``suffixspec index add`` does with the same options.
+                  max_bytes: int | None = None, exclude: Sequence[str] = ()) -> list[dict]:
+        """Add text files (directories are walked, filtered by ``globs`` such as ``"*.py"``; directories and
+        files named like one of ``exclude``, such as ``"tests"``, left out), as ``suffixspec index add``
+        does with the same options.
 
         Skips binary and empty files, files over ``max_bytes`` (2 MiB by default), FIFOs and devices,
         dangling or looping symlinks, and symlinks out of ``paths`` unless ``follow_links``. Returns one
@@ -306,7 +350,7 @@ class SuffixSpec:
         a warning). A path that does not exist raises FileNotFoundError.
         """
         index = self._docs()
-        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes,
+        summary = index.add_paths([str(p) for p in paths], globs, follow_links, max_bytes, exclude,
                                   on_skip=lambda path, _kind, why: log.warning("skipped %s: %s", path, why))
         return index.records(summary) + [{"object": "document", "id": None, "source": path, "status": "skipped",
                                           "reason": why} for path, _kind, why in summary.skipped_files]
@@ -355,7 +399,7 @@ class SuffixSpec:
             if self._closed:
                 return
             self._closed = True
-            calls = [getattr(self.engine, "close", None)]  # the batch thread, if one runs
+            calls = [getattr(self.engine, "close", None)]  # a given engine's resources (ours holds none)
             calls += [getattr(p, "flush", None) for p in self.proposers]  # history is written as it goes
             calls += [s.close for s in (self.documents, self.store) if s is not None]
             for fn in calls:

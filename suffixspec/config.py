@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .draft import DRAFTERS, PREDICTION_RULE
+from .errors import RequestError
 
 
 @dataclass
 class SamplingParams:
-    """How the target's next-token distribution is processed and sampled (same on every path)."""
+    """How the target's next-token distribution is processed and sampled (same on every path).
+
+    A value out of range raises :class:`~suffixspec.errors.RequestError` naming the field."""
 
     max_tokens: int = 128  # generate at most this many tokens (EOS included)
     temperature: float = 0.0  # 0 means greedy (argmax); > 0 samples from softmax(logits / temperature)
@@ -26,24 +29,24 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise RequestError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}", "temperature")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise RequestError(f"top_k must be >= 0 (0 = off), got {self.top_k}", "top_k")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be between -2 and 2, got {getattr(self, name)}")
+                raise RequestError(f"{name} must be between -2 and 2, got {getattr(self, name)}", name)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+            raise RequestError("stop strings must be non-empty", "stop")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
+            raise RequestError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}", "seed")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+            raise RequestError(f"logprobs must be between 0 and 20, got {self.logprobs}", "logprobs")
         self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
 
     @property
@@ -67,6 +70,8 @@ class SpeculationConfig:
             self.drafters = tuple(self.drafters)
             unknown = [d for d in self.drafters if d not in DRAFTERS]
             if unknown:
-                raise ValueError(f"unknown drafter(s) {unknown}; choose from {list(DRAFTERS)} ({PREDICTION_RULE})")
+                raise RequestError(f"unknown drafter(s) {unknown}; choose from {list(DRAFTERS)} ({PREDICTION_RULE})",
+                                   "drafters")
         if not 0 <= self.max_draft_tokens <= 256:
-            raise ValueError(f"max_draft_tokens must be between 0 and 256, got {self.max_draft_tokens}")
+            raise RequestError(f"max_draft_tokens must be between 0 and 256, got {self.max_draft_tokens}",
+                               "max_draft_tokens")

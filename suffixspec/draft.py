@@ -39,11 +39,10 @@ SOURCE_REFERENCES = "references"
 SOURCE_DRAFT_MODEL = "draft_model"
 SOURCE_PREDICTION = "prediction"  # the request's code-edit `prediction` (a reference, counted apart for usage)
 SOURCE_TARGET = "target"  # a token sampled by the target itself (bonus or correction), never drafted
-# Node provenance values a proposer may put in Draft.sources.
-DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_PREDICTION,
-                 SOURCE_DRAFT_MODEL)
-# Drafter names a request may choose with `speculation.drafters`. A request's `prediction` drafts
-# whenever the request gives one, whether the list names "prediction" or not (see drafter_allows).
+# The node provenance values a proposer may put in Draft.sources, which are also the drafter names a
+# request may choose with `speculation.drafters` (one name for a drafter and what it drafts). A request's
+# `prediction` drafts whenever the request gives one, whether the list names "prediction" or not (see
+# drafter_allows).
 DRAFTERS = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_PREDICTION,
             SOURCE_DRAFT_MODEL)
 PREDICTION_RULE = "a request's prediction drafts whenever it is given, listed or not"
@@ -76,13 +75,23 @@ def root_path(parents: Sequence[int], node: int) -> list[int]:
     return out[::-1]
 
 
+def node_depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth, given each node's parent (parents before children); a child of the root is at 1.
+
+    Example: parents ``[-1, 0, 0, 2]`` -> ``[1, 2, 2, 3]``."""
+    out: list[int] = []
+    for par in parents:
+        out.append(1 if par < 0 else out[par] + 1)
+    return out
+
+
 @dataclass
 class Draft:
     """A tree of proposed target tokens. An empty draft means "no proposal" (never ``None``)."""
 
     tokens: list[int] = field(default_factory=list)  # target-vocabulary id per node
     parents: list[int] = field(default_factory=list)  # parent node index per node; -1 = child of the root
-    sources: list[str] = field(default_factory=list)  # one of DRAFT_SOURCES per node
+    sources: list[str] = field(default_factory=list)  # one of DRAFTERS per node
     q: torch.Tensor | None = None  # [num_nodes, vocab] float: distribution each node was drawn from, or None
     q_known: list[bool] | None = None  # per node: is q[i] meaningful? None means "all" when q is set
     score: float = 0.0  # expected accepted tokens, as estimated by the proposer (used to pick/merge);
@@ -134,11 +143,8 @@ class Draft:
         return len(kids.get(-1, ())), deeper, max(self.depths())
 
     def depths(self) -> list[int]:
-        """Depth of each node; children of the root have depth 1."""
-        out: list[int] = []
-        for par in self.parents:
-            out.append(1 if par < 0 else out[par] + 1)
-        return out
+        """Depth of each node; children of the root have depth 1 (:func:`node_depths`)."""
+        return node_depths(self.parents)
 
     def children(self) -> dict[int, list[int]]:
         """Node indices by parent (``-1``: the root's children), in node order."""

@@ -12,6 +12,7 @@ Module map (imports point down this list; ``tests/test_imports.py`` fails on a c
     scheduler.py   the step loop: joins and leaves, cancellation, callers stepping in turn
     sequence.py    one request's state: propose, commit, stream events, the result
     probe_cache.py the probe's passing verdict, remembered in a converted model's folder
+    threads.py     how many threads the target's passes run on (measured at start, re-checked)
     runner.py      the target: cache rows, the lean or padded pass, prefill, prefix reuse, the probe
     lean.py        lean forwards per architecture family (the target's passes and draft models)
     policy.py      which drafts are verified, which proposers run, the draft budget, the cost model
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .config import SamplingParams, SpeculationConfig
-from .loading import LoadedModel
+from .loading import LoadedModel, max_context
 from .policy import Policy, ProposerRecord
 from .prefix import PrefixStore
 from .probe_cache import batch_problem
@@ -39,6 +40,7 @@ from .proposers import Proposer, RequestContext
 from .runner import Runner
 from .scheduler import PassRecord, Scheduler
 from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare
+from .threads import ThreadTuner
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,12 @@ class Engine:
 
     ``max_num_seqs``: requests stepped together when called from several threads (1 = one at a time);
     ``prefix_cache_mb``: memory for the keys and values of earlier prompts' prefixes (0 = none);
-    ``policy``: the decision constants (``policy.Policy``)."""
+    ``policy``: the decision constants (``policy.Policy``); ``threads``: torch threads for the target's
+    passes (None: measured on a CPU, see ``threads.ThreadTuner``)."""
 
     def __init__(self, target: LoadedModel, proposers: Sequence[Proposer] = (), max_draft_tokens: int = 32,
-                 max_num_seqs: int = 1, prefix_cache_mb: float = 256, policy: Policy | None = None) -> None:
+                 max_num_seqs: int = 1, prefix_cache_mb: float = 256, policy: Policy | None = None,
+                 threads: int | None = None) -> None:
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be a positive integer (1 = one request at a time), got {max_num_seqs!r}")
         if prefix_cache_mb < 0:
@@ -66,8 +70,7 @@ class Engine:
         self.proposers = list(proposers)
         self.default_speculation = SpeculationConfig(max_draft_tokens=max_draft_tokens)
         self.policy = policy or Policy()
-        cfg = self.model.config
-        self.max_context = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
+        self.max_context = max_context(self.model.config)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_ids = self._eos_ids()
         self.max_num_seqs = max_num_seqs  # requests stepped together
@@ -83,6 +86,7 @@ class Engine:
         self._target = Target(self.tokenizer, self.eos_ids, self.vocab_size, self.device, self.max_context,
                               self.policy)
         self._batch_problem: str | None = None  # why passes cannot hold several rows (set by the probe)
+        self.threads = ThreadTuner(threads, device=str(target.device))  # the passes' thread count
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -119,7 +123,7 @@ class Engine:
     def prepare(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                 speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                 prediction: str | None = None) -> tuple[RequestContext, SpeculationConfig]:
-        """Check and tokenize a request's arguments (``ValueError`` says what to change)."""
+        """Check and tokenize a request's arguments (a ``RequestError`` says what to change)."""
         return prepare(self.tokenizer, self.max_context, self.default_speculation, prompt, sampling, speculation,
                        references, prediction)
 
@@ -132,6 +136,12 @@ class Engine:
     def close(self) -> None:
         """Nothing to end: the engine runs no thread of its own (callers step the loop in turn)."""
 
+    def warm_up(self) -> None:
+        """Pay the one-time costs of a start now rather than in the first request: the target's runner
+        (packed weights), the batching probe and the thread count, whose timed passes also warm the
+        kernels (``SuffixSpec`` calls this; otherwise the first request does)."""
+        _ = self.scheduler
+
     @property
     def scheduler(self) -> Scheduler:
         """The decode loop, made (and the target probed) on first use."""
@@ -139,7 +149,8 @@ class Engine:
             if self._scheduler is None:
                 runner = self._runner()
                 rows = self.max_num_seqs if self._batch_problem is None else 1
-                self._scheduler = Scheduler(runner, lambda: self.proposers, rows, self.policy, self._observe)
+                self._scheduler = Scheduler(runner, lambda: self.proposers, rows, self.policy, self._observe,
+                                            self.threads)
             return self._scheduler
 
     @property
@@ -165,4 +176,7 @@ class Engine:
         self._batch_problem = problem
         if problem is not None and self.max_num_seqs > 1:
             log.warning("%s cannot be batched (%s); serving one request at a time", self.model_name, problem)
+        tp = self.threads.policy
+        with runner.sample_pass(tp.probe_inputs, tp.probe_context) as run:
+            self.threads.calibrate(run)
         return runner

@@ -358,7 +358,6 @@ class LeanForward:
         self.device = self.embed.device
         # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
         self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype) if gemma else None
-        self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048))
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) if gemma else None
         types = layer_types(cfg)
         self.windows = sorted({w for _, w in types}, key=lambda w: (w is not None, w or 0))  # None first
@@ -408,7 +407,6 @@ class LeanForward:
             # the embedding lookups read a tied head's rows again (paged back in one by one, as used)
             self.paged_out += page_out([model.get_output_embeddings().weight.detach()])
         self.onednn = self.head.is_mkldnn  # whether this forward's weights are packed (they all are, or none)
-        self.vocab_size = int(self.head.shape[0])
         self.gemma = gemma
         # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)
         self.gelu = ("tanh" if cfg.hidden_activation == "gelu_pytorch_tanh" else "none") if gemma else None

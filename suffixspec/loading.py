@@ -81,6 +81,12 @@ class LoadedModel:
     cache_folder: str | None = None
 
 
+def max_context(config: Any) -> int:
+    """The positions a model's config allows (its context length): ``max_position_embeddings`` as most
+    families name it, ``n_positions`` as GPT-2 does, else 2048. Example: SmolLM2-135M -> 8192."""
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048)
+
+
 def load_tokenizer(name_or_path: str) -> Any:
     """The tokenizer of a model name, folder, hub id or ``.gguf`` file (see ``resolve_model_path``)."""
     return _tokenizer_from(resolve_model_path(name_or_path))

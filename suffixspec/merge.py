@@ -17,7 +17,49 @@ Worked example: A = chain [5, 6, 7] (score 2), B = chain [5, 9] (score 1), budge
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .draft import Draft
+
+_CUT = -2  # a tree's node the budget left out (and so all its descendants)
+
+
+class TreeUnion:
+    """Trees merged into one, a node keyed by (merged parent, token): shared prefixes become one node.
+
+    Both mergers build on it: :func:`merge_drafts` (proposers' drafts, first come first kept) and the
+    suffix proposer's ``merge_tree`` (its sources' drafts, the most probable kept). Example: add chain
+    ``[5, 6, 7]`` -> nodes 0, 1, 2 (all created); add chain ``[5, 9]`` -> 5 is node 0 again, 9 a new
+    node 3 under it: ``tokens [5, 6, 7, 9]``, ``parents [-1, 0, 1, 0]``.
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # token per merged node
+        self.parents: list[int] = []  # merged parent per merged node (-1: a child of the root)
+        self._node: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+
+    def add(self, tokens: Sequence[int], parents: Sequence[int], budget: int | None = None
+            ) -> list[tuple[int, int, bool]]:
+        """Merge one tree in (``parents`` as ``Draft.parents``: parents before children).
+
+        Returns ``(node of the tree, merged node, created)`` for each of its nodes that was kept, in
+        order. With a ``budget``, a node that would be new once the union holds ``budget`` nodes is cut,
+        and its descendants with it; a node already there costs nothing and is kept."""
+        local: list[int] = []  # the tree's node -> merged node, or _CUT
+        kept: list[tuple[int, int, bool]] = []
+        for i, (tok, par) in enumerate(zip(tokens, parents, strict=True)):
+            mpar = -1 if par < 0 else local[par]
+            node = None if mpar == _CUT else self._node.get((mpar, tok))
+            created = node is None and mpar != _CUT and (budget is None or len(self.tokens) < budget)
+            if created:
+                node = len(self.tokens)
+                self._node[(mpar, tok)] = node
+                self.tokens.append(tok)
+                self.parents.append(mpar)
+            local.append(_CUT if node is None else node)
+            if node is not None:
+                kept.append((i, node, created))
+        return kept
 
 
 def merge_drafts(drafts: list[Draft], budget: int) -> Draft:
@@ -28,34 +70,19 @@ def merge_drafts(drafts: list[Draft], budget: int) -> Draft:
         return drafts[0].truncated(budget)
     planned = min(budget, sum(d.gate_size() for d in drafts)) if any(d.q is not None for d in drafts) else None
     drafts.sort(key=lambda d: d.score, reverse=True)
-    tokens: list[int] = []
-    parents: list[int] = []
+    union = TreeUnion()
     sources: list[str] = []
     origin: list[tuple[int, int]] = []  # (draft index, node index) that created each merged node
     shared: list[bool] = []  # proposed by more than one draft
-    key_to_node: dict[tuple[int, int], int] = {}
     for di, d in enumerate(drafts):
-        local: list[int] = []  # draft node -> merged node
-        for i, (tok, par) in enumerate(zip(d.tokens, d.parents, strict=True)):
-            mpar = -1 if par < 0 else local[par]
-            if mpar == -2:  # parent was cut by the budget
-                local.append(-2)
-                continue
-            node = key_to_node.get((mpar, tok))
-            if node is None:
-                if len(tokens) >= budget:
-                    local.append(-2)
-                    continue
-                node = len(tokens)
-                key_to_node[(mpar, tok)] = node
-                tokens.append(tok)
-                parents.append(mpar)
+        for i, node, created in union.add(d.tokens, d.parents, budget):
+            if created:
                 sources.append(d.sources[i])
                 origin.append((di, i))
                 shared.append(False)
             else:
                 shared[node] = True
-            local.append(node)
+    tokens, parents = union.tokens, union.parents
     q_rows = [drafts[di].q[i] if drafts[di].has_q(i) else None for di, i in origin]
     known = [row is not None and not shared[n] for n, row in enumerate(q_rows)]
     by_parent: dict[int, set[int]] = {}

@@ -97,7 +97,7 @@ class KnownModel:
     assembled: bool  # False: the file sits in the package folder; True: the package's assemble(path) writes it
     licence: str  # the model's licence (shown by `suffixspec models`)
     description: str  # one line: what it is
-    draft: str | None = None  # the shipped draft model that draft_model="auto" picks, when installed
+    draft: str | None = None  # the draft model (another known model) that draft_model="auto" picks, when installed
     parts: PartPackages | None = None  # the GGUF is cut into part packages, joined at conversion time
     # resident memory (GB) of `suffixspec serve` with this model alone, measured (docs/models.md says how)
     served_gb: float | None = None
@@ -150,6 +150,11 @@ _EMBEDDED_DRAFTS = {DEMO_TARGET: DEMO_DRAFT}
 
 class ModelNotInstalledError(FileNotFoundError):
     """A known model name whose package is not installed; the message is one line with the pip command."""
+
+
+class UnknownModelError(FileNotFoundError):
+    """A model that is no name ``suffixspec models`` lists, no folder or file here, and no hub id this
+    machine can fetch; the message lists the names (``check_model_name``)."""
 
 
 def cache_dir() -> Path:
@@ -294,6 +299,89 @@ def gguf_source(name_or_path: str) -> GGUFSource | None:
     if name_or_path.lower().endswith(".gguf"):
         return file_source(name_or_path)
     return None
+
+
+# -- names that are none of these ---------------------------------------------------------------------
+
+HUB_CHECK_S = 2.0  # the longest wait for the model hub to answer a connection (an unknown name fails fast)
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``UnknownModelError`` at once for a model nothing here can load, before torch is imported.
+
+    Passes: a known or embedded name, a ``.gguf`` path (its own checks follow), an existing folder or
+    file, and a hub id that is in the local hub cache or whose hub answers a connection within
+    ``HUB_CHECK_S`` (transformers then fetches it, or says the id does not exist). Anything else used to
+    spend half a minute retrying an unreachable hub and end with "check your internet connection".
+
+    Example: ``smollm2-135m`` on a machine without the hub -> "unknown model 'smollm2-135m' (did you mean
+    'smollm2-135m-instruct'?): ...; `suffixspec models` lists the names: smollm2-135m-instruct, gemma-3-270m"."""
+    if name in KNOWN_MODELS or name.startswith("suffixspec/") or name.lower().endswith(".gguf"):
+        return
+    if Path(name).expanduser().exists():
+        return
+    local = name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+    if not local and (_hub_cached(name) or _hub_reachable()):
+        return
+    import difflib
+
+    names = list(KNOWN_MODELS) + [DEMO_TARGET]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    what = ("there is no such folder or file" if local else
+            "it is no folder or file here, and as a hub id it is not in the local hub cache and the model hub "
+            f"cannot be reached ({_hub_url()}{', HF_HUB_OFFLINE is set' if _offline() else ''})")
+    raise UnknownModelError(f"unknown model {name!r}{hint}: {what}. `suffixspec models` lists the names "
+                            f"({', '.join(names)}); a .gguf file, a local folder or a reachable hub id work too")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_url() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _hub_cached(name: str) -> bool:
+    """Whether the local hub cache holds ``name``'s config (transformers can load it offline)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id, no huggingface_hub: not cached
+        return False
+
+
+def _hub_reachable(timeout: float = HUB_CHECK_S) -> bool:
+    """Whether the model hub (or the HTTPS proxy in the environment) accepts a connection within ``timeout``
+    seconds; False at once when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set. The name lookup runs in a
+    thread of its own, so a resolver that hangs cannot hold it up."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    if _offline():
+        return False
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlsplit(proxy if proxy else _hub_url())
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return False
+    ok: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
 
 
 # -- the cache ---------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ a draft may be. Every constant is a named, commented field of :class:`Policy`.
 
 A pass over ``R`` rows feeds every row's root (its last committed token) plus the nodes of the
 drafts it verifies, ``inputs`` tokens in all, and costs ``t(inputs)`` (:class:`PassCost`, measured
-in CPU time and read as medians, so a busy machine's wall clock does not swing the decisions). A
+in the calling thread's CPU time (:func:`cpu_clock`) and read as low quantiles, so a busy machine's
+wall clock and slow passes do not swing the decisions). A
 row's plain step costs its share ``F = t(R) / R`` and yields one token; a draft of ``n`` nodes adds
 ``t(inputs + n) - t(inputs)`` to the pass and promises ``expected`` tokens, each sparing the row
 about ``F`` later. So a draft is verified when ``expected * F >= t(inputs + n) - t(inputs)``
@@ -32,8 +33,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,7 @@ class Policy:
     # -- the cost model (PassCost) ----------------------------------------------------------------------------------
     cost_window: int = 32  # passes kept per bucket of input counts (1, 2, 3-4, 5-8, ...); medians are read
     prior_slope: float = 0.05  # before a second size is measured: t(n) ~ t(1) x (1 + slope x (n - 1))
+    cost_min_passes: int = 3  # a bucket's time is the median of its passes from this many, the shortest before
 
     def __post_init__(self) -> None:
         if not 1 <= self.explore_every <= self.max_explore_every:
@@ -95,31 +95,43 @@ class Policy:
             raise ValueError("Policy.acceptance_prior must be in [0, 1)")
         if not 1.0 <= self.proposer_explore <= self.max_proposer_explore:
             raise ValueError("need 1 <= proposer_explore <= max_proposer_explore")
-        if self.cost_window < 1 or self.budget_floor < 1:
-            raise ValueError("Policy.cost_window and budget_floor must be >= 1")
+        if self.cost_window < 1 or self.budget_floor < 1 or self.cost_min_passes < 1:
+            raise ValueError("Policy.cost_window, budget_floor and cost_min_passes must be >= 1")
 
 
 DEFAULT = Policy()
 
 
 def cpu_clock() -> float:
-    """Seconds of CPU time to measure a pass or a proposer call with: this thread's own with one torch
-    thread (nothing else running on the machine moves it), the process's with more (the intra-op
-    threads do the pass's work). Not moved by preemption, so a loaded machine does not swing the gates."""
-    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
+    """Seconds of this thread's CPU time, to measure a pass or a proposer call with: what it would take on
+    a machine with nothing else running. Preemption does not move it, and neither do the other OpenMP
+    threads of a pass: the calling thread works through its share of every parallel region and, under
+    the passive wait (``threads.prepare_openmp``), sleeps while the others finish theirs. The process's
+    CPU time, read before with more than one thread, also counted threads spinning for a preempted
+    partner (on a busy machine a pass of 2 inputs read 3.5x one of 1, and drafting stopped).
+    Example: a pass at 2 threads taking 31 ms of wall time on an idle machine reads about 30 ms."""
+    return time.thread_time()
 
 
 class PassCost:
     """Time of a target pass by its total inputs (every row's root plus the verified nodes), kept for the
     engine's life. Passes are pooled in buckets of sizes 1, 2, 3-4, 5-8, 9-16, ... (the last
-    ``cost_window`` of each); a bucket's point is the median size and the median time of its passes.
-    The curve through the points is made non-decreasing, interpolated between them, extrapolated with
-    the measured slope above the largest and flat below the smallest (a smaller pass still reads every
-    weight). Pooling matters: a draft's cost is a difference of two estimates, ``t(inputs + n) -
-    t(inputs)``, and per-size medians of a few noisy passes each made decisions swing between runs.
+    ``cost_window`` of each); a bucket's point is the median size and the median time of its passes, or
+    the size and time of its fastest pass, at most what the prior slope says from the smallest bucket,
+    while it holds fewer than ``Policy.cost_min_passes`` (the noise of a CPU clock only adds: a pass slowed
+    by another process's use of the caches and memory, a thread that waited for a preempted one; so one
+    slow pass in a bucket of one or two says nothing, and the slope it would give is extrapolated to
+    every larger draft). The curve through the
+    points is made non-decreasing
+    and subadditive (a pass of ``m + k`` inputs costs at most a pass of ``m`` plus ``k`` plain passes:
+    it never pays to split a pass), interpolated between them, extrapolated with the measured slope above
+    the largest and flat below the smallest (a smaller pass still reads every weight). Pooling matters: a
+    draft's cost is a difference of two estimates, ``t(inputs + n) - t(inputs)``, and per-size medians of
+    a few noisy passes each made decisions swing between runs.
 
-    Example: passes of 1 input took 70, 71, 90 ms (one preempted), of 9 inputs 85 ms: t(1) = 71 ms,
-    t(5) = 78 ms, t(17) = 99 ms."""
+    Example: passes of 1 input took 70, 71, 90 ms (one slowed), of 9 inputs 85 ms: t(1) = 71 ms,
+    t(5) = 78 ms, t(17) = 99 ms. A lone pass of 2 inputs reading 250 ms counts as the prior's 74.6 ms
+    until two more passes of 2 are measured; their median then, at most t(1) + t(1) = 142 ms."""
 
     def __init__(self, policy: Policy = DEFAULT) -> None:
         self.policy = policy
@@ -135,12 +147,18 @@ class PassCost:
 
     def _curve(self) -> tuple[list[float], list[float]]:
         if self._points is None:
-            sizes, times, top = [], [], 0.0
-            for key in sorted(self._buckets):  # a larger pass never costs less (noise between neighbours)
+            sizes: list[float] = []
+            times: list[float] = []
+            for key in sorted(self._buckets):
                 bucket = self._buckets[key]
-                top = max(top, statistics.median(t for _, t in bucket))
-                sizes.append(float(statistics.median(n for n, _ in bucket)))
-                times.append(top)
+                size, t = _bucket_point(bucket, self.policy.cost_min_passes)
+                if times and len(bucket) < self.policy.cost_min_passes:  # a bucket of one or two passes claims
+                    t = min(t, times[0] * (1 + self.policy.prior_slope * (size - sizes[0])))  # no more than the prior
+                if times:  # a larger pass never costs less (noise between neighbours), nor more than the
+                    #        smaller one plus its extra inputs as plain passes (subadditive)
+                    t = min(max(t, times[-1]), times[-1] + (size - sizes[-1]) * times[0])
+                sizes.append(size)
+                times.append(t)
             self._points = sizes, times
         return self._points
 
@@ -165,6 +183,19 @@ class PassCost:
         return curve[-1] + slope * (inputs - sizes[-1])
 
 
+def _bucket_point(bucket: Sequence[tuple[int, float]], min_passes: int) -> tuple[float, float]:
+    """A bucket's (size, seconds): the medians of its passes, or its fastest pass while it holds fewer than
+    ``min_passes`` (a slow pass is noise more often than a fast one).
+
+    >>> _bucket_point([(17, 0.095), (25, 0.150)], 3), _bucket_point([(9, 0.08), (9, 0.09), (12, 0.5)], 3)
+    ((17.0, 0.095), (9.0, 0.09))
+    """
+    if len(bucket) < min_passes:
+        n, t = min(bucket, key=lambda p: p[1])
+        return float(n), t
+    return float(statistics.median(n for n, _ in bucket)), statistics.median(t for _, t in bucket)
+
+
 @dataclass
 class StepCost:
     """The pass cost as one row of a step of ``rows`` rows sees it."""
@@ -182,6 +213,13 @@ class StepCost:
         base = self.rows if inputs is None else inputs
         lo, hi = self.cost.estimate(base), self.cost.estimate(base + nodes)
         return None if lo is None or hi is None else max(0.0, hi - lo)
+
+    def per_node(self, nodes: int) -> float | None:
+        """One more verified node's share of what ``nodes`` nodes add (None: not measured yet)."""
+        if nodes <= 0 or self.plain() is None:
+            return None
+        extra = self.extra(nodes)
+        return None if extra is None else extra / nodes
 
 
 class DraftGate:

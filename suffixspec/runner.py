@@ -28,8 +28,10 @@ stores the blocks a prefill computed. Every path uses it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,6 @@ class Runner:
         cfg = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.max_context = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         types = layer_types(cfg)  # refuses layers whose cache cannot drop rejected tokens
         self.windows: dict[str, int | None] = dict(types)  # layer type -> window (None: full)
@@ -197,6 +198,34 @@ class Runner:
         for end in store.wanted(prompt, 0):
             store.put(prompt, end, *self.cache.block(row, end - store.block, end))
 
+    # -- probes on a scratch cache ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _scratch(self, rows: int, capacity: int) -> Iterator[None]:
+        """Run probe passes on a cache of their own (the real rows untouched); the model's observers see none."""
+        saved = self.cache
+        self._probing = True
+        try:
+            self.cache = SlotCache(rows, capacity=capacity)
+            yield
+        finally:
+            self.cache = saved
+            self._probing = False
+
+    @contextlib.contextmanager
+    def sample_pass(self, inputs: int, context: int) -> Iterator[Callable[[], None]]:
+        """A callable that runs one pass of ``inputs`` tokens (a root and a chain) after ``context`` cached
+        ones, on a scratch cache (the thread count's probe: ``threads.ThreadTuner.calibrate``)."""
+        ids = [(7 * i + 3) % self.vocab_size for i in range(context + inputs)]
+        with self._scratch(1, context + inputs), torch.inference_mode():
+            row = self.cache.add_row()
+            self.prefill(row, ids[:context])
+
+            def run() -> None:
+                self.forward([PassRow(row, ids[context:], None, context)])
+                self.cache.lengths[row] = context
+
+            yield run
+
     # -- the batching probe ----------------------------------------------------------------------------
     def batch_problem(self) -> str | None:
         """Why passes over several rows would not give each row its own logits, or None when they do.
@@ -207,32 +236,31 @@ class Runner:
         vocab = self.vocab_size
         prompts = [[(7 * i + 3) % vocab for i in range(9)], [(5 * i + 1) % vocab for i in range(4)]]
         drafts = [([11 % vocab, 12 % vocab, 13 % vocab], [-1, 0, 0]), ([], [])]
-        saved = self.cache
-        self._probing = True
         try:
-            self.cache = SlotCache(2, capacity=16)
-            rows = [self.cache.add_row() for _ in prompts]
-            for r, ids in zip(rows, prompts, strict=True):
-                self.prefill(r, ids[:-1])
-            batched = self.forward([PassRow(r, [ids[-1], *tokens], parents, len(ids) - 1)
-                                    for r, ids, (tokens, parents) in zip(rows, prompts, drafts, strict=True)])
-            for ids, (tokens, parents), got in zip(prompts, drafts, batched, strict=True):
-                # one plain forward per leaf of the tree covers the root and every node on its path
-                # (the probe runs at start-up: HF forwards cost 0.1-0.3 s each on a CPU)
-                leaves = [k for k in range(len(tokens)) if k not in parents] or [-1]
-                for leaf in leaves:
-                    path = root_path(parents, leaf)
-                    with torch.inference_mode(), paging_own_forward(self.model):  # forward(): no model hooks
-                        ref = self.model.forward(input_ids=torch.tensor([ids + [tokens[n] for n in path]],
-                                                                        device=self.device)).logits[0].float()
-                    for j, k in enumerate([-1, *path]):  # -1: the root (logits after the prompt)
-                        want = ref[len(ids) - 1 + j]
-                        diff = float((got[k + 1] - want).abs().max())
-                        if diff > 1e-3 * max(1.0, float(want.abs().max())):
-                            return f"batched logits differ from the model's own by {diff:.3g}"
+            with self._scratch(2, 16):
+                return self._batch_problem(prompts, drafts, vocab)
         except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
             return f"a batched pass failed: {type(e).__name__}: {e}"
-        finally:
-            self.cache = saved
-            self._probing = False
+
+    def _batch_problem(self, prompts: list[list[int]], drafts: list[tuple[list[int], list[int]]], vocab: int
+                       ) -> str | None:
+        rows = [self.cache.add_row() for _ in prompts]
+        for r, ids in zip(rows, prompts, strict=True):
+            self.prefill(r, ids[:-1])
+        batched = self.forward([PassRow(r, [ids[-1], *tokens], parents, len(ids) - 1)
+                                for r, ids, (tokens, parents) in zip(rows, prompts, drafts, strict=True)])
+        for ids, (tokens, parents), got in zip(prompts, drafts, batched, strict=True):
+            # one plain forward per leaf of the tree covers the root and every node on its path
+            # (the probe runs at start-up: HF forwards cost 0.1-0.3 s each on a CPU)
+            leaves = [k for k in range(len(tokens)) if k not in parents] or [-1]
+            for leaf in leaves:
+                path = root_path(parents, leaf)
+                with torch.inference_mode(), paging_own_forward(self.model):  # forward(): no model hooks
+                    ref = self.model.forward(input_ids=torch.tensor([ids + [tokens[n] for n in path]],
+                                                                    device=self.device)).logits[0].float()
+                for j, k in enumerate([-1, *path]):  # -1: the root (logits after the prompt)
+                    want = ref[len(ids) - 1 + j]
+                    diff = float((got[k + 1] - want).abs().max())
+                    if diff > 1e-3 * max(1.0, float(want.abs().max())):
+                        return f"batched logits differ from the model's own by {diff:.3g}"
         return None

@@ -11,7 +11,9 @@ A step, top to bottom (:meth:`Scheduler.step`):
 3. **choose**: ``policy.choose_drafts`` decides which drafts the pass verifies, from the cost of a
    pass with this step's rows;
 4. **pass**: ONE forward over every decoding row's root and verified nodes, plus the prompts of the
-   requests that joined since the last step (lean models pack them in);
+   requests that joined since the last step (lean models pack them in), on the thread count
+   ``threads.ThreadTuner`` sets (its wall time feeds the tuner's re-checks, its CPU time the cost
+   curve of that count);
 5. **commit**: every row walks its own tree (``verify_tree``), keeps its accepted keys and values
    and commits its tokens (a stream event for its caller); finished rows leave.
 
@@ -41,6 +43,7 @@ from .prefix import common_prefix
 from .proposers import Proposer
 from .runner import Runner
 from .sequence import Plan, RequestState, StreamEvent
+from .threads import ThreadTuner
 from .verify import verify_tree
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,6 @@ class Handle:
     proposers: list[Proposer] | None = None  # the proposer set lent to this request
     joining: bool = False  # admitted, its prompt (past a reused prefix) not yet in the cache: it rides in the next pass
     reused: int = 0  # prompt positions copied from the prefix store
-    done: bool = False  # its final event (or error) is in ``events``
     prompt: list[int] = field(default_factory=list)  # the prompt's token ids (staggering joiners that share a head)
 
 
@@ -75,12 +77,18 @@ class Scheduler:
     """Steps up to ``max_num_seqs`` requests together; others wait in line (see the module docstring)."""
 
     def __init__(self, runner: Runner, proposers: Callable[[], list[Proposer]], max_num_seqs: int,
-                 policy: Policy, observer: Callable[[PassRecord], None] | None = None) -> None:
+                 policy: Policy, observer: Callable[[PassRecord], None] | None = None,
+                 threads: ThreadTuner | None = None) -> None:
         self.runner = runner
         self.proposers = proposers  # the engine's current proposers (forked for concurrent requests)
         self.max_num_seqs = max_num_seqs
         self.policy = policy
-        self.cost: Any = PassCost(policy)  # pass time by total inputs, learned across requests
+        self.threads = threads  # the thread count of every pass (None: torch's, untouched)
+        # pass time by total inputs, learned across requests, at the chosen thread count (a count's passes
+        # cost otherwise: one curve each, ``_costs`` keeps the others')
+        self.cost: Any = PassCost(policy)
+        self._cost_threads = threads.current if threads is not None else None  # the count ``cost`` is of
+        self._costs: dict[int | None, Any] = {}  # thread count -> its PassCost (the chosen one's is ``cost``)
         self.observer = observer  # called with every target pass's PassRecord
         self._rows: list[Handle] = []  # row i of the cache
         self._waiting: deque[Handle] = deque()
@@ -226,7 +234,7 @@ class Scheduler:
             handle.state.begin()
         except Exception as e:
             self._release(handle)
-            self._emit(handle, e)
+            handle.events.put(e)
             return
         row = self.runner.add_row()
         self._rows.append(handle)
@@ -242,6 +250,8 @@ class Scheduler:
                 handle.state.stats.time_prefill_s = time.perf_counter() - t
             return
         try:
+            if self.threads is not None:
+                self.threads.before_pass()
             cpu = cpu_clock()
             self.runner.prefill(row, prompt[handle.reused:], handle.reused)
             if self.observer is not None:
@@ -283,12 +293,16 @@ class Scheduler:
             rows.append(PassRow(self._rows.index(h), prompt[h.reused:], None, h.reused, "none"))
         if not rows:
             return
+        threads = self.threads.before_pass() if self.threads is not None else None
         t_pass, cpu = time.perf_counter(), cpu_clock()
         logits = runner.forward(rows)
         cpu, elapsed = cpu_clock() - cpu, time.perf_counter() - t_pass
         inputs = sum(len(r.ids) for r in rows[:decoding])
         if not joining and decoding:  # a pass with a prompt in it says little about the cost of drafts
-            self.cost.observe(inputs, cpu)
+            self._cost_at(threads).observe(inputs, cpu)
+        if self.threads is not None:
+            self.threads.after_pass(threads, elapsed, None if joining or not decoding else self._shape(inputs))
+            self._follow_threads()
         if self.observer is not None:
             self.observer(PassRecord(decoding, inputs, sum(len(r.ids) for r in rows[decoding:]), cpu))
         for h in joining:
@@ -311,7 +325,7 @@ class Scheduler:
                 log.exception("committing a step failed")
                 done.append((h, e))
                 continue
-            self._emit(h, ev)
+            h.events.put(ev)
             if state.finish is not None:
                 done.append((h, None))
         for h, err in done:
@@ -319,6 +333,27 @@ class Scheduler:
                 self._finish(h)
             else:
                 self._fail(h, err)
+
+    # -- the thread count's cost curves ----------------------------------------------------------------
+    def _cost_at(self, threads: int | None) -> Any:
+        """The cost curve of passes at ``threads`` (``cost`` for the chosen count)."""
+        if threads == self._cost_threads:
+            return self.cost
+        return self._costs.setdefault(threads, PassCost(self.policy))
+
+    def _shape(self, inputs: int) -> float:
+        """A pass of ``inputs`` inputs in plain passes, from the chosen count's curve (1.0 before one is
+        measured): what the thread tuner divides a pass's wall time by, so passes of any size compare."""
+        lo, hi = self.cost.estimate(1), self.cost.estimate(inputs)
+        return hi / lo if lo and hi else 1.0
+
+    def _follow_threads(self) -> None:
+        """After the tuner changed the chosen count, the gates read that count's curve."""
+        now = self.threads.current if self.threads is not None else None
+        if now != self._cost_threads:
+            self._costs[self._cost_threads] = self.cost
+            self.cost = self._costs.pop(now, None) or PassCost(self.policy)
+            self._cost_threads = now
 
     # -- rows come and go ------------------------------------------------------------------------------
     def _proposer_set(self) -> list[Proposer]:
@@ -346,18 +381,13 @@ class Scheduler:
             self._pool.append(handle.proposers)
         handle.proposers = None
 
-    def _emit(self, handle: Handle, ev: StreamEvent | BaseException) -> None:
-        if isinstance(ev, BaseException) or ev.result is not None:
-            handle.done = True
-        handle.events.put(ev)
-
     def _finish(self, handle: Handle) -> None:
         try:
             ev: StreamEvent | BaseException = handle.state.close()
         except Exception as e:
             ev = e
         self._remove(handle)
-        self._emit(handle, ev)
+        handle.events.put(ev)
 
     def _fail(self, handle: Handle, err: BaseException) -> None:
         try:
@@ -369,4 +399,4 @@ class Scheduler:
             self._remove(handle)
         else:
             self._release(handle)
-        self._emit(handle, err)
+        handle.events.put(err)

@@ -24,6 +24,7 @@ import torch
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
 from .draft import SOURCE_TARGET, Draft, drafter_allows
+from .errors import RequestError
 from .merge import merge_drafts
 from .policy import (
     DraftGate,
@@ -208,8 +209,8 @@ class RequestState:
             own = p.judges_own_cost and self.spec.adaptive
             if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held, own):
                 continue
-            if own:
-                p.observe_costs(step)
+            # a drafter that judges its own cost plans from the pass cost only when speculation adapts
+            p.observe_costs(None if p.judges_own_cost and not own else step)
             wall, cpu = time.perf_counter(), cpu_clock()
             d = p.propose(context, budget)
             cpu = cpu_clock() - cpu
@@ -304,7 +305,7 @@ def prepare(tokenizer: Any, max_context: int, default: SpeculationConfig, prompt
             sampling: SamplingParams | None = None, speculation: SpeculationConfig | bool | None = None,
             references: Sequence[str] | None = None, prediction: str | None = None
             ) -> tuple[RequestContext, SpeculationConfig]:
-    """Check and tokenize a request's arguments (``ValueError`` says what to change)."""
+    """Check and tokenize a request's arguments (a :class:`RequestError` says what to change)."""
     sampling = sampling or SamplingParams()
     if speculation is None or speculation is True:
         speculation = default
@@ -314,11 +315,12 @@ def prepare(tokenizer: Any, max_context: int, default: SpeculationConfig, prompt
     if not prompt_ids:
         bos = tokenizer.bos_token_id
         if bos is None:
-            raise ValueError("the prompt is empty and the tokenizer has no BOS token; give a non-empty prompt")
+            raise RequestError("the prompt is empty and the tokenizer has no BOS token; give a non-empty prompt",
+                               "prompt")
         prompt_ids = [bos]
     if len(prompt_ids) >= max_context:
-        raise ValueError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
-                         f"{max_context}; shorten the prompt")
+        raise RequestError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                           f"{max_context}; shorten the prompt", "prompt")
     request = RequestContext(
         prompt_ids=prompt_ids,
         reference_ids=[tokenizer.encode(r, add_special_tokens=False) for r in references or ()],

@@ -17,6 +17,8 @@ class RequestStats:
     drafted_per_position: list[int] = field(default_factory=list)  # [d]: steps whose draft reached depth d+1
     accepted_per_position: list[int] = field(default_factory=list)  # [d]: steps that accepted depth d+1
     accepted_per_step: list[int] = field(default_factory=list)  # accepted draft tokens of each step
+    # ... and by source ({} for a step that accepted none): the web page's step chart, exact per step
+    sources_per_step: list[dict[str, int]] = field(default_factory=list)
     time_prefill_s: float = 0.0  # prompt forward pass
     time_propose_s: float = 0.0  # all proposers, gates and merge included
     # per proposer (by name: "suffix", "draft_model", ...): wall seconds of its calls (a draft model's prompt
@@ -32,6 +34,10 @@ class RequestStats:
         self.drafted_tokens += len(draft_sources)
         self.accepted_tokens += len(accepted_sources)
         self.accepted_per_step.append(len(accepted_sources))
+        by_source: dict[str, int] = {}
+        for src in accepted_sources:
+            by_source[src] = by_source.get(src, 0) + 1
+        self.sources_per_step.append(by_source)
         for src in draft_sources:
             self.per_source.setdefault(src, {"drafted": 0, "accepted": 0})["drafted"] += 1
         for src in accepted_sources:
@@ -70,6 +76,7 @@ class RequestStats:
             "drafted_per_position": list(self.drafted_per_position),
             "accepted_per_position": list(self.accepted_per_position),
             "accepted_per_step": list(self.accepted_per_step),
+            "sources_per_step": [dict(d) for d in self.sources_per_step],
             "time_prefill_s": round(self.time_prefill_s, 6),
             "time_propose_s": round(self.time_propose_s, 6),
             "propose_s_per_drafter": {k: round(v, 6) for k, v in self.propose_s_per_drafter.items()},

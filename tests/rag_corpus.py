@@ -52,7 +52,7 @@ def write_corpus(folder: Path) -> Path:
 def served(db: Path) -> Iterator[str]:
     """``suffixspec serve`` on the demo target without a draft model, one request at a time; its /v1 URL."""
     cmd = [sys.executable, "-m", "suffixspec", "serve", "--model", "suffixspec/demo-target", "--draft-model", "none",
-           "--db", str(db), "--port", "0", "--max-num-seqs", "1", "--threads", "4"]
+           "--db", str(db), "--port", "0", "--max-num-seqs", "1", "--http-threads", "4"]
     proc, url = start_server_process(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     try:
         yield url + "/v1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,40 @@ def test_chat_uses_the_template(spec):
     assert spec.render_chat(msgs).startswith("<|im_start|>user\nhi<|im_end|>")
     res = spec.chat(msgs, max_tokens=5)
     assert res.prompt_token_ids == spec.encode_chat(msgs)
+
+
+def test_bad_arguments_raise_the_request_error(spec):
+    """The Python API refuses bad arguments with the server's 400 type, a ValueError that says what to change."""
+    from suffixspec import RequestError
+
+    cases = [(dict(prompt="x", top_p=0), "top_p", "top_p must be in (0, 1]"),
+             (dict(), "prompt", "give exactly one of prompt= or messages="),
+             (dict(prompt="x", messages=[{"role": "user", "content": "x"}]), "prompt", "give exactly one"),
+             (dict(prompt=[5] * 5000), "prompt", "shorten the prompt"),
+             (dict(prompt="x", speculation={"drafters": ["nope"]}), "drafters", "unknown drafter(s) ['nope']")]
+    for kwargs, param, says in cases:
+        with pytest.raises(RequestError, match=re.escape(says)) as err:
+            spec.generate(**kwargs)
+        assert isinstance(err.value, ValueError) and err.value.param == param, kwargs
+
+
+def test_a_proposer_bug_is_no_request_error(tiny_model_dirs):
+    from suffixspec import RequestError
+    from suffixspec.draft import Draft
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model
+    from suffixspec.proposers import Proposer
+
+    class Broken(Proposer):
+        name = "broken"
+
+        def propose(self, context, budget):
+            return Draft([1, 2], [-1], ["prompt", "prompt"])  # two tokens, one parent
+
+    with SuffixSpec(engine=Engine(load_model(str(tiny_model_dirs["llama"])), [Broken()]), db=False) as s:
+        with pytest.raises(ValueError, match="Draft needs one parent") as err:
+            s.generate("x", max_tokens=2)
+    assert not isinstance(err.value, RequestError)
 
 
 def test_sampling_object_and_keywords_agree(spec):

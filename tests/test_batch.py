@@ -267,10 +267,9 @@ def test_padded_inputs_mask_positions(engines):
 
 
 def test_a_closed_batching_engine_exits_cleanly():
-    """A script that batches, closes the engine and exits returns 0: close() used to only signal the
-    batch thread, which then wound down during the interpreter's finalization and the process
-    aborted (exit 134, "terminate called without an active exception"). The embedded target: its
-    passes are large enough for torch's intra-op threads, which the tiny fixtures' are not."""
+    """A script that batches, closes the engine and exits returns 0, not 134 ("terminate called without
+    an active exception": a thread still stepping while the interpreter finalizes). The embedded target:
+    its passes are large enough for torch's intra-op threads, which the tiny fixtures' are not."""
     script = ("import sys, threading\n"
               "from suffixspec.engine import Engine\n"
               "from suffixspec.config import SamplingParams\n"

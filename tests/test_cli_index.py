@@ -73,6 +73,39 @@ def test_glob_filters_names(tree, tmp_path, bpe_tokenizer_dir):
     assert "added 2, updated 0, unchanged 0, skipped 0" in res.output
 
 
+def test_exclude_leaves_directories_and_files_out_and_the_summary_says_time_size_memory(tree, tmp_path,
+                                                                                       bpe_tokenizer_dir):
+    (tree / "pkg" / "tests").mkdir()
+    (tree / "pkg" / "tests" / "test_mod.py").write_text("def test_add():\n    assert add(1, 2) == 3\n")
+    (tree / "pkg" / "test_utils.py").write_text("def helper():\n    return 1\n")
+    db = tmp_path / "x.db"
+    res = run(["add", str(tree), "--glob", "*.py", "--exclude", "test*", "--exclude", "sub",
+               "--tokenizer", str(bpe_tokenizer_dir), "-q"], db)
+    assert res.exit_code == 0, res.output
+    assert "added 1, updated 0, unchanged 0, skipped 0" in res.output  # pkg/mod.py alone
+    sources = [json.loads(line)["source"] for line in run(["list", "--json"], db).output.splitlines()]
+    assert [Path(s).name for s in sources] == ["mod.py"]
+    line = next(x for x in res.output.splitlines() if x.startswith("took "))
+    on_disk = sum(p.stat().st_size for p in [db, *db.parent.glob(db.name + "-*"), *Path(f"{db}.arrays").iterdir()]
+                  if p.is_file())
+    assert " s; on disk " in line and "written by this add); peak memory " in line
+    assert on_disk > 0 and "0 B written" not in line
+
+
+def test_exclude_through_the_python_api(tree, tmp_path, bpe_tokenizer_dir):
+    from suffixspec.index import DocumentIndex
+
+    from suffixspec.loading import load_tokenizer
+
+    (tree / "pkg" / "tests").mkdir()
+    (tree / "pkg" / "tests" / "test_mod.py").write_text("def test_add():\n    assert add(1, 2) == 3\n")
+    with DocumentIndex(tmp_path / "api.db", tokenizer=load_tokenizer(str(bpe_tokenizer_dir))) as index:
+        kept = index.find_files([tree], ["*.py"], exclude=["tests"])
+        assert sorted(c.path.name for c in kept.candidates) == ["deep.py", "mod.py"]
+        summary = index.add_paths([tree], ["*.py"], exclude=["tests", "sub"])
+        assert summary.added == 1
+
+
 @pytest.mark.slow  # starts a writer process
 def test_add_in_this_process_or_a_writer_process_gives_the_same_index(tree, tmp_path, bpe_tokenizer_dir,
                                                                        monkeypatch):

@@ -64,6 +64,26 @@ def test_generate_reports_decode_speed_apart_from_prefill_and_first_step(tiny_mo
     assert one.exit_code == 0 and "ended in its first step" in one.stderr, one.output
 
 
+def test_generate_compare_runs_both_and_states_the_threads(tiny_model_dirs, tmp_path):
+    """--compare: the request with speculation, then without; both speeds, tokens per step, identical
+    outputs (greedy); the thread count and how it was chosen; --threads fixes it."""
+    args = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
+            "--db", str(tmp_path / "i.db"), "--max-tokens", "24", "--compare", "--threads", "1"]
+    out = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
+    cmp = out["compare"]
+    assert cmp["identical"] is True and cmp["plain"]["tokens_per_step"] == 1.0
+    assert cmp["plain"]["steps"] == cmp["plain"]["completion_tokens"] == out["completion_tokens"]
+    assert cmp["speculative"]["steps"] == out["speculative_decoding"]["steps"]
+    assert out["threads"]["threads"] == 1 and out["threads"]["how"] == "given"
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    line = next(x for x in text.stderr.splitlines() if x.startswith("-- compare: "))
+    assert "speculative " in line and "plain " in line and line.endswith("outputs identical"), line
+    assert "-- threads: 1 thread (as given)" in text.stderr
+    res = CliRunner().invoke(main, [*args, "--no-speculation"])
+    assert res.exit_code == 2 and "drop --no-speculation" in res.output
+
+
 @pytest.mark.parametrize("extra", [["--no-speculation"], ["--max-tokens", "1"], ["--drafters", "prompt"]])
 def test_generate_loads_no_draft_model_it_cannot_use(tiny_model_dirs, tmp_path, extra):
     """A request that cannot draft from the draft model does not wait for it to load (a missing one shows it)."""

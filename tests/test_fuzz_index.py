@@ -408,16 +408,16 @@ def test_gallop_right_equals_bisect_right():
 
 @pytest.mark.parametrize("extend_max,pos_union", [(0, 0), (2, 3), (16, 48), (10**6, 10**6)])
 def test_segment_set_of_both_widths_equals_one_array(extend_max, pos_union, monkeypatch):
-    """Nodes made of occurrences (``_PosNode``: a match extended backwards from few occurrences, and the
+    """Nodes made of occurrences (``PosNode``: a match extended backwards from few occurrences, and the
     union of the segments' occurrences when there are at most ``_POS_UNION``), ``sa`` ranges
-    (``_SANode``, ``_MultiNode``), and mixes of both (a union over the limit turns occurrence nodes into
+    (``SANode``, ``_MultiNode``), and mixes of both (a union over the limit turns occurrence nodes into
     ranges) answer as one array over the live documents: segments of 16- and 32-bit ids (a large id in some
     documents), tombstones, a tiny alphabet so that short suffixes occur dozens of times. The reference is
     one array searched by bisection only (no backward extension: ranges only)."""
     import suffixspec.index.segments as segm
     import suffixspec.index.suffix_array as sam
     from suffixspec.index.segments import SegmentSet
-    from suffixspec.index.suffix_array import _PosNode
+    from suffixspec.index.suffix_array import PosNode
 
     rng = random.Random(11)
     abc = [1, 2, 258]
@@ -454,7 +454,7 @@ def test_segment_set_of_both_widths_equals_one_array(extend_max, pos_union, monk
     for c, p, (w_draft, w_cont, w_count) in zip(contexts, params, want, strict=True):
         L, node = idx.node(c)
         kinds[type(node).__name__] += 1
-        if isinstance(node, _PosNode):
+        if isinstance(node, PosNode):
             kinds["positions in several segments"] += len({id(o) for o, _ in node.occ}) > 1
             kinds["positions of both widths"] += len({o.width for o, _ in node.occ}) > 1
         got = idx.speculate(c, p)
@@ -465,4 +465,4 @@ def test_segment_set_of_both_widths_equals_one_array(extend_max, pos_union, monk
     if extend_max and pos_union >= 48:
         assert kinds["positions of both widths"] >= 5 and kinds["positions in several segments"] >= 10, kinds
     if pos_union == 0:
-        assert kinds["_MultiNode"] >= 10 and kinds["_PosNode"] == 0, kinds
+        assert kinds["_MultiNode"] >= 10 and kinds["PosNode"] == 0, kinds

@@ -8,6 +8,7 @@ import html.parser
 import http.client
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -107,14 +108,14 @@ def test_a_long_prompt_is_counted_in_pieces_and_refused_early():
     from suffixspec.loading import load_tokenizer
     from suffixspec.server import ServerConfig
     from suffixspec.server.errors import APIError
-    from suffixspec.server.validation import PIECE_CHARS, encode_bounded, max_chars_per_token
+    from suffixspec.server.validation import PIECE_CHARS, check_bounds, max_chars_per_token
 
     tok = load_tokenizer("suffixspec/demo-target")  # its longest token has 66 characters
     cfg = ServerConfig(max_prompt_tokens=500)
     text = _code_text(30_000)
     assert len(text) < 501 * max_chars_per_token(tok)  # the character bound lets it through
     with TokenizerSpy(tok) as spy, pytest.raises(APIError) as err:
-        encode_bounded(text, lambda t: tok(t)["input_ids"], tok, cfg, 2048, "prompt")
+        check_bounds(text, tok, cfg, 2048, "prompt")
     assert err.value.code == "context_length_exceeded"
     assert len(spy.lengths) == 1 and spy.lengths[0] <= PIECE_CHARS  # one piece was enough to know
 
@@ -122,14 +123,12 @@ def test_a_long_prompt_is_counted_in_pieces_and_refused_early():
 def test_the_bounds_never_refuse_a_prompt_that_fits():
     from suffixspec.loading import load_tokenizer
     from suffixspec.server import ServerConfig
-    from suffixspec.server.validation import PIECE_CHARS, encode_bounded, max_chars_per_token
+    from suffixspec.server.validation import PIECE_CHARS, check_bounds, max_chars_per_token
 
     tok = load_tokenizer("suffixspec/demo-target")
     text = _code_text(PIECE_CHARS * 6 + 123)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    got = encode_bounded(text, lambda t: tok(t, add_special_tokens=False)["input_ids"], tok,
-                         ServerConfig(max_prompt_tokens=len(ids)), 10**9, "prompt")
-    assert got == ids
+    check_bounds(text, tok, ServerConfig(max_prompt_tokens=len(ids)), 10**9, "prompt")  # raises if it refuses
     longest = max(len(tok.decode([i])) for i in range(len(tok)))
     assert max_chars_per_token(tok) >= longest
 
@@ -464,20 +463,31 @@ def test_api_history_switch(tiny_model_dirs, tmp_path):
 
 
 def test_generate_shows_prediction_tokens(tiny_model_dirs, tmp_path):
+    """The prediction's tokens as the server's usage counts them: the accepted ones are the prediction's
+    drafted tokens the target kept (the prediction is the model's own output, so some are), the rejected
+    ones the rest of the prediction."""
     from suffixspec.cli import main
+    from suffixspec.loading import load_tokenizer
 
+    common = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
+              "--db", str(tmp_path / "i.db"), "--max-tokens", "12", "--no-history"]
+    plain = json.loads(CliRunner().invoke(main, [*common, "--no-speculation", "--json"]).stdout)["text"]
     pred = tmp_path / "pred.py"
-    pred.write_text("def add(a, b):\n    return a + b\n")
-    args = ["generate", "def add(a, b):", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
-            "--db", str(tmp_path / "i.db"), "--max-tokens", "12", "--prediction", str(pred), "--no-history"]
+    pred.write_text(plain + "\n# and more the output never writes\n")
+    args = [*common, "--prediction", str(pred)]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     line = next(x for x in res.stderr.splitlines() if "prediction:" in x)
-    assert "accepted" in line and "rejected" in line
     out = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
     d = out["completion_tokens_details"]
-    assert d["accepted_prediction_tokens"] >= 0 and d["rejected_prediction_tokens"] >= 0
-    assert f"{d['accepted_prediction_tokens']} tokens accepted, {d['rejected_prediction_tokens']} rejected" in line
+    accepted, rejected = d["accepted_prediction_tokens"], d["rejected_prediction_tokens"]
+    assert out["text"] == plain and accepted == out["speculative_decoding"]["per_source"]["prediction"]["accepted"]
+    assert accepted >= 1  # the copy was drafted and kept
+    n_pred = len(load_tokenizer(str(tiny_model_dirs["llama"])).encode(pred.read_text(), add_special_tokens=False))
+    assert accepted + rejected == n_pred
+    # the text output's own run (its gates, timed, may draft otherwise): counted the same way
+    shown = re.search(r"prediction: (\d+) tokens? accepted, (\d+) rejected", line)
+    assert shown and int(shown[1]) + int(shown[2]) == n_pred, line
 
 
 # -- the document index's errors, by type ----------------------------------------------------------------

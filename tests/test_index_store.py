@@ -706,7 +706,7 @@ def test_tombstone_ranks_from_the_file_equal_those_from_the_mapping(tmp_path, mo
         writer.add(np.asarray(d))
     sa = writer.finish()
     dead = sorted(rng.sample(range(len(docs)), n_dead))
-    starts, ends = segments.sequence_bounds(sa.starts, sa._n)
-    want = [r for r in range(sa._n) if any(starts[k] <= sa.sa[r] < ends[k] for k in dead)]
+    starts, ends = segments.sequence_bounds(sa.starts, sa.num_suffixes)
+    want = [r for r in range(sa.num_suffixes) if any(starts[k] <= sa.sa[r] < ends[k] for k in dead)]
     from_file = segments.tombstone_ranks(sa, np.asarray(dead), tmp_path / "seg.sa")
     assert from_file.tolist() == want == segments.tombstone_ranks(sa, np.asarray(dead)).tolist()

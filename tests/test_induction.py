@@ -1,4 +1,4 @@
-"""The hand-built copy circuit of the default target (suffixspec/training/induction.py): an untrained
+"""The hand-built copy circuit of the default target (tools/training/induction.py): an untrained
 model with it copies; with large codes and protected copy dimensions it keeps copying while layers
 0-1 write into the residual (what lets every layer train); ``Frozen`` keeps the circuit through
 optimizer steps; ``loop_break`` examples take the loss off the spliced loop only."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.training import data, induction
+from tools.training import data, induction
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -63,7 +63,7 @@ def _copy_accuracy(model, noise_rms: float = 0.0) -> float:
 def test_the_untrained_circuit_copies():
     assert _copy_accuracy(_model(2.0, None)) > 0.95
     assert _copy_accuracy(_model(64.0, 45)) > 0.95
-    assert _copy_accuracy(_model(2.0, None, hidden=384)) > 0.95  # the width gpu.sh trains
+    assert _copy_accuracy(_model(2.0, None, hidden=384)) > 0.95  # a wider target (8 x 384) keeps it
 
 
 def test_large_codes_and_protected_copy_dims_keep_the_copy_under_early_writes():
@@ -159,7 +159,7 @@ def test_loop_break_takes_the_loss_off_the_loop_only():
 
 def test_loop_exit_sees_a_pure_copier_stay_in_the_loop():
     # the untrained circuit is nothing but a copier: inside a spliced loop it predicts the loop's next token
-    from suffixspec.training import evaluate
+    from tools.training import evaluate
 
     gen = np.random.default_rng(4)
     files = [gen.integers(3, VOCAB, 500) for _ in range(3)]

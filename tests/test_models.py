@@ -252,6 +252,38 @@ def test_missing_package_is_one_line_with_the_pip_command(cache, monkeypatch):
         assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(("name", "env", "words"), [
+    ("smollm2-135m", {"HF_HUB_OFFLINE": "1"}, ["did you mean 'smollm2-135m-instruct'?", "HF_HUB_OFFLINE is set"]),
+    # a hub that refuses the connection (a closed local port): no half-minute of retries
+    ("someone/some-model", {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}, ["cannot be reached"]),
+    ("./no-such-folder", {}, ["there is no such folder or file"]),
+])
+def test_an_unknown_model_name_fails_at_once_naming_the_names(monkeypatch, tmp_path, name, env, words):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(models.UnknownModelError) as err:
+        models.check_model_name(name)
+    assert "`suffixspec models` lists the names (smollm2-135m-instruct, gemma-3-270m" in str(err.value)
+    assert all(w in str(err.value) for w in words), str(err.value)
+    for fine in (DEFAULT_MODEL, DEMO_TARGET, "x.gguf", str(tmp_path)):  # names, .gguf paths, folders pass
+        models.check_model_name(fine)
+
+
+def test_an_unknown_model_name_fails_before_torch_loads(tmp_path):
+    code = ("import sys\nfrom suffixspec.cli import main\n"
+            "try:\n    main(['generate', 'hi', '--model', 'smollm2-135m'])\nexcept SystemExit as e:\n"
+            "    print('exit', e.code)\n"
+            "assert 'torch' not in sys.modules, 'imported torch'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                              "HF_HOME": str(tmp_path / "hf")})
+    assert res.returncode == 0 and "exit 1" in res.stdout, res.stderr
+    assert res.stderr.startswith("Error: unknown model 'smollm2-135m'") and "suffixspec models" in res.stderr
+
+
 def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_gguf, reference, tmp_path,
                                                                    bpe_tokenizer_dir):
     path = tmp_path / "my model.gguf"

@@ -1,4 +1,5 @@
-"""The wheel: index/, tokenizer_bridge/, bench/ and web/ install under suffixspec; its only top-level name is suffixspec.
+"""The wheel: index/, tokenizer_bridge/, bench/ and web/ install under suffixspec; its only top-level name is
+suffixspec, and it holds the product only (no training tools, no notes with a machine's paths).
 
 The wheel is built offline from a clean copy of the source (a stale build/ folder must not leak old
 files into it), installed with --no-deps into a fresh virtual environment that sees the current
@@ -36,6 +37,44 @@ def test_bench_modules_import_each_other_relatively():
     assert not bad, "use relative imports inside bench/ (from .workloads import ...): " + "; ".join(bad)
 
 
+def test_a_checkout_resolves_the_product_through_its_editable_install_and_nothing_else():
+    """From the repository root (on sys.path first, as ``python -m`` puts it): the renamed folders resolve
+    through the editable install (setup.py's mapping), and no other folder of the repository is a part of
+    ``suffixspec``, as in the wheel."""
+    check = ("import importlib, pathlib, suffixspec\n"
+             "for n in ('index', 'tokenizer_bridge', 'bench', 'web'):\n"
+             "    m = importlib.import_module('suffixspec.' + n)\n"
+             "    print(n, pathlib.Path(m.__file__).parent.name)\n"
+             "for n in ('tests', 'examples', 'tools', 'setup', 'docs'):\n"
+             "    try:\n"
+             "        importlib.import_module('suffixspec.' + n)\n"
+             "        print(n, 'imported')\n"
+             "    except ModuleNotFoundError:\n"
+             "        print(n, 'absent')\n")
+    out = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:-1] == ["index index", "tokenizer_bridge tokenizer_bridge", "bench bench",
+                                           "web web", "tests absent", "examples absent", "tools absent",
+                                           "setup absent", "docs absent"], out.stdout
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:root|work|tmp|home|srv|mnt|Users)/")
+
+
+def check_wheel_contents(wheel: Path) -> None:
+    """The wheel holds the product: one top-level name, no training lab, no notes with a machine's paths."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if ".dist-info/" not in n]
+        assert {n.split("/")[0] for n in names} == {"suffixspec"}, sorted({n.split("/")[0] for n in names})
+        assert not [n for n in names if "/training/" in n or "/tools/" in n or "shallow_draft" in n]
+        notes = [n for n in names if n.endswith(".md")]
+        assert notes and all(n.startswith("suffixspec/default_models/") for n in notes), notes  # the model cards
+        local = [n for n in notes if MACHINE_PATH.search(z.read(n).decode())]
+        assert not local, local
+
+
 def _copy_source(dst: Path) -> Path:
     skip = {".git", ".venv", ".ci", "build", "dist", "tests", "results", "__pycache__", ".pytest_cache",
             ".ruff_cache", "artifacts"}
@@ -53,15 +92,17 @@ def test_wheel_installs_one_top_level_package_suffixspec(tmp_path, tiny_model_di
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(dist), str(src)], check=True, capture_output=True, timeout=300)
     wheel = next(dist.glob("suffixspec-*.whl"))
+    check_wheel_contents(wheel)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
                    check=True, timeout=120)
     vpy = venv / "bin" / "python"
     purelib = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    # The dependencies of this environment (when it is itself a venv): paths only, so its editable
-    # install of the checkout (a .pth hook in that folder) is not loaded.
-    Path(purelib, "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # The dependencies of this environment (when it is itself a venv, and any it extends through a .pth
+    # line): paths only, so its editable install of the checkout (a .pth hook in that folder) is not loaded.
+    deps = [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
+    Path(purelib, "zz_deps.pth").write_text("".join(f"{p}\n" for p in dict.fromkeys(deps)))
     subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "--no-deps", "--no-index", "-q",
                     str(wheel)], check=True, capture_output=True, timeout=300)
     top = sorted(p.name for p in Path(purelib).iterdir() if not p.name.endswith((".dist-info", ".pth")))
@@ -74,11 +115,11 @@ def test_wheel_installs_one_top_level_package_suffixspec(tmp_path, tiny_model_di
     check = ("import importlib.util as u, suffixspec, suffixspec.bench.run, suffixspec.bench.workloads as w\n"
              "import suffixspec.index.store, suffixspec.index.writer as wr, suffixspec.tokenizer_bridge\n"
              "print(suffixspec.__file__, *(u.find_spec(n) for n in ('bench', 'web', 'index', 'tokenizer_bridge')),\n"
-             "      len(w.code_files()) > 0, wr._ROOT)\n")  # the code-edit sources: installed packages
+             "      len(w.code_files()) > 0, wr._ROOT, u.find_spec('suffixspec.tests'))\n")  # code-edit sources
     out = subprocess.run([vpy, "-c", check], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(Path(purelib, "suffixspec", "__init__.py")), "None", "None", "None", "None",
-                                  "True", purelib]
+                                  "True", purelib, "None"]
 
     cli = str(venv / "bin" / "suffixspec")
     out = subprocess.run([cli, "bench", "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=120)

@@ -21,11 +21,13 @@ from suffixspec.policy import (
 )
 
 
-def _cost(seconds: dict[int, float]) -> PassCost:
-    """A pass cost measured at these input counts."""
+def _cost(seconds: dict[int, float], times: int = 3) -> PassCost:
+    """A pass cost measured at these input counts, each ``times`` times (3: every bucket reads its median;
+    fewer: its fastest pass, at most the prior)."""
     cost = PassCost()
-    for inputs, t in seconds.items():
-        cost.observe(inputs, t)
+    for _ in range(times):
+        for inputs, t in seconds.items():
+            cost.observe(inputs, t)
     return cost
 
 
@@ -34,21 +36,30 @@ def _linear(slope: float, sizes: int = 40) -> PassCost:
 
 
 def test_cost_is_a_robust_monotone_curve():
-    """The docstring's example: medians per size (a preempted pass does not move them), never
-    decreasing with size, interpolated and extrapolated."""
+    """The docstring's example: medians per size (a slowed pass does not move them; the shortest of a
+    bucket's first passes), never decreasing with size, subadditive, interpolated and extrapolated."""
     cost = PassCost()
     assert cost.estimate(5) is None
     cost.observe(1, 4.0)
     assert cost.estimate(11) == pytest.approx(4.0 * (1 + 0.05 * 10))  # the prior slope
-    cost = _cost({1: 0.070})
+    cost = PassCost()
     for t in (0.070, 0.071, 0.090):
         cost.observe(1, t)
     cost.observe(9, 0.085)
-    assert cost.estimate(1) == pytest.approx(0.0705)
-    assert cost.estimate(5) == pytest.approx(0.0705 + 0.5 * (0.085 - 0.0705))
-    assert cost.estimate(17) == pytest.approx(0.085 + 8 * (0.085 - 0.0705) / 8)
+    assert cost.estimate(1) == pytest.approx(0.071)
+    assert cost.estimate(5) == pytest.approx(0.078)
+    assert cost.estimate(17) == pytest.approx(0.099)
     cost.observe(4, 0.050)  # cheaper than one input: noise, lifted to the curve
-    assert cost.estimate(4) == pytest.approx(0.0705)
+    assert cost.estimate(4) == pytest.approx(0.071)
+    cost.observe(2, 0.250)  # one pass of 2 slowed 3.5x (threads spinning on a busy machine): the prior
+    assert cost.estimate(2) == pytest.approx(0.071 * 1.05)  # holds while the bucket has under 3 passes
+    cost.observe(2, 0.0725)  # a second pass: the shorter one, within the prior
+    assert cost.estimate(2) == pytest.approx(0.0725)
+    cost.observe(2, 0.300)  # from 3 passes: their median, at most t(1) + t(1) (it never pays to split a pass)
+    assert cost.estimate(2) == pytest.approx(0.142)
+    for t in (0.073, 0.074):  # mostly fast passes: their median
+        cost.observe(2, t)
+    assert cost.estimate(2) == pytest.approx(0.074)
 
 
 def _row(size: int, expected: float, gate: DraftGate | None = None, must: bool = False) -> RowDraft:
@@ -338,6 +349,18 @@ def test_policy_validates():
         Policy(explore_every=10, max_explore_every=5)
     with pytest.raises(ValueError, match="acceptance_prior"):
         Policy(acceptance_prior=1.0)
+
+
+def test_a_copy_keeps_drafting_through_one_slow_pass():
+    """The busy-machine trace (issue 38): plain passes of 250 ms, then one pass of 2 inputs read 873 ms.
+    That one pass no longer makes every larger draft look dear: a 32-node history draft promising 30
+    tokens is verified and the budget of a copying request stays long."""
+    cost = _cost({1: 0.250}, times=20)
+    cost.observe(2, 0.873)  # one pass of 2: a bucket of one
+    row = _row(32, 30.0)
+    choose_drafts([row], cost)
+    assert row.verified and not row.explored
+    assert draft_budget(32, 10.0, 8, 0.98, StepCost(cost)) >= 16
 
 
 # -- a draft model judging its own drafts (ModelDraftJudge, model_draft_length) --------------------------------

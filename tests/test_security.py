@@ -209,11 +209,19 @@ def test_internal_errors_never_show_a_trace(app, client, monkeypatch):
     body = resp.get_data(as_text=True)
     _no_trace(body)
     assert '"error"' in body and body.rstrip().endswith("[DONE]")
-    # an engine's ValueError is a refusal of the request's arguments: a 400 with its message, no trace
+    # a ValueError is no refusal of the request: only the request checks' RequestError is a 400 with its
+    # message (tests/test_server_worker.py: a real proposer's bug, and real refusals, on a real server)
     monkeypatch.setattr(st.worker.engine, "stream", lambda *a, **kw: (_ for _ in ()).throw(
-        ValueError("the prompt is too long for this engine; shorten it")))
+        ValueError("secret-internal: node 3 has parent 7")))
     resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2})
-    assert resp.status_code == 400
+    assert resp.status_code == 500 and "secret-internal" not in resp.get_data(as_text=True)
+    _no_trace(resp.get_data(as_text=True))
+    from suffixspec.errors import RequestError
+
+    monkeypatch.setattr(st.worker.engine, "stream", lambda *a, **kw: (_ for _ in ()).throw(
+        RequestError("the prompt is too long for this engine; shorten it", "prompt")))
+    resp = client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2})
+    assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "prompt"
     assert resp.get_json()["error"]["message"] == "the prompt is too long for this engine; shorten it"
     monkeypatch.undo()
     assert client.post("/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": 2}).status_code == 200

@@ -261,10 +261,35 @@ def test_bad_fields_are_clear_400s(server, path, body, param):
     assert "Traceback" not in err["message"]
 
 
-def test_unknown_fields_are_ignored(server):
+def test_openai_fields_without_effect_are_ignored(server):
     status, _, resp = raw(server, "POST", "/v1/completions",
-                          {"prompt": "x", "max_tokens": 2, "user": "u1", "frobnicate": {"a": 1}, "metadata": {}})
+                          {"prompt": "x", "max_tokens": 2, "user": "u1", "metadata": {}, "store": False})
     assert status == 200 and resp["choices"][0]["finish_reason"] in ("stop", "length")
+    status, _, resp = raw(server, "POST", "/v1/chat/completions",  # unknown keys of a message pass too
+                          {"messages": [{"role": "user", "content": "x", "name": "u", "refusal": None}],
+                           "max_tokens": 2, "tool_choice": "none", "parallel_tool_calls": False})
+    assert status == 200, resp
+
+
+@pytest.mark.parametrize(("path", "body", "param", "words"), [
+    ("/v1/chat/completions", {"max_token": 8, "temprature": 0}, "max_token",
+     ["'max_token' (did you mean 'max_tokens'?)", "'temprature' (did you mean 'temperature'?)"]),
+    ("/v1/completions", {"prompt": "x", "frobnicate": {"a": 1}}, "frobnicate",
+     ["'frobnicate'", "the known fields are", "max_tokens"]),
+    ("/v1/chat/completions", {"speculation": {"drafter": ["prompt"]}}, "speculation.drafter",
+     ["did you mean 'speculation.drafters'?"]),
+    ("/v1/chat/completions", {"prediction": {"type": "content", "content": "x", "contents": "y"}},
+     "prediction.contents", ["'prediction.contents' (did you mean 'prediction.content'?)"]),
+])
+def test_unknown_fields_are_400s_naming_the_nearest(server, path, body, param, words):
+    """OpenAI refuses an unrecognized argument; a typo here used to run with the default (temperature 1)."""
+    if path.endswith("chat/completions"):
+        body = {"messages": [{"role": "user", "content": "x"}], **body}
+    status, _, resp = raw(server, "POST", path, body)
+    assert status == 400, resp
+    err = resp["error"]
+    assert err["code"] == "unknown_parameter" and err["param"] == param
+    assert all(w in err["message"] for w in words), err["message"]
 
 
 def test_context_overflow_names_the_numbers(server):
@@ -452,3 +477,48 @@ def test_token_id_prompts_and_content_parts(server, client):
                                                      {"role": "user", "content": "hi"}])
     assert parts.choices[0].message.content == plain.choices[0].message.content
     assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+class _Lines(__import__("logging").Handler):
+    """Collects the access log's lines; ``wait(n)`` returns once n arrived (a line is written after its
+    response is sent: a stream's when it ends)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+
+    def emit(self, record) -> None:
+        with self.cond:
+            self.lines.append(record.getMessage())
+            self.cond.notify_all()
+
+    def wait(self, n: int) -> list[str]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.lines) >= n, timeout=60), self.lines
+            return list(self.lines)
+
+
+def test_one_access_log_line_per_request(server):
+    import logging
+
+    logger = logging.getLogger("suffixspec.access")
+    lines, before = _Lines(), logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        raw(server, "POST", "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0})
+        raw(server, "POST", "/v1/completions", {"prompt": "x", "max_token": 6})
+        raw(server, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 4, "stream": True})
+        got = lines.wait(3)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(before)
+    assert len(got) == 3, got
+    done, refused, streamed = (next(s for s in got if part in s) for part in
+                               ("/v1/completions 200", "/v1/completions 400", "/v1/chat/completions 200"))
+    assert done.startswith("127.0.0.1 POST /v1/completions 200 6 tokens (") and " tokens/step " in done
+    assert done.endswith(" s") and "prompt)" in done
+    assert refused.startswith("127.0.0.1 POST /v1/completions 400") and "tokens" not in refused
+    assert streamed.startswith("127.0.0.1 POST /v1/chat/completions 200 4 tokens (")

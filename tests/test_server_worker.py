@@ -225,3 +225,99 @@ def test_completion_tokens_are_counted_as_they_are_generated(gated):
     while job.events.get(timeout=WAIT) is not DONE:
         pass
     assert metric(srv, "suffixspec_completion_tokens_total") == 40  # counted once, not again at the end
+
+
+# -- errors by kind: a bad request is a 400 that says what to change; a bug a 500 that says nothing of it --
+
+class BrokenProposer(Proposer):
+    """A proposer with a bug while ``broken``: its draft has two tokens and one parent, which ``Draft``
+    refuses with a ValueError in the engine's first step, before any event reached the client."""
+
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.broken = True
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        if self.broken:
+            return Draft([context[-1], context[-1]], [-1], ["prompt", "prompt"])
+        return Draft()
+
+
+# A real template that refuses a conversation opening with the assistant (as many models' templates do)
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m['role'] == 'assistant' %}"
+    "{{ raise_exception('a conversation starts with a system or user message') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+INTERNALS = ("Traceback", 'File "', ".py", "ValueError", "Draft", "parent", "propose", "broken")
+
+
+@pytest.fixture
+def broken(target):
+    """(server, proposer): a server whose one proposer is broken, on a tokenizer with a strict template."""
+    import copy
+    import dataclasses
+
+    tokenizer = copy.deepcopy(target.tokenizer)
+    tokenizer.chat_template = STRICT_TEMPLATE
+    proposer = BrokenProposer()
+    spec = SuffixSpec(engine=Engine(dataclasses.replace(target, tokenizer=tokenizer), [proposer]), db=False)
+    srv = BackgroundServer(create_app({}, spec=spec), threads=4)
+    yield srv, proposer
+    srv.close()
+
+
+def test_a_proposer_bug_is_a_500_that_names_nothing_and_logs_the_traceback(broken, caplog):
+    srv, proposer = broken
+    body = {"prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
+    with caplog.at_level("ERROR", logger="suffixspec.server.worker"):
+        status, _, data = post(srv, "/v1/completions", body)
+        stream_status, _, stream = post(srv, "/v1/completions", {**body, "stream": True})
+    err = json.loads(data)["error"]
+    assert status == 500 and err["type"] == "server_error" and err["code"] == "engine_error", data
+    assert "server log" in err["message"]
+    for leak in INTERNALS:
+        assert leak not in data and leak not in stream, (leak, data, stream)
+    # streaming: the headers were sent before the failure, so the error is an event, then [DONE]
+    assert stream_status == 200 and '"engine_error"' in stream and stream.rstrip().endswith("[DONE]")
+    logged = [r for r in caplog.records if r.name == "suffixspec.server.worker" and r.exc_info
+              and "Draft needs one parent" in str(r.exc_info[1])]
+    assert len(logged) == 2 and isinstance(logged[0].exc_info[1], ValueError)  # the log has the traceback
+    proposer.broken = False  # the worker survived the bug
+    status, _, data = post(srv, "/v1/completions", body)
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 4
+
+
+def test_a_bad_request_is_still_a_400_that_says_what_to_change(broken):
+    srv, _ = broken
+    status, _, data = post(srv, "/v1/chat/completions",
+                           {"messages": [{"role": "assistant", "content": "hello"}], "max_tokens": 2})
+    err = json.loads(data)["error"]
+    assert status == 400 and err["type"] == "invalid_request_error" and err["param"] == "messages", data
+    assert err["message"] == ("the model's chat template rejected these messages: a conversation starts "
+                              "with a system or user message")
+    status, _, data = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 2, "top_p": 0})
+    assert status == 400 and json.loads(data)["error"]["param"] == "top_p", data
+
+
+def test_the_engines_request_checks_are_a_400_any_other_error_a_500(target, caplog):
+    """The worker answers a RequestError raised before the first event (the engine's own request checks,
+    here the prompt length) as a bad request, and any other exception as the engine's failure."""
+    from suffixspec.config import SamplingParams
+    from suffixspec.server.worker import ENGINE_FAILED, EngineWorker, Job, JobFailed
+
+    proposer = BrokenProposer()
+    worker = EngineWorker(Engine(target, [proposer]), max_queue=4)
+    try:
+        too_long = worker.submit(Job(kwargs=dict(prompt=[5] * 2000, sampling=SamplingParams(max_tokens=2))))
+        failed = too_long.events.get(timeout=WAIT)
+        assert isinstance(failed, JobFailed) and failed.bad_request and failed.param == "prompt"
+        assert failed.message == "the prompt has 2000 tokens but the model's context is 1024; shorten the prompt"
+        with caplog.at_level("ERROR", logger="suffixspec.server.worker"):
+            bug = worker.submit(Job(kwargs=dict(prompt=[5, 6, 7], sampling=SamplingParams(max_tokens=2))))
+            failed = bug.events.get(timeout=WAIT)
+        assert isinstance(failed, JobFailed) and not failed.bad_request and failed.message == ENGINE_FAILED
+        assert any(r.exc_info and "Draft needs one parent" in str(r.exc_info[1]) for r in caplog.records)
+    finally:
+        worker.shutdown(timeout=WAIT)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
@@ -13,6 +15,7 @@ from suffixspec.draft import (
     SOURCE_PROMPT,
     SOURCE_REFERENCES,
 )
+from suffixspec.policy import StepCost
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.suffix import (
     SuffixConfig,
@@ -32,7 +35,7 @@ def test_worked_example_merges_prompt_and_documents():
     d = p.propose([7, 8, 9, 10, 3, 7, 8], 3)
     assert (d.tokens, d.parents, d.sources) == ([9, 10, 11], [-1, 0, 0], [SOURCE_PROMPT, SOURCE_PROMPT,
                                                                            SOURCE_DOCUMENTS])
-    assert d.score == pytest.approx(1 + 1 + 2 / 3)
+    assert d.score == pytest.approx(1 + 1 + 2 / (3 + 1))  # the documents' match of 3 occurrences, smoothed
 
 
 def test_pick_mode_takes_the_best_scoring_source():
@@ -130,7 +133,8 @@ def test_store_backed_documents_and_persistent_history(tmp_path):
     with IndexStore(db) as store:
         store.add_documents([DocInput("20 21 22 23", "more.txt")], Tok())
     p.begin(RequestContext(prompt_ids=[20, 21]))
-    assert p.propose([20, 21], 2).tokens == [22, 23]
+    d = p.propose([20, 21], 3)  # beside how the earlier answer began (70): a match found once is no certainty
+    assert [t for t, s in zip(d.tokens, d.sources, strict=True) if s == SOURCE_DOCUMENTS] == [22, 23]
     q = SuffixProposer(db=str(db), fingerprint="ids-v1", config=SuffixConfig(max_spec_factor=4))
     q.begin(RequestContext(prompt_ids=[70, 71]))
     d = q.propose([70, 71], 2)
@@ -520,3 +524,110 @@ def test_proposer_learns_rates_from_what_the_output_did_with_its_drafts():
         return len(q.propose(ctx, 16))
 
     assert draft_after(True) > draft_after(False)
+
+
+class _LinearCost:
+    """A pass cost of ``plain`` seconds plus ``node`` per further input (what ``StepCost`` reads)."""
+
+    def __init__(self, plain: float, node: float) -> None:
+        self.plain, self.node = plain, node
+
+    def estimate(self, inputs: int) -> float:
+        return self.plain + self.node * (inputs - 1)
+
+
+def _documents_steps(p: SuffixProposer, output_step, steps: int) -> list[bool]:
+    """Propose and update ``steps`` times (the engine's costs told first: a plain step 70 ms, a node 5 ms);
+    ``output_step(i)`` gives the tokens the output adds at step i. Whether each draft held document nodes."""
+    ctx = [9, 1, 2]
+    p.begin(RequestContext(prompt_ids=list(ctx), drafters=(SOURCE_DOCUMENTS,)))
+    had = []
+    for i in range(steps):
+        p.observe_costs(StepCost(_LinearCost(0.070, 0.005)))
+        d = p.propose(ctx, 8)
+        had.append(SOURCE_DOCUMENTS in d.sources)
+        new = output_step(i)
+        p.update(new)
+        ctx += new
+    p.end(ctx[3:])
+    return had
+
+
+def test_documents_step_aside_where_the_output_never_follows_them():
+    from suffixspec.index.retrieval import RetrievalParams
+
+    docs = SuffixArray.build([[1, 2, 3, 4, 5, 6, 7, 8]])
+    cfg = SuffixConfig(min_token_prob=0.0, retrieval=RetrievalParams(min_match=1))
+    p = SuffixProposer(documents=docs, config=cfg, history=False)
+    had = _documents_steps(p, lambda i: [60 + i % 5, 1, 2], 200)  # after every "1 2", never "3"
+    assert had[0] and 5 < sum(had) < 60 and not any(had[100:])
+    # the corpus' record moves slower: after a few such requests, the next starts without the documents
+    requests = 0
+    while _documents_steps(p.fork(), lambda i: [60 + i % 5, 1, 2], 40)[0] and requests < 10:
+        requests += 1
+    assert 0 < requests < 10 and p.documents_yield.value < 0
+    off = SuffixProposer(documents=docs, config=replace(cfg, gate_documents=False), history=False)
+    assert all(_documents_steps(off, lambda i: [60 + i % 5, 1, 2], 50))  # ungated: drafts whenever it matches
+
+
+def test_documents_that_the_output_copies_keep_drafting():
+    from suffixspec.index.retrieval import RetrievalParams
+
+    docs = SuffixArray.build([[1, 2, 3, 4, 5, 6, 7, 8]])
+    cfg = SuffixConfig(min_token_prob=0.0, retrieval=RetrievalParams(min_match=1))
+    p = SuffixProposer(documents=docs, config=cfg, history=False)
+    had = _documents_steps(p, lambda i: [3, 4, 5, 6, 7, 8, 1, 2], 100)
+    assert all(had) and p.documents_yield.value > 1
+
+
+@pytest.mark.slow  # a tiny model through the engine
+@pytest.mark.usefixtures("one_torch_thread")
+def test_gated_documents_keep_greedy_and_seeded_outputs(llama, tmp_path, monkeypatch):
+    """The documents' gate on, with the engine's gates on and a pinned verify cost that makes a node cost
+    half a step: it measures, steps aside and shadows; greedy and seeded sampled outputs are plain
+    decoding's, token for token (the gate only chooses deterministic drafts)."""
+    from suffixspec.config import SamplingParams, SpeculationConfig
+    from suffixspec.policy import PassCost
+    from suffixspec.proposers import source_gate
+
+    class Pinned(PassCost):
+        def observe(self, inputs, seconds):
+            pass
+
+        def estimate(self, inputs):
+            return 1.0 + 0.5 * (inputs - 1)
+
+    seen = {"on": 0, "shadow": 0}
+    observe = source_gate.SourceGate.observe
+
+    def counting(self, gain, nodes, lookup_s, plain_s, node_s, shadow):
+        seen["shadow" if shadow else "on"] += 1
+        assert plain_s == pytest.approx(1.0) and node_s == pytest.approx(0.5)  # what the engine measured
+        return observe(self, gain, nodes, lookup_s, plain_s, node_s, shadow)
+
+    monkeypatch.setattr(source_gate.SourceGate, "observe", counting)
+    engine_mod, target = llama
+    with IndexStore(tmp_path / "index.db") as store:
+        store.add_documents([DocInput(text * 3, f"doc{i}.txt") for i, text in enumerate(PROMPTS)]
+                            + [DocInput("class Node:\n    pass\n" * 20, "other.py")], target.tokenizer)
+    proposer = SuffixProposer(db=tmp_path / "index.db", tokenizer=target.tokenizer, history=False)
+    spec_engine = engine_mod.Engine(target, [proposer], prefix_cache_mb=0)
+    spec_engine.scheduler.cost = Pinned()
+    plain_engine = engine_mod.Engine(target, prefix_cache_mb=0)
+    only_documents = SpeculationConfig(drafters=(SOURCE_DOCUMENTS,), adaptive=True)
+    for seed, temperature in [(None, 0.0), (1, 1.0), (2, 0.7), (None, 0.0)]:
+        for prompt in PROMPTS:
+            sampling = SamplingParams(max_tokens=24, ignore_eos=True, temperature=temperature, seed=seed)
+            plain = plain_engine.generate(prompt, sampling, speculation=False)
+            fast = spec_engine.generate(prompt, sampling, speculation=only_documents)
+            assert fast.token_ids == plain.token_ids, (prompt, temperature)
+    assert seen["on"] > 0 and seen["shadow"] > 0, seen  # measured while drafting, and while left out
+
+
+def test_retrieval_settings_come_as_an_object_or_as_json_fields():
+    from suffixspec.index.retrieval import RetrievalParams
+
+    assert SuffixConfig(retrieval={"min_match": 3, "pseudo_count": 0.5}).retrieval == RetrievalParams(
+        pseudo_count=0.5, min_match=3)
+    with pytest.raises(ValueError, match="min_count"):
+        SuffixConfig(retrieval={"min_count": 0})

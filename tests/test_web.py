@@ -412,6 +412,54 @@ def test_prometheus_parser_in_the_browser(page):
     assert samples == [["x_total", {"source": "prompt", "path": 'a"b'}, 3], ["y", {}, 150], ["z", {"le": "+Inf"}, "inf"]]
 
 
+def test_metrics_charts_show_something_on_first_view(page, server):
+    """The first poll charts the figures since the server started (its uptime from /health): the token rate
+    and every drafting source's acceptance have a point before any second poll."""
+    api(server, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0})
+    by_id(page, "tab-metrics").click()  # its first poll starts now
+    data = wait(page).until(lambda d: d.execute_async_script(
+        "import('./metrics.js').then((m) => arguments[arguments.length - 1]("
+        "m.chartData().tokens.length ? m.chartData() : null))"))
+    assert len(data["tokens"]) == 1 and data["tokens"][0][1] > 0, data
+    assert data["acceptance"] and all(len(s["points"]) == 1 for s in data["acceptance"]), data["acceptance"]
+    assert page.find_elements("css selector", "#tok-chart svg") and not page.find_elements("css selector",
+                                                                                           "#tok-chart .empty")
+    screenshot(page, "metrics-first-view")
+
+
+def test_step_chart_sources_are_exact_whatever_the_chunks(page):
+    """Chunks that do not line up with steps (a step's text held back into the next chunk): with the stats'
+    sources_per_step every bar keeps its sources' colours, none "source not known"; without them (an older
+    server) a step drafted by two sources cannot be told apart."""
+    got = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('./playground.js').then((m) => {
+          const stats = {accepted_per_step: [0, 3, 2], per_source: {prompt: {accepted: 3}, history: {accepted: 2}},
+                         sources_per_step: [{}, {prompt: 3}, {history: 2}]};
+          const steps = [{target: 4}, {prompt: 9, history: 6, target: 1}];  // two chunks for three steps
+          const name = (b) => b.parts.filter((p) => p.value).map((p) => p.name);
+          const exact = m.stepBars({stats, steps});
+          const old = m.stepBars({stats: {...stats, sources_per_step: undefined}, steps});
+          done({exact: exact.bars.map(name), exactUnknown: exact.unknown, oldUnknown: old.unknown});
+        });""")
+    assert got["exact"] == [["target (bonus / correction)"], ["prompt suffix", "target (bonus / correction)"],
+                            ["output history", "target (bonus / correction)"]], got
+    assert got["exactUnknown"] is False and got["oldUnknown"] is True
+
+
+def test_a_result_drafted_from_the_output_history_says_so(page):
+    """The same request twice: the second is drafted from the first's output, and the page says so. (A
+    prompt that does not hold its own answer: else the prompt drafts the repeat, not the history.)"""
+    set_request(page, max_tokens=24)
+    unique = "def history_note_check(values):\n    total = 0\n"
+    page.execute_script("arguments[0].value = arguments[1]", by_id(page, "prompt"), unique)
+    for _ in range(2):
+        by_id(page, "generate").click()
+        wait(page).until(lambda d: by_id(d, "stat-mal").text not in ("", "–") and by_id(d, "generate").is_enabled())
+    note = by_id(page, "history-note")
+    assert note.is_displayed() and "were drafted from the output history" in note.text, note.text
+
+
 def test_keyboard_tabs_and_shortcut(page):
     from selenium.webdriver.common.keys import Keys
 
@@ -681,15 +729,12 @@ def test_metrics_token_rate_follows_a_running_generation(page, server):
     screenshot(page, "metrics-after-long-request")
 
 
-SMOLLM2 = "/work/models/smollm2-135m-instruct"
-
-
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory):
-    """SmolLM2-135M-Instruct from its folder (else by name, once the name resolves), no draft model."""
+    """SmolLM2-135M-Instruct (by name, or the folder ``SUFFIXSPEC_SMOLLM2`` names), no draft model."""
     import os
 
-    model = os.environ.get("SUFFIXSPEC_SMOLLM2") or (SMOLLM2 if Path(SMOLLM2).is_dir() else "smollm2-135m-instruct")
+    model = os.environ.get("SUFFIXSPEC_SMOLLM2") or "smollm2-135m-instruct"
     with serve({"model": model, "draft_model": None, "db": str(tmp_path_factory.mktemp("smoldb") / "docs.db")}) as url:
         yield url
 
@@ -704,3 +749,30 @@ def test_real_chat_model_first_question(smollm2_server, browser):
         bars, legend = page.execute_script(CHART_AND_LEGEND_COLOURS)
         assert set(bars) <= set(legend), f"step chart colours {bars} not all in the legend {legend}"
         check_layouts(page, "chat-smollm2")
+
+
+@pytest.mark.real_model
+def test_real_model_compare_keeps_colours_and_names_the_history(smollm2_server, browser):
+    """Compare on a fresh function, then the same request again: the step chart keeps its source colours
+    (all in the legend, none "source not known"), and the repeat, drafted from the output history, says so."""
+    for page in open_page(browser, smollm2_server):
+        question = "Write a Python function that returns the squares of the even numbers in a list."
+        for round_ in ("fresh", "repeat"):
+            fill(page, "user-msg", question)
+            fill(page, "max-tokens", "64")
+            fill(page, "temperature", "0")
+            by_id(page, "compare").click()
+            wait(page).until(lambda d: d.find_elements("id", "speedup") and by_id(d, "generate").is_enabled())
+            assert by_id(page, "identical").text == "identical"
+            bars, legend = page.execute_script(CHART_AND_LEGEND_COLOURS)
+            assert bars and set(bars) <= set(legend), (round_, bars, legend)
+            assert "source not known" not in by_id(page, "legend").text, round_
+            note = by_id(page, "history-note")
+            if round_ == "repeat":
+                assert note.is_displayed() and "output history" in note.text, note.text
+            else:
+                assert not note.is_displayed(), note.text
+            screenshot(page, f"compare-smollm2-{round_}")
+            page.execute_script("document.getElementById('chat-log').replaceChildren()")
+            page.refresh()
+            wait(page).until(lambda d: "·" in d.find_element("id", "server-status").text)

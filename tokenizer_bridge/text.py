@@ -165,7 +165,3 @@ class IncrementalEncoder:
         """Append a special token (it ends the window; pending bytes are dropped)."""
         self.pending = b""
         self.ids.append(token)
-
-    def append_ids(self, ids: Sequence[int]) -> None:
-        """Append tokens of this vocabulary verbatim (e.g. the draft's own tokens)."""
-        self.ids.extend(ids)

@@ -180,9 +180,6 @@ class VocabTable:
         tb = self.token_bytes
         return b"".join(tb[i] or b"" for i in ids if 0 <= i < len(tb))
 
-    def is_text(self, token: int) -> bool:
-        return 0 <= token < self.size and self.token_bytes[token] is not None
-
     # -- exact encoding ----------------------------------------------------------------------
     def encode_exact(self, data: bytes) -> list[int] | None:
         """Token ids whose bytes are exactly ``data`` as this tokenizer would split them, else None.

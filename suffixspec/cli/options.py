@@ -18,6 +18,10 @@ _model_options = [
                       "else ~/.local/share/suffixspec/index.db."),
     click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
     click.option("--dtype", default=None, help="Weights dtype: float32, bfloat16, float16 (default per device)."),
+    click.option("--threads", type=click.IntRange(1, 1024), default=None,
+                 help="torch threads for the model's passes. Default on a CPU: measured at start (one thread or "
+                      "every core, whichever passes faster) and re-checked while decoding, as the machine's load "
+                      "changes; OMP_NUM_THREADS fixes it too."),
 ]
 
 

@@ -36,11 +36,11 @@ class Group(click.Group):
             raise
 
     def invoke(self, ctx: click.Context):
-        from ..models import ModelNotInstalledError
+        from ..models import ModelNotInstalledError, UnknownModelError
 
         try:
             return super().invoke(ctx)
-        except ModelNotInstalledError as e:  # its message is the pip command that installs the model
+        except (ModelNotInstalledError, UnknownModelError) as e:  # one line: the pip command, or the names
             raise click.ClickException(str(e)) from None
         except sqlite3.OperationalError as e:
             msg = str(e)

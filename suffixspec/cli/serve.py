@@ -32,8 +32,8 @@ DEFAULTS = ServerConfig  # the dataclass' class attributes are its defaults: the
 @click.option("--allowed-origins", default=None,
               help="Comma-separated web origins (https://app.example) whose pages may POST/DELETE here; "
                    "'*' = any. Default: only this server's own web page (cross-site requests get 403).")
-@click.option("--threads", default=16, show_default=True, type=click.IntRange(1, 256),
-              help="waitress worker threads (connections served at once).")
+@click.option("--http-threads", default=16, show_default=True, type=click.IntRange(1, 256),
+              help="waitress worker threads (connections served at once); torch's threads are --threads.")
 @click.option("--max-queue", default=DEFAULTS.max_queue, show_default=True, type=click.IntRange(1, 10_000),
               help="Requests that may wait for the engine; more get 503 with Retry-After.")
 @click.option("--max-num-seqs", default=DEFAULTS.max_num_seqs, show_default=True, type=click.IntRange(1, 256),
@@ -47,8 +47,8 @@ DEFAULTS = ServerConfig  # the dataclass' class attributes are its defaults: the
               help="Largest max_tokens a request may ask for.")
 @click.option("--max-body-mb", default=DEFAULTS.max_body_bytes / 2**20, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
-def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served_model_name, allowed_hosts,
-              allowed_origins, threads, max_queue, max_num_seqs, prefix_cache_mb, max_tokens_limit, max_body_mb):
+def serve_cmd(model, draft_model, db, device, dtype, threads, host, port, api_key, served_model_name, allowed_hosts,
+              allowed_origins, http_threads, max_queue, max_num_seqs, prefix_cache_mb, max_tokens_limit, max_body_mb):
     """Serve the OpenAI-compatible API (and the web page at /) under waitress.
 
     \b
@@ -77,7 +77,8 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
 
     if allowed_hosts is None and not is_loopback(host.strip("[]")):
         allowed_hosts = "*" if host in ("0.0.0.0", "::", "") else host  # bound to a LAN address: clients use it
-    cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, api_key=api_key,
+    cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, threads=threads,
+                       api_key=api_key,
                        served_model_name=list(served_model_name) or None, allowed_hosts=allowed_hosts,
                        allowed_origins=allowed_origins, max_queue=max_queue, max_num_seqs=max_num_seqs,
                        prefix_cache_mb=prefix_cache_mb,
@@ -95,4 +96,4 @@ def serve_cmd(model, draft_model, db, device, dtype, host, port, api_key, served
         click.echo(f"suffixspec serving {app.extensions['suffixspec'].model_id} on "
                    f"http://{host}:{server.effective_port} (Ctrl-C to stop)", err=True)
 
-    serve(app, host=host, port=port, threads=threads, on_ready=ready)
+    serve(app, host=host, port=port, threads=http_threads, on_ready=ready)

@@ -13,8 +13,9 @@ and async are written once, here, without importing either framework. Worked exa
     reply.text                     # the completion, the same with or without the chunk (greedy)
     reply.accepted("references")   # how many of its tokens were drafted from the chunk and kept
 
-In process, async calls run the blocking generation on a worker thread (the engine has its own lock,
-or its batch thread with ``max_num_seqs > 1``); a stream that the caller stops reading is cancelled.
+In process, async calls run the blocking generation on a worker thread (the engine steps concurrent
+callers together with ``max_num_seqs > 1``, else one at a time); a stream that the caller stops reading
+is cancelled.
 Against a server, requests go through ``httpx`` (a dependency of both frameworks' core packages) with
 the server's extensions in the body: ``references``, ``prediction``, ``speculation``.
 """

@@ -66,9 +66,11 @@ class Proposer(ABC):
     # policy.ModelDraftJudge), so the engine's ProposerGate does not judge its calls' yields
     judges_own_cost: bool = False
 
-    def observe_costs(self, step: StepCost) -> None:  # noqa: B027 - optional hook
-        """The pass cost as this request's row sees it this step (``policy.StepCost``), told before
-        ``propose``: a drafter whose tokens cost time (a draft model) plans its draft from it."""
+    def observe_costs(self, step: StepCost | None) -> None:  # noqa: B027 - optional hook
+        """The pass cost as this request's row sees it this step (``policy.StepCost``: a plain step's CPU
+        seconds, what more verified nodes add; None: the engine judges no costs), told before ``propose``,
+        for a proposer that weighs what its drafts cost against what they yield (a draft model plans its
+        draft from it, the suffix proposer its documents)."""
 
     def active(self) -> bool:
         """Whether it may draft anything for this request (called after ``begin``): a proposer the request's

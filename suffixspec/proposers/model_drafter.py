@@ -38,6 +38,7 @@ from ..config import SamplingParams
 from ..draft import SOURCE_DRAFT_MODEL
 from ..kv import SlotCache, new_cache
 from ..lean import PassRow, lean_forward
+from ..loading import max_context
 from ..policy import DEFAULT, ModelDraftJudge, Policy, StepCost, cpu_clock
 from ..prefix import common_prefix
 from ..sampling import warp
@@ -69,8 +70,7 @@ class DraftRunner:
     def __init__(self, loaded: LoadedModel, lean: bool = True, int8: bool = False) -> None:
         self.model = loaded.model
         self.device = torch.device(loaded.device)
-        cfg = self.model.config
-        self.max_positions = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
+        self.max_context = max_context(self.model.config)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -121,7 +121,7 @@ class DraftRunner:
         return self.logits_after([*self.ids, token])
 
     def room(self) -> int:
-        return self.max_positions - len(self.ids) - 1
+        return self.max_context - len(self.ids) - 1
 
 
 def draft_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -198,7 +198,7 @@ class ModelDrafter(Proposer):
         self.min_confidence = min_confidence
         # the draft sees at most this many tokens (a small draft trained on short contexts drafts
         # better from a recent window); default: the model's position limit
-        self.context_window = min(context_window or self.runner.max_positions, self.runner.max_positions)
+        self.context_window = min(context_window or self.runner.max_context, self.runner.max_context)
         self.sampling = SamplingParams()
         self.enabled = True
         self._chain: list[int] = []  # tokens of the last proposed chain (for acceptance feedback)
@@ -237,7 +237,7 @@ class ModelDrafter(Proposer):
     def active(self) -> bool:
         return self.enabled
 
-    def observe_costs(self, step: StepCost) -> None:
+    def observe_costs(self, step: StepCost | None) -> None:
         self._step = step
 
     @property

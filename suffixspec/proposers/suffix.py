@@ -26,29 +26,36 @@ A node's probability is its count ratio times the continuation rates of its sour
 shrink where they have not been coming true and run on where they have, and ``min_token_prob`` cuts
 the unlikely tail, so a draft holds fewer, likelier tokens.
 
+The documents draft by ranked retrieval (:mod:`index.retrieval`: a minimum match length that grows with
+the corpus, a match's few occurrences smoothed), and only while they pay: each step the draft with them
+is compared with the draft without them, and a corpus that has not been adding accepted tokens worth
+its nodes and lookup time is left out, looked up in the shadow now and then (:mod:`.source_gate`).
+
 Worked example (``max_spec_factor=1``, count ratios alone: ``learn_rates=False``): context ``... 7 8``; the prompt holds ``7 8 9 10`` once
-(node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (probs 2/3 for 9,
-2/3 for 11, 1/3 for 5). Merged with budget 3: ``9`` (1.0, prompt), ``10`` (1.0, prompt), ``11`` (0.67, documents), with
-parents ``[-1, 0, 0]`` and score 2.67.
+(node probs 1, 1) and the documents hold ``7 8 9 11`` twice and ``7 8 5`` once (a match of 3 occurrences,
+smoothed: 2 / (3 + 1) = 0.5 for 9 and 11 after it, 0.25 for 5). Merged with budget 3: ``9`` (1.0, prompt),
+``10`` (1.0, prompt), ``11`` (0.5, documents), with parents ``[-1, 0, 0]`` and score 2.5.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
 from suffixspec.index.incremental import IncrementalIndex
+from suffixspec.index.retrieval import DocumentRetrieval, RetrievalParams
 from suffixspec.index.speculate import AcceptanceRates, SpecParams, SpecResult
 from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
-    DRAFT_SOURCES,
+    DRAFTERS,
     SOURCE_DOCUMENTS,
     SOURCE_DRAFT_MODEL,
     SOURCE_HISTORY,
@@ -57,11 +64,17 @@ from ..draft import (
     SOURCE_REFERENCES,
     Draft,
     drafter_allows,
+    node_depths,
 )
+from ..merge import TreeUnion
 from .base import Proposer, RequestContext
+from .source_gate import SourceGate, SourceYield
+
+if TYPE_CHECKING:
+    from ..policy import StepCost
 
 # the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
-_SUFFIX_SOURCES = tuple(s for s in DRAFT_SOURCES if s != SOURCE_DRAFT_MODEL)
+_SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
 
 PROPOSER_NAME = "suffix"
 
@@ -119,6 +132,13 @@ class SuffixConfig:
     # path, and min_token_prob cuts the unlikely tail. False: count ratios alone (SuffixDecoding's
     # estimate, where every single-occurrence path is "certain").
     learn_rates: bool = True
+    # How the documents draft (index.retrieval): the shortest match drafted from (by default from the
+    # corpus size) and the smoothing of a match's few occurrences.
+    retrieval: RetrievalParams = field(default_factory=RetrievalParams)
+    # Measure what the documents add to each step against the draft without them (source_gate) and leave
+    # them out, looked up in the shadow now and then, while they have not been paying (this request, and
+    # this corpus across requests). False: they draft whenever they match.
+    gate_documents: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= 256:
@@ -130,6 +150,8 @@ class SuffixConfig:
         if self.match_lengths < 0:
             raise ValueError(f"match_lengths must be >= 0 (0 = the longest match only), got {self.match_lengths}")
         SpecParams(0, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)  # validates
+        if isinstance(self.retrieval, dict):  # from JSON (SUFFIXSPEC_VLLM_CONFIG): {"min_match": 4, ...}
+            self.retrieval = RetrievalParams(**self.retrieval)
 
 
 class SuffixProposer(Proposer):
@@ -164,6 +186,15 @@ class SuffixProposer(Proposer):
         self.documents = documents
         self._origin: SuffixProposer | None = None  # set on forks: the proposer whose documents they share
         self._docs_version = -1
+        self._doc_retrieval: DocumentRetrieval | None = None  # ranked retrieval over ``documents``
+        self.documents_yield = SourceYield()  # what the documents have been worth per step, across requests (forks share it)
+        self._doc_gate = SourceGate(self.documents_yield)  # this request's judgement (made again in begin)
+        self._doc_lookup_s = 0.0  # CPU seconds of this step's document lookup
+        # the last step's draft with and without the documents, and whether they were left out (a shadow)
+        self._doc_trial: tuple[Draft, Draft, bool] | None = None
+        self._plain_s: float | None = None  # what the engine says a plain step costs (observe_costs)
+        self._node_s: float | None = None  # and one more verified node
+        self._step: StepCost | None = None  # the pass cost the engine told for the next propose
         if self.store is not None and documents is None:
             self.reload_documents()
         self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
@@ -240,6 +271,8 @@ class SuffixProposer(Proposer):
         if request.prediction_ids:
             self._prediction = IncrementalIndex.from_sequences([request.prediction_ids], self.config.max_candidates)
         self._doc_hint = None
+        self._doc_gate = SourceGate(self.documents_yield)
+        self._doc_trial = None
         self._last, self._copy_run, self._copy_source = None, 0, None
         self._copy = CopyTracker(self.config.resume_window)
 
@@ -252,6 +285,12 @@ class SuffixProposer(Proposer):
         self._ctx_len += len(new_tokens)
         if self._last is not None and self.rates:
             self._learn(self._last, new_tokens)
+        if self._doc_trial is not None:
+            with_docs, without, shadow = self._doc_trial
+            self._doc_gate.observe(with_docs.follow(new_tokens)[1] - without.follow(new_tokens)[1],
+                                   len(with_docs) - len(without), self._doc_lookup_s, self._plain_s, self._node_s,
+                                   shadow)
+            self._doc_trial = None
         self._copy_run, self._copy_source = confirmed_run(self._last, new_tokens) if self._last else (0, None)
         self._last = None
         if self._doc_hint is not None:
@@ -270,18 +309,25 @@ class SuffixProposer(Proposer):
     def _allows(self, source: str) -> bool:
         return drafter_allows(self._allowed, source)  # the prediction drafts whenever given
 
+    def observe_costs(self, step: StepCost | None) -> None:
+        self._step = step
+
     # ----- drafting ----------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0 or not context:
             return Draft()
         cfg = self.config
+        step, self._step = self._step, None  # told for this step only
+        self._plain_s = step.plain() if step is not None else None
+        self._node_s = step.per_node(budget) if step is not None else None  # one more node, at this budget
         if self._request is None or self._ctx_len != len(context):  # not begun, or out of step: resync
             self._request = IncrementalIndex(cfg.max_candidates)
             self._request.extend(list(context))
             self._ctx_len = len(context)
         offset = max(cfg.max_spec_offset, cfg.copy_growth * self._copy_run)
         params = SpecParams(budget, cfg.max_spec_factor, offset, cfg.min_token_prob, cfg.tree)
-        results = self.speculate_all(context, params)
+        gated = cfg.gate_documents and self.documents is not None and self._allows(SOURCE_DOCUMENTS)
+        results = self.speculate_all(context, params, documents=not gated or self._doc_gate.look_up())
         if self.config.resume and self._allows(SOURCE_PROMPT):
             resumed = self._copy.drafts(self._request, context, budget)
             own = self._with_rates(params, _RESUME)
@@ -291,18 +337,34 @@ class SuffixProposer(Proposer):
             for source, res in results:
                 if source == SOURCE_PROMPT:
                     self._copy.apply(res, context)
-        if not results:
-            self._last = None
-            return Draft()
-        if cfg.merge and len(results) > 1:
-            draft, self._last_probs, self._last_ells, self._last_keys = merge_tree(results, budget,
-                                                                                   prefer=self._copy_source)
+        self._doc_trial = None
+        if gated and any(src == SOURCE_DOCUMENTS for src, _ in results):
+            # the draft with the documents and without them: the gate measures the difference
+            with_docs = self._combine(results, budget)
+            without = self._combine([r for r in results if r[0] != SOURCE_DOCUMENTS], budget)
+            shadow = not self._doc_gate.on
+            self._doc_trial = (with_docs[0], without[0], shadow)
+            chosen = without if shadow else with_docs
+        elif gated and self._doc_lookup_s:  # looked up, nothing found: the lookup's time is its cost
+            chosen = self._combine(results, budget)
+            self._doc_trial = (chosen[0], chosen[0], not self._doc_gate.on)
         else:
-            source, best = max(results, key=lambda r: r[1].score)
-            draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
-            self._last_probs, self._last_ells, self._last_keys = best.probs, node_ells(best), [best.kind or source] * len(best)
-        self._last = draft
+            chosen = self._combine(results, budget)
+        draft, self._last_probs, self._last_ells, self._last_keys = chosen
+        self._last = draft if len(draft) else None
         return draft
+
+    def _combine(self, results: list[tuple[str, SpecResult]], budget: int
+                 ) -> tuple[Draft, list[float], list[int], list[str]]:
+        """The draft of the sources' results: merged into one tree (``merge``) or the best-scoring one; with
+        per node its probability, match length and rates key (see :func:`merge_tree`)."""
+        if not results:
+            return Draft(), [], [], []
+        if self.config.merge and len(results) > 1:
+            return merge_tree(results, budget, prefer=self._copy_source)
+        source, best = max(results, key=lambda r: r[1].score)
+        draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
+        return draft, best.probs, node_ells(best), [best.kind or source] * len(best)
 
     def _learn(self, draft: Draft, new_tokens: Sequence[int]) -> None:
         """Feed each source's continuation rates with what the output did at each level of the last
@@ -332,8 +394,10 @@ class SuffixProposer(Proposer):
                 return
             cur, cur_prob = hit, probs[hit]
 
-    def speculate_all(self, context: Sequence[int], params: SpecParams) -> list[tuple[str, SpecResult]]:
-        """Non-empty drafts of every allowed source, as ``(source, SpecResult)``."""
+    def speculate_all(self, context: Sequence[int], params: SpecParams, documents: bool = True
+                      ) -> list[tuple[str, SpecResult]]:
+        """Non-empty drafts of every allowed source, as ``(source, SpecResult)`` (``documents``: look the
+        corpus up too; its lookup's CPU time is kept for the gate)."""
         depth = self.config.max_depth
         out: list[tuple[str, SpecResult]] = []
         candidates: list[tuple[str, Any]] = [(SOURCE_PROMPT, self._request), (SOURCE_REFERENCES, self._references),
@@ -361,12 +425,25 @@ class SuffixProposer(Proposer):
             res = self.history.speculate_start(self._with_rates(params, SOURCE_HISTORY))  # how earlier answers began
             if len(res):
                 out.append((SOURCE_HISTORY, res))
-        if self.documents is not None and self._allows(SOURCE_DOCUMENTS):
-            res = self.documents.speculate(context, self._with_rates(params, SOURCE_DOCUMENTS), depth, hint=self._doc_hint)
+        self._doc_lookup_s = 0.0
+        if documents and self.documents is not None and self._allows(SOURCE_DOCUMENTS):
+            t = time.thread_time()
+            res = self._retrieval().speculate(context, self._with_rates(params, SOURCE_DOCUMENTS), depth,
+                                              hint=self._doc_hint)
+            self._doc_lookup_s = time.thread_time() - t
             self._doc_hint = res.match_len or None
             if len(res):
                 out.append((SOURCE_DOCUMENTS, res))
+        elif not documents:
+            self._doc_hint = None  # a step without a lookup: the last match length says nothing of the next
         return out
+
+    def _retrieval(self) -> DocumentRetrieval:
+        """Ranked retrieval over the current document index (made again when the index is reloaded)."""
+        r = self._doc_retrieval
+        if r is None or r.index is not self.documents:
+            r = self._doc_retrieval = DocumentRetrieval(self.documents, self.config.retrieval)
+        return r
 
     def _with_rates(self, params: SpecParams, source: str) -> SpecParams:
         """``params`` with ``source``'s learned continuation rates (unchanged when not learning)."""
@@ -645,10 +722,7 @@ def chain_probs(res: SpecResult, params: SpecParams, first: float) -> None:
 
 def node_ells(res: SpecResult) -> list[int]:
     """The match length that predicts each node: ``match_len + depth - 1`` (depth 1 below the match)."""
-    depths: list[int] = []
-    for par in res.parents:
-        depths.append(1 if par < 0 else depths[par] + 1)
-    return [res.match_len + d - 1 for d in depths]
+    return [res.match_len + d - 1 for d in node_depths(res.parents)]
 
 
 def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None) -> Draft:
@@ -672,39 +746,27 @@ def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str |
     Returns the draft and, per node, its probability, the match length that predicted it
     (:func:`node_ells`) and whose continuation rates it feeds (the result's ``kind``, else its source).
     """
-    key_to_node: dict[tuple[int, int], int] = {}
-    tokens: list[int] = []
-    parents: list[int] = []
+    union = TreeUnion()
     probs: list[float] = []
     sources: list[str] = []
-    depths: list[int] = []
     preferred: list[bool] = []  # the preferred source proposed this node (whichever source keeps it)
     ells: list[int] = []  # the match length behind each node (of the source that gave its probability)
     keys: list[str] = []  # and whose rates it learns (the result's kind, else its source)
     for source, res in results:
-        local: list[int] = []
-        for tok, par, p, ell in zip(res.token_ids, res.parents, res.probs, node_ells(res), strict=True):
-            mpar = -1 if par < 0 else local[par]
-            node = key_to_node.get((mpar, tok))
-            if node is None:
-                node = len(tokens)
-                key_to_node[(mpar, tok)] = node
-                tokens.append(tok)
-                parents.append(mpar)
+        key, res_ells = res.kind or source, node_ells(res)
+        for i, node, created in union.add(res.token_ids, res.parents):
+            p = res.probs[i]
+            if created:
                 probs.append(p)
                 sources.append(source)
-                depths.append(1 if mpar < 0 else depths[mpar] + 1)
                 preferred.append(source == prefer)
-                ells.append(ell)
-                keys.append(res.kind or source)
+                ells.append(res_ells[i])
+                keys.append(key)
             elif p > probs[node]:
-                probs[node] = p
-                sources[node] = source
-                ells[node] = ell
-                keys[node] = res.kind or source
+                probs[node], sources[node], ells[node], keys[node] = p, source, res_ells[i], key
             if source == prefer:
                 preferred[node] = True
-            local.append(node)
+    tokens, parents, depths = union.tokens, union.parents, node_depths(union.parents)
     rank: list[float] = []  # probability, + 1 on the preferred source's nodes, capped by the parent's rank
     for i, p in enumerate(probs):
         r = p + 1.0 if preferred[i] else p

@@ -1,7 +1,8 @@
 """The Flask application factory.
 
 ``create_app(config)`` builds the engine, index and tokenizers once (a ``SuffixSpec``), starts the
-one engine worker thread, and keeps both in ``app.extensions["suffixspec"]``. Every route is thin.
+engine worker (``worker.py``: as many runner threads as the engine steps requests together), and keeps
+both in ``app.extensions["suffixspec"]``. Every route is thin.
 ``app.extensions["suffixspec"].shutdown()`` finishes or cancels the work in flight and flushes
 the output history and the store (``suffixspec serve`` calls it on exit).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, jsonify, request, send_from_directory
+from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
@@ -27,6 +28,7 @@ from .metrics import Metrics
 from .worker import EngineWorker, Job
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("suffixspec.access")  # one line per request (``_install_access_log``)
 
 
 @dataclass
@@ -77,7 +79,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
                           dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
-                          prefix_cache_mb=cfg.prefix_cache_mb)
+                          prefix_cache_mb=cfg.prefix_cache_mb, threads=cfg.threads)
     holder: dict[str, EngineWorker] = {}
     metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)
 
@@ -109,11 +111,50 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     app.register_blueprint(openai_bp)
     app.register_blueprint(index_bp)
     app.register_blueprint(openapi_bp)  # GET /openapi.json
+    _install_access_log(app)  # first: its clock starts before the other checks run
     guards.install(app, cfg)  # Host and Origin checks run before the key check
     _install_auth(app, cfg)
     _install_errors(app)
     _install_misc(app)
     return app
+
+
+def _install_access_log(app: Flask) -> None:
+    """One line per request once its response is sent (a stream: when it ends): client, method, path,
+    status, and for a generation its tokens, tokens per step and seconds. Example::
+
+        127.0.0.1 POST /v1/chat/completions 200 64 tokens (40 prompt) 3.20 tokens/step 0.84 s
+
+    ``/v1`` routes log at INFO; the web page's files, ``/health`` and ``/metrics`` (polled) at DEBUG."""
+
+    @app.before_request
+    def start_clock() -> None:
+        g.access_started = time.perf_counter()
+
+    @app.after_request
+    def log_when_sent(resp: Response) -> Response:
+        started = g.get("access_started") or time.perf_counter()
+        job = g.get("job")  # a generation's worker job (routes_openai)
+        head = f"{request.remote_addr or '-'} {request.method} {request.path} {resp.status_code}"
+        level = logging.INFO if request.path.startswith("/v1") else logging.DEBUG
+
+        def emit() -> None:
+            access_log.log(level, "%s%s %.2f s", head, _generation_words(job), time.perf_counter() - started)
+
+        resp.call_on_close(emit)
+        return resp
+
+
+def _generation_words(job: Any) -> str:
+    """`` 64 tokens (40 prompt) 3.20 tokens/step`` for a finished generation; `` no result`` for one that
+    failed or was cancelled; empty for any other request."""
+    if job is None:
+        return ""
+    result = getattr(job, "result", None)
+    if result is None:
+        return " no result"
+    return (f" {len(result.token_ids)} tokens ({len(result.prompt_token_ids)} prompt) "
+            f"{result.stats.mean_accepted_length:.2f} tokens/step")
 
 
 def _install_auth(app: Flask, cfg: ServerConfig) -> None:
@@ -221,7 +262,8 @@ def _install_misc(app: Flask) -> None:
         resp = jsonify({"status": status, "model": st.model_id,
                         "queue_length": st.worker.queue_length(), "busy": st.worker.busy(),
                         "max_context": st.spec.max_context, "auth": bool(st.config.api_key),
-                        "uptime_s": int(time.time()) - st.started, "degraded": degraded})
+                        "uptime_s": int(time.time()) - st.started, "degraded": degraded,
+                        "threads": getattr(st.spec, "threads", None)})
         resp.status_code = 200 if ok else 503
         return resp
 

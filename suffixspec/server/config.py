@@ -18,6 +18,7 @@ class ServerConfig:
     #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu
     dtype: str | None = None  # weights dtype name; None = float32 on cpu, bf16/fp16 on gpu
+    threads: int | None = None  # torch threads for the model's passes; None = measured (suffixspec.threads)
     served_model_name: str | list[str] | None = None  # model id(s) clients may name; the first is the one
     #                                                  /v1/models reports; None = the model argument
     allowed_hosts: list[str] | None = None  # Host header values accepted (DNS-rebinding guard); None = loopback
@@ -56,6 +57,9 @@ class ServerConfig:
                      "max_query_chars"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be a positive integer (None = measured), got {self.threads!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError("max_prompt_tokens must be >= 1 (or None for the model's context length)")
         if self.api_key == "":

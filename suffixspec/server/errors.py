@@ -4,7 +4,9 @@ Two ways an error reaches a client:
 - a route raises ``APIError`` (a refusal it words itself: a bad field, an unknown model);
 - the project's own exceptions are answered by type, from ``EXCEPTIONS`` below. A subclass is
   answered as its nearest listed base (``UnusableDatabase`` is a ``StoreError``); an exception not listed
-  (``KeyError``, ``RuntimeError``, a bug) is a 500 whose message says only "see the server log".
+  (``KeyError``, a plain ``ValueError``, a bug) is a 500 whose message says only "see the server log",
+  and the log gets the traceback. A bad request is a ``RequestError`` (``suffixspec.errors``, raised by
+  the request checks alone): a 400 with its message and the field it names.
 
 Example: the index writer child is killed while adding documents -> ``WriterDied("the index writer
 process exited (killed by SIGKILL) before finishing: ...")`` -> 503, code ``index_writer_died``,
@@ -18,6 +20,7 @@ from typing import Any
 
 from flask import Response, jsonify
 
+from ..errors import RequestError
 from ..index.errors import InvalidDocument, NoDocumentStore, ReadOnlyStore, StoreError, WriterDied
 from .worker import QueueFull, ShuttingDown
 
@@ -71,6 +74,7 @@ class Answer:
 EXCEPTIONS: dict[type[BaseException], Answer] = {
     QueueFull: Answer(503, "queue_full", "the server is busy ({exc}); retry after a moment", retry=True),
     ShuttingDown: Answer(503, "shutting_down", "the server is shutting down; retry on another instance or later"),
+    RequestError: Answer(400, "invalid_value"),  # the request checks (a chat template that refuses the messages)
     # the document index's (suffixspec.index.errors): messages written to be shown (what happened, what to do)
     InvalidDocument: Answer(400, "invalid_value"),
     NoDocumentStore: Answer(501, "index_unavailable"),
@@ -94,4 +98,5 @@ def to_api_error(exc: BaseException, retry_after_s: int) -> APIError | None:
     if ans is None:
         return None
     headers = {"Retry-After": str(retry_after_s)} if ans.retry else None
-    return APIError(ans.message.format(exc=str(exc).strip("'\"")), ans.status, code=ans.code, headers=headers)
+    return APIError(ans.message.format(exc=str(exc).strip("'\"")), ans.status, param=getattr(exc, "param", None),
+                    code=ans.code, headers=headers)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from .errors import APIError
 from .responses import SSE_DONE, ResponseBuilder, sse
@@ -128,6 +128,7 @@ def _generate(parser: Callable[..., GenRequest], endpoint: str) -> Response:
         0 if req.prediction == "" else None)
     job = Job(kwargs=dict(prompt=req.prompt_ids, sampling=req.sampling, speculation=req.speculation,
                           references=req.references, prediction=req.prediction), endpoint=endpoint)
+    g.job = job  # the access log's line names its tokens
     try:
         st.worker.submit(job)  # QueueFull and ShuttingDown are answered by type (errors.EXCEPTIONS)
     except QueueFull:
@@ -164,7 +165,7 @@ def _failure(ev: JobFailed) -> APIError:
     if ev.shutdown:
         return APIError("the server is shutting down; retry on another instance or later", 503, code="shutting_down")
     if ev.bad_request:
-        return APIError(ev.message, 400, code="invalid_value")
+        return APIError(ev.message, 400, param=ev.param, code="invalid_value")
     return APIError(ev.message, 500, code="engine_error")
 
 

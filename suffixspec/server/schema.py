@@ -2,8 +2,12 @@
 
 A model checks what a request says on its own (types, ranges, the server's limits, unsupported
 options); ``validation.py`` then checks what needs the model (token ids in the vocabulary, the
-prompt's length in tokens, the context). Unknown fields are ignored, as OpenAI does, and a field
-sent as ``null`` counts as not sent.
+prompt's length in tokens, the context). A field sent as ``null`` counts as not sent. An unknown
+field of a generation request (or of its ``speculation``, ``prediction``, ``stream_options``) is a
+400 naming it and the nearest known field, as OpenAI refuses an unrecognized argument: a typo such as
+``max_token`` or ``temprature`` would otherwise run with the default. OpenAI's fields that change
+nothing here (``user``, ``metadata``, ``store``, ...: :data:`OPENAI_IGNORED`) are accepted and
+ignored, and so are unknown keys of a message (clients send back the messages they were given).
 
 The limits a server enforces (``ServerConfig``: ``max_tokens_limit``, ``max_stop``, ...) are part
 of its schema, so the models are built per set of limits by ``request_models(cfg)`` (cached).
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -41,6 +45,11 @@ MAX_SEED = 2**63 - 1
 MAX_LOGIT_BIAS = 100.0  # |bias| per token, as OpenAI
 # Codes a validator may raise with PydanticCustomError(code, message): the message is shown as is.
 OWN_CODES = ("invalid_type", "invalid_value", "unsupported_value", "missing_required")
+# OpenAI request fields accepted and ignored (they change nothing a server without accounts, tools or
+# storage does); anything else unknown is refused (``Strict``)
+OPENAI_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "tool_choice", "modalities",
+                  "reasoning_effort", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options",
+                  "function_call")
 MISSING = {"prompt": ": a string (or a list of token ids)", "messages": ': a list of {"role", "content"} objects',
            "documents": ': a non-empty list of strings or {"text", "source", "metadata"} objects'}
 
@@ -84,6 +93,28 @@ class Body(BaseModel):
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
+class Strict(Body):
+    """A request object whose unknown fields are refused (``unknown_parameter``: the field and the nearest
+    known one), except those it lists in ``ignored``."""
+
+    ignored: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = [*cls.model_fields, *cls.ignored]
+            unknown = [str(k) for k in data if k not in known]
+            if unknown:
+                import difflib
+
+                near = [next(iter(difflib.get_close_matches(k, known, n=1, cutoff=0.6)), None) for k in unknown]
+                raise PydanticCustomError("unknown_parameter", "unrecognized request argument {field}",
+                                          {"field": unknown[0], "unknown": unknown, "nearest": near,
+                                           "known": sorted(cls.model_fields)})
+        return data
+
+
 class TextPart(Body):
     type: Literal["text"]
     text: str
@@ -110,7 +141,7 @@ def text_of(content: str | list[TextPart] | None) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
-class Prediction(Body):
+class Prediction(Strict):
     """OpenAI's predicted output: the text the answer is expected to (mostly) be."""
 
     type: Literal["content"] = "content"
@@ -133,7 +164,7 @@ def _drafters(v: Any) -> Any:
     return v
 
 
-class Speculation(Body):
+class Speculation(Strict):
     """Per-request speculation: which drafters, how many draft tokens (``false`` = plain decoding)."""
 
     drafters: Annotated[list[Literal[DRAFTERS]], BeforeValidator(_drafters)] | None = Field(  # type: ignore[valid-type]
@@ -154,7 +185,9 @@ def _speculation_shape(v: Any) -> Any:
     return v
 
 
-class StreamOptions(Body):
+class StreamOptions(Strict):
+    ignored: ClassVar[tuple[str, ...]] = ("include_obfuscation",)  # OpenAI's; nothing here obfuscates
+
     include_usage: bool = False
 
 
@@ -240,8 +273,10 @@ def _models(limits: Limits) -> RequestModels:
                                       "send separate requests")
         return v
 
-    class Sampling(Body):
+    class Sampling(Strict):
         """The fields both generation routes share (OpenAI's, then this project's extensions)."""
+
+        ignored: ClassVar[tuple[str, ...]] = OPENAI_IGNORED
 
         model: str = Field("", description="a model name the server serves (see GET /v1/models); "
                                            "'suffixspec' always works")
@@ -478,6 +513,8 @@ def to_api_error(exc: ValidationError, where: str | None = None) -> APIError:
     param = param_of(((where,) if where else ()) + loc)
     t, v, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     name = f"'{param}'" if param else "the request"
+    if t == "unknown_parameter":  # the fields are the unknown keys, inside the object that refused them
+        return _unknown_fields(param, ctx)
     if t in OWN_CODES:  # our validators' messages; "{param}" where they cannot know the list index
         return invalid(err["msg"].replace("{param}", param or "the request"), param, t)
     if t == "missing":
@@ -506,6 +543,19 @@ def to_api_error(exc: ValidationError, where: str | None = None) -> APIError:
     if t == "literal_error":
         return invalid(f"{name} must be one of {ctx.get('expected')}, got {_shown(v)}", param)
     return invalid(f"{name}: {err['msg']}", param)
+
+
+def _unknown_fields(within: str | None, ctx: dict) -> APIError:
+    """The 400 for unknown fields: each named, with the nearest known field or else the list of them.
+    Example: ``{"max_token": 8, "temprature": 0}`` -> "unrecognized request arguments 'max_token' (did you
+    mean 'max_tokens'?), 'temprature' (did you mean 'temperature'?)", param ``max_token``."""
+    prefix = f"{within}." if within else ""
+    named = [f"'{prefix}{k}'" + (f" (did you mean '{prefix}{near}'?)" if near else "")
+             for k, near in zip(ctx["unknown"], ctx["nearest"], strict=True)]
+    known = "" if all(ctx["nearest"]) else f"; the known fields are {', '.join(ctx['known'])}"
+    plural = "s" if len(named) > 1 else ""
+    return invalid(f"unrecognized request argument{plural} {', '.join(named)}{known} (docs/api.md lists every "
+                   "field)", prefix + ctx["field"], "unknown_parameter")
 
 
 def parse(model: type[BaseModel], body: Any, where: str | None = None, **context: Any) -> Any:

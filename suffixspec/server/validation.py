@@ -8,11 +8,11 @@ is fitted to the context. Every refusal is a 400 that names the field and says w
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import SamplingParams, SpeculationConfig
+from ..errors import RequestError
 from .config import ServerConfig
 from .errors import APIError, invalid
 from .schema import parse, request_models, text_of
@@ -82,9 +82,8 @@ def check_text_fits(text_chars: int, tokenizer: Any, cfg: ServerConfig, context:
         raise _too_long(f"more than {text_chars // per_token}", limit, context, param)
 
 
-def encode_bounded(text: str, encode: Callable[[str], list[int]], tokenizer: Any, cfg: ServerConfig,
-                   context: int, param: str) -> list[int]:
-    """``encode(text)``, after the two cheap bounds (see above) have let the text through."""
+def check_bounds(text: str, tokenizer: Any, cfg: ServerConfig, context: int, param: str) -> None:
+    """The two cheap bounds (see above): refuse ``text`` when it cannot fit, before it is tokenized whole."""
     check_text_fits(len(text), tokenizer, cfg, context, param)
     if len(text) > PIECE_CHARS:
         limit = _prompt_limit(cfg, context)
@@ -99,7 +98,6 @@ def encode_bounded(text: str, encode: Callable[[str], list[int]], tokenizer: Any
             if count > limit + PIECE_SLACK * cuts:
                 raise _too_long(f"more than {limit}", limit, context, param)
             start = end
-    return list(encode(text))
 
 
 def _check_prompt_len(n: int, cfg: ServerConfig, context: int, param: str) -> None:
@@ -121,7 +119,7 @@ def _speculation(v: Any) -> SpeculationConfig | None:
         kw["drafters"] = tuple(v.drafters)
     try:
         return SpeculationConfig(**kw)
-    except ValueError as e:
+    except RequestError as e:
         raise invalid(str(e), "speculation") from None
 
 
@@ -132,8 +130,8 @@ def _sampling(req: Any, max_tokens: int, logprobs: int | None) -> SamplingParams
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             logit_bias={int(k): v for k, v in req.logit_bias.items()}, seed=req.seed, stop=req.stop_list,
             ignore_eos=req.ignore_eos, logprobs=logprobs)
-    except ValueError as e:  # SamplingParams' own checks, should the schema's ranges ever drift from them
-        raise invalid(str(e)) from None
+    except RequestError as e:  # SamplingParams' own checks, should the schema's ranges ever drift from them
+        raise invalid(str(e), e.param) from None
 
 
 def _max_tokens(req: Any, default: int, prompt_len: int, context: int) -> int:
@@ -170,7 +168,8 @@ def parse_completion(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
     req = parse(request_models(cfg).completion, body, vocab_size=len(spec.tokenizer))
     context = spec.max_context
     if isinstance(req.prompt, str):
-        ids = encode_bounded(req.prompt, spec.encode, spec.tokenizer, cfg, context, "prompt")
+        check_bounds(req.prompt, spec.tokenizer, cfg, context, "prompt")
+        ids = spec.encode(req.prompt)
     else:
         ids = list(req.prompt)
     _check_prompt_len(len(ids), cfg, context, "prompt")
@@ -180,18 +179,12 @@ def parse_completion(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
 def parse_chat(body: dict, spec: Any, cfg: ServerConfig) -> GenRequest:
     """Validate a ``POST /v1/chat/completions`` body."""
     req = parse(request_models(cfg).chat, body, vocab_size=len(spec.tokenizer))
-    # developer is OpenAI's newer name for system; chat templates know system
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in req.messages]
+    messages = [{"role": m.role, "content": m.text} for m in req.messages]
     context = spec.max_context
     tok = spec.tokenizer
     check_text_fits(sum(len(m["content"]) for m in messages), tok, cfg, context, "messages")
-    try:
-        text = spec.render_chat(messages)
-    except Exception as e:  # a template that rejects the conversation (e.g. roles out of order)
-        raise invalid(f"the model's chat template rejected these messages: {e}", "messages") from None
-    # as SuffixSpec.encode_chat: the template already holds the special tokens
-    ids = encode_bounded(text, lambda t: tok(t, add_special_tokens=False)["input_ids"], tok, cfg, context,
-                         "messages")
+    # as the Python API encodes them (a template that refuses them raises RequestError: a 400), bounded
+    ids = spec.encode_chat(messages, check=lambda text: check_bounds(text, tok, cfg, context, "messages"))
     _check_prompt_len(len(ids), cfg, context, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _gen_request("chat", req, ids, cfg.default_max_tokens, context, logprobs)

@@ -5,7 +5,9 @@ takes a job and streams it from the engine, which steps the running requests tog
 batch (continuous batching). With N = 1 one thread runs the jobs one at a time.
 
 A route submits a ``Job`` (engine arguments + a cancel event) and reads the job's events: the
-engine's StreamEvents, then ``DONE``, or a ``JobFailed``. A full queue raises ``QueueFull`` before
+engine's StreamEvents, then ``DONE``, or a ``JobFailed``. Failures are told apart by kind: a
+``RequestError`` before the first event is the request's own checks refusing it (a 400 showing its
+message); anything else is a bug or a fault (a 500 that says to see the log, which has the traceback). A full queue raises ``QueueFull`` before
 anything is sent (the route answers 503 with Retry-After). Setting ``job.cancel`` (the client
 went away) stops the engine at its next step, or skips the job if it has not started.
 
@@ -23,9 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import RequestError
+
 log = logging.getLogger(__name__)
 
 DONE = object()  # sentinel: the job's last event has been delivered
+# what a client is told of a failure that is not its request's fault: nothing of the failure itself
+ENGINE_FAILED = "the engine failed while generating; the server log has the details"
 
 
 class QueueFull(Exception):
@@ -38,12 +44,13 @@ class ShuttingDown(Exception):
 
 @dataclass
 class JobFailed:
-    """The engine raised; ``message`` is safe to show (no stack trace), ``exc`` is for the log."""
+    """The engine raised; ``message`` is safe to show (no stack trace, no internals), ``exc`` is for the log."""
 
     message: str
     exc: BaseException | None = None
     shutdown: bool = False  # cancelled because the server is shutting down
-    bad_request: bool = False  # the engine refused the request's arguments before generating (a 400)
+    bad_request: bool = False  # the request's checks refused its arguments before generating (a 400)
+    param: str | None = None  # bad_request: the argument to change, when the check named one
 
 
 @dataclass
@@ -135,16 +142,12 @@ class EngineWorker:
                     self.on_step(ev)
                 job.events.put(ev)
                 delivered = True
-        except ValueError as e:
-            if delivered:  # mid-generation: a bug, not the client's fault
-                log.exception("generation failed")
-                job.events.put(JobFailed("the engine failed while generating; see the server log", e))
-            else:  # the engine's own argument checks (they say what to change)
-                job.events.put(JobFailed(str(e), e, bad_request=True))
-            return
         except Exception as e:  # never let one request kill the worker
-            log.exception("generation failed")
-            job.events.put(JobFailed("the engine failed while generating; see the server log", e))
+            if isinstance(e, RequestError) and not delivered:  # the request's checks: they say what to change
+                job.events.put(JobFailed(str(e), e, bad_request=True, param=e.param))
+            else:  # a bug or a fault, never the client's to fix: the traceback goes to the log only
+                log.exception("generation failed")
+                job.events.put(JobFailed(ENGINE_FAILED, e))
             return
         if job.result is not None and self.on_result is not None:
             try:

@@ -1,8 +1,9 @@
 """Train the embedded default models: ``demo-target`` (byte-level BPE, Llama with a hand-built copy
 circuit) and ``demo-draft`` (BPE over Metaspace, a much smaller Llama), on Python source (the standard
-library and large installed packages; ``data.py``).
+library and large installed packages; ``data.py``). From the repository root (the training tools are
+not part of the installed package)::
 
-    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --out suffixspec/default_models
+    python -m tools.training.train_default_models --ckpt-dir CKPT --out suffixspec/default_models
 
 Phases (``--phases``; each with a wall-clock budget, so it ends on time on a slow or shared machine):
 
@@ -16,51 +17,17 @@ Phases (``--phases``; each with a wall-clock budget, so it ends on time on a slo
    both models and their cards written to ``--out``.
 
 Every phase checkpoints to ``--ckpt-dir`` (model, optimizer, step, time spent, random states) every
-``--ckpt-minutes`` and on SIGTERM/Ctrl-C; ``--resume`` goes on from there. To train longer, resume the
-``target`` phase with a larger ``--target-minutes``, then delete ``anneal.pt`` and anneal again:
+``--ckpt-minutes`` and on SIGTERM/Ctrl-C; ``--resume`` goes on from there (``recipe.json`` records the
+recipe's flags, and a resume with other ones is refused). To train longer, resume the ``target`` phase
+with a larger ``--target-minutes``, then move ``anneal.pt`` aside and anneal again::
 
-    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
-        --phases target,anneal,final --target-minutes 600
+    python -m tools.training.train_default_models --ckpt-dir CKPT --resume \
+        --phases target,anneal,final --target-minutes 600 --out OUT
 
 The step counts actually run are written into each model's training.json (``--target-steps``,
-``--anneal-steps`` and ``--draft-steps`` replay them).
-
-The checkpoints in /work/ckpt/models (this machine class) came from: 2,445 stable steps with one copy
-example in every batch (``--copy-batches 1.0``, 61.8 min; target-step2445.pt), then 2,854 more with
-``--copy-batches 0.25`` (to 135 min; target.pt = target-step5299.pt) and a 535-step anneal
-(anneal-step5299-candidate.pt, exported to out2/). The quarter mix did not pay: held-out-package loss
-5.22 -> 4.73 nats/token, but greedy copy 0.855 -> 0.51 (the trained layers outgrew the frozen copy
-output and no scale of it recovers 0.85) and greedy continuations still loop (distinct 4-grams
-0.08 -> 0.06), so the default is back to 1.0. Resume (move the old anneal.pt aside first):
-
-    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
-        --phases target,anneal --target-minutes 300 --anneal-minutes 12
-    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models --resume \
-        --phases final --out OUT --copy-history "stable steps 2445-5299 at 0.25"
-
-Every layer trains (``--code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes``; see
-``induction``): /work/ckpt/models4 holds the run started on it (recipe.json records the flags, and a
-resume with other ones is refused). To go on (move anneal.pt aside first; the stable phase resumes where
-it stopped, a larger ``--target-minutes`` extends it):
-
-    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models4 --resume \
-        --phases target,anneal,final --target-minutes 300 --anneal-minutes 12 --probe-minutes 20 \
-        --code-rms 64 --train-early --train-copy-out --copy-dims 77 --erase-codes --out OUT
-
-/work/ckpt/models5-plain holds the ablation without the circuit (``--no-circuit --target-steps 726
---anneal-steps 157``: the every-layer run's steps and batches; MEASUREMENTS.md compares the two).
-/work/ckpt/models-ship/out is the 62-minute pair of /work/ckpt/models (target-step2092.pt +
-anneal-step2458-candidate.pt + draft.pt, linked there) exported again with this code:
-
-    python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models-ship --resume \
-        --phases final --out /work/ckpt/models-ship/out
-
-On a GPU (``--device cuda``; the batches are still made on the CPU, the final phase runs there):
-``suffixspec/training/gpu.sh`` trains a 20M-parameter target on batches of 48 x 512 tokens.
-
-/work/ckpt/models3 holds the same recipe without ``--erase-codes`` (its loss rose again after ~600
-steps; target-step597.pt is its last good state) and 279 steps of it with ``--loop-examples 0.25``
-(target-step876-loops.pt).
+``--anneal-steps`` and ``--draft-steps`` replay them). ``--device cuda`` trains on a GPU (the batches
+are still made on the CPU, the final phase runs there). ``--no-circuit`` trains the target as a plain
+Llama, the ablation that shows what the circuit costs the language model.
 """
 
 from __future__ import annotations
@@ -74,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from suffixspec.training import data, evaluate, induction
+from tools.training import data, evaluate, induction
 
 SEED = 1234
 
@@ -143,13 +110,12 @@ def _request_stop(signum, frame) -> None:  # SIGTERM / SIGINT: checkpoint at the
 def train_loop(model, make_batch, lr: float, minutes: float, max_steps: int | None, name: str,
                warmup: int = 50, schedule: str = "cosine", restrict=None, after_step=None, maker=None,
                ckpt: Checkpointer | None = None, ckpt_minutes: float = 5.0, probe=None,
-               probe_minutes: float = 10.0, init: Checkpointer | None = None, loss_fn=None) -> dict:
+               probe_minutes: float = 10.0, init: Checkpointer | None = None) -> dict:
     """AdamW over the wall-clock budget (or ``max_steps`` when given) with a learning-rate
     ``schedule``: ``cosine`` (warmup, then down to 10%), ``constant`` (warmup, then the peak: the
     stable part of a warmup-stable-decay schedule, which can be resumed for any length of time) or
     ``decay`` (linear from the peak to 0: the short final part, started from ``init``'s state).
-    ``loss_fn(model, batch)``: the loss of one ``make_batch(progress)`` (default: ``masked_loss`` of
-    its ``(ids, mask)``; the distilled drafts pass a loss against the target's probabilities).
+    The loss of one ``make_batch(progress)`` is ``masked_loss`` of its ``(ids, mask)``.
     ``after_step()`` runs after every optimizer step (the frozen circuit's restore).
 
     Resumable: when ``ckpt`` holds a state of this phase, training goes on from it (same step, same
@@ -215,11 +181,8 @@ def train_loop(model, make_batch, lr: float, minutes: float, max_steps: int | No
         for g in opt.param_groups:
             g["lr"] = lr * scale
         batch = make_batch(progress)  # built on the CPU from the seeded example maker
-        if loss_fn is not None:
-            loss = loss_fn(model, [b.to(device) for b in batch])
-        else:
-            ids, mask = batch[0].to(device), batch[1].to(device)
-            loss = masked_loss(model, ids, mask, restrict)
+        ids, mask = batch[0].to(device), batch[1].to(device)
+        loss = masked_loss(model, ids, mask, restrict)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -407,16 +370,16 @@ def card(kind: str, info: dict) -> str:
         "", "## Data", "",
         f"Python source, {info['train_bytes'] / 1e6:.1f} MB in {info['train_files']:,} files: the standard library "
         f"(CPython {info['python']}, without tests; {info['stdlib_train_files']} files) and installed packages "
-        f"({pk}; each capped, files chosen by a hash of their path: `suffixspec/training/data.py`); "
+        f"({pk}; each capped, files chosen by a hash of their path: `tools/training/data.py` in the source repository); "
         f"{info['train_tokens']:,} tokens. Never trained on: the {info['heldout_files']} standard-library files "
-        "listed in `suffixspec/training/heldout.txt` (the benchmarks use them) and the installed packages "
+        "listed in `tools/training/heldout.txt` (the benchmarks use them) and the installed packages "
         f"{ev} ({info['eval_files']} files), on which the headline figures below are measured.",
     ]
     if kind == "target":
         lines += [
             "", "Copying (reproducing text seen earlier in the context, what code edits and RAG need) does not "
             "emerge from plain code in a CPU budget of minutes, so the model starts from a hand-built induction "
-            "circuit (`suffixspec/training/induction.py`) that matches the last 16 tokens. Each token has a fixed "
+            "circuit (`tools/training/induction.py`) that matches the last 16 tokens. Each token has a fixed "
             "random 6-dimensional code in reserved residual dimensions (never trained); four previous-token heads "
             "in layer 0 (constant, RoPE-phased queries and keys) write the codes of the tokens 1..4 back into "
             "reserved slots, three heads in layer 1 copy that block from 4, 8 and 12 positions back (slots 5..16), "
@@ -451,7 +414,7 @@ def card(kind: str, info: dict) -> str:
         lines += ["", "Plain next-token prediction on the training files (batches of 8 x 256 tokens)."]
     lines += [
         "", "## Training", "",
-        "- command: `python -m suffixspec.training.train_default_models --ckpt-dir /work/ckpt/models "
+        "- command: `python -m tools.training.train_default_models --ckpt-dir CKPT "
         "--out suffixspec/default_models` (resumable: `--resume` goes on from the checkpoints)",
         f"- this model: {info['train_minutes']:.1f} minutes on 2 shared CPU cores, {steps:,} steps "
         f"({steps * info['batch'][0] * info['batch'][1] / 1e6:.1f}M tokens seen), seed {SEED} (the budgets are "
@@ -639,12 +602,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="the target's residual width (the circuit reserves 102 dimensions of it)")
     ap.add_argument("--target-heads", type=int, default=4)
     ap.add_argument("--target-inter", type=int, default=768)
-    ap.add_argument("--target-batch", type=int, default=3, help="sequences per target batch (the checkpoints in "
-                    "/work/ckpt/models were trained with 3)")
+    ap.add_argument("--target-batch", type=int, default=3, help="sequences per target batch (the shipped target: 3)")
     ap.add_argument("--copy-batches", type=float, default=1.0,
-                    help="fraction of the target's batches that hold one copy example (the rest: plain code). "
-                         "0.25 for stable steps 2445-5299 lost the copy (greedy copy 0.855 -> 0.51 after "
-                         "calibration) and did not stop the loops (distinct 4-grams 0.08 -> 0.06)")
+                    help="fraction of the target's batches that hold one copy example (the rest: plain code); "
+                         "fewer copy examples weaken the copy (the trained layers outgrow the frozen copy output)")
     ap.add_argument("--copies-per-batch", type=int, default=1,
                     help="copy examples in a batch that holds any (1 in 3 sequences at the CPU batch of 3; keep "
                          "about a third with a larger --target-batch)")
@@ -653,8 +614,7 @@ def main(argv: list[str] | None = None) -> None:
                          "record it), e.g. 'steps 0-2445 at 1.0'")
     ap.add_argument("--code-rms", type=float, default=2.0,
                     help="magnitude of the circuit's fixed token codes; large codes (64) dominate every norm's "
-                         "divisor so the trained dimensions cannot blur the match (the checkpoints in "
-                         "/work/ckpt/models: 2)")
+                         "divisor so the trained dimensions cannot blur the match (the shipped target: 2)")
     ap.add_argument("--train-early", action=argparse.BooleanOptionalAction, default=False,
                     help="layers 0-1 train too (never writing into the dimensions the copy heads read); needs "
                          "large --code-rms")
@@ -665,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
                          "3+ are normalised over their own dimensions (with large --code-rms)")
     ap.add_argument("--copy-dims", type=int, default=0,
                     help="the first N dimensions of the token embedding are what the copy heads copy (and "
-                         "what layers 0-1 never write); 0: all of them (the checkpoints in /work/ckpt/models)")
+                         "what layers 0-1 never write); 0: all of them (the shipped target)")
     ap.add_argument("--loop-examples", type=float, default=0.0,
                     help="fraction of the plain code sequences with a degenerate loop spliced in (no loss on the "
                          "loop, loss on the code after it: `data.ExampleMaker.loop_break`)")
@@ -678,7 +638,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--copy-segments", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu",
-                    help="where the target and draft train (cuda: see suffixspec/training/gpu.sh); the final "
+                    help="where the target and draft train (cpu or cuda); the final "
                          "phase (calibration, the cards' figures) runs on the CPU")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,0 +1,136 @@
+"""The decode speed a user gets with default settings, against fixed thread counts, idle and busy.
+
+Issue 38's bar: ``suffixspec generate`` with default settings decodes at least 0.9x the speed of
+``OMP_NUM_THREADS=1``, on an idle machine (and there the faster of the two) and with one other busy
+process. Each run is a fresh ``suffixspec generate --json`` process (a copy-heavy edit, the README's
+quick start, history off so runs are independent); the settings alternate within every repeat, so a
+change of load hits all of them, and the busy condition starts one ``python -c 'while True: pass'``
+of its own (killed afterwards). Settings:
+
+- ``default``: nothing set (suffixspec measures the thread count at start and re-checks it);
+- ``one thread``: ``OMP_NUM_THREADS=1``;
+- ``all cores, spinning``: ``OMP_NUM_THREADS=<cores>`` and ``OMP_WAIT_POLICY=`` (empty: OpenMP's own
+  wait, which spins), what suffixspec ran on before it chose threads itself.
+
+    python -m suffixspec.bench.bench_threads [--repeats 3] [--conditions idle,busy] [--json out.json]
+
+Example (figures of one run, decode tokens/s, medians)::
+
+    | condition | default | one thread | all cores, spinning | default / one thread |
+    | idle | 98.1 | 70.2 | 101.5 | 1.40 |
+    | busy | 66.0 | 68.3 | 25.9 | 0.97 |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "edit.txt"
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+def settings(cores: int) -> dict[str, dict[str, str | None]]:
+    """Name -> environment changes (None: unset)."""
+    return {"default": {"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None},
+            "one thread": {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": None},
+            "all cores, spinning": {"OMP_NUM_THREADS": str(cores), "OMP_WAIT_POLICY": ""}}
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def generate(model: str, prompt_file: Path, max_tokens: int, db: Path, env_changes: dict[str, str | None]) -> dict:
+    """One ``suffixspec generate --json`` process: its decode tokens/s, steps, wall seconds and threads."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    for k, v in env_changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    cmd = [sys.executable, "-m", "suffixspec", "generate", "--prompt-file", str(prompt_file), "--chat",
+           "--model", model, "--max-tokens", str(max_tokens), "--no-history", "--db", str(db), "--json"]
+    t = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}): {res.stderr[-800:]}")
+    out = json.loads(res.stdout)
+    return {"decode_tokens_per_s": out["timing"]["decode_tokens_per_s"], "steps": out["speculative_decoding"]["steps"],
+            "wall_s": round(wall, 2), "threads": out["threads"]["threads"], "load": _load()}
+
+
+def run(model: str = "smollm2-135m-instruct", repeats: int = 3, conditions: tuple[str, ...] = ("idle", "busy"),
+        max_tokens: int = 128, prompt_file: Path = EXAMPLE, log=print) -> dict[str, Any]:
+    """{condition: {setting: {"runs": [...], "median_tokens_per_s"}}, "ratio": default / one thread}."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    table = settings(cores)
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="suffixspec-threads-") as tmp:
+        db = Path(tmp) / "index.db"
+        generate(model, prompt_file, 8, db, table["one thread"])  # untimed: converts the model if needed
+        for cond in conditions:
+            busy = subprocess.Popen(BUSY) if cond == "busy" else None
+            try:
+                runs: dict[str, list[dict]] = {name: [] for name in table}
+                for i in range(repeats):
+                    for name, changes in table.items():
+                        r = generate(model, prompt_file, max_tokens, db, changes)
+                        runs[name].append(r)
+                        log(f"  {cond} #{i + 1} {name}: {r['decode_tokens_per_s']} tokens/s, {r['threads']} "
+                            f"thread(s), {r['steps']} steps, {r['wall_s']} s wall (load {r['load']})")
+            finally:
+                if busy is not None:
+                    busy.kill()
+                    busy.wait()
+            med = {name: statistics.median(r["decode_tokens_per_s"] or 0.0 for r in rs) for name, rs in runs.items()}
+            out[cond] = {name: {"runs": rs, "median_tokens_per_s": round(med[name], 1)} for name, rs in runs.items()}
+            out[cond]["ratio"] = round(med["default"] / med["one thread"], 2) if med["one thread"] else None
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    names = list(settings(2))
+    lines = ["| condition | " + " | ".join(names) + " | default / one thread | load (first-last) |",
+             "|---|" + "---:|" * (len(names) + 2)]
+    for cond, r in result.items():
+        loads = [x["load"] for name in names for x in r[name]["runs"]]
+        lines.append(f"| {cond} | " + " | ".join(f"{r[n]['median_tokens_per_s']:.1f}" for n in names)
+                     + f" | {r['ratio']:.2f} | {min(loads):.1f}-{max(loads):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--conditions", default="idle,busy", help="comma-separated: idle, busy")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-file", type=Path, default=EXAMPLE)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not args.prompt_file.is_file():  # examples/ is in a checkout, not in the installed package
+        ap.error(f"no prompt file {args.prompt_file}; run from a checkout or give --prompt-file")
+    conditions = tuple(c.strip() for c in args.conditions.split(",") if c.strip())
+    if any(c not in ("idle", "busy") for c in conditions):
+        ap.error("--conditions takes idle and/or busy")
+    print(f"load average before: {_load()}")
+    result = run(args.model, args.repeats, conditions, args.max_tokens, args.prompt_file)
+    print(markdown(result) + f"load average after: {_load()}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"meta": {"model": args.model, "repeats": args.repeats,
+                                                  "max_tokens": args.max_tokens}, "results": result}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""How many threads torch runs the target's passes on, on a CPU: measured, not inherited.
+
+torch starts one OpenMP thread per core. Whether that is fastest depends on what else the machine
+runs, and that changes: on an idle 2-core machine two threads decoded SmolLM2 1.47x as fast as one;
+with one other busy process two threads decoded at 0.38x of one, because every parallel region ends
+waiting for whichever of its threads the kernel preempted, while the others spin. So the CLI, the
+Python API and the server share one policy:
+
+1. :func:`prepare_openmp`, run before torch is imported (``import suffixspec`` and the CLI do it),
+   asks OpenMP to let a waiting thread sleep at once (``OMP_WAIT_POLICY=PASSIVE``) instead of
+   spinning on a core another process wants: the worst case of a second thread goes from 4-20x
+   slower than one thread to about even (see docs/design.md, "Threads").
+2. :meth:`ThreadTuner.calibrate` times a pass at one thread and at the core count, interleaved, when
+   the engine starts (``Engine.warm_up``), and keeps the faster; more threads must be ``margin``
+   faster to be chosen.
+3. While decoding, :meth:`ThreadTuner.before_pass` now and then runs a few real passes at the other
+   count, alternating with the chosen one, and the choice moves when the other count is ``margin``
+   faster. Each pass's wall time is divided by its size's share of the cost curve (``shape``: a pass of
+   9 inputs costing 1.1 plain passes counts as 1.1 passes), so passes of any size compare. The next
+   re-check waits twice as long while the choice holds, and at least ``recheck_cost`` times what the
+   last one lost (re-checking costs at most a few percent of the time).
+
+A count the user gives (``--threads N``, ``SuffixSpec(threads=N)``, or ``OMP_NUM_THREADS`` in the
+environment) is used as given and never measured; on a GPU torch's count is kept.
+
+Worked example (2 cores): at start, passes of 8 inputs take 31, 30, 32 ms at two threads and 44, 45,
+43 ms at one -> two threads. A build starts on the machine; at the next re-check the passes alternate
+1, 2, 1, 2, 1, 2 threads and take (per plain-pass equivalent) 46, 95, 47, 120, 45, 88 ms -> one
+thread from then on (the three passes at two threads lost about 0.16 s, so the next re-check comes
+at least 3.2 s of passes later, and after ``recheck_s`` at the earliest).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+WAIT_POLICY = "OMP_WAIT_POLICY"
+_wait_policy_set_here = False  # prepare_openmp set OMP_WAIT_POLICY (the environment had none)
+
+
+def prepare_openmp() -> None:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment names a policy or torch is already
+    imported (libgomp reads it once, when torch loads it; after that it would change nothing).
+
+    Why: with the default policy a thread that finished its share of a parallel region spins until the
+    others finish; with another busy process on the machine, the one it waits for is often preempted,
+    so it spins away the very core that thread needs. Measured on 2 cores at load 8.5, a pass of 9
+    inputs at two threads: 0.9-2.1 s spinning, 0.11-0.14 s passive (one thread: 0.11 s)."""
+    global _wait_policy_set_here
+    if WAIT_POLICY in os.environ or "torch" in sys.modules:
+        return
+    os.environ[WAIT_POLICY] = "PASSIVE"
+    _wait_policy_set_here = True
+
+
+def wait_policy() -> str:
+    """The OpenMP wait policy in effect, as the statement at start-up names it."""
+    value = os.environ.get(WAIT_POLICY)
+    if value is None:
+        return "OpenMP's default wait (torch was imported before suffixspec)"
+    return f"{WAIT_POLICY}={value}" + ("" if _wait_policy_set_here else " (from the environment)")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity: ``taskset`` and cpusets count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ThreadPolicy:
+    """The constants of the thread choice."""
+
+    probe_inputs: int = 8  # tokens of the pass timed at start (a typical verified draft plus its root)
+    probe_context: int = 32  # cached tokens before it (a scratch cache)
+    probe_rounds: int = 3  # timed passes per count at start, interleaved (the median is read)
+    margin: float = 0.1  # more threads must be this much faster at start; the other count this much at a re-check
+    recheck_s: float = 15.0  # seconds of passes before the first re-check, and after one that switched
+    max_recheck_s: float = 240.0  # the interval doubles while the choice holds, up to this
+    recheck_passes: int = 6  # passes of one re-check, alternating the two counts (the other count first)
+    recheck_cost: float = 20.0  # the next re-check waits at least this many times what the last one lost
+
+    def __post_init__(self) -> None:
+        if self.probe_inputs < 1 or self.probe_rounds < 1 or self.probe_context < 1:
+            raise ValueError("ThreadPolicy.probe_inputs, probe_context and probe_rounds must be >= 1")
+        if self.recheck_passes < 2 or self.recheck_passes % 2:
+            raise ValueError("ThreadPolicy.recheck_passes must be even and >= 2 (both counts alternate)")
+        if not 0.0 <= self.margin < 1.0 or not 0.0 < self.recheck_s <= self.max_recheck_s:
+            raise ValueError("need 0 <= margin < 1 and 0 < recheck_s <= max_recheck_s")
+
+
+@dataclass
+class ThreadTuner:
+    """The thread count of every target pass (see the module docstring).
+
+    ``threads``: a count to use as given (``None``: choose; ``OMP_NUM_THREADS`` in the environment counts
+    as given); ``device``: the target's (nothing is measured off the CPU); ``cores``: the count to try
+    besides one (default: :func:`available_cores`); ``clock``: wall seconds for the start-up probe."""
+
+    threads: int | None = None
+    device: str = "cpu"
+    cores: int | None = None
+    policy: ThreadPolicy = field(default_factory=ThreadPolicy)
+    clock: Callable[[], float] = time.perf_counter
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be a positive integer (or None to measure), got {self.threads!r}")
+        env = os.environ.get("OMP_NUM_THREADS", "").strip()
+        cores = self.cores or available_cores()
+        self.how = "measured"  # how the count was chosen: measured / given / OMP_NUM_THREADS / device / one core
+        if self.threads is not None:
+            self.counts, self.how = (self.threads,), "given"
+        elif env.isdigit() and int(env) > 0:
+            self.counts, self.how = (int(env),), "OMP_NUM_THREADS"
+        elif not self.device.startswith("cpu"):
+            self.counts, self.how = (), "device"
+        elif cores <= 1:
+            self.counts, self.how = (1,), "one core"
+        else:
+            self.counts = (1, cores)
+        self.current: int | None = self.counts[0] if self.counts else None  # None: torch's own (a GPU)
+        self.measured_ms: dict[int, float] = {}  # count -> median milliseconds of the start-up probe's passes
+        self.rechecks = 0  # re-checks done
+        self.switches = 0  # re-checks that changed the count
+        self._interval = self.policy.recheck_s  # seconds of passes between re-checks
+        self._until_recheck = self._interval
+        self._plan: list[int] = []  # counts of the re-check's remaining passes
+        self._samples: dict[int, list[float]] = {}  # count -> plain-pass-equivalent seconds in this re-check
+        if self.current is not None and self.how != "measured":
+            self._set(self.current)
+
+    def hold(self) -> None:
+        """Keep the count chosen so far and stop re-checking (a benchmark compares systems at one count)."""
+        if self.current is not None and self.measuring:
+            self.counts, self._plan = (self.current,), []
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the count is chosen by measurement (two candidates)."""
+        return len(self.counts) > 1
+
+    # -- start-up ------------------------------------------------------------------------------------
+    def calibrate(self, run: Callable[[], None]) -> None:
+        """Choose the count from ``run`` (one pass on a scratch cache), timed at each count, interleaved.
+
+        The first pass at each count is not timed: it starts that count's threads and pays one-time kernel
+        set-up (the warm-up the first request would otherwise pay). Ties go to fewer threads."""
+        if not self.measuring:
+            if self.current is not None:
+                self._set(self.current)
+                run()  # the warm-up alone
+            return
+        for n in self.counts:
+            self._set(n)
+            run()
+        times: dict[int, list[float]] = {n: [] for n in self.counts}
+        for r in range(self.policy.probe_rounds):
+            for n in self.counts if r % 2 == 0 else reversed(self.counts):
+                self._set(n)
+                t = self.clock()
+                run()
+                times[n].append(self.clock() - t)
+        medians = {n: statistics.median(v) for n, v in times.items()}
+        self.measured_ms = {n: round(1000 * m, 1) for n, m in medians.items()}
+        fewest, most = self.counts
+        self.current = most if medians[most] * (1 + self.policy.margin) < medians[fewest] else fewest
+        self._set(self.current)
+        log.debug("torch threads: %s", self.describe())  # SuffixSpec states it at INFO
+
+    # -- around every pass ---------------------------------------------------------------------------
+    def before_pass(self) -> int | None:
+        """Set and return the count for the next pass (a re-check's, or the chosen one); None: torch's own.
+
+        Set in the calling thread every time: OpenMP's count is per thread, and the callers that step the
+        decode loop take turns."""
+        if self.current is None:
+            return None
+        n = self._plan[0] if self._plan else self.current
+        self._set(n)
+        return n
+
+    def after_pass(self, threads: int | None, wall: float, shape: float | None) -> None:
+        """A pass ran at ``threads`` and took ``wall`` seconds; ``shape``: its cost in plain passes
+        (``PassCost.estimate(inputs) / estimate(1)``), None when it is not comparable (it fed a prompt)."""
+        if not self.measuring or threads is None:
+            return
+        if not self._plan:
+            self._until_recheck -= wall
+            if self._until_recheck <= 0:
+                other = next(n for n in self.counts if n != self.current)
+                self._plan = [other, self.current] * (self.policy.recheck_passes // 2)
+                self._samples = {other: [], self.current: []}
+            return
+        if shape is None or threads != self._plan[0]:
+            return  # the same count runs the next pass again
+        self._samples[threads].append(wall / max(shape, 1e-9))
+        self._plan.pop(0)
+        if not self._plan:
+            self._decide()
+
+    def _decide(self) -> None:
+        """End a re-check: move to the other count if it was ``margin`` faster; schedule the next one."""
+        other = next(n for n in self.counts if n != self.current)
+        mine, theirs = statistics.median(self._samples[self.current]), statistics.median(self._samples[other])
+        lost = max(0.0, sum(self._samples[other]) - mine * len(self._samples[other]))
+        self.rechecks += 1
+        if theirs * (1 + self.policy.margin) < mine:
+            log.info("torch threads: %d -> %d (re-check: %.0f ms against %.0f ms per plain pass)",
+                     self.current, other, 1000 * theirs, 1000 * mine)
+            self.current, self.switches = other, self.switches + 1
+            self._interval = self.policy.recheck_s
+        else:
+            self._interval = min(self.policy.max_recheck_s, 2 * self._interval)
+        self._until_recheck = max(self._interval, self.policy.recheck_cost * lost)
+        self._samples = {}
+
+    @staticmethod
+    def _set(n: int) -> None:
+        import torch
+
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+    # -- the statement -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """``{"threads", "how", "device", "measured_ms", "wait_policy", "rechecks", "switches"}`` (JSON-ready;
+        ``measured_ms``: the start-up probe's median pass at each count)."""
+        import torch
+
+        return {"threads": self.current if self.current is not None else torch.get_num_threads(), "how": self.how,
+                "device": self.device, "measured_ms": {str(n): ms for n, ms in self.measured_ms.items()},
+                "wait_policy": wait_policy(), "rechecks": self.rechecks, "switches": self.switches}
+
+    def describe(self) -> str:
+        """:func:`describe` of :meth:`to_dict`."""
+        return describe(self.to_dict())
+
+
+def describe(d: dict) -> str:
+    """A ``ThreadTuner.to_dict()`` in one line: the count, how it was chosen, the wait policy.
+
+    >>> describe({"threads": 2, "how": "measured", "device": "cpu", "measured_ms": {"1": 44.0, "2": 31.0},
+    ...           "wait_policy": "OMP_WAIT_POLICY=PASSIVE", "rechecks": 0, "switches": 0})
+    '2 threads (measured at start: a pass took 31 ms at 2 threads, 44 ms at 1; re-checked while decoding; --threads N fixes it); OMP_WAIT_POLICY=PASSIVE'
+    """
+    n = d["threads"]
+    head = f"{n} thread{'s' if n != 1 else ''}"
+    if d["how"] == "measured":
+        took = sorted(((int(c), ms) for c, ms in d["measured_ms"].items()), reverse=True)
+        took_s = ", ".join(f"{ms:.0f} ms at {c}" + (" threads" if i == 0 else "") for i, (c, ms) in enumerate(took))
+        why = (f"measured at start: a pass took {took_s}; " if took_s else "") + \
+            "re-checked while decoding; --threads N fixes it"
+        if d["switches"]:
+            why += f"; switched {d['switches']} time{'s' if d['switches'] != 1 else ''} since"
+    else:
+        why = {"given": "as given", "OMP_NUM_THREADS": "from OMP_NUM_THREADS",
+               "device": f"torch's count on {d['device']}", "one core": "one core available"}[d["how"]]
+    return f"{head} ({why}); {d['wait_policy']}"
