@@ -2,7 +2,8 @@
 
 Two servers of the same model run side by side: ``--max-num-seqs N`` (batching) and
 ``--max-num-seqs 1`` (one request at a time); optionally a third, ``--max-num-seqs 1`` from another
-checkout (``--before DIR``: the code before a change, for "one client alone is no slower"). For each
+checkout (``--before DIR``: the code before a change, for "one client alone is no slower"; with
+``--before-max-num-seqs N`` it batches too, for a change to batching itself). For each
 client count every server gets the same round, taking turns (the order rotates per round): every
 client sends its requests one after the other (greedy, code-edit and agentic requests alternating,
 from ``bench.workloads``), all clients start together. History is off (the requests' drafters
@@ -202,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (0: none, suffixspec's own measured choice)")
     ap.add_argument("--before", default=None, help="a checkout whose code serves a third --max-num-seqs 1 server")
+    ap.add_argument("--before-max-num-seqs", type=int, default=1,
+                    help="that server's --max-num-seqs (as --max-num-seqs: a change to batching itself, A/B per round)")
     ap.add_argument("--out", default="bench/published")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--replot", action="store_true", help="redraw the table and plot from --out's concurrency.json")
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="suffixspec-bench-concurrency-"))
     specs = [("batched", args.max_num_seqs, None), ("one_at_a_time", 1, None)]
     if args.before:
-        specs.append(("before", 1, args.before))
+        specs.append(("before", args.before_max_num_seqs, args.before))
     servers: dict[str, Server] = {}
     rows = []
     try:
@@ -242,9 +245,10 @@ def main(argv: list[str] | None = None) -> None:
             if res["batched"]["decode_pass_cpu_s"]:  # decoding alone: what batching can share
                 row["decode_cpu_ratio"] = round(res["one_at_a_time"]["decode_pass_cpu_s"]
                                                 / res["batched"]["decode_pass_cpu_s"], 3)
-            if "before" in res:
-                row["before_cpu_ratio"] = round(res["one_at_a_time"]["tok_per_cpu_s"] / res["before"]["tok_per_cpu_s"], 3)
-                row["before_wall_ratio"] = round(res["one_at_a_time"]["tok_s"] / res["before"]["tok_s"], 3)
+            if "before" in res:  # this code's server of the same --max-num-seqs over the checkout's
+                same = "batched" if args.before_max_num_seqs == args.max_num_seqs else "one_at_a_time"
+                row["before_cpu_ratio"] = round(res[same]["tok_per_cpu_s"] / res["before"]["tok_per_cpu_s"], 3)
+                row["before_wall_ratio"] = round(res[same]["tok_s"] / res["before"]["tok_s"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:

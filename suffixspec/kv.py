@@ -56,8 +56,14 @@ def attention_windows(config: Any) -> dict[str, int | None]:
 
 
 def layer_types(config: Any) -> list[tuple[str, int | None]]:
-    """(layer type, sliding window or None) per decoder layer, in order; refuses what cannot be rewound."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
+    """(layer type, sliding window or None) per decoder layer, in order; refuses what cannot be rewound.
+
+    Read with ``transformers``' own helper where it has one (``cache_utils.get_layer_types_and_kwargs``,
+    which knows the newest layouts), else from the config's documented fields (:func:`_config_layer_types`:
+    ``layer_types``, ``sliding_window``, ``attention_chunk_size``): the helper is not public API, so a
+    ``transformers`` release without it (5.6, the lowest release suffixspec supports, has none; a later one may rename it) must not
+    stop a start.
+    """
 
     def refuse(types: list[str]) -> None:
         bad = sorted({t for t in types if t not in SUPPORTED_LAYERS})
@@ -70,9 +76,42 @@ def layer_types(config: Any) -> list[tuple[str, int | None]]:
 
     decoder = config.get_text_config(decoder=True)
     refuse(list(getattr(decoder, "layer_types", None) or []))  # before the kwargs of a type we do not know
-    types, kwargs = get_layer_types_and_kwargs(decoder)
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types, kwargs = get_layer_types_and_kwargs(decoder)
+        windows = [kw.get("sliding_window") for kw in kwargs]
+    except (ImportError, AttributeError, TypeError):  # no such helper, or one that reads other fields
+        types, windows = _config_layer_types(decoder)
     refuse(types)  # inferred types, and layers that reuse another layer's KV ("dummy")
-    return [(t, kw.get("sliding_window")) for t, kw in zip(types, kwargs, strict=True)]
+    return list(zip(types, windows, strict=True))
+
+
+def _config_layer_types(decoder: Any) -> tuple[list[str], list[int | None]]:
+    """(layer types, sliding windows) from a decoder config's documented fields, as ``transformers``' caches
+    read them: ``layer_types`` when the config has it, else every layer sliding when ``sliding_window`` is
+    set (Mistral), chunked when ``attention_chunk_size`` is, full otherwise. Layers that reuse another
+    layer's keys and values (``num_kv_shared_layers``, ``kv_sharing_modes``) come out as ``"dummy"``.
+
+    Example: Gemma 3 (``layer_types`` = 5 sliding then 1 full, ``sliding_window`` 512) ->
+    ``(["sliding_attention"] * 5 + ["full_attention"], [512] * 5 + [None])``.
+    """
+    n = int(decoder.num_hidden_layers)
+    window = getattr(decoder, "sliding_window", None)
+    chunk = getattr(decoder, "attention_chunk_size", None)
+    types = list(getattr(decoder, "layer_types", None) or [])
+    if not types:
+        kind = "sliding_attention" if window is not None else "chunked_attention" if chunk is not None \
+            else "full_attention"
+        types = [kind] * n
+    shared = int(getattr(decoder, "num_kv_shared_layers", 0) or 0)
+    if shared:
+        types = types[: n - shared] + ["dummy"] * shared
+    modes = getattr(decoder, "kv_sharing_modes", None)
+    if modes:
+        types = ["dummy" if mode == "reuse" else t for t, mode in zip(types, modes, strict=False)]
+    types = ["dummy" if t in ("moe", "mlp") else t for t in types]
+    return types, [window if t == "sliding_attention" else chunk if t == "chunked_attention" else None for t in types]
 
 
 def new_cache(config: Any) -> Any:
@@ -97,41 +136,22 @@ def tree_mask(parents: list[int] | None, past: int, windows: Iterable[int | None
               n: int | None = None) -> tuple[np.ndarray, dict[int | None, RowMask]]:
     """(depth of each input [n], {window: RowMask}) for a row feeding ``[root] + nodes`` after ``past``
     cached positions. ``parents`` as ``Draft.parents`` (of the nodes; -1 = the root), or None for a
-    causal chain of ``n`` inputs (a prompt). The one mask builder of every pass (lean and padded).
+    causal chain of ``n`` inputs (a prompt). The padded pass's mask builder; the lean pass builds the same
+    masks on the device from :func:`tree_block` and :func:`key_span`.
 
     Example: ``tree_mask([-1, 0, 0], 2)`` -> depth ``[0, 1, 2, 2]`` and, for full attention,
     ``first = 0`` and rows ``[1 1 1 0 0 0], [1 1 1 1 0 0], [1 1 1 1 1 0], [1 1 1 1 0 1]``.
     """
-    if parents is None:
-        if n is None:
-            raise ValueError("a causal chain needs its length n")
-        depth = np.arange(n)
-        block = None  # lower-triangular, built only where needed
-    else:
-        n = len(parents) + 1
-        block = np.zeros((n, n), dtype=bool)  # ancestor-or-self over the new block
-        depth = np.zeros(n, dtype=np.int64)
-        block[0, 0] = True
-        for i, par in enumerate(parents):  # parents come before their children
-            k, pk = i + 1, par + 1
-            block[k] = block[pk]
-            block[k, k] = True
-            depth[k] = depth[pk] + 1
-    deepest = int(depth.max())
+    depth, block = tree_block(parents, n)
+    n = len(depth)
     out: dict[int | None, RowMask] = {}
     for window in windows:
         if window in out:
             continue
-        first = 0 if window is None else max(0, past - window + 1)
-        # within keys [first, past + n), does any input have a key beyond its window? The deepest
-        # input (position past + deepest) must not see keys at or before past + deepest - window
-        if window is None or past + deepest - window < first:
-            if n == 1:  # the root alone sees every key from first on
-                out[window] = RowMask(first, None)
-                continue
-            if parents is None and past == first:  # a prompt over an empty cache: is_causal
-                out[window] = RowMask(first, None, causal=True)
-                continue
+        first, free, causal = key_span(depth, past, window, parents is None)
+        if free:
+            out[window] = RowMask(first, None, causal)
+            continue
         allowed = np.ones((n, past + n - first), dtype=bool)
         allowed[:, past - first:] = np.tril(np.ones((n, n), dtype=bool)) if block is None else block
         if window is not None:
@@ -140,6 +160,44 @@ def tree_mask(parents: list[int] | None, past: int, windows: Iterable[int | None
             allowed &= positions[:, None] - keys[None, :] < window
         out[window] = RowMask(first, allowed)
     return depth, out
+
+
+def tree_block(parents: list[int] | None, n: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(depth of each input [n], ancestor-or-self matrix of the new block [n, n] bool) of a row feeding
+    ``[root] + nodes``; for a causal chain of ``n`` inputs (``parents`` None) the matrix is None (it is
+    lower-triangular). Example: ``tree_block([-1, 0, 0])`` -> depth ``[0, 1, 2, 2]``, rows ``[1 0 0 0],
+    [1 1 0 0], [1 1 1 0], [1 1 0 1]``."""
+    if parents is None:
+        if n is None:
+            raise ValueError("a causal chain needs its length n")
+        return np.arange(n), None
+    n = len(parents) + 1
+    block = np.zeros((n, n), dtype=bool)
+    depth = np.zeros(n, dtype=np.int64)
+    block[0, 0] = True
+    for i, par in enumerate(parents):  # parents come before their children
+        k, pk = i + 1, par + 1
+        block[k] = block[pk]
+        block[k, k] = True
+        depth[k] = depth[pk] + 1
+    return depth, block
+
+
+def key_span(depth: np.ndarray, past: int, window: int | None, chain: bool) -> tuple[int, bool, bool]:
+    """(the first key position any input of the row sees, whether the inputs need no mask over keys
+    ``[first, past + n)``, whether ``is_causal`` gives their mask) under ``window`` (None: full attention).
+
+    No mask: the root alone (it sees every key from ``first`` on), or a prompt over an empty cache (causal),
+    as long as no input has a key beyond its window in that range: the deepest input (position
+    ``past + deepest``) must not see keys at or before ``past + deepest - window``. Example: a lone root
+    after 7 cached tokens under a window of 4 -> ``(4, True, False)``."""
+    first = 0 if window is None else max(0, past - window + 1)
+    if window is None or past + int(depth.max()) - window < first:
+        if len(depth) == 1:
+            return first, True, False
+        if chain and past == first:
+            return first, True, True
+    return first, False, False
 
 
 def additive(allowed: np.ndarray, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

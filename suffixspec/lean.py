@@ -19,21 +19,27 @@ Families (:data:`FAMILIES`):
   (local and global), sliding-window layers.
 
 Rows are packed: the projections and the MLP run once over every row's real tokens (``sum(len(ids))``
-of them, no padding to the widest row), and attention runs per row over that row's own keys (its
-cached length, or only its window on a sliding layer). Worked example (two rows: a tree of 3 nodes
-after 2 cached tokens, a lone root after 5)::
+of them, no padding to the widest row). Attention runs over each row's own keys (its cached length, or
+only its window on a sliding layer), in one SDPA call per layer for each *group* of rows
+(:meth:`LeanForward._grouping`): a group's rows are padded to its most queries and widest key range,
+masked, which pays where a call's overhead costs more than the padding's arithmetic (on a GPU nearly
+always; on a CPU only for rows of one shape: attention there is reading keys and values). Worked example (two rows: a tree
+of 3 nodes after 2 cached tokens, a lone root after 5)::
 
     packed tokens   r0: root a b   r1: root        (4 tokens through every matmul)
-    attention       r0: 3 queries x (2 + 3) keys, tree mask    r1: 1 query x (5 + 1) keys, no mask
+    attention, apart     r0: 3 queries x (2 + 3) keys, tree mask    r1: 1 query x (5 + 1) keys, no mask
+    attention, grouped   [r0, r1]: 2 x 3 queries x 6 keys, one mask (r1's padding queries see its root)
 
-Grouped-query attention never copies keys: a lone query or a causal prompt uses SDPA's
-``enable_gqa``; a masked row stacks the ``rep`` query heads that share a key head as ``rep * n``
-queries of that head (mask rows repeated), one SDPA call per row and layer.
+Masks are built on the device from each row's depths and ancestor block (``kv.tree_block``): the host
+sends a few hundred numbers a pass, never a mask over every key. Grouped-query attention never copies
+keys: a lone query or a causal prompt alone uses SDPA's ``enable_gqa``; masked rows stack the ``rep``
+query heads that share a key head as ``rep * n`` queries of that head (mask rows repeated).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import warnings
 import weakref
@@ -43,7 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kv import SlotCache, additive, layer_types, tree_mask
+from .kv import SlotCache, key_span, layer_types, tree_block
+
+log = logging.getLogger(__name__)
 
 # model_type -> family
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}
@@ -73,18 +81,37 @@ class PassRow:
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its LeanForward (fused weights once)
 _LEAN_INT8: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its int8 LeanForward (drafts)
+_BROKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its lean forward failed to build
 
 
 def lean_forward(model: Any, int8: bool = False) -> LeanForward | None:
     """The lean forward of ``model`` (one per model, so its fused weights exist once however many
-    runners use it), or None when its family has none (:func:`unsupported` says why). ``int8``: its
-    matrices quantized (:class:`Int8Weight`, a draft model's; None where :func:`int8_works` is false)."""
-    if unsupported(model) is not None or (int8 and not int8_works()):
+    runners use it), or None when it runs through its own forward: its family has none
+    (:func:`unsupported` says why), or building it failed. ``int8``: its matrices quantized
+    (:class:`Int8Weight`, a draft model's; None where :func:`int8_works` is false).
+
+    Building reads ``transformers`` internals (the rotary module's ``inv_freq``, config fields, the
+    module layout), which a release may rename. Then the model's own forward serves it, the same
+    tokens at its speed, and one warning per model says why::
+
+        lean forward of LlamaForCausalLM unavailable (AttributeError: 'LlamaConfig' object has no
+        attribute 'rms_norm_eps'); running the model's own forward
+    """
+    if model in _BROKEN or (int8 and not int8_works()):
         return None
     table = _LEAN_INT8 if int8 else _LEAN
     lean = table.get(model)
-    if lean is None:
+    if lean is not None:
+        return lean
+    try:
+        if unsupported(model) is not None:
+            return None
         lean = table[model] = LeanForward(model, int8=int8)
+    except Exception as e:  # noqa: BLE001 - any failure to read the model: its own forward still runs
+        _BROKEN[model] = f"{type(e).__name__}: {e}"
+        log.warning("lean forward of %s unavailable (%s); running the model's own forward",
+                    type(model).__name__, _BROKEN[model])
+        return None
     return lean
 
 
@@ -311,6 +338,43 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
+def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [d/2], attention scaling) of the model's rotary embedding; ``kind``: the layer
+    type of a model with one table per type (Gemma 3 keeps them as ``{kind}_inv_freq`` and
+    ``{kind}_attention_scaling``), None for one table. A layout without these names raises
+    AttributeError, and :func:`lean_forward` falls back to the model's own forward."""
+    rotary = inner.rotary_emb
+    if kind is None:
+        return rotary.inv_freq, getattr(rotary, "attention_scaling", 1.0)
+    return getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling", 1.0)
+
+
+# what one SDPA call costs beyond its arithmetic, in attention scores (query x key x head), above which rows
+# share a call padded to one shape. On a CPU: 0, rows share a call only where padding adds nothing (the
+# same queries and keys). Measured on SmolLM2-135M-Instruct (bench/bench_attention.py: one thread, 8 rows
+# at 300-500 tokens of context, CPU time, load 8): attention is a third of the pass (25 ms of 71 for 8
+# plain steps, 41 of 123 for drafts of 0-8 nodes) and it is reading keys and values, not calls: one call
+# per layer for all 8 rows took as long for rows of one shape (26 vs 25 ms; 42 vs 40 for drafts of 4) and
+# longer once padded (60 vs 41 ms for the mixed drafts, the pass 1.2x)
+CALL_SCORES = 0
+# on a GPU a call's launches cost tens of microseconds, in which it computes millions of scores: nearly
+# every row shares the call (an estimate, not measured here: no GPU); a prompt chunk of thousands of tokens
+# still gets its own
+GPU_CALL_SCORES = 10_000_000
+
+
+@dataclass
+class _Group:
+    """Rows whose attention runs in one call per layer (:meth:`LeanForward._grouping`)."""
+
+    rows: slice | torch.Tensor  # their cache rows: a slice when consecutive (keys read in place), else an index
+    offset: int  # one row: its first packed token (its queries are q[offset : offset + width]); else 0
+    width: int  # queries per row (the most of any row in the group)
+    index: torch.Tensor | None  # several rows: [B * width] packed token of each padded query; None: one row
+    scatter: tuple[torch.Tensor, torch.Tensor] | None  # (padded outputs that are real, their packed tokens)
+    spans: dict[int | None, tuple[int, int, torch.Tensor | None, bool]]  # window -> (first key, end, mask, causal)
+
+
 @dataclass
 class _Layer:
     """One decoder layer's weights, fused where the matmuls allow (q, k, v; gate and up)."""
@@ -357,18 +421,15 @@ class LeanForward:
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
-        self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype) if gemma else None
+        self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype, device=self.device) if gemma else None
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) if gemma else None
         types = layer_types(cfg)
         self.windows = sorted({w for _, w in types}, key=lambda w: (w is not None, w or 0))  # None first
         self.rope: dict[str, tuple[torch.Tensor, float]] = {}  # table key -> (inv_freq [d/2], scaling)
-        rotary = inner.rotary_emb
         for kind, _ in types:
             key = kind if gemma else "all"
             if key not in self.rope:
-                inv = getattr(rotary, f"{kind}_inv_freq") if gemma else rotary.inv_freq
-                scaling = getattr(rotary, f"{kind}_attention_scaling", 1.0) if gemma else getattr(
-                    rotary, "attention_scaling", 1.0)
+                inv, scaling = _rotary_table(inner, kind if gemma else None)
                 self.rope[key] = (inv.float().to(self.device), float(scaling))
         norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
         self.layers: list[_Layer] = []
@@ -407,6 +468,7 @@ class LeanForward:
             # the embedding lookups read a tied head's rows again (paged back in one by one, as used)
             self.paged_out += page_out([model.get_output_embeddings().weight.detach()])
         self.onednn = self.head.is_mkldnn  # whether this forward's weights are packed (they all are, or none)
+        self._positions = torch.arange(0, device=self.device)  # key positions for the masks (_arange)
         self.gemma = gemma
         # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)
         self.gelu = ("tanh" if cfg.hidden_activation == "gelu_pytorch_tanh" else "none") if gemma else None
@@ -450,28 +512,29 @@ class LeanForward:
         caller sets the rows' lengths afterwards (``SlotCache.keep`` or ``lengths[row] = ...``)."""
         lin = linear
         h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
-        half, rep = d // 2, h_q // h_kv
+        half = d // 2
         device, dtype = self.device, self.dtype
         self.allocate(cache, max(r.past + len(r.ids) for r in rows))
-        offsets, ids, positions, cache_rows, slots, masks = [], [], [], [], [], []
+        offsets, ids, positions, cache_rows, slots, blocks = [], [], [], [], [], []
         total = 0
         for r in rows:
             n = len(r.ids)
             offsets.append(total)
             total += n
             ids.extend(r.ids)
-            depth, by_window = tree_mask(r.parents, r.past, self.windows, n)
+            depth, block = tree_block(r.parents, n)
+            blocks.append((depth, block))
             positions.append(depth + r.past)
             cache_rows.append(np.full(n, r.row))
             slots.append(np.arange(r.past, r.past + n))
-            masks.append({w: (m.first, None if m.allowed is None else self._mask(m.allowed, rep), m.causal)
-                          for w, m in by_window.items()})
-        ids_t = torch.tensor(ids, device=device)
-        pos_t = torch.from_numpy(np.concatenate(positions)).to(device)
-        # where each packed token's keys/values go: cache row, then position past + offset (its
-        # slot in the block, not its tree depth); one indexed write per layer for every row
-        row_t = torch.from_numpy(np.concatenate(cache_rows)).to(device)
-        slot_t = torch.from_numpy(np.concatenate(slots)).to(device)
+        # everything a pass needs from the host, in one copy: token ids, positions, and where each packed
+        # token's keys/values go (cache row, then position past + offset: its slot in the block, not its
+        # tree depth; one indexed write per layer for every row)
+        host = np.stack([np.asarray(ids, dtype=np.int64), np.concatenate(positions), np.concatenate(cache_rows),
+                         np.concatenate(slots)])
+        ids_t, pos_t, row_t, slot_t = torch.from_numpy(host).to(device)
+        groups = [self._group(rows, offsets, blocks, g) for g in self._grouping(rows, blocks)]
+        pick = self._pick(rows, offsets)
         x = self.embed[ids_t]  # [T, hidden]
         if self.embed_scale is not None:
             x = x * self.embed_scale
@@ -491,42 +554,161 @@ class LeanForward:
             kbuf.transpose(1, 2)[row_t, slot_t] = qk[:, h_q:]  # [rows, positions, heads, d] view of the buffer
             vbuf.transpose(1, 2)[row_t, slot_t] = v
             q_all = qk[:, :h_q].transpose(0, 1)  # [heads, T, d]
-            for r, start, row_masks in zip(rows, offsets, masks, strict=True):
-                n = len(r.ids)
-                first, mask, causal = row_masks[L.window]
-                end = r.past + n
-                keys, values = kbuf[r.row, :, first:end], vbuf[r.row, :, first:end]  # [h_kv, keys, d]
-                q = q_all[:, start : start + n]  # [h_q, n, d]
-                if mask is None:  # a lone query, or a causal prompt: no key copies with enable_gqa
-                    a = torch.nn.functional.scaled_dot_product_attention(
-                        q[None], keys[None], values[None], is_causal=causal, scale=self.scale,
-                        enable_gqa=rep > 1)[0]  # [h_q, n, d]
-                else:  # the rep query heads of a key head as rep * n queries of that head
-                    a = torch.nn.functional.scaled_dot_product_attention(
-                        q.reshape(h_kv, rep * n, d)[None], keys[None], values[None], attn_mask=mask,
-                        scale=self.scale)[0].view(h_q, n, d)
-                attn[start : start + n] = a.transpose(0, 1).reshape(n, h_q * d)
+            for g in groups:
+                self._attend(g, L.window, q_all, kbuf, vbuf, attn)
             o = lin(attn, L.wo if plain is None else plain[1], L.bo)
             x = x + (self._rms(o, L.norm_post_attn) if L.norm_post_attn is not None else o)
             h = self._rms(x, L.norm_mlp)
             gate, up = lin(h, L.w_gu).chunk(2, dim=-1) if plain is None else (lin(h, w) for w in plain[2])
             m = lin(self._act(gate) * up, L.wd if plain is None else plain[3])
             x = x + (self._rms(m, L.norm_post_mlp) if L.norm_post_mlp is not None else m)
-        return self._logits(rows, offsets, x)
+        return self._logits(rows, pick, x)
 
-    def _mask(self, allowed: np.ndarray, rep: int) -> torch.Tensor:
-        """[1, 1, rep * n, keys] additive mask of a row, its rows repeated for the stacked query heads."""
-        mask = additive(allowed, self.dtype, self.device)  # [n, keys]
-        return (mask.repeat(rep, 1) if rep > 1 else mask)[None, None]
+    # -- attention, one call per group of rows ---------------------------------------------------
+    def _grouping(self, rows: list[PassRow], blocks: list[tuple[np.ndarray, np.ndarray | None]]) -> list[list[int]]:
+        """Which rows share an attention call (indices into ``rows``), each group in one SDPA call per layer.
 
-    def _logits(self, rows: list[PassRow], offsets: list[int], x: torch.Tensor) -> list[torch.Tensor | None]:
+        A call over several rows pads each to the group's most queries and widest key range (masked), so
+        grouping pays where a call costs more than the padding's arithmetic: on a GPU nearly always (launches
+        dominate a decode pass; :data:`GPU_CALL_SCORES` keeps a long prompt chunk apart); on a CPU only where
+        the padding adds nothing (:data:`CALL_SCORES`: rows of the same queries and keys), since attention
+        there is reading keys and values, which no grouping saves. A prompt over an empty cache (causal)
+        stays alone. Rows are grouped greedily in order of (queries, keys). Example (CPU): four plain steps at
+        400, 400, 400 and 900 cached tokens -> [[0, 1, 2], [3]]; on a GPU, [[0, 1, 2, 3]].
+        """
+        cost_of_call = CALL_SCORES if self.device.type == "cpu" else GPU_CALL_SCORES
+        alone, others = [], []
+        for j, (r, (_, block)) in enumerate(zip(rows, blocks, strict=True)):
+            (alone if block is None and r.past == 0 and len(r.ids) > 1 else others).append(j)
+        others.sort(key=lambda j: (len(rows[j].ids), rows[j].past))
+        def scores(group: list[int]) -> int:  # of one call over the group, padded to its widest row
+            return (len(group) * max(len(rows[k].ids) for k in group) * self.n_heads
+                    * max(rows[k].past + len(rows[k].ids) for k in group))
+
+        groups: list[list[int]] = [[j] for j in alone]
+        current: list[int] = []
+        for j in others:
+            if current and scores(current + [j]) - scores(current) - scores([j]) > cost_of_call:
+                groups.append(current)  # padding row j into the call costs more than a call of its own
+                current = []
+            current.append(j)
+        if current:
+            groups.append(current)
+        # each group in cache-row order: consecutive rows (the scheduler's decoding rows are) read their keys
+        # and values in place, where others copy them
+        return [sorted(g, key=lambda j: rows[j].row) for g in groups]
+
+    def _group(self, rows: list[PassRow], offsets: list[int], blocks: list[tuple[np.ndarray, np.ndarray | None]],
+               members: list[int]) -> _Group:
+        """The index tensors and per-window masks (built on the device) of one attention call."""
+        device, rep = self.device, self.n_heads // self.n_kv
+        sel = [rows[j] for j in members]
+        ns = [len(r.ids) for r in sel]
+        width = max(ns)
+        cache_rows = [r.row for r in sel]
+        first = cache_rows[0]
+        keys_rows: slice | torch.Tensor = (slice(first, first + len(sel)) if cache_rows == list(range(first, first + len(sel)))
+                                           else torch.tensor(cache_rows, device=device))
+        spans: dict[int | None, tuple[int, int, torch.Tensor | None, bool]] = {}
+        if len(sel) == 1:  # one row: its own tokens and keys, a mask only where it needs one
+            r, (depth, block) = sel[0], blocks[members[0]]
+            for w in self.windows:
+                start, free, causal = key_span(depth, r.past, w, r.parents is None)
+                mask = None if free else self._masks([r], [(depth, block)], w, start, rep)
+                spans[w] = (start, r.past + ns[0], mask, causal)
+            return _Group(keys_rows, offsets[members[0]], ns[0], None, None, spans)
+        # several rows: queries padded to ``width`` each (a padding query repeats its row's first token
+        # and sees only that row's root), keys to the group's widest range
+        index = [offsets[j] + min(i, len(rows[j].ids) - 1) for j in members for i in range(width)]
+        real = [b * width + i for b, n in enumerate(ns) for i in range(n)]
+        dest = [offsets[j] + i for j in members for i in range(len(rows[j].ids))]
+        host = torch.tensor([index, real + [0] * (len(index) - len(real)), dest + [0] * (len(index) - len(dest))])
+        index_t, real_t, dest_t = host.to(device)
+        end = max(r.past + n for r, n in zip(sel, ns, strict=True))
+        for w in self.windows:
+            start = min(0 if w is None else max(0, r.past - w + 1) for r in sel)
+            spans[w] = (start, end, self._masks(sel, [blocks[j] for j in members], w, start, rep, end, width), False)
+        return _Group(keys_rows, 0, width, index_t, (real_t[: len(real)], dest_t[: len(dest)]), spans)
+
+    def _masks(self, sel: list[PassRow], blocks: list[tuple[np.ndarray, np.ndarray | None]], window: int | None,
+               start: int, rep: int, end: int | None = None, width: int | None = None) -> torch.Tensor:
+        """[B, 1, rep * width, end - start] additive mask of rows ``sel`` over keys ``[start, end)``, built on
+        the device from each row's depths and ancestor block (a few hundred numbers from the host, not a
+        mask of every key), its rows repeated for the ``rep`` query heads of a key head. An input at
+        position ``P = past + depth`` sees a cached key ``k < past`` iff ``P - k < window``, and a node of
+        its own block iff it is an ancestor (or itself) within the window (``kv.tree_mask``'s rule)."""
+        device = self.device
+        width = width or len(sel[0].ids)
+        end = end or sel[0].past + len(sel[0].ids)
+        depth = np.zeros((len(sel), width), dtype=np.int64)
+        anc = np.zeros((len(sel), width, width), dtype=bool)
+        for b, (r, (dep, block)) in enumerate(zip(sel, blocks, strict=True)):
+            n = len(r.ids)
+            depth[b, :n] = dep
+            anc[b, :n, :n] = np.tril(np.ones((n, n), dtype=bool)) if block is None else block
+            anc[b, n:, 0] = True  # padding queries see their row's root
+        past = torch.tensor([r.past for r in sel], device=device)[:, None, None]  # [B, 1, 1]
+        depth_t = torch.from_numpy(depth).to(device)
+        anc_t = torch.from_numpy(anc).to(device)
+        keys = self._arange(end)[start:end][None, None, :]  # [1, 1, K] key positions
+        rel = keys - past  # [B, 1, K] offset into the row's block (< 0: cached)
+        allowed = torch.gather(anc_t, 2, rel.clamp(0, width - 1).expand(-1, width, -1))  # [B, width, K]
+        allowed &= (rel >= 0) & (rel < torch.tensor([len(r.ids) for r in sel], device=device)[:, None, None])
+        if window is not None:  # a block key's position is past + its depth
+            allowed &= (depth_t[:, :, None] - torch.gather(depth_t[:, None, :].expand(-1, width, -1), 2,
+                                                           rel.clamp(0, width - 1).expand(-1, width, -1))) < window
+        cached = rel < 0
+        if window is not None:
+            cached = cached & ((past + depth_t[:, :, None]) - keys < window)
+        allowed |= cached
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device).masked_fill_(~allowed,
+                                                                                         torch.finfo(self.dtype).min)
+        return (mask.repeat(1, rep, 1) if rep > 1 else mask)[:, None]
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """``0 .. n - 1`` on the device, kept between passes (grown by doubling)."""
+        if self._positions.numel() < n:
+            self._positions = torch.arange(max(n, 2 * self._positions.numel()), device=self.device)
+        return self._positions
+
+    def _attend(self, g: _Group, window: int | None, q_all: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
+                attn: torch.Tensor) -> None:
+        """One SDPA call for the group's rows at one layer; writes their outputs into ``attn`` [T, h_q d]."""
+        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
+        rep = h_q // h_kv
+        start, end, mask, causal = g.spans[window]
+        keys, values = kbuf[g.rows, :, start:end], vbuf[g.rows, :, start:end]  # [B, h_kv, K, d]
+        if g.index is None:  # one row, its tokens in order
+            n = g.width
+            q = q_all[:, g.offset : g.offset + n]  # [h_q, n, d]
+            if mask is None:  # a lone query, or a causal prompt: no key copies with enable_gqa
+                a = torch.nn.functional.scaled_dot_product_attention(
+                    q[None], keys, values, is_causal=causal, scale=self.scale, enable_gqa=rep > 1)[0]  # [h_q, n, d]
+            else:  # the rep query heads of a key head as rep * n queries of that head
+                a = torch.nn.functional.scaled_dot_product_attention(
+                    q.reshape(h_kv, rep * n, d)[None], keys, values, attn_mask=mask, scale=self.scale)[0].view(h_q, n, d)
+            attn[g.offset : g.offset + n] = a.transpose(0, 1).reshape(n, h_q * d)
+            return
+        batch, width = keys.shape[0], g.width
+        q = q_all.index_select(1, g.index).view(h_q, batch, width, d).transpose(0, 1)  # [B, h_q, width, d]
+        a = torch.nn.functional.scaled_dot_product_attention(
+            q.reshape(batch, h_kv, rep * width, d), keys, values, attn_mask=mask, scale=self.scale)
+        out = a.view(batch, h_q, width, d).transpose(1, 2).reshape(batch * width, h_q * d)
+        real, dest = g.scatter
+        attn.index_copy_(0, dest, out.index_select(0, real))
+
+    def _pick(self, rows: list[PassRow], offsets: list[int]) -> torch.Tensor | None:
+        """The packed tokens whose logits the rows want, on the device (made before the layers run, so no
+        copy from the host waits for them on a GPU), or None when no row wants any."""
+        pick = [offsets[j] + i for j, r in enumerate(rows) for i in range(len(r.ids) - r.wanted, len(r.ids))]
+        return torch.tensor(pick, device=self.device) if pick else None
+
+    def _logits(self, rows: list[PassRow], pick: torch.Tensor | None, x: torch.Tensor) -> list[torch.Tensor | None]:
         """The wanted rows' logits (the final norm and head run on those rows only)."""
         want = [j for j, r in enumerate(rows) if r.wanted]
         out: list[torch.Tensor | None] = [None] * len(rows)
-        if not want:
+        if pick is None:
             return out
-        pick = torch.cat([torch.arange(offsets[j] + len(rows[j].ids) - rows[j].wanted, offsets[j] + len(rows[j].ids))
-                          for j in want]).to(self.device)
         logits = linear(self._rms(x.index_select(0, pick), self.norm), self.head)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap

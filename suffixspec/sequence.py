@@ -336,9 +336,11 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def _logprob_entry(processed: torch.Tensor, token: int, top_n: int) -> dict:
+    """The token's logprob and the ``top_n`` likeliest (id, logprob), read back from the logits' device
+    in one transfer each (not one per number)."""
     logp = torch.log_softmax(processed.double(), dim=-1)  # [vocab]
-    entry: dict = {"token": token, "logprob": float(logp[token]), "top": []}
-    if top_n:
-        values, ids = torch.topk(logp, top_n)
-        entry["top"] = [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
-    return entry
+    if not top_n:
+        return {"token": token, "logprob": float(logp[token]), "top": []}
+    values, ids = torch.topk(logp, top_n)
+    chosen, *top = torch.cat((logp[token : token + 1], values)).tolist()
+    return {"token": token, "logprob": chosen, "top": list(zip(ids.tolist(), top, strict=True))}

@@ -61,7 +61,7 @@ def verify_tree(
     path: list[int] = []  # tokens accepted so far in this walk
     rows: list[int] = []
     processed_rows: list[torch.Tensor] = []
-    masses: list[tuple[float, ...]] = []
+    walked: list[torch.Tensor] = []  # sampled requests: p of every walked row (their top masses, read at the end)
     while True:
         row = cur + 1
         processed = processor.process(logits[row : row + 1], [path])[0]  # [vocab]
@@ -76,23 +76,26 @@ def verify_tree(
                 return VerifyOutcome(root_path(draft.parents, cur), y, rows, processed_rows)
         else:
             p = processor.probs(processed[None])[0]  # [vocab] float64
-            masses.append(_top_mass(p))
+            walked.append(p)
             if children and all(draft.has_q(c) for c in children):
                 nxt, emitted = _known_q_step(draft, children, p, rng, pos)
                 if nxt is None:
-                    return VerifyOutcome(root_path(draft.parents, cur), emitted, rows, processed_rows, masses)
+                    return VerifyOutcome(root_path(draft.parents, cur), emitted, rows, processed_rows,
+                                         _top_masses(walked))
             else:
                 y = sample_race(p, rng.race(pos, p.shape[-1]))
                 nxt = draft.child_with(children, y)
                 if nxt is None:
-                    return VerifyOutcome(root_path(draft.parents, cur), y, rows, processed_rows, masses)
+                    return VerifyOutcome(root_path(draft.parents, cur), y, rows, processed_rows, _top_masses(walked))
         cur = nxt
         path.append(draft.tokens[nxt])
 
 
-def _top_mass(p: torch.Tensor, k: int = TOP_MASS) -> tuple[float, ...]:
-    """Cumulative mass of the ``k`` likeliest tokens of ``p``: (p1, p1 + p2, ...)."""
-    return tuple(torch.topk(p, min(k, p.shape[-1])).values.cumsum(0).tolist())
+def _top_masses(ps: list[torch.Tensor], k: int = TOP_MASS) -> list[tuple[float, ...]]:
+    """Per distribution ``p`` [vocab]: the cumulative mass of its ``k`` likeliest tokens (p1, p1 + p2, ...);
+    read back in one transfer for the whole walk."""
+    top = torch.topk(torch.stack(ps), min(k, ps[0].shape[-1]), dim=-1).values.cumsum(-1)  # [rows, k]
+    return [tuple(row) for row in top.tolist()]
 
 
 def _greedy_walk(draft: Draft, kids: dict[int, list[int]], processed: torch.Tensor) -> VerifyOutcome:
@@ -115,24 +118,27 @@ def _greedy_walk(draft: Draft, kids: dict[int, list[int]], processed: torch.Tens
 def _known_q_step(
     draft: Draft, children: list[int], p: torch.Tensor, rng: PositionRNG, pos: int
 ) -> tuple[int | None, int]:
-    """SpecInfer's multi-step rule. Returns (accepted child, -1) or (None, emitted token)."""
+    """SpecInfer's multi-step rule. Returns (accepted child, -1) or (None, emitted token).
+
+    Runs on ``p``'s device (the draft's ``q`` moves there); each attempt reads back two numbers,
+    ``q(x)`` and ``p(x)``, with the mass ``q`` had left (one transfer)."""
     assert draft.q is not None
-    q = draft.q[children[0]].to(torch.float64).clone()  # [vocab] shared by the siblings
+    q = draft.q[children[0]].to(device=p.device, dtype=torch.float64).clone()  # [vocab] shared by the siblings
     q = q / q.sum()
     p = p.clone()
+    q_mass = q.new_ones(())  # the mass q had before the last renormalization (> 0: q is a distribution)
     for attempt, c in enumerate(children):
         x = draft.tokens[c]
-        qx, px = float(q[x]), float(p[x])
+        qx, px, left = torch.stack((q[x], p[x], q_mass)).tolist()
+        if left <= 0.0:  # every token q could draw was tried
+            break
         # accept with probability min(1, p(x)/q(x)); q(x) = 0 means x could not have been drawn
         if qx > 0.0 and rng.aux(pos, attempt) * qx < px:
             return c, -1
         residual = torch.clamp(p - q, min=0.0)
-        mass = float(residual.sum())
-        if mass > 0.0:
-            p = residual / mass
+        mass = residual.sum()
+        p = torch.where(mass > 0.0, residual / mass, p)
         q[x] = 0.0
-        q_mass = float(q.sum())
-        if q_mass <= 0.0:
-            break
-        q = q / q_mass
+        q_mass = q.sum()
+        q = torch.where(q_mass > 0.0, q / q_mass, q)
     return None, sample_inverse_cdf(p, rng.aux(pos, len(children) + 1000))

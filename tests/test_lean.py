@@ -63,7 +63,7 @@ def _path_logits(model, prompt: list[int], tokens: list[int], parents: list[int]
             path.append(tokens[node])
             node = parents[node]
         with torch.inference_mode():
-            out.append(model(input_ids=torch.tensor([prompt + path[::-1]])).logits[0, -1].float())
+            out.append(model(input_ids=torch.tensor([prompt + path[::-1]], device=model.device)).logits[0, -1].float())
     return out
 
 
@@ -215,3 +215,158 @@ def test_the_batching_probe_catches_a_lean_forward_that_differs(node):
 
     runner.lean = off
     assert "differ from the model's own" in runner.batch_problem()
+
+
+# -- a transformers release that renames what the lean forward reads ---------------------------------------
+
+def _rename_rms_norm_eps(model, monkeypatch) -> None:
+    """As a release that renamed ``LlamaConfig.rms_norm_eps`` would leave a loaded model: neither the config
+    class nor the model's config has the name. The model's own norms keep the epsilon they were built with,
+    so its forward is untouched; the lean build, which reads the name, fails."""
+    monkeypatch.delattr(type(model.config), "rms_norm_eps", raising=False)  # transformers 5: a class default
+    monkeypatch.delattr(model.config, "rms_norm_eps")
+
+
+def test_a_start_with_a_renamed_internal_serves_the_same_tokens(tiny_model_dirs, monkeypatch, caplog):
+    """A real tiny Llama whose lean build reads a name its transformers lacks: the engine starts, says why in
+    one warning, serves through the model's own forward, and greedy, seeded and speculative outputs equal
+    those of the intact model on the lean forward."""
+    import logging
+
+    from doubles import OracleProposer
+
+    from suffixspec.config import SamplingParams, SpeculationConfig
+    from suffixspec.engine import Engine
+    from suffixspec.loading import load_model
+
+    path = str(tiny_model_dirs["llama"])
+    params = [SamplingParams(max_tokens=24, ignore_eos=True),
+              SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=3)]
+    intact = Engine(load_model(path, device="cpu"))
+    assert intact.scheduler.runner.lean is not None
+    want = [intact.generate("def add(a, b):", sp, speculation=False).token_ids for sp in params]
+
+    loaded = load_model(path, device="cpu")
+    _rename_rms_norm_eps(loaded.model, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="suffixspec"):
+        engine = Engine(loaded)
+        got = [engine.generate("def add(a, b):", sp, speculation=False).token_ids for sp in params]
+        for sp, plain in zip(params, want, strict=True):  # speculation on: a tree verified on the fallback path
+            engine.proposers = [OracleProposer(plain, engine.vocab_size, corrupt_every=3, branch=True)]
+            res = engine.generate("def add(a, b):", sp, SpeculationConfig(adaptive=False))
+            assert res.token_ids == plain and res.stats.accepted_tokens > 0
+        engine.proposers = []
+    assert got == want
+    assert engine.scheduler.runner.lean is None and engine.batchable
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "rms_norm_eps" in warnings[0] and "model's own forward" in warnings[0]
+
+
+def test_a_draft_model_whose_lean_build_fails_drafts_with_its_own_forward(tiny_model_dirs, monkeypatch):
+    """The draft model's runner falls back the same way: the same logits from its own forward and cache."""
+    from suffixspec.loading import load_model
+    from suffixspec.proposers.model_drafter import DraftRunner
+
+    path = str(tiny_model_dirs["llama"])
+    intact, broken = load_model(path, device="cpu"), load_model(path, device="cpu")
+    _rename_rms_norm_eps(broken.model, monkeypatch)
+    lean, own = DraftRunner(intact), DraftRunner(broken)
+    assert lean.lean is not None and own.lean is None
+    ids = [5, 9, 30, 7, 12, 40, 3]
+    for n in (4, 7, 6):  # a prompt, its extension, a rewrite (the cache is cropped)
+        torch.testing.assert_close(own.logits_after(ids[:n]), lean.logits_after(ids[:n]), rtol=1e-5, atol=1e-5)
+
+
+# -- attention in one call per group of rows -------------------------------------------------------------
+
+def _rows_pass(lean: LeanForward, prompts: list[list[int]], drafts: list[tuple[list[int], list[int]]],
+               order: list[int]) -> list[torch.Tensor]:
+    """Each prompt prefilled into its own cache row, then one pass over the rows in ``order`` (root + draft)."""
+    cache = SlotCache(len(prompts), capacity=16)
+    rows = [cache.add_row() for _ in prompts]
+    for r, p in zip(rows, prompts, strict=True):
+        lean([PassRow(r, p[:-1], None, 0, "none")], cache)
+        cache.lengths[r] = len(p) - 1
+    out = lean([PassRow(rows[j], [prompts[j][-1], *drafts[j][0]], drafts[j][1], len(prompts[j]) - 1) for j in order],
+               cache)
+    return [out[order.index(j)] for j in range(len(prompts))]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma3_text"])  # full attention; windows of 8
+def test_rows_grouped_in_one_attention_call_equal_each_row_alone(model_type, monkeypatch):
+    """Six rows (trees of one shape, chains, lone roots; contexts inside and past the windows) in one pass:
+    every grouping (all in one call per layer, padded and masked; each alone; the cost rule's) gives each
+    row the logits it gets alone and transformers' own."""
+    import suffixspec.lean as lean_module
+
+    model = _tiny(model_type)
+    lean = LeanForward(model)
+    rng = np.random.RandomState(2)
+    prompts = [[int(t) for t in rng.randint(3, VOCAB, size=n)] for n in (12, 13, 21, 6, 14, 30)]
+    tree = ([5, 6, 7], [-1, 0, 0])
+    drafts = [tree, tree, ([8, 9, 10], [-1, 0, 1]), ([], []), tree, ([], [])]
+    order = [3, 0, 5, 1, 4, 2]  # cache rows out of order in the pass: keys gathered, not sliced
+    alone = [_rows_pass(lean, [prompts[j]], [drafts[j]], [0])[0] for j in range(len(prompts))]
+    for scores in (10**12, 0, lean_module.CALL_SCORES):
+        monkeypatch.setattr(lean_module, "CALL_SCORES", scores)
+        got = _rows_pass(lean, prompts, drafts, order)
+        for j, (want, row) in enumerate(zip(alone, got, strict=True)):
+            torch.testing.assert_close(row, want, rtol=1e-5, atol=1e-5 * max(1.0, float(want.abs().max())),
+                                       msg=f"row {j}, CALL_SCORES {scores}")
+    refs = _path_logits(model, prompts[0], *tree)  # and transformers' own, for one row of the one-call grouping
+    monkeypatch.setattr(lean_module, "CALL_SCORES", 10**12)
+    got = _rows_pass(lean, prompts, drafts, order)[0]
+    for k, want in enumerate(refs):
+        assert float((got[k] - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), k
+
+
+def test_grouping_follows_the_cost_of_a_call(monkeypatch):
+    """Rows share a call where padding them costs fewer scores than the calls saved (on a CPU: none, so rows of
+    one shape only); a prompt over an empty cache stays alone; groups in cache-row order."""
+    import suffixspec.lean as lean_module
+
+    lean = LeanForward(_tiny("llama"))  # 4 heads
+    one = (np.zeros(1, dtype=np.int64), np.ones((1, 1), bool))
+    steps = [PassRow(j, [5], [], past) for j, past in enumerate((400, 400, 400, 900))]
+    assert lean._grouping(steps, [one] * 4) == [[0, 1, 2], [3]]
+    tree = (np.array([0, 1, 2]), np.tril(np.ones((3, 3), bool)))
+    rows = [PassRow(0, [5, 6, 7], [-1, 0], 40), PassRow(1, [5], [], 40), PassRow(2, list(range(3, 23)), None, 0),
+            PassRow(3, [8, 9, 10], [-1, 0], 40)]
+    blocks = [tree, one, (np.arange(20), None), tree]
+    assert lean._grouping(rows, blocks) == [[2], [1], [0, 3]]
+    # a lone root padded to 3 queries at 40 keys: 352 more scores than apart
+    monkeypatch.setattr(lean_module, "CALL_SCORES", 400)
+    assert lean._grouping(rows, blocks) == [[2], [0, 1, 3]]
+    monkeypatch.setattr(lean_module, "CALL_SCORES", 300)
+    assert lean._grouping(rows, blocks) == [[2], [1], [0, 3]]
+
+
+@pytest.mark.parametrize("window", [None, 3, 8])
+def test_masks_built_on_the_device_equal_tree_masks(window):
+    """LeanForward._masks (one row, and rows padded to a group's shape) against kv.tree_mask, random trees."""
+    from suffixspec.kv import additive, tree_block, tree_mask
+
+    lean = LeanForward(_tiny("llama"))
+    rng = np.random.RandomState(window or 0)
+    sel = []
+    for past in (0, 2, 9, 15):
+        n = int(rng.randint(1, 7))
+        parents = [int(rng.randint(-1, i)) for i in range(n - 1)]
+        sel.append(PassRow(0, [5] * n, parents, past))
+    blocks = [tree_block(r.parents) for r in sel]
+    width, end = max(len(r.ids) for r in sel), max(r.past + len(r.ids) for r in sel)
+    start = min(0 if window is None else max(0, r.past - window + 1) for r in sel)
+    group = lean._masks(sel, blocks, window, start, 1, end, width)  # [B, 1, width, end - start]
+    for b, r in enumerate(sel):
+        n = len(r.ids)
+        first, allowed = tree_mask(r.parents, r.past, (window,))[1][window].first, None
+        allowed = tree_mask(r.parents, r.past, (window,))[1][window].allowed
+        if allowed is None:  # the root alone: every key from first on
+            allowed = np.ones((1, r.past + 1 - first), dtype=bool)
+        want = additive(allowed, lean.dtype, "cpu")
+        assert torch.equal(lean._masks([r], [blocks[b]], window, first, 1)[0, 0], want)
+        row = group[b, 0, :n]
+        assert torch.equal(row[:, first - start : r.past + n - start], want)
+        assert bool((row[:, : first - start] < 0).all()) and bool((row[:, r.past + n - start :] < 0).all())
+        assert bool((group[b, 0, n:, r.past - start] == 0).all())  # padding queries see their row's root

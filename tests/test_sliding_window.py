@@ -117,3 +117,36 @@ def test_unsupported_cache_is_refused_at_load(tmp_path, bpe_tokenizer_dir):
     tok.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="chunked_attention.*full or sliding-window"):
         load_model(str(tmp_path), device="cpu")
+
+
+def _configs() -> dict:
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    common = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2)
+    return {
+        "llama": LlamaConfig(**common),
+        "mistral (every layer sliding)": MistralConfig(sliding_window=WINDOW, **common),
+        "qwen2 (upper layers sliding)": Qwen2Config(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2,
+                                                    **common),
+        "qwen2 (no window)": Qwen2Config(sliding_window=WINDOW, **common),
+        "gemma2": Gemma2Config(head_dim=16, sliding_window=WINDOW, **common),
+        "gemma3": Gemma3TextConfig(head_dim=16, sliding_window=WINDOW, **common),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_configs()))
+def test_layer_types_read_without_transformers_helper_agree(name, monkeypatch):
+    """kv.layer_types reads transformers' cache_utils.get_layer_types_and_kwargs where it exists (not public
+    API; transformers 5.6 has none): without it, the config's documented fields give the same types and
+    windows per layer, for every family with windows."""
+    import transformers.cache_utils
+
+    from suffixspec.kv import layer_types
+
+    cfg = _configs()[name]
+    with_helper = layer_types(cfg)
+    if not hasattr(transformers.cache_utils, "get_layer_types_and_kwargs"):
+        pytest.skip("this transformers has no get_layer_types_and_kwargs: every test already runs without it")
+    monkeypatch.delattr(transformers.cache_utils, "get_layer_types_and_kwargs")
+    assert layer_types(cfg) == with_helper
+    assert len(with_helper) == 4 and {w for _, w in with_helper} <= {None, WINDOW}

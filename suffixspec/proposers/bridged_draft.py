@@ -186,14 +186,14 @@ class BridgedDraftProposer(ModelDrafter):
             if i == 0 and healed is not None:
                 probs = torch.zeros_like(probs).index_copy_(0, healed, probs.index_select(0, healed))
                 probs = probs / probs.sum()
+            confidence = None  # the draft's probability of tok, when read already
             if i == 0 and self.alternatives:
-                top = torch.topk(probs, 1 + self.alternatives)
-                tok = int(top.indices[0])
-                runner_up = [int(t) for v, t in zip(top.values[1:], top.indices[1:], strict=True)
-                             if float(v) >= self.alt_confidence]
+                values, indices = (t.tolist() for t in torch.topk(probs, 1 + self.alternatives))  # one read each
+                tok, confidence = indices[0], values[0]
+                runner_up = [t for v, t in zip(values[1:], indices[1:], strict=True) if v >= self.alt_confidence]
             else:
                 tok = int(torch.argmax(probs))
-            if i == 0 and float(probs[tok]) < self.first_confidence:
+            if i == 0 and (float(probs[tok]) if confidence is None else confidence) < self.first_confidence:
                 return Draft()  # a draft this unsure costs the target more than it is likely to save
             d_tokens.append(tok)
             if tok in self.bridge.draft_eos or i + 1 == k or self._stop_after(probs, tok, i + 1):
@@ -283,12 +283,12 @@ class BridgedDraftProposer(ModelDrafter):
         if heal is not None:
             cands, twins = heal
             probs = torch.softmax(self.logits(ids[:-1]).index_select(0, cands).double(), dim=-1)
-            top = torch.topk(probs, min(1 + self.alternatives, probs.numel()))
-            best = int(top.indices[0])
-            runner_up = [twins[int(t)] for v, t in zip(top.values[1:], top.indices[1:], strict=True)
-                         if twins[int(t)] >= 0 and float(v) >= self.alt_confidence]
+            values, indices = (t.tolist() for t in torch.topk(probs, min(1 + self.alternatives, probs.numel())))
+            best = indices[0]
+            runner_up = [twins[t] for v, t in zip(values[1:], indices[1:], strict=True)
+                         if twins[t] >= 0 and v >= self.alt_confidence]
             if twins[best] >= 0:  # the draft writes B + R: R's twin is the first draft token
-                if float(top.values[0]) < self.first_confidence:
+                if values[0] < self.first_confidence:
                     return Draft()
                 tokens.append(twins[best])
                 if twins[best] in self.bridge.target_eos or k == 1 or self._stop_after(probs, best, 1):
@@ -301,17 +301,18 @@ class BridgedDraftProposer(ModelDrafter):
         for i in range(len(tokens), k):
             probs = torch.softmax(logits.index_select(0, self._mapped_draft).double(), dim=-1)
             first = i == 0 and heal is None
-            top = torch.topk(probs, min(1 + (self.alternatives if first else 0), probs.numel()))
-            tok = int(self._mapped_target[int(top.indices[0])])
-            if not tokens and float(top.values[0]) < self.first_confidence:
+            values, indices = (t.tolist() for t in torch.topk(probs, min(1 + (self.alternatives if first else 0),
+                                                                         probs.numel())))  # one read each
+            tok = int(self._mapped_target[indices[0]])
+            if not tokens and values[0] < self.first_confidence:
                 return Draft()
             if first:
-                runner_up = [int(self._mapped_target[int(t)]) for v, t in
-                             zip(top.values[1:], top.indices[1:], strict=True) if float(v) >= self.alt_confidence]
+                runner_up = [int(self._mapped_target[t]) for v, t in zip(values[1:], indices[1:], strict=True)
+                             if v >= self.alt_confidence]
             tokens.append(tok)
-            if tok in self.bridge.target_eos or i + 1 == k or self._stop_after(probs, int(top.indices[0]), i + 1):
+            if tok in self.bridge.target_eos or i + 1 == k or self._stop_after(probs, indices[0], i + 1):
                 break
-            logits = self.extend(int(self._mapped_draft[int(top.indices[0])]))
+            logits = self.extend(int(self._mapped_draft[indices[0]]))
         chain = tokens[:budget]
         self._chain = chain
         parents = list(range(-1, len(chain) - 1))

@@ -202,7 +202,9 @@ class ModelDrafter(Proposer):
         self.sampling = SamplingParams()
         self.enabled = True
         self._chain: list[int] = []  # tokens of the last proposed chain (for acceptance feedback)
-        self._gen = torch.Generator(device=self.runner.device)
+        # the draft's sampling randomness, on the CPU whatever the draft's device: a seeded request draws
+        # the same draft tokens on every device (see _sample)
+        self._gen = torch.Generator()
         self._seed_offset = seed_offset
         self._prefilled = True  # the request's prompt is in the draft's cache (fed at the first propose)
         if max_length < 1:
@@ -326,11 +328,14 @@ class ModelDrafter(Proposer):
         twin.runner = copy.copy(self.runner)
         twin.runner.reset()
         twin.length = copy.copy(self.length)
-        twin._gen = torch.Generator(device=self.runner.device)
+        twin._gen = torch.Generator()
         return twin
 
     def _sample(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs.float(), 1, generator=self._gen))
+        """A token drawn from ``probs`` [vocab] with the request's CPU generator. On a GPU the row comes to
+        the CPU first (one transfer of the vocabulary's floats per drafted token, which reading the token
+        back would wait for anyway): a GPU generator would draw other tokens for the same seed."""
+        return int(torch.multinomial(probs.float().cpu(), 1, generator=self._gen))
 
     def _window(self, ids: Sequence[int], k: int, keep: int = 0) -> list[int]:
         """The draft's input: ``ids`` cut so ``k`` more tokens fit in ``context_window``.
