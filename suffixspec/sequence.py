@@ -209,7 +209,8 @@ class RequestState:
             own = p.judges_own_cost and self.spec.adaptive
             if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held, own):
                 continue
-            # a drafter that judges its own cost plans from the pass cost only when speculation adapts
+            # every proposer is told the pass cost (the suffix proposer weighs its documents with it); one that
+            # judges its own cost plans from it only when speculation adapts
             p.observe_costs(None if p.judges_own_cost and not own else step)
             wall, cpu = time.perf_counter(), cpu_clock()
             d = p.propose(context, budget)

@@ -240,7 +240,9 @@ class ModelDrafter(Proposer):
         return self.enabled
 
     def observe_costs(self, step: StepCost | None) -> None:
-        self._step = step
+        # with its own judgement off (judges_own_cost False: the engine's gates judge its drafts) it plans
+        # nothing from costs: its drafts keep the lengths its confidence gives
+        self._step = step if self.judges_own_cost else None
 
     @property
     def acceptance(self) -> float:
