@@ -184,9 +184,7 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
                 remaining = len(tr.output_ids) - len(done)
                 budget = min(max_draft_tokens, remaining - 1, max_context - len(context))
                 budget = draft_budget(budget, mean_accepted, copy_run, acceptance, step, policy)
-                plain = step.plain()
-                extra = step.extra(budget) if plain and budget > 0 else None
-                proposer.observe_costs(plain, extra / budget if extra is not None else None)  # as the engine does
+                proposer.observe_costs(step)  # as the engine does
                 t, c = time.perf_counter(), time.thread_time()
                 draft = merge_drafts([proposer.propose(context, budget)], budget) if budget > 0 else Draft()
                 out.propose_s += time.perf_counter() - t

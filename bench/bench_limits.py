@@ -20,7 +20,7 @@ plain step of 70 ms is then 1.3x the floor. If t(1 + 15) = 2.0 t(1) and t(1 + 31
 oracle gets 16 / 2.0 = 8.0x at k = 15 and 32 / 3.6 = 8.9x at k = 31.
 
     python -m bench.bench_limits --model smollm2-135m-instruct [--context 400] [--rounds 5]
-                                 [--stat median|min] [--json bench/published/limits.json]
+                                 [--stat median|min] [--cpu] [--json bench/published/limits.json]
 
 The curve is what :mod:`bench.bench_drafting` turns replayed drafts into time with (``--costs``).
 """
@@ -55,19 +55,28 @@ def memory_bandwidth(mib: int = 512, rounds: int = 5) -> float:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of every parameter, each counted once (``parameters()`` yields a tied one once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes a plain step reads: every parameter once (``parameters()`` yields a tied one once), less an
+    input embedding that is not also the LM head (a step reads one row of it: Qwen2.5-Coder-1.5B's 0.93 GB
+    embedding is untied, so 6.2 of its 7.1 GB are read)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
 
 
-def verify_pass(engine: Any, context_len: int = 400) -> Callable[[int], float]:
+def verify_pass(engine: Any, context_len: int = 400, cpu: bool = False) -> Callable[[int], float]:
     """A timer of the engine's verify pass at ``context_len`` tokens of context: ``once(k)`` runs one
     target pass over a root and a chain draft of ``k`` nodes (k = 0: a plain step), as the scheduler
     runs a step of one request (``runner.Runner.forward``, on the forward the engine chose: lean, or
     the model's own where its probe turned the lean one off), drops the pass's keys and values again
-    and returns its seconds. The context is prefilled once, into a runner of its own."""
+    and returns its seconds (``cpu``: CPU seconds, ``policy.cpu_clock``). The context is prefilled once, into a
+    runner of its own."""
     from suffixspec.lean import PassRow
+    from suffixspec.policy import cpu_clock
     from suffixspec.runner import Runner
 
+    # CPU time, as the engine's own cost model measures passes: a busy machine's wall clock (load 10 on 2
+    # cores: most of it waiting for a core) says little about what a pass costs
+    clock = cpu_clock if cpu else time.perf_counter
     vocab = engine.vocab_size
     if context_len < 1 or context_len >= engine.max_context:
         raise ValueError(f"context {context_len} does not fit the model's {engine.max_context} positions")
@@ -80,21 +89,21 @@ def verify_pass(engine: Any, context_len: int = 400) -> Callable[[int], float]:
         if context_len + 1 + k > engine.max_context:
             raise ValueError(f"context {context_len} + 1 + {k} draft nodes exceed {engine.max_context} positions")
         ids = [5] + [(31 * i) % (vocab - 10) + 5 for i in range(k)]
-        t = time.perf_counter()
+        t = clock()
         runner.forward([PassRow(row, ids, list(range(-1, k - 1)), context_len)])
-        dt = time.perf_counter() - t
+        dt = clock() - t
         runner.keep(row, context_len, [])  # keep none of the pass's positions: the context alone again
         return dt
 
     return once
 
 
-def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: int = 5, stat: str = "median"
-                 ) -> dict[int, float]:
+def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: int = 5, stat: str = "median",
+                 cpu: bool = False) -> dict[int, float]:
     """Seconds of one forward over ``1 + k`` tokens (k = 0: a plain step), k = 0..max_k, at
     ``context_len`` tokens of context (:func:`verify_pass`), the median (or the minimum: what a busy
     machine's other jobs add least to) of ``rounds``; sizes round-robin, so load changes hit them alike."""
-    once = verify_pass(engine, context_len)
+    once = verify_pass(engine, context_len, cpu)
     times: dict[int, list[float]] = {k: [] for k in range(max_k + 1)}
     once(0), once(max_k)  # warm-up
     for r in range(rounds):
@@ -149,7 +158,7 @@ def oracle(curve: dict[int, float]) -> tuple[int, float]:
 
 
 def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
-           stat: str = "median") -> dict[str, Any]:
+           stat: str = "median", cpu: bool = False) -> dict[str, Any]:
     from suffixspec.engine import Engine
     from suffixspec.loading import load_model
 
@@ -159,7 +168,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
     bandwidth = memory_bandwidth()
     wbytes = weight_bytes(engine.model)
     load = os.getloadavg()[0]
-    curve = verify_curve(engine, context_len, max_k, rounds, stat)
+    curve = verify_curve(engine, context_len, max_k, rounds, stat, cpu)
     products = matmul_rows(engine.model)
     bandwidth_after = memory_bandwidth()
     bw = max(bandwidth, bandwidth_after)
@@ -170,7 +179,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
         "threads": torch.get_num_threads(),
         "context": context_len,
         "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
-        "statistic": f"{stat} of {rounds}",
+        "statistic": f"{stat} of {rounds}" + (", CPU time" if cpu else ""),
         "memory_bandwidth_gb_s": round(bw / 1e9, 2),
         "weight_bytes": wbytes,
         "weights_read_ms": round(1e3 * floor, 2),
@@ -220,9 +229,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="per size: the median of the rounds, or the minimum (on a busy machine)")
+    ap.add_argument("--cpu", action="store_true", help="time passes in CPU seconds (a busy machine), not wall")
     ap.add_argument("--json", type=Path, default=None, help="write (or update, per model) the figures here")
     args = ap.parse_args()
-    results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat) for m in args.model]
+    results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat, args.cpu) for m in args.model]
     print(markdown(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

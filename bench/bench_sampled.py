@@ -10,6 +10,11 @@ min-max; by CPU time also the total over the cell's requests, which load inflate
 drafting where little can be drafted (the gates should keep it within 5%).
 
     python -m bench.bench_sampled --model DIR [--requests 8] [--max-tokens 128] [--temperatures 0.7,1.0] [--json out.json]
+                                  [--draft-model NAME [--draft-tokens argmax|sampled]]
+
+A same-vocabulary draft model drafts its argmax tokens by default here (``--draft-tokens argmax``: no ``q``, the
+one-hot rule, so seeded outputs stay identical on and off); ``sampled`` draws them from its distribution
+and reports ``q`` (``min(1, p/q)``: lossless in distribution, not token for token).
 
 The on-runs keep one suffix proposer per cell, its output history off (as every benchmark here runs
 it); off-runs call no proposer. One torch thread unless ``--threads``.
@@ -46,14 +51,18 @@ class OnOff:
     forwards: int  # target forward passes with speculation on (verify steps + prefill)
 
 
-def proposers_for(target: Any, draft: Any, documents: Any, history: bool = False) -> list[Any]:
-    """Our drafters as ``ours_all`` runs them: the suffix proposer, then the draft model if any."""
-    from suffixspec.proposers.draft_model import make_draft_proposer
+def proposers_for(target: Any, draft: Any, documents: Any, history: bool = False, sample: bool = True) -> list[Any]:
+    """Our drafters as ``ours_all`` runs them: the suffix proposer, then the draft model if any (``sample``:
+    a same-vocabulary draft samples its tokens and reports ``q``; False: its argmax tokens, no ``q``)."""
+    from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
     from suffixspec.proposers.suffix import SuffixProposer
 
     out: list[Any] = [SuffixProposer(tokenizer=target.tokenizer, documents=documents, history=history)]
     if draft is not None:
-        out.append(make_draft_proposer(draft, target))
+        proposer = make_draft_proposer(draft, target)
+        if isinstance(proposer, DraftModelProposer):
+            proposer.sample = sample
+        out.append(proposer)
     return out
 
 
@@ -95,7 +104,7 @@ class OnOffBench:
 
     Use it as a context manager (the folder is removed on exit)."""
 
-    def __init__(self, model: str, draft_model: str | None) -> None:
+    def __init__(self, model: str, draft_model: str | None, sample: bool = True) -> None:
         import torch
 
         from suffixspec.config import SamplingParams
@@ -104,6 +113,7 @@ class OnOffBench:
 
         self.target = load_model(model)
         self.draft = load_model(draft_model) if draft_model else None
+        self.sample = sample  # a same-vocabulary draft model samples its tokens (reports q); False: argmax
         # every run prefills its whole prompt: with the prompt-prefix store on, the second run of a
         # request (speculation on) would reuse the first one's keys and values and look faster
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=torch.get_num_threads())  # as set in run()
@@ -121,21 +131,23 @@ class OnOffBench:
         """Each request off, then on, with fresh proposers for the cell (``sampling(i)``: request i's
         settings); ``docs`` are indexed first, in a folder of their own."""
         documents = index_documents(self.target.tokenizer, docs, Path(self._tmp.name))  # once per run
-        proposers = proposers_for(self.target, self.draft, documents, history=history)
+        proposers = proposers_for(self.target, self.draft, documents, history=history, sample=self.sample)
         return [on_off(self.engine, proposers, req, sampling(i)) for i, req in enumerate(requests)]
 
 
 def run(model: str, draft_model: str | None, workloads: tuple[str, ...] = SAMPLED_WORKLOADS,
         temperatures: tuple[float, ...] = TEMPERATURES, n: int = 8, max_tokens: int = 128, top_p: float = 0.95,
-        log=print, threads: int = 1) -> dict[str, Any]:
+        log=print, threads: int = 1, draft_tokens: str = "argmax") -> dict[str, Any]:
     import torch
 
     from suffixspec.config import SamplingParams
 
+    if draft_tokens not in ("argmax", "sampled"):
+        raise ValueError(f"draft_tokens is 'argmax' or 'sampled', got {draft_tokens!r}")
     if threads:
         torch.set_num_threads(threads)
     results: dict[str, Any] = {}
-    with OnOffBench(model, draft_model) as bench:
+    with OnOffBench(model, draft_model, sample=draft_tokens == "sampled") as bench:
         for w in workloads:
             requests, docs = build(w, bench.target.tokenizer, n, max_tokens)
             for temp in temperatures:
@@ -170,12 +182,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default=",".join(map(str, TEMPERATURES)),
                     help="comma-separated; 1.5 on open_ended is the stress cell where nothing is accepted")
+    ap.add_argument("--draft-tokens", choices=("argmax", "sampled"), default="argmax",
+                    help="a same-vocabulary draft model's tokens: its argmax (no q: seeded outputs identical on and "
+                         "off) or sampled from it with q (min(1, p/q))")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     draft = None if args.draft_model in ("", "none") else args.draft_model
     temps = tuple(float(t) for t in args.temperatures.split(","))
     results = run(args.model, draft, tuple(args.workloads.split(",")), temps, n=args.requests,
-                  max_tokens=args.max_tokens, threads=args.threads)
+                  max_tokens=args.max_tokens, threads=args.threads, draft_tokens=args.draft_tokens)
     print(markdown(results))
     if args.json:
         args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results},

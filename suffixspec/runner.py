@@ -39,7 +39,7 @@ import torch
 
 from .draft import root_path
 from .kv import SlotCache, additive, layer_types, tree_mask
-from .lean import PassRow, lean_forward
+from .lean import PassRow, lean_forward, paging_own_forward
 from .prefix import PrefixStore
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class Runner:
             leaves = [k for k in range(len(tokens)) if k not in parents] or [-1]
             for leaf in leaves:
                 path = root_path(parents, leaf)
-                with torch.inference_mode():  # forward(), not __call__: no hooks for a probe
+                with torch.inference_mode(), paging_own_forward(self.model):  # forward(): no model hooks
                     ref = self.model.forward(input_ids=torch.tensor([ids + [tokens[n] for n in path]],
                                                                     device=self.device)).logits[0].float()
                 for j, k in enumerate([-1, *path]):  # -1: the root (logits after the prompt)

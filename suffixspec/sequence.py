@@ -99,14 +99,14 @@ class Target:
     device: torch.device  # where the logits live
     max_context: int  # the model's position limit
     policy: Policy  # the engine's decision constants
-    shared: dict[int, ProposerRecord]  # proposer records shared across requests (deterministic drafts)
 
 
 class RequestState:
     """One request's decode state (see the module docstring)."""
 
     def __init__(self, target: Target, request: RequestContext, spec: SpeculationConfig,
-                 cancel: threading.Event | None, proposers: Sequence[Proposer]) -> None:
+                 cancel: threading.Event | None, proposers: Sequence[Proposer],
+                 shared: dict[int, ProposerRecord] | None = None) -> None:
         sampling = request.sampling
         self.target = target
         self.policy = target.policy
@@ -134,6 +134,8 @@ class RequestState:
         self.copy_sources: set[str] = set()  # the sources of that path
         self.gate = DraftGate(self.policy)
         self.proposer_gate: ProposerGate | None = None  # made in begin (it asks the proposers about q)
+        # proposer records shared with the engine's other requests of this proposer set (deterministic drafts)
+        self.shared = {} if shared is None else shared
         self._ended = False
 
     @property
@@ -150,7 +152,7 @@ class RequestState:
         for p in self.proposers:
             p.begin(self.request)
         if self.spec.adaptive:
-            self.proposer_gate = ProposerGate(self.policy, self.target.shared,
+            self.proposer_gate = ProposerGate(self.policy, self.shared,
                                               [not p.drafts_with_q() for p in self.proposers])
 
     # -- propose ---------------------------------------------------------------------------------------
@@ -195,18 +197,21 @@ class RequestState:
         allowed = self.request.drafters
         gate = self.proposer_gate
         plain = step.plain()
-        extra = step.extra(budget) if plain else None
-        node = extra / budget if extra is not None else None  # one more verified node, at this budget
         drafts: list[Draft] = []
         calls: list[Call] = []
         if gate is not None:
             gate.begin_step()
         for i, p in enumerate(self.proposers):
+            if not p.active():  # left out by the request's drafters: no call, nothing recorded
+                continue
             promised = self.gate.calibration * sum(d.score for d in drafts)
             held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
-            if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held):
+            own = p.judges_own_cost and self.spec.adaptive
+            if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held, own):
                 continue
-            p.observe_costs(plain, node)
+            # every proposer is told the pass cost (the suffix proposer weighs its documents with it); one that
+            # judges its own cost plans from it only when speculation adapts
+            p.observe_costs(None if p.judges_own_cost and not own else step)
             wall, cpu = time.perf_counter(), cpu_clock()
             d = p.propose(context, budget)
             cpu = cpu_clock() - cpu

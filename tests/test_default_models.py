@@ -102,4 +102,3 @@ def test_size_and_model_cards():
         assert "held-out loss" in card and "tokens/s" in card
     assert total <= 60 * 2**20  # the two together ship in the package: at most 60 MB
     assert (ROOT / "tools" / "training" / "heldout.txt").exists()  # the held-out files the cards name
-

@@ -441,3 +441,84 @@ def test_model_drafters_depend_one_way():
     from suffixspec.proposers import bridged_draft, draft_model, model_drafter
 
     assert bridged_draft.ModelDrafter is model_drafter.ModelDrafter is draft_model.ModelDrafter
+
+
+# -- the draft's own judgement from measured costs, int8 drafts ------------------------------------------------
+
+
+def _costed(proposer, ids, step_s: float, slope: float):
+    """``proposer`` begun on ``ids`` with its draft forward measured at ``step_s`` and a verify pass costing
+    1 + slope x (inputs - 1) seconds (a plain step of 1 s)."""
+    from suffixspec.policy import StepCost
+
+    cost = PassCost()
+    for n in range(1, 40):
+        cost.observe(n, 1.0 + slope * (n - 1))
+    proposer.begin(RequestContext(prompt_ids=ids))
+    proposer.step_s = proposer.judge.step_s = step_s
+    proposer.observe_costs(StepCost(cost))
+    return proposer
+
+
+def test_a_costed_draft_goes_as_far_as_its_reach_pays_and_branches_where_close(models):
+    """Cheap draft steps and nodes: the self-draft (the target drafting for itself) drafts up to its cap and
+    adds runner-ups as siblings; costly ones: it stops after the first token and adds none. Greedy: no q."""
+    ids = models["target"].tokenizer.encode("def add(a, b):\n")
+    cheap = _costed(DraftModelProposer(models["target"], max_length=6), ids, step_s=1e-12, slope=1e-12)
+    d = cheap.propose(ids, 16)
+    assert d.q is None and len(cheap._chain) == 6 and len(d) > 6  # six drafted, siblings besides
+    assert sum(p == -1 for p in d.parents) == 2  # the first token's runner-up: a second root branch
+    assert d.follow(cheap._chain) == (d.tokens.index(cheap._chain[-1]), 6) and d.score > 0
+    costly = _costed(DraftModelProposer(models["target"], max_length=6), ids, step_s=0.6, slope=0.3)
+    costly.judge.first = 1.0  # its first token pays (1 s >= 0.6 + 0.3 s), no second one can (reach < 0.9)
+    d = costly.propose(ids, 16)
+    assert len(d) == 1
+
+
+def test_a_costed_draft_sits_out_steps_it_cannot_pay_for(models):
+    ids = models["target"].tokenizer.encode("def add(a, b):\n")
+    p = _costed(DraftModelProposer(models["target"]), ids, step_s=2.0, slope=0.5)
+    p.judge.first = 0.5  # 0.5 x 1 s < 2 s + 0.5 s
+    assert len(p.propose(ids, 16)) == 0 and p.runner.ids == []  # not even the prompt's prefill
+
+
+def test_greedy_equals_plain_with_the_drafts_own_judgement_and_int8(models, engine):
+    """Inside the engine (adaptive: costs measured, the draft judging itself) and on int8 matrices, the
+    output is plain decoding's; the int8 draft agrees with its float32 self on most tokens."""
+    sp = SamplingParams(max_tokens=32, ignore_eos=True)
+    for kind, proposer in (("judged", DraftModelProposer(models["same"])),
+                           ("int8", DraftModelProposer(models["target"], int8=True))):
+        if kind == "int8":
+            assert proposer.runner.int8
+        for prompt in PROMPTS:
+            plain = _run(engine, None, prompt, sp, SpeculationConfig(enabled=False))
+            spec = _run(engine, proposer, prompt, sp)
+            assert spec.token_ids == plain.token_ids, (kind, prompt)
+        assert proposer.step_s is not None and proposer.step_s > 0  # measured inside the engine
+
+
+def test_an_int8_draft_runs_close_to_its_float_self(models):
+    from suffixspec.lean import Int8Weight, int8_works, linear
+
+    if not int8_works():
+        pytest.skip("this torch has no int8 dynamic linear: drafts stay in float32")
+    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 48, generator=torch.Generator().manual_seed(1))
+    want = x @ w.t()
+    assert Int8Weight(w).shape == (64, 48)
+    assert float((linear(x, Int8Weight(w)) - want).abs().max()) <= 0.03 * float(want.abs().max())
+    ids = models["target"].tokenizer.encode("def add(a, b):\n    return a + b\n")
+    f32, i8 = DraftRunner(models["target"]), DraftRunner(models["target"], int8=True)
+    assert i8.int8 and not f32.int8 and i8.lean is not f32.lean
+    a, b = f32.logits_after(ids), i8.logits_after(ids)
+    assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.99
+
+
+def test_a_request_that_leaves_the_draft_model_out_never_calls_it(models, engine):
+    """speculation.drafters without draft_model: the draft model is not called (nor timed, so no record the
+    engine shares across requests learns a no-op call's cost)."""
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    res = _run(engine, DraftModelProposer(models["same"]), PROMPTS[0], sp, SpeculationConfig(drafters=("prompt",)))
+    assert "draft_model" not in res.stats.propose_calls
+    res = _run(engine, DraftModelProposer(models["same"]), PROMPTS[0], sp)
+    assert res.stats.propose_calls.get("draft_model", 0) > 0

@@ -108,6 +108,46 @@ def test_lean_equals_transformers(model_type, onednn, monkeypatch):
     _compare(model, prompt, short=5, tol=1e-5)
 
 
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma3_text"])
+def test_a_large_model_steps_on_packed_weights_and_pages_its_own_out(model_type, monkeypatch, tmp_path):
+    """Past PLAIN_ONE_TOKEN_MAX_PARAMS (the Qwen pair) a one-token pass runs on the packed matrices, the
+    model's own are paged out (a memory-mapped safetensors file, as a converted folder loads), and both the
+    lean forward and the model's own forward still give transformers' logits; the model's forward inside
+    ``paging_own_forward`` too (its outputs untouched by the hooks)."""
+    from safetensors.torch import load_file
+
+    import suffixspec.lean as lean_mod
+
+    if not _onednn_packs("cpu", torch.float32):
+        pytest.skip("this torch has no working oneDNN linear: nothing is packed, nothing paged out")
+    monkeypatch.setattr(lean_mod, "PLAIN_ONE_TOKEN_MAX_PARAMS", 0)
+    model = _tiny(model_type)
+    model.save_pretrained(tmp_path)
+    model.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False, assign=True)  # mmap-backed
+    model.tie_weights()
+    prompt = [int(t) for t in np.random.RandomState(2).randint(3, VOCAB, size=20)]
+    with torch.inference_mode():
+        ref = model(input_ids=torch.tensor([prompt])).logits[0].float()
+    lean = LeanForward(model)
+    assert all(L.plain is None for L in lean.layers)
+    assert lean.paged_out > 0  # Linux: madvise(MADV_PAGEOUT) was accepted for whole pages of the matrices
+    _compare(model, prompt, short=5, tol=1e-5)
+    with torch.inference_mode():
+        assert torch.equal(model(input_ids=torch.tensor([prompt])).logits[0].float(), ref)  # values never change
+        lean_mod._LEAN[model] = lean
+        with lean_mod.paging_own_forward(model) as _:
+            assert torch.equal(model(input_ids=torch.tensor([prompt])).logits[0].float(), ref)
+
+
+def test_page_out_is_safe_on_memory_no_file_backs():
+    from suffixspec.lean import page_out
+
+    w = torch.randn(4096, 64)
+    before = w.clone()
+    page_out([w, w[:, :3], torch.empty(0)])  # anonymous memory: nothing to drop without swap; a view: skipped
+    assert torch.equal(w, before)
+
+
 def test_packed_weights_give_the_plain_product():
     """Where oneDNN works here (a CPU torch built with it: this machine's), a packed weight's product equals
     ``x @ w.T + b`` for 1 to 40 rows, and other dtypes stay unpacked (only float32 is measured to pay)."""

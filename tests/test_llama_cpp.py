@@ -186,7 +186,7 @@ def test_the_documents_gate_weighs_llama_cpp_pass_costs():
         cfg = single_chain_config(min_token_prob=0.0, retrieval=RetrievalParams(min_match=1))
         d.suffix = SuffixProposer(documents=SuffixArray.build([[1, 2, 3, 4, 5, 6, 7, 8]]), config=cfg,
                                   history=False)
-        assert d._step_costs(8)[1] == (0.0 if flat else pytest.approx(SLOPE))
+        assert d.step_cost().per_node(8) == (0.0 if flat else pytest.approx(SLOPE))
         d.expect(RequestArgs(drafters=("documents",), adaptive=False))  # the documents' drafts alone
         drive(d, [9, 1, 2], truth, clock)
         d.finish()

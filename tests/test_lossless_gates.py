@@ -193,15 +193,22 @@ def _run_seeds(toys, proposers, cost: PassCost, seeds: int = SEEDS, tokens: int 
                                                                     for j in range(tokens)], counts
 
 
-def _same_vocab(toys):
-    return [DraftModelProposer(toys["same"], target_vocab_size=toys["T"].shape[0])]
+def _same_vocab(toys, own: bool = False):
+    # own=False: the engine's gates judge the drafts' lengths and calls (the draft model's own judgement off,
+    # so its drafts are as long as these tests' costs were chosen for); test_a_draft_models_own_judgement_...
+    # runs it with its own judgement
+    p = DraftModelProposer(toys["same"], target_vocab_size=toys["T"].shape[0])
+    p.judges_own_cost = own
+    return [p]
 
 
-def _intersection(toys):
+def _intersection(toys, own: bool = False):
     # the bridged proposer's intersection code path (map_q, its own sampling, length and score);
     # the noisy same-vocabulary draft, so its q is close enough to p for tokens to be accepted
-    return [BridgedDraftProposer(toys["same"], toys["target"].tokenizer, target_vocab_size=toys["T"].shape[0],
-                                 mode="intersection")]
+    p = BridgedDraftProposer(toys["same"], toys["target"].tokenizer, target_vocab_size=toys["T"].shape[0],
+                             mode="intersection")
+    p.judges_own_cost = own
+    return [p]
 
 
 def _merged(toys):
@@ -260,6 +267,36 @@ def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
                                  policy=MOMENTUM)
     assert counts["passed"] > 0 and counts["skipped"] > 0, counts
     assert min(pvalues[:2]) < 1e-5, (kind, pvalues, counts)  # the first token's two statistics
+
+
+@pytest.mark.parametrize("kind", ["same-vocabulary", "intersection"])
+def test_a_draft_models_own_judgement_keeps_the_target_law(toys, kind, monkeypatch):
+    """The draft model judging its own drafts (policy.ModelDraftJudge, as inside the engine by default):
+    whether to draft from its first tokens' past acceptance, where to stop from the probabilities of the
+    tokens it already sampled, its planned length from the measured costs. A pinned cost where it declines
+    some steps, drafts others and cuts chains short; the law holds at every position."""
+    from suffixspec.policy import ModelDraftJudge
+
+    seen = {"declined": 0, "drafting": 0, "cut": 0, "went on": 0}
+    worth, further = ModelDraftJudge.worth, ModelDraftJudge.further
+
+    def counting_worth(self, step):
+        out = worth(self, step)
+        seen["drafting" if out else "declined"] += 1
+        return out
+
+    def counting_further(self, reach, nodes, step):
+        out = further(self, reach, nodes, step)
+        seen["went on" if out else "cut"] += 1
+        return out
+
+    monkeypatch.setattr(ModelDraftJudge, "worth", counting_worth)
+    monkeypatch.setattr(ModelDraftJudge, "further", counting_further)
+    make = _same_vocab if kind == "same-vocabulary" else _intersection
+    pvalues, counts = _run_seeds(toys, make(toys, own=True), PinnedCost(0.25))
+    assert all(seen.values()), seen  # it declines, drafts, cuts and goes on
+    assert counts["accepted"] > 0.1 * SEEDS, (counts, seen)
+    assert min(pvalues) > 1e-3, (kind, pvalues, counts, seen)
 
 
 def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):

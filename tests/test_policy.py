@@ -8,6 +8,7 @@ import torch
 from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
 from suffixspec.policy import (
     DraftGate,
+    ModelDraftJudge,
     PassCost,
     Policy,
     ProposerGate,
@@ -17,6 +18,7 @@ from suffixspec.policy import (
     best_chain_prefix,
     choose_drafts,
     draft_budget,
+    model_draft_length,
     momentum_budget,
 )
 
@@ -387,3 +389,83 @@ def test_a_copy_keeps_drafting_through_one_slow_pass():
     choose_drafts([row], cost)
     assert row.verified and not row.explored
     assert draft_budget(32, 10.0, 8, 0.98, StepCost(cost)) >= 16
+
+
+# -- a draft model judging its own drafts (ModelDraftJudge, model_draft_length) --------------------------------
+
+
+def _judge(step_s: float = 0.03, first: float = 0.7) -> ModelDraftJudge:
+    judge = ModelDraftJudge(first=first)
+    judge.step_s = step_s
+    return judge
+
+
+QWEN = StepCost(_cost({1: 0.230, 2: 0.232, 3: 0.234, 5: 0.240, 9: 0.260, 17: 0.390, 33: 0.570}))  # measured shape
+
+
+def test_model_draft_judge_follows_the_docstring_example():
+    """F = 230 ms, an int8 0.5B draft at 30 ms a token: it drafts, goes on while the reach pays for a forward,
+    takes a close runner-up as a branch; in float32 (85 ms) it stops sooner."""
+    judge = _judge()
+    assert judge.worth(QWEN)
+    assert judge.further(0.9 * 0.8 * 0.5, 3, QWEN)  # 83 ms >= 30 + ~3 ms
+    assert not judge.further(0.1, 3, QWEN)  # 23 ms < 33 ms
+    assert judge.branch(0.3, 1, QWEN) and not judge.branch(0.005, 1, QWEN)
+    slow = _judge(step_s=0.085)
+    assert slow.further(0.45, 3, QWEN) and not slow.further(0.3, 3, QWEN)
+
+
+def test_model_draft_judge_without_costs_drafts_and_never_branches():
+    judge = ModelDraftJudge()  # step_s unknown
+    assert judge.worth(QWEN) and judge.further(0.0, 5, QWEN) and not judge.branch(1.0, 1, QWEN)
+    unmeasured = StepCost(PassCost())
+    assert _judge().worth(unmeasured) and not _judge().branch(1.0, 1, unmeasured)
+
+
+def test_model_draft_judge_declines_then_explores_with_backoff():
+    """A draft whose first token is rarely accepted does not pay for its forward: it sits out steps until
+    they cost ``interval`` one-token drafts, and the interval doubles after a fruitless exploration and
+    comes back after an accepted first token (prose turning into code)."""
+    judge = _judge(step_s=0.1, first=0.2)  # 0.2 x 230 = 46 ms < 100 + 2 ms
+    decisions = [judge.worth(QWEN) for _ in range(12)]
+    assert decisions[:3] == [False] * 3 and True in decisions  # 8 x 102 ms of skipped 230 ms steps: the 4th
+    first_explore = decisions.index(True)
+    assert judge.explored
+    judge.observe(False)  # fruitless: the interval doubles
+    assert judge.interval == 16
+    gaps = [judge.worth(QWEN) for _ in range(12)]
+    assert gaps.index(True) > first_explore
+    judge.observe(True)  # a hit: back to the start
+    assert judge.interval == Policy().proposer_explore and judge.first > 0.2
+
+
+def test_model_draft_judge_calibrates_the_drafts_own_confidence():
+    """A draft sure of tokens the target rejects (it promised 3 tokens, 1 came true) drafts less far."""
+    judge = _judge()
+    assert judge.further(0.2, 3, QWEN)
+    for _ in range(6):
+        judge.observe(True, promised=3.0, accepted=1)
+    assert judge.calibration < 0.6 and not judge.further(0.2, 3, QWEN)
+    for _ in range(30):
+        judge.observe(True, promised=1.0, accepted=9)  # capped: never above 2
+    assert judge.calibration == 2.0
+
+
+def test_model_draft_length_follows_its_docstring_example():
+    step = StepCost(_linear(0.004 / 0.230))  # F = 1 s, 4 ms per node at F = 230 ms
+    c = 0.030 / 0.230
+    assert [model_draft_length(a, c, step, 24) for a in (0.5, 0.8, 0.9)] == [2, 5, 8]
+    assert model_draft_length(0.9, None, step, 24) == 24  # costs unknown: the cap
+    assert model_draft_length(0.9, c, StepCost(PassCost()), 7) == 7
+
+
+def test_proposer_gate_leaves_a_self_judging_proposer_to_itself():
+    """A draft model whose calls yielded nothing is still called when it judges its own cost (the per-call
+    yield switched the 0.5B draft off on HumanEval/2 after its first misses); the held, filled and copying
+    rules still apply."""
+    gate = _gate_with(0.05, 0.0)
+    assert not gate.should_call(0, 0.01)
+    assert gate.should_call(0, 0.01, own_judge=True)
+    assert not gate.should_call(0, 0.01, own_judge=True, held=True)
+    assert not gate.should_call(0, 0.01, promised=20.0, budget=32, own_judge=True)
+    assert not gate.should_call(0, 0.01, copying={"prompt"}, own_judge=True)

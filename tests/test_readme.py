@@ -43,6 +43,7 @@ SKIP = [
     (r"^python -m vllm\b|^from vllm\b", "needs a vLLM environment; tests/test_vllm.py runs vLLM's CPU build"),
     (r"train_default_models", "retrains the embedded models (an hour or more)"),
     (r"gemma-3-270m", "Gemma 3 270M is the gemma tier's (minutes of CPU): tests/test_real_models.py runs it"),
+    (r"qwen2\.5-coder", "the Qwen coder pair is the qwen tier's (7 GB of float32 weights): tests/test_qwen.py runs it"),
     (r"get_paths\(\)\[.(purelib|stdlib).\]", "indexes the standard library or every package of the environment "
                                              "(millions of tokens: a quarter of an hour at a low priority on a busy "
                                              "machine); the same page indexes one package and a folder"),

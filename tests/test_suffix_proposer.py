@@ -15,6 +15,7 @@ from suffixspec.draft import (
     SOURCE_PROMPT,
     SOURCE_REFERENCES,
 )
+from suffixspec.policy import StepCost
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.suffix import (
     SuffixConfig,
@@ -525,6 +526,16 @@ def test_proposer_learns_rates_from_what_the_output_did_with_its_drafts():
     assert draft_after(True) > draft_after(False)
 
 
+class _LinearCost:
+    """A pass cost of ``plain`` seconds plus ``node`` per further input (what ``StepCost`` reads)."""
+
+    def __init__(self, plain: float, node: float) -> None:
+        self.plain, self.node = plain, node
+
+    def estimate(self, inputs: int) -> float:
+        return self.plain + self.node * (inputs - 1)
+
+
 def _documents_steps(p: SuffixProposer, output_step, steps: int) -> list[bool]:
     """Propose and update ``steps`` times (the engine's costs told first: a plain step 70 ms, a node 5 ms);
     ``output_step(i)`` gives the tokens the output adds at step i. Whether each draft held document nodes."""
@@ -532,7 +543,7 @@ def _documents_steps(p: SuffixProposer, output_step, steps: int) -> list[bool]:
     p.begin(RequestContext(prompt_ids=list(ctx), drafters=(SOURCE_DOCUMENTS,)))
     had = []
     for i in range(steps):
-        p.observe_costs(0.070, 0.005)
+        p.observe_costs(StepCost(_LinearCost(0.070, 0.005)))
         d = p.propose(ctx, 8)
         had.append(SOURCE_DOCUMENTS in d.sources)
         new = output_step(i)

@@ -21,7 +21,9 @@ def _mb(n: int) -> str:
                    "e.g. while building an image (repeatable).")
 def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
     """List the model names --model accepts: installed or not, converted into the cache or not,
-    size on disk (the package's GGUF, the converted folder), licence, and the command that installs it.
+    size on disk (the package's GGUF, the converted folder), memory when served (resident memory of
+    `suffixspec serve` with the model alone, as measured; docs/models.md), licence, and the command that
+    installs it.
 
     The first use of a name converts its GGUF once into the cache ($SUFFIXSPEC_CACHE, default
     ~/.cache/suffixspec); later loads read the cache. Any .gguf file, local folder or hub id works
@@ -48,9 +50,12 @@ def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
         for row in rows:
             click.echo(json.dumps(row))
         return
-    table = [("NAME", "INSTALLED", "CACHED", "PACKAGE", "CONVERTED", "LICENCE")]
+    table = [("NAME", "INSTALLED", "CACHED", "PACKAGE", "CONVERTED", "SERVED", "LICENCE")]
     table += [(r["name"] + (" (default)" if r["name"] == DEFAULT_MODEL else ""), "yes" if r["installed"] else "no",
-               r["cached"], _mb(r["source_bytes"]), _mb(r["cache_bytes"]), r["licence"]) for r in rows]
+               r["cached"], _mb(r["source_bytes"]), _mb(r["cache_bytes"]),
+               f"{r['served_gb']:.1f} GB" if r["served_gb"] else "-",
+               r["licence"] + (f" (upstream {r['upstream_licence']})" if r["upstream_licence"] else ""))
+              for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -54,6 +54,7 @@ from ..policy import (
     PassCost,
     Policy,
     RowDraft,
+    StepCost,
     best_chain_prefix,
     choose_drafts,
     momentum_budget,
@@ -375,7 +376,7 @@ class SuffixDraftModel(_Base):
             live.pending = []
         budget = momentum_budget(cap, live.mean_accepted, live.copy_run, self.policy) if args.adaptive else cap
         if self.suffix.documents is not None:  # the documents' gate weighs their nodes and lookups in passes
-            self.suffix.observe_costs(*self._step_costs(budget))
+            self.suffix.observe_costs(self.step_cost())
         t = time.perf_counter()
         draft = chain_of(self.suffix.propose(ContextView(ids, n), budget)).truncated(budget)
         live.stats.record_call(self.name, time.perf_counter() - t)
@@ -395,15 +396,11 @@ class SuffixDraftModel(_Base):
         live.wait = live.idle
         return _NO_DRAFT
 
-    def _step_costs(self, budget: int) -> tuple[float | None, float | None]:
-        """What a plain llama.cpp step and one more verified draft token cost, for ``Proposer.observe_costs``
-        (as the engine tells it: ``t(1)`` and ``(t(1 + budget) - t(1)) / budget``; None: nothing measured).
-        Example: t(1) = 8.3 ms, t(9) = 52 ms, budget 8 -> (8.3 ms, 5.5 ms): a document node costs 0.66 of a
-        step here, where the engine's batched passes on a CPU make it a few hundredths."""
-        plain = self.cost.estimate(1)
-        if not plain or budget < 1:
-            return plain, None
-        return plain, (self.cost.estimate(1 + budget) - plain) / budget
+    def step_cost(self) -> StepCost:
+        """What a plain llama.cpp step and more verified draft tokens cost, as the engine tells a proposer
+        (``Proposer.observe_costs``). Example: t(1) = 8.3 ms, t(9) = 52 ms -> at a budget of 8 a draft token
+        adds 5.5 ms, 0.66 of a step, where the engine's batched passes on a CPU make it a few hundredths."""
+        return StepCost(self.cost)
 
 
 def chain_of(draft: Draft) -> Draft:

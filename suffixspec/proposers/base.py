@@ -18,9 +18,13 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
 from ..draft import Draft
+
+if TYPE_CHECKING:
+    from ..policy import StepCost
 
 
 @dataclass
@@ -58,16 +62,27 @@ class Proposer(ABC):
         be judged only by what was fixed before sampling. Called after ``begin``."""
         return False
 
+    # whether the proposer weighs its own cost against its yield (a draft model, per drafted token:
+    # policy.ModelDraftJudge), so the engine's ProposerGate does not judge its calls' yields
+    judges_own_cost: bool = False
+
+    def observe_costs(self, step: StepCost | None) -> None:  # noqa: B027 - optional hook
+        """The pass cost as this request's row sees it this step (``policy.StepCost``: a plain step's CPU
+        seconds, what more verified nodes add; None: the engine judges no costs), told before ``propose``,
+        for a proposer that weighs what its drafts cost against what they yield (a draft model plans its
+        draft from it, the suffix proposer its documents)."""
+
+    def active(self) -> bool:
+        """Whether it may draft anything for this request (called after ``begin``): a proposer the request's
+        ``speculation.drafters`` leave out is neither called nor timed, so the costs and yields the engine
+        remembers across requests (``policy.ProposerGate``'s shared records) are never those of a no-op call."""
+        return True
+
     def setup_pending(self) -> bool:
         """Whether the next ``propose`` pays a one-off setup for this request (``setup_s``: a draft
         model's prefill of the prompt); the engine defers such a call while it cannot tell whether
         a draft would be worth anything (a sampled request's first step)."""
         return False
-
-    def observe_costs(self, plain_s: float | None, node_s: float | None) -> None:  # noqa: B027 - optional hook
-        """What the engine measured before this step's ``propose``: the CPU seconds of a plain decoding step
-        and of one more verified draft node (None: not measured yet), for a proposer that weighs what its
-        drafts cost against what they yield (the suffix proposer's documents)."""
 
     def update(self, new_tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """``new_tokens`` (accepted draft tokens plus the target's own token) were appended to the context."""

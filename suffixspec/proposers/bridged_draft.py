@@ -81,10 +81,12 @@ class BridgedDraftProposer(ModelDrafter):
     def __init__(self, draft: LoadedModel, target_tokenizer: Any, target_vocab_size: int | None = None,
                  mode: str = "text", siblings: int = 0, length: AdaptiveLength | None = None,
                  min_confidence: float = 0.3, context_window: int | None = None, heal: bool = True,
-                 alternatives: int = 2, alt_confidence: float = 0.05, first_confidence: float = 0.2) -> None:
+                 alternatives: int = 2, alt_confidence: float = 0.05, first_confidence: float = 0.2,
+                 int8: bool | None = None, max_length: int = 24) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown bridge mode {mode!r}; choose one of {MODES}")
-        super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window)
+        super().__init__(draft, length, seed_offset=1, min_confidence=min_confidence, context_window=context_window,
+                         int8=int8, max_length=max_length)
         self.mode = mode
         self.siblings = siblings
         if alternatives < 0 or not 0.0 <= alt_confidence <= 1.0:
@@ -140,8 +142,14 @@ class BridgedDraftProposer(ModelDrafter):
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.setup_s = 0.0
-        if not self.enabled or budget <= 0 or not context:
+        if not self.enabled or budget <= 0 or not context or not self.worth_drafting():
             return Draft()
+        try:
+            return self._propose(context, budget)
+        finally:
+            self.learn_cost()
+
+    def _propose(self, context: Sequence[int], budget: int) -> Draft:
         if self.ctx is None or self._pushed != len(context):  # the request's first call (or out of step)
             t = time.perf_counter()
             self.ctx = self.bridge.draft_context(context)
@@ -153,7 +161,8 @@ class BridgedDraftProposer(ModelDrafter):
             self._unpushed = []
         if not self.ctx.ids:
             return Draft()
-        k = min(budget, self.length.value, self.context_window // 2)
+        k = min(budget, self.max_length if self.costed() else self.length.value, self.context_window // 2)
+        self._reach, self._reaches = 1.0, []  # chance that every draft token so far comes true (its own probabilities)
         if self.mode == "text":
             return self._propose_text(context, k, budget)
         return self._propose_intersection(k, budget)
@@ -169,7 +178,7 @@ class BridgedDraftProposer(ModelDrafter):
             # restricted to tokens that begin with the same bytes
             skip = self.bridge.draft.token_bytes[ids[-1]]
             ids = ids[:-1]
-        logits = self.runner.logits_after(ids)
+        logits = self.logits(ids)
         d_tokens: list[int] = []
         runner_up: list[int] = []
         for i in range(k):
@@ -187,9 +196,9 @@ class BridgedDraftProposer(ModelDrafter):
             if i == 0 and (float(probs[tok]) if confidence is None else confidence) < self.first_confidence:
                 return Draft()  # a draft this unsure costs the target more than it is likely to save
             d_tokens.append(tok)
-            if tok in self.bridge.draft_eos or i + 1 == k or self._unsure(probs, tok):
+            if tok in self.bridge.draft_eos or i + 1 == k or self._stop_after(probs, tok, i + 1):
                 break
-            logits = self.runner.extend(tok)
+            logits = self.extend(tok)
         tr = self.bridge.translate(context, d_tokens, skip=skip + self.ctx.pending)
         chain = tr.target_ids[: min(k, budget)]
         if not chain:
@@ -239,7 +248,7 @@ class BridgedDraftProposer(ModelDrafter):
         ids = self._window(self.ctx.ids, k, self._keep)
         if self.sampling.greedy:
             return self._intersection_greedy(ids, k, budget)
-        logits = self.runner.logits_after(ids)
+        logits = self.logits(ids)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
@@ -249,9 +258,9 @@ class BridgedDraftProposer(ModelDrafter):
             tok = self._sample(q)
             tokens.append(tok)
             rows.append(q)
-            if tok in self.bridge.target_eos or i + 1 == k or self._unsure(q, tok):
+            if tok in self.bridge.target_eos or i + 1 == k or self._stop_after(q, tok, i + 1):
                 break
-            logits = self.runner.extend(int(self._to_draft[tok]))
+            logits = self.extend(int(self._to_draft[tok]))
         if not tokens:
             return Draft()
         self._chain = tokens
@@ -273,7 +282,7 @@ class BridgedDraftProposer(ModelDrafter):
         logits = None
         if heal is not None:
             cands, twins = heal
-            probs = torch.softmax(self.runner.logits_after(ids[:-1]).index_select(0, cands).double(), dim=-1)
+            probs = torch.softmax(self.logits(ids[:-1]).index_select(0, cands).double(), dim=-1)
             values, indices = (t.tolist() for t in torch.topk(probs, min(1 + self.alternatives, probs.numel())))
             best = indices[0]
             runner_up = [twins[t] for v, t in zip(values[1:], indices[1:], strict=True)
@@ -282,13 +291,13 @@ class BridgedDraftProposer(ModelDrafter):
                 if values[0] < self.first_confidence:
                     return Draft()
                 tokens.append(twins[best])
-                if twins[best] in self.bridge.target_eos or k == 1 or self._unsure(probs, best):
+                if twins[best] in self.bridge.target_eos or k == 1 or self._stop_after(probs, best, 1):
                     k = 0
                 else:
-                    logits = self.runner.extend(int(cands[best]))
+                    logits = self.extend(int(cands[best]))
             # else the draft keeps B as it is: draft on after it, as without healing
         if logits is None and k:
-            logits = self.runner.logits_after(ids)
+            logits = self.logits(ids)
         for i in range(len(tokens), k):
             probs = torch.softmax(logits.index_select(0, self._mapped_draft).double(), dim=-1)
             first = i == 0 and heal is None
@@ -301,9 +310,9 @@ class BridgedDraftProposer(ModelDrafter):
                 runner_up = [int(self._mapped_target[t]) for v, t in zip(values[1:], indices[1:], strict=True)
                              if v >= self.alt_confidence]
             tokens.append(tok)
-            if tok in self.bridge.target_eos or i + 1 == k or values[0] < self.min_confidence:  # as _unsure
+            if tok in self.bridge.target_eos or i + 1 == k or self._stop_after(probs, indices[0], i + 1):
                 break
-            logits = self.runner.extend(int(self._mapped_draft[indices[0]]))
+            logits = self.extend(int(self._mapped_draft[indices[0]]))
         chain = tokens[:budget]
         self._chain = chain
         parents = list(range(-1, len(chain) - 1))

@@ -1,19 +1,21 @@
 """Same-vocabulary draft model (classic speculative decoding), and the factory of model drafters.
 
 - :class:`DraftModelProposer` drafts a chain with a model that shares the target's vocabulary
-  (the runner, adaptive length and request bookkeeping come from :mod:`.model_drafter`).
-  Greedy requests: argmax tokens, no ``q``. Sampling requests: tokens are sampled from the draft's
-  processed distribution (temperature, top-k, top-p) and that distribution is reported as
-  ``Draft.q`` (one row per node, over the target vocabulary), so verification applies
-  ``min(1, p/q)``.
+  (the runner, the costs and the request bookkeeping come from :mod:`.model_drafter`).
+  Greedy requests: argmax tokens, no ``q``, and (inside the engine) the draft's runner-up as a sibling
+  where it pays for its node. Sampling requests: tokens are sampled from the draft's processed
+  distribution (temperature, top-k, top-p) and that distribution is reported as ``Draft.q`` (one row
+  per node, over the target vocabulary), so verification applies ``min(1, p/q)``.
 - :func:`make_draft_proposer` picks it or :class:`~.bridged_draft.BridgedDraftProposer`.
 
-Worked example (draft length 3, greedy)::
+Worked example (greedy, inside the engine: F = 230 ms, a draft forward 30 ms)::
 
-    context [5, 8, 13]        runner feeds the 3 ids (or only the new ones), argmax -> 21
-    then 21 -> 34, 34 -> 55    Draft.chain([21, 34, 55])
-    target accepts [21] + 40   update([21, 40]); next propose crops the cache to [5, 8, 13, 21]
-                               and feeds 40 alone; length shrinks 3 -> 2 (early rejection)
+    context [5, 8, 13]        runner feeds the 3 ids (or only the new ones): 21 (p 0.9), runner-up 22 (0.08)
+                              reach 0.9: 0.9 x 230 >= 30 + ~3 ms, draft on; 22 at 0.08 x 230 >= ~3 ms: a sibling
+    then 21 -> 34 (0.6)       reach 0.54: draft on;   34 -> 55 (0.2): reach 0.11, 25 ms < 33 ms: stop
+    Draft                     tokens [21, 22, 34, 55], parents [-1, -1, 0, 2]
+    target accepts [21] + 40   update([21, 40]); next propose crops the cache to [5, 8, 13, 21] and
+                              feeds 40 alone; the chain promised 0.9 + 0.54 + 0.11 and 1 came true
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
+from ..policy import model_draft_length
 from .base import Proposer, RequestContext
 from .bridged_draft import BridgedDraftProposer
 from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs, fit_width
@@ -44,8 +47,9 @@ class DraftModelProposer(ModelDrafter):
 
     def __init__(self, draft: LoadedModel, target_vocab_size: int | None = None, sample: bool = True,
                  length: AdaptiveLength | None = None, min_confidence: float = 0.3,
-                 context_window: int | None = None) -> None:
-        super().__init__(draft, length, min_confidence=min_confidence, context_window=context_window)
+                 context_window: int | None = None, int8: bool | None = None, max_length: int = 24) -> None:
+        super().__init__(draft, length, min_confidence=min_confidence, context_window=context_window, int8=int8,
+                         max_length=max_length)
         self.target_vocab_size = target_vocab_size or self.runner.vocab_size
         self.sample = sample
 
@@ -61,35 +65,66 @@ class DraftModelProposer(ModelDrafter):
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.setup_s = 0.0
-        k = min(budget, self.length.value, self.context_window // 2)
-        if not self.enabled or k <= 0 or not context:
+        cap = min(budget, self.context_window // 2)
+        if not self.enabled or cap <= 0 or not context or not self.worth_drafting():
             return Draft()
         if not self._prefilled:
             t = time.perf_counter()
             self._prefill(context)
             self._prefilled, self.setup_s = True, time.perf_counter() - t
-        logits = self.runner.logits_after(self._window(context, k))
         use_q = self.drafts_with_q()
+        costed = self.costed()
+        if not costed:
+            k = min(cap, self.length.value)
+        elif use_q:  # its size is judged before sampling: planned from the measured costs and acceptance
+            k = model_draft_length(self.acceptance, self.step_s, self._step, min(cap, self.max_length))
+        else:
+            k = min(cap, self.max_length)
+        logits = self.logits(self._window(context, k))
+        self._reaches = []
         tokens: list[int] = []
+        parents: list[int] = []
         rows: list[torch.Tensor] = []
-        for i in range(k):
+        chain: list[int] = []
+        reach, score, last = 1.0, 0.0, -1
+        while True:
             if use_q:
                 probs = fit_width(draft_probs(logits, self.sampling), self.target_vocab_size)
                 tok = self._sample(probs)
                 rows.append(probs)
             else:
                 probs = torch.softmax(logits[: self.target_vocab_size].double(), dim=-1)
-                tok = int(torch.argmax(probs))
+                top = torch.topk(probs, 2)
+                tok = int(top.indices[0])
             tokens.append(tok)
-            if i + 1 == k or self._unsure(probs, tok):
+            parents.append(last)
+            last = len(tokens) - 1
+            chain.append(tok)
+            alt_reach = reach * float(top.values[1]) if not use_q else 0.0
+            reach *= float(probs[tok])
+            self._reaches.append(reach)
+            score += reach
+            if costed and not use_q and len(tokens) < cap and self.judge.branch(alt_reach, len(tokens), self._step):
+                # a small tree where the draft's top two are close: its runner-up as a sibling, not drafted on
+                tokens.append(int(top.indices[1]))
+                parents.append(parents[last])
+                score += alt_reach
+            if len(chain) >= k or len(tokens) >= cap or not self.draft_further(reach, len(tokens), probs, tok):
                 break
-            logits = self.runner.extend(tok)
-        self._chain = tokens
+            logits = self.extend(tok)
+        self.learn_cost()
+        self._chain = chain
         q = torch.stack(rows) if use_q else None
-        # score and planned size are fixed before sampling: the engine's gate judges them, and
-        # judging what was sampled would bias the drafts it keeps (see ModelDrafter._unsure)
-        return Draft.chain(tokens, SOURCE_DRAFT_MODEL, q=q, score=float(self.length.value) / 2,
-                           planned=k if use_q else None)
+        if use_q:  # score fixed before sampling (the gates judge it; see ModelDrafter._unsure)
+            a, term, score = self.acceptance, 1.0, 0.0
+            for _ in range(k):
+                term *= a
+                score += term
+            score = score if costed else float(self.length.value) / 2
+        elif not costed:
+            score = float(self.length.value) / 2
+        return Draft(tokens, parents, [SOURCE_DRAFT_MODEL] * len(tokens), q, None, score=score,
+                     planned=k if use_q else None)
 
 
 def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "auto", **kwargs: Any) -> Proposer:

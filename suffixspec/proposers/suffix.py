@@ -44,7 +44,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
@@ -69,6 +69,9 @@ from ..draft import (
 from ..merge import TreeUnion
 from .base import Proposer, RequestContext
 from .source_gate import SourceGate, SourceYield
+
+if TYPE_CHECKING:
+    from ..policy import StepCost
 
 # the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
 _SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
@@ -191,6 +194,7 @@ class SuffixProposer(Proposer):
         self._doc_trial: tuple[Draft, Draft, bool] | None = None
         self._plain_s: float | None = None  # what the engine says a plain step costs (observe_costs)
         self._node_s: float | None = None  # and one more verified node
+        self._step: StepCost | None = None  # the pass cost the engine told for the next propose
         if self.store is not None and documents is None:
             self.reload_documents()
         self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
@@ -305,14 +309,17 @@ class SuffixProposer(Proposer):
     def _allows(self, source: str) -> bool:
         return drafter_allows(self._allowed, source)  # the prediction drafts whenever given
 
-    def observe_costs(self, plain_s: float | None, node_s: float | None) -> None:
-        self._plain_s, self._node_s = plain_s, node_s
+    def observe_costs(self, step: StepCost | None) -> None:
+        self._step = step
 
     # ----- drafting ----------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0 or not context:
             return Draft()
         cfg = self.config
+        step, self._step = self._step, None  # told for this step only
+        self._plain_s = step.plain() if step is not None else None
+        self._node_s = step.per_node(budget) if step is not None else None  # one more node, at this budget
         if self._request is None or self._ctx_len != len(context):  # not begun, or out of step: resync
             self._request = IncrementalIndex(cfg.max_candidates)
             self._request.extend(list(context))
