@@ -18,22 +18,13 @@ the pip command.
 from __future__ import annotations
 
 import pytest
+from tiny import CODE
 
 from suffixspec.models import KNOWN_MODELS, describe
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.qwen, pytest.mark.usefixtures("one_torch_thread")]
 
 TARGET, SIBLING, SMOLLM2 = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
-CODE = '''def summarize(orders):
-    total = 0
-    count = 0
-    for order in orders:
-        if order["status"] != "cancelled":
-            total += order["amount"]
-            count += 1
-    average = total / count if count else 0.0
-    return {"total": total, "count": count, "average": average}
-'''
 FUNCTION = '''def truncate_number(number: float) -> float:
     """ Given a positive floating point number, it can be decomposed into
     and integer part (largest integer smaller than given number) and decimals

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny import start_server_process
+from tiny import CODE, start_server_process
 
 from suffixspec.models import KNOWN_MODELS, cache_dir, describe
 
@@ -36,16 +36,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.usefixtures(
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
 
-CODE = '''def summarize(orders):
-    total = 0
-    count = 0
-    for order in orders:
-        if order["status"] != "cancelled":
-            total += order["amount"]
-            count += 1
-    average = total / count if count else 0.0
-    return {"total": total, "count": count, "average": average}
-'''
 EDIT = CODE.replace("total", "subtotal")
 
 

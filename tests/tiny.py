@@ -102,6 +102,18 @@ def build_tiny_model(arch: str, tokenizer_dir: Path, out_dir: Path, seed: int = 
 
 
 # Prompts and a logit bias under which a random tiny model's greedy output re-tokenizes to itself.
+# a small function the real-model tests ask a model to edit or restate (its answer copies it)
+CODE = '''def summarize(orders):
+    total = 0
+    count = 0
+    for order in orders:
+        if order["status"] != "cancelled":
+            total += order["amount"]
+            count += 1
+    average = total / count if count else 0.0
+    return {"total": total, "count": count, "average": average}
+'''
+
 CANDIDATES = ["class Point:", "def add(a, b):", "import os", "for i in range(10):", "The quick brown"]
 
 
