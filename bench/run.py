@@ -509,7 +509,8 @@ def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
     """The full table (or its twin over the outputs that do not loop)."""
     lines = ["| model | workload | system | requests | tok/s | speedup (median, min–max) | CPU speedup | "
              "forward passes | tokens/forward | drafted/accepted | propose ms/step | loop share | vs best baseline "
-             "| identical |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+             "(wall; CPU) | vs best part (CPU) | identical |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for row, r, f in _table_rows(rows, no_loop):
         lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} | {f('tokens_per_s', '{:.1f}')} "
                      f"| {f('speedup_median', '{:.2f}×')} ({f('speedup_min')}–{f('speedup_max')}) "
