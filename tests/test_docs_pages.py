@@ -26,3 +26,13 @@ def test_page_runs_as_written(page, tmp_path):
     ran, skipped = run_page(page, tmp_path)
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
     assert ran, f"{page.name}: nothing ran (skipped: {skipped})"
+
+
+def test_no_page_holds_a_placeholder():
+    """A line that is only an upper-case token (``RESULTS``, ``MEMORY_TABLE``) is a table someone meant to
+    fill in from a measurement: a reader would see the token instead of the figures."""
+    import re
+
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            assert not re.fullmatch(r"[A-Z][A-Z0-9_]{3,}", line.strip()), f"{page.name}:{n}: placeholder {line!r}"
