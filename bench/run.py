@@ -95,11 +95,6 @@ def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
     return HF_SYSTEMS + our_systems() + ARCTIC_SYSTEMS + more + LLAMA_SYSTEMS
 
 
-def _draft_index(system: str, labels: list[str]) -> int:
-    """Which draft model a system runs: 0 for the plain names, the label's place for ``name:label``."""
-    return labels.index(system.split(":", 1)[1]) if ":" in system else 0
-
-
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
 
 
@@ -146,6 +141,12 @@ class Bench:
             self.draft_proposers = [make_draft_proposer(d, self.target) for d in self.drafts]
         self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
+    def draft_index(self, system: str) -> int:
+        """Which of ``drafts`` a system runs: 0 for the plain names, the label's place for ``name:label``."""
+        if ":" not in system:
+            return 0
+        return [model_label(d.name) for d in self.drafts].index(system.split(":", 1)[1])
+
 
 def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     import torch
@@ -159,7 +160,7 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     elif system.startswith("hf_assisted"):
         from suffixspec.tokenizer_bridge import TokenBridge
 
-        draft = bench.drafts[_draft_index(system, [model_label(d.name) for d in bench.drafts])]
+        draft = bench.drafts[bench.draft_index(system)]
         kwargs["assistant_model"] = draft.model
         if not TokenBridge.cached(tok, draft.tokenizer).same_vocabulary:  # universal assisted generation
             kwargs.update(tokenizer=tok, assistant_tokenizer=draft.tokenizer)
@@ -183,8 +184,7 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
         from suffixspec.draft import DRAFTERS, SOURCE_DRAFT_MODEL
 
         drafter = system.removeprefix("ours_").split(":", 1)[0]
-        model = bench.draft_proposers[_draft_index(system, [model_label(d.name) for d in bench.drafts])] \
-            if bench.draft_proposers else None
+        model = bench.draft_proposers[bench.draft_index(system)] if bench.draft_proposers else None
         bench.engine.proposers = [suffix] + ([model] if model is not None else [])
         if drafter == "all":
             drafters = None
