@@ -142,10 +142,36 @@ class Bench:
         self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
     def draft_index(self, system: str) -> int:
-        """Which of ``drafts`` a system runs: 0 for the plain names, the label's place for ``name:label``."""
-        if ":" not in system:
-            return 0
-        return [model_label(d.name) for d in self.drafts].index(system.split(":", 1)[1])
+        """Which of ``drafts`` a system runs (:func:`draft_index`)."""
+        return draft_index(system, [model_label(d.name) for d in self.drafts])
+
+
+def draft_index(system: str, labels: list[str]) -> int:
+    """Which draft model a system runs, given the drafts' labels: 0 for the plain names, the label's place for
+    ``name:label``. Example: ``draft_index("hf_assisted:b", ["a", "b"])`` -> 1."""
+    if ":" not in system:
+        return 0
+    return labels.index(system.split(":", 1)[1])
+
+
+def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """The ``hf_assisted`` systems whose draft has another vocabulary (so ``transformers`` runs universal assisted
+    generation) where the installed release breaks it (:func:`bench.uag.uag_defect`), and why; ``([], None)``
+    on the others (then no tokenizer is loaded)."""
+    from suffixspec.tokenizer_bridge import TokenBridge
+
+    from suffixspec.loading import load_tokenizer
+
+    from .uag import uag_defect
+
+    why = uag_defect()
+    assisted = [s for s in systems if s.split(":", 1)[0] == "hf_assisted"]
+    if why is None or not assisted or not drafts:
+        return [], None
+    target, labels = load_tokenizer(model), [model_label(d) for d in drafts]
+    broken = [s for s in assisted
+              if not TokenBridge.cached(target, load_tokenizer(drafts[draft_index(s, labels)])).same_vocabulary]
+    return broken, why if broken else None
 
 
 def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
@@ -646,6 +672,10 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     elif llama and gguf_source(model) is None:
         log(f"skipping {', '.join(llama)}: {model} is no GGUF file (give a model name or a .gguf path)")
         skipped += llama
+    uag, why = broken_uag(model, drafts, tuple(s for s in systems if s not in skipped))
+    if uag:
+        log(f"skipping {', '.join(uag)}: {why}")
+        skipped += uag
     systems = tuple(s for s in systems if s not in skipped)
     if "hf_plain" not in systems and not all(s in LLAMA_SYSTEMS for s in systems):
         systems = ("hf_plain", *systems)
