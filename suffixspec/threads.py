@@ -14,7 +14,9 @@ preempted. So the CLI, the Python API and the server share one policy:
    faster. Each pass's wall time is divided by its size's share of the cost curve (``shape``: a pass of
    9 inputs costing 1.1 plain passes counts as 1.1 passes), so passes of any size compare. The next
    re-check waits twice as long while the choice holds, and at least ``recheck_cost`` times what the
-   last one lost (re-checking costs at most a few percent of the time).
+   last one lost (re-checking costs at most a few percent of the time). A pass at the other count that
+   takes ``collapse`` times the recent median ends the re-check there (on a busy machine a second
+   thread's pass can take 20 plain passes).
 3. Load that arrives while more threads than one are chosen starts a re-check at once: when
    ``slow_passes`` passes in a row take ``collapse`` times the median of the ``baseline_passes`` before
    them (per plain pass), the re-check runs now instead of minutes later. So OpenMP's own wait (threads
@@ -202,8 +204,11 @@ class ThreadTuner:
             return
         if shape is None or threads != self._plan[0]:
             return  # the same count runs the next pass again
-        self._samples[threads].append(wall / max(shape, 1e-9))
+        per_pass = wall / max(shape, 1e-9)
+        self._samples[threads].append(per_pass)
         self._plan.pop(0)
+        if threads != self.current and self._recent and per_pass > self.policy.collapse * self._latest():
+            self._plan = []  # the other count collapses (a busy machine): its remaining passes would only lose time
         if not self._plan:
             self._decide()
 
@@ -224,10 +229,15 @@ class ThreadTuner:
                  self.current, 1000 * base, 1000 * statistics.median(recent[p.baseline_passes:]))
         return True
 
+    def _latest(self) -> float:
+        """Seconds per plain pass at the chosen count now: the median of its latest ``slow_passes`` passes."""
+        return statistics.median(list(self._recent)[-self.policy.slow_passes:])
+
     def _decide(self) -> None:
         """End a re-check: move to the other count if it was ``margin`` faster; schedule the next one."""
         other = next(n for n in self.counts if n != self.current)
-        mine, theirs = statistics.median(self._samples[self.current]), statistics.median(self._samples[other])
+        mine = statistics.median(self._samples[self.current]) if self._samples[self.current] else self._latest()
+        theirs = statistics.median(self._samples[other])
         lost = max(0.0, sum(self._samples[other]) - mine * len(self._samples[other]))
         self.rechecks += 1
         if theirs * (1 + self.policy.margin) < mine:

@@ -107,7 +107,7 @@ def test_recheck_keeps_the_count_and_backs_off(measured):
     policy = ThreadPolicy(recheck_s=0.99, max_recheck_s=4.0, recheck_cost=1.0)
     tuner = ThreadTuner(cores=2, policy=policy)
     tuner.current = 1
-    walls = {1: 0.05, 2: 0.15}
+    walls = {1: 0.05, 2: 0.09}  # slower, but not collapsing (a re-check runs all its passes)
     _decode(tuner, walls, 20)  # 1.0 s of passes at 0.05 s
     n = tuner.before_pass()
     assert n == 2  # the re-check starts with the other count
@@ -151,6 +151,16 @@ def test_load_that_arrives_starts_a_recheck_at_once(measured):
     assert _decode(tuner, busy, 6) == [1, 2, 1, 2, 1, 2]  # ...start the re-check now
     assert tuner.current == 1 and tuner.switches == 1
     assert set(_decode(tuner, {1: 0.046, 2: 0.100}, 40)) == {1}  # at one thread a slow pass starts nothing
+
+
+def test_a_recheck_ends_at_the_first_collapsing_pass(measured):
+    """One thread chosen on a busy machine: the periodic re-check's first pass at two threads takes 10x
+    the recent median, so the re-check ends there (five more passes would lose as much again each)."""
+    tuner = ThreadTuner(cores=2, policy=ThreadPolicy(recheck_s=0.48))
+    tuner.current = 1
+    assert set(_decode(tuner, {1: 0.05, 2: 0.5}, 10)) == {1}  # 0.5 s of passes: the re-check is due
+    assert _decode(tuner, {1: 0.05, 2: 0.5}, 3) == [2, 1, 1]
+    assert tuner.current == 1 and tuner.rechecks == 1 and tuner._until_recheck > 8  # 20x the 0.45 s lost, less 2 passes
 
 
 @pytest.mark.parametrize(("walls", "rechecks"), [
