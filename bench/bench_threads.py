@@ -5,14 +5,16 @@ Issue 38's bar: ``suffixspec generate`` with default settings decodes at least 0
 process. Each run is a fresh ``suffixspec generate --json`` process (a copy-heavy edit, the README's
 quick start, history off so runs are independent); the settings alternate within every repeat, so a
 change of load hits all of them, and the busy condition starts one ``python -c 'while True: pass'``
-of its own (killed afterwards). Settings:
+of its own (killed afterwards); "arrives" starts it while the request decodes (after its first
+``ARRIVE_AFTER`` tokens, in one process that streams the README's open question, ``ignore_eos``), and
+reports the speed from then on: what the re-check that load starts at once is for. Settings:
 
 - ``default``: nothing set (suffixspec measures the thread count at start and re-checks it);
 - ``one thread``: ``OMP_NUM_THREADS=1``;
 - ``all cores, spinning``: ``OMP_NUM_THREADS=<cores>`` and ``OMP_WAIT_POLICY=`` (empty: OpenMP's own
   wait, which spins), what suffixspec ran on before it chose threads itself.
 
-    python -m suffixspec.bench.bench_threads [--repeats 3] [--conditions idle,busy] [--json out.json]
+    python -m suffixspec.bench.bench_threads [--repeats 3] [--conditions idle,busy,arrives] [--json out.json]
 
 Example (figures of one run, decode tokens/s, medians)::
 
@@ -36,6 +38,9 @@ from typing import Any
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "edit.txt"
 BUSY = [sys.executable, "-c", "while True: pass"]
+QUESTION = "What does a Python list comprehension do? Give one short example."
+ARRIVE_AFTER = 48  # tokens decoded before the busy process starts, in the "arrives" condition
+CONDITIONS = ("idle", "busy", "arrives")
 
 
 def settings(cores: int) -> dict[str, dict[str, str | None]]:
@@ -69,6 +74,58 @@ def generate(model: str, prompt_file: Path, max_tokens: int, db: Path, env_chang
             "wall_s": round(wall, 2), "threads": out["threads"]["threads"], "load": _load()}
 
 
+def arrives(model: str, max_tokens: int, env_changes: dict[str, str | None]) -> dict:
+    """One child process that streams :data:`QUESTION` and starts a busy process after ``ARRIVE_AFTER``
+    tokens: decode tokens/s before and after, and the threads it ended on (with its switches)."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    for k, v in env_changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    cmd = [sys.executable, "-m", "suffixspec.bench.bench_threads", "--arrives-child", "--model", model,
+           "--max-tokens", str(max_tokens)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}): {res.stderr[-800:]}")
+    return {**json.loads(res.stdout.splitlines()[-1]), "load": _load()}
+
+
+def _arrives_child(model: str, max_tokens: int) -> None:
+    """The "arrives" run, inside the child: prints one JSON line."""
+    from suffixspec import SuffixSpec
+
+    with tempfile.TemporaryDirectory(prefix="suffixspec-arrives-") as tmp:
+        ss = SuffixSpec(model, db=Path(tmp) / "index.db", history=False)
+        busy = None
+        marks: list[tuple[int, float]] = []  # (tokens so far, time) at the first step, at arrival, at the end
+        tokens = 0
+        try:
+            for ev in ss.stream(messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens,
+                                temperature=0.0, ignore_eos=True):
+                tokens += len(ev.token_ids)
+                if not marks:
+                    marks.append((tokens, time.perf_counter()))
+                elif busy is None and tokens >= ARRIVE_AFTER:
+                    busy = subprocess.Popen(BUSY)
+                    marks.append((tokens, time.perf_counter()))
+                if ev.result is not None:
+                    tokens = len(ev.result.token_ids)
+            marks.append((tokens, time.perf_counter()))
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+        threads = ss.threads
+        ss.close()
+    (t0, s0), (t1, s1), (t2, s2) = marks if len(marks) == 3 else (marks[0], marks[0], marks[-1])
+    print(json.dumps({"before_tokens_per_s": round((t1 - t0) / max(s1 - s0, 1e-9), 1),
+                      "after_tokens_per_s": round((t2 - t1) / max(s2 - s1, 1e-9), 1),
+                      "decode_tokens_per_s": round((t2 - t1) / max(s2 - s1, 1e-9), 1),
+                      "tokens": t2, "threads": threads["threads"], "switches": threads["switches"],
+                      "rechecks": threads["rechecks"], "steps": None}))
+
+
 def run(model: str = "smollm2-135m-instruct", repeats: int = 3, conditions: tuple[str, ...] = ("idle", "busy"),
         max_tokens: int = 128, prompt_file: Path = EXAMPLE, log=print) -> dict[str, Any]:
     """{condition: {setting: {"runs": [...], "median_tokens_per_s"}}, "ratio": default / one thread}."""
@@ -84,10 +141,16 @@ def run(model: str = "smollm2-135m-instruct", repeats: int = 3, conditions: tupl
                 runs: dict[str, list[dict]] = {name: [] for name in table}
                 for i in range(repeats):
                     for name, changes in table.items():
-                        r = generate(model, prompt_file, max_tokens, db, changes)
+                        if cond == "arrives":
+                            r = arrives(model, max(max_tokens, 4 * ARRIVE_AFTER), changes)
+                            log(f"  {cond} #{i + 1} {name}: {r['before_tokens_per_s']} tokens/s before the busy "
+                                f"process, {r['after_tokens_per_s']} after; ended on {r['threads']} thread(s), "
+                                f"{r['switches']} switch(es) (load {r['load']})")
+                        else:
+                            r = generate(model, prompt_file, max_tokens, db, changes)
+                            log(f"  {cond} #{i + 1} {name}: {r['decode_tokens_per_s']} tokens/s, {r['threads']} "
+                                f"thread(s), {r['steps']} steps, {r['wall_s']} s wall (load {r['load']})")
                         runs[name].append(r)
-                        log(f"  {cond} #{i + 1} {name}: {r['decode_tokens_per_s']} tokens/s, {r['threads']} "
-                            f"thread(s), {r['steps']} steps, {r['wall_s']} s wall (load {r['load']})")
             finally:
                 if busy is not None:
                     busy.kill()
@@ -113,16 +176,20 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--conditions", default="idle,busy", help="comma-separated: idle, busy")
+    ap.add_argument("--conditions", default="idle,busy", help="comma-separated: idle, busy, arrives")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-file", type=Path, default=EXAMPLE)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--arrives-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.arrives_child:
+        _arrives_child(args.model, args.max_tokens)
+        return
     if not args.prompt_file.is_file():  # examples/ is in a checkout, not in the installed package
         ap.error(f"no prompt file {args.prompt_file}; run from a checkout or give --prompt-file")
     conditions = tuple(c.strip() for c in args.conditions.split(",") if c.strip())
-    if any(c not in ("idle", "busy") for c in conditions):
-        ap.error("--conditions takes idle and/or busy")
+    if any(c not in CONDITIONS for c in conditions):
+        ap.error(f"--conditions takes {', '.join(CONDITIONS)}")
     print(f"load average before: {_load()}")
     result = run(args.model, args.repeats, conditions, args.max_tokens, args.prompt_file)
     print(markdown(result) + f"load average after: {_load()}")

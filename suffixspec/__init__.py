@@ -1,7 +1,6 @@
 """suffixspec: retrieval-augmented suffix decoding with heterogeneous drafters.
 
-Heavy imports (torch, transformers) happen lazily, when an engine is built. Importing suffixspec
-before torch sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it (``suffixspec.threads``).
+Heavy imports (torch, transformers) happen lazily, when an engine is built.
 
 The repository keeps ``index/``, ``tokenizer_bridge/``, ``bench/`` and ``web/`` beside this package;
 a wheel installs them as ``suffixspec.index``, ``suffixspec.tokenizer_bridge``, ``suffixspec.bench``
@@ -11,9 +10,6 @@ and nothing else of the repository (``tests``, ``examples``, ``tools``) is a par
 """
 
 from .errors import RequestError
-from .threads import prepare_openmp as _prepare_openmp
-
-_prepare_openmp()  # before torch is imported: OpenMP's waiting threads sleep (suffixspec.threads)
 
 __version__ = "0.1.0"
 

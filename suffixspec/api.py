@@ -95,9 +95,6 @@ class SuffixSpec:
                  prefix_cache_mb: float = 256, threads: int | None = None, runtime: str = "transformers") -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
-        from .threads import prepare_openmp
-
-        prepare_openmp()  # a no-op once torch is imported (then OpenMP's wait policy is already fixed)
         self._lock = threading.RLock()  # close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None

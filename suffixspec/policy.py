@@ -105,10 +105,11 @@ DEFAULT = Policy()
 def cpu_clock() -> float:
     """Seconds of this thread's CPU time, to measure a pass or a proposer call with: what it would take on
     a machine with nothing else running. Preemption does not move it, and neither do the other OpenMP
-    threads of a pass: the calling thread works through its share of every parallel region and, under
-    the passive wait (``threads.prepare_openmp``), sleeps while the others finish theirs. The process's
-    CPU time, read before with more than one thread, also counted threads spinning for a preempted
-    partner (on a busy machine a pass of 2 inputs read 3.5x one of 1, and drafting stopped).
+    threads of a pass: the calling thread works through its share of every parallel region (and spins
+    briefly at its end, which is where a preempted partner shows: the thread tuner then moves to one
+    thread within a few passes, ``threads.ThreadTuner``, and the cost curves are kept per count). The
+    process's CPU time, read before with more than one thread, also counted the other threads spinning
+    for a preempted partner (on a busy machine a pass of 2 inputs read 3.5x one of 1, and drafting stopped).
     Example: a pass at 2 threads taking 31 ms of wall time on an idle machine reads about 30 ms."""
     return time.thread_time()
 

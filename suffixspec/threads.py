@@ -1,32 +1,38 @@
 """How many threads torch runs the target's passes on, on a CPU: measured, not inherited.
 
 torch starts one OpenMP thread per core. Whether that is fastest depends on what else the machine
-runs, and that changes: on an idle 2-core machine two threads decoded SmolLM2 1.47x as fast as one;
-with one other busy process two threads decoded at 0.38x of one, because every parallel region ends
-waiting for whichever of its threads the kernel preempted, while the others spin. So the CLI, the
-Python API and the server share one policy:
+runs, and that changes: on an idle 2-core machine two threads decoded SmolLM2 1.5x as fast as one;
+with one other busy process two threads decoded at 0.2-0.4x of one, because every parallel region ends
+with its threads waiting (spinning, under OpenMP's default wait) for whichever of them the kernel
+preempted. So the CLI, the Python API and the server share one policy:
 
-1. :func:`prepare_openmp`, run before torch is imported (``import suffixspec`` and the CLI do it),
-   asks OpenMP to let a waiting thread sleep at once (``OMP_WAIT_POLICY=PASSIVE``) instead of
-   spinning on a core another process wants: the worst case of a second thread goes from 4-20x
-   slower than one thread to about even (see docs/design.md, "Threads").
-2. :meth:`ThreadTuner.calibrate` times a pass at one thread and at the core count, interleaved, when
+1. :meth:`ThreadTuner.calibrate` times a pass at one thread and at the core count, interleaved, when
    the engine starts (``Engine.warm_up``), and keeps the faster; more threads must be ``margin``
-   faster to be chosen.
-3. While decoding, :meth:`ThreadTuner.before_pass` now and then runs a few real passes at the other
+   faster to be chosen. A round where more threads are ``collapse`` times slower ends it at once.
+2. While decoding, :meth:`ThreadTuner.before_pass` now and then runs a few real passes at the other
    count, alternating with the chosen one, and the choice moves when the other count is ``margin``
    faster. Each pass's wall time is divided by its size's share of the cost curve (``shape``: a pass of
    9 inputs costing 1.1 plain passes counts as 1.1 passes), so passes of any size compare. The next
    re-check waits twice as long while the choice holds, and at least ``recheck_cost`` times what the
-   last one lost (re-checking costs at most a few percent of the time).
+   last one lost (re-checking costs at most a few percent of the time). A pass at the other count that
+   takes ``collapse`` times the recent median ends the re-check there (on a busy machine a second
+   thread's pass can take 20 plain passes).
+3. Load that arrives while more threads than one are chosen starts a re-check at once: when
+   ``slow_passes`` passes in a row take ``collapse`` times the median of the ``baseline_passes`` before
+   them (per plain pass), the re-check runs now instead of minutes later. So OpenMP's own wait (threads
+   spin briefly, then sleep) stays: it is what makes two threads pay on an idle machine (a passive wait
+   loses most of that gain to waking threads), and its worst case, a busy neighbour, lasts a few passes.
 
 A count the user gives (``--threads N``, ``SuffixSpec(threads=N)``, or ``OMP_NUM_THREADS`` in the
-environment) is used as given and never measured; on a GPU torch's count is kept.
+environment) is used as given and never measured; on a GPU torch's count is kept. ``OMP_WAIT_POLICY``
+in the environment is OpenMP's to read (``PASSIVE`` for a fixed count of several threads on a shared
+machine).
 
 Worked example (2 cores): at start, passes of 8 inputs take 31, 30, 32 ms at two threads and 44, 45,
-43 ms at one -> two threads. A build starts on the machine; at the next re-check the passes alternate
-1, 2, 1, 2, 1, 2 threads and take (per plain-pass equivalent) 46, 95, 47, 120, 45, 88 ms -> one
-thread from then on (the three passes at two threads lost about 0.16 s, so the next re-check comes
+43 ms at one -> two threads. Decoding, the passes take about 20 ms per plain pass; a build starts on
+the machine and three passes in a row take 95, 120, 88 ms (over twice the median of the 16 before them)
+-> a re-check now: the passes alternate 1, 2, 1, 2, 1, 2 threads and take 46, 95, 47, 120, 45, 88 ms ->
+one thread from then on (the three passes at two threads lost about 0.16 s, so the next re-check comes
 at least 3.2 s of passes later, and after ``recheck_s`` at the earliest).
 """
 
@@ -35,38 +41,22 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
-_wait_policy_set_here = False  # prepare_openmp set OMP_WAIT_POLICY (the environment had none)
-
-
-def prepare_openmp() -> None:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment names a policy or torch is already
-    imported (libgomp reads it once, when torch loads it; after that it would change nothing).
-
-    Why: with the default policy a thread that finished its share of a parallel region spins until the
-    others finish; with another busy process on the machine, the one it waits for is often preempted,
-    so it spins away the very core that thread needs. Measured on 2 cores at load 8.5, a pass of 9
-    inputs at two threads: 0.9-2.1 s spinning, 0.11-0.14 s passive (one thread: 0.11 s)."""
-    global _wait_policy_set_here
-    if WAIT_POLICY in os.environ or "torch" in sys.modules:
-        return
-    os.environ[WAIT_POLICY] = "PASSIVE"
-    _wait_policy_set_here = True
 
 
 def wait_policy() -> str:
     """The OpenMP wait policy in effect, as the statement at start-up names it."""
     value = os.environ.get(WAIT_POLICY)
-    if value is None:
-        return "OpenMP's default wait (torch was imported before suffixspec)"
-    return f"{WAIT_POLICY}={value}" + ("" if _wait_policy_set_here else " (from the environment)")
+    if not value:
+        return "OpenMP's default wait"
+    return f"{WAIT_POLICY}={value} (from the environment)"
 
 
 def available_cores() -> int:
@@ -89,6 +79,9 @@ class ThreadPolicy:
     max_recheck_s: float = 240.0  # the interval doubles while the choice holds, up to this
     recheck_passes: int = 6  # passes of one re-check, alternating the two counts (the other count first)
     recheck_cost: float = 20.0  # the next re-check waits at least this many times what the last one lost
+    collapse: float = 2.0  # a pass this many times slower than the recent median (a start-up round: than one thread)
+    slow_passes: int = 3  # that many slow passes in a row at more threads than one start a re-check at once
+    baseline_passes: int = 16  # the recent passes whose median a slow one is measured against
 
     def __post_init__(self) -> None:
         if self.probe_inputs < 1 or self.probe_rounds < 1 or self.probe_context < 1:
@@ -97,6 +90,8 @@ class ThreadPolicy:
             raise ValueError("ThreadPolicy.recheck_passes must be even and >= 2 (both counts alternate)")
         if not 0.0 <= self.margin < 1.0 or not 0.0 < self.recheck_s <= self.max_recheck_s:
             raise ValueError("need 0 <= margin < 1 and 0 < recheck_s <= max_recheck_s")
+        if self.collapse <= 1.0 or self.slow_passes < 1 or self.baseline_passes < 1:
+            raise ValueError("need ThreadPolicy.collapse > 1, slow_passes >= 1 and baseline_passes >= 1")
 
 
 @dataclass
@@ -138,6 +133,8 @@ class ThreadTuner:
         self._until_recheck = self._interval
         self._plan: list[int] = []  # counts of the re-check's remaining passes
         self._samples: dict[int, list[float]] = {}  # count -> plain-pass-equivalent seconds in this re-check
+        # plain-pass-equivalent seconds of the latest passes at the chosen count since the last decision
+        self._recent: deque[float] = deque(maxlen=self.policy.baseline_passes + self.policy.slow_passes)
         if self.current is not None and self.how != "measured":
             self._set(self.current)
 
@@ -166,15 +163,17 @@ class ThreadTuner:
             self._set(n)
             run()
         times: dict[int, list[float]] = {n: [] for n in self.counts}
+        fewest, most = self.counts
         for r in range(self.policy.probe_rounds):
             for n in self.counts if r % 2 == 0 else reversed(self.counts):
                 self._set(n)
                 t = self.clock()
                 run()
                 times[n].append(self.clock() - t)
+            if times[most][-1] > self.policy.collapse * times[fewest][-1]:
+                break  # more threads collapsed (a busy machine): more rounds would only lose time
         medians = {n: statistics.median(v) for n, v in times.items()}
         self.measured_ms = {n: round(1000 * m, 1) for n, m in medians.items()}
-        fewest, most = self.counts
         self.current = most if medians[most] * (1 + self.policy.margin) < medians[fewest] else fewest
         self._set(self.current)
         log.debug("torch threads: %s", self.describe())  # SuffixSpec states it at INFO
@@ -198,22 +197,47 @@ class ThreadTuner:
             return
         if not self._plan:
             self._until_recheck -= wall
-            if self._until_recheck <= 0:
+            if self._until_recheck <= 0 or (shape is not None and self._collapsing(wall / max(shape, 1e-9))):
                 other = next(n for n in self.counts if n != self.current)
                 self._plan = [other, self.current] * (self.policy.recheck_passes // 2)
                 self._samples = {other: [], self.current: []}
             return
         if shape is None or threads != self._plan[0]:
             return  # the same count runs the next pass again
-        self._samples[threads].append(wall / max(shape, 1e-9))
+        per_pass = wall / max(shape, 1e-9)
+        self._samples[threads].append(per_pass)
         self._plan.pop(0)
+        if threads != self.current and self._recent and per_pass > self.policy.collapse * self._latest():
+            self._plan = []  # the other count collapses (a busy machine): its remaining passes would only lose time
         if not self._plan:
             self._decide()
+
+    def _collapsing(self, per_pass: float) -> bool:
+        """Record a pass at the chosen count (``per_pass``: seconds per plain pass); True when the latest
+        ``slow_passes`` all took ``collapse`` times the median of the ``baseline_passes`` before them, at
+        more threads than one (one thread has no partner to wait for: a slower pass there is the machine,
+        and the periodic re-check is enough)."""
+        p = self.policy
+        self._recent.append(per_pass)
+        if self.current == min(self.counts) or len(self._recent) < self._recent.maxlen:
+            return False
+        recent = list(self._recent)
+        base = statistics.median(recent[:p.baseline_passes])
+        if min(recent[p.baseline_passes:]) <= p.collapse * base:
+            return False
+        log.info("torch threads: passes at %d threads slowed from %.0f to %.0f ms per plain pass; re-checking",
+                 self.current, 1000 * base, 1000 * statistics.median(recent[p.baseline_passes:]))
+        return True
+
+    def _latest(self) -> float:
+        """Seconds per plain pass at the chosen count now: the median of its latest ``slow_passes`` passes."""
+        return statistics.median(list(self._recent)[-self.policy.slow_passes:])
 
     def _decide(self) -> None:
         """End a re-check: move to the other count if it was ``margin`` faster; schedule the next one."""
         other = next(n for n in self.counts if n != self.current)
-        mine, theirs = statistics.median(self._samples[self.current]), statistics.median(self._samples[other])
+        mine = statistics.median(self._samples[self.current]) if self._samples[self.current] else self._latest()
+        theirs = statistics.median(self._samples[other])
         lost = max(0.0, sum(self._samples[other]) - mine * len(self._samples[other]))
         self.rechecks += 1
         if theirs * (1 + self.policy.margin) < mine:
@@ -225,6 +249,7 @@ class ThreadTuner:
             self._interval = min(self.policy.max_recheck_s, 2 * self._interval)
         self._until_recheck = max(self._interval, self.policy.recheck_cost * lost)
         self._samples = {}
+        self._recent.clear()  # a new baseline at the count chosen now
 
     @staticmethod
     def _set(n: int) -> None:
@@ -252,8 +277,8 @@ def describe(d: dict) -> str:
     """A ``ThreadTuner.to_dict()`` in one line: the count, how it was chosen, the wait policy.
 
     >>> describe({"threads": 2, "how": "measured", "device": "cpu", "measured_ms": {"1": 44.0, "2": 31.0},
-    ...           "wait_policy": "OMP_WAIT_POLICY=PASSIVE", "rechecks": 0, "switches": 0})
-    '2 threads (measured at start: a pass took 31 ms at 2 threads, 44 ms at 1; re-checked while decoding; --threads N fixes it); OMP_WAIT_POLICY=PASSIVE'
+    ...           "wait_policy": "OpenMP's default wait", "rechecks": 0, "switches": 0})
+    "2 threads (measured at start: a pass took 31 ms at 2 threads, 44 ms at 1; re-checked while decoding; --threads N fixes it); OpenMP's default wait"
     """
     n = d["threads"]
     head = f"{n} thread{'s' if n != 1 else ''}"

@@ -107,7 +107,7 @@ def test_recheck_keeps_the_count_and_backs_off(measured):
     policy = ThreadPolicy(recheck_s=0.99, max_recheck_s=4.0, recheck_cost=1.0)
     tuner = ThreadTuner(cores=2, policy=policy)
     tuner.current = 1
-    walls = {1: 0.05, 2: 0.15}
+    walls = {1: 0.05, 2: 0.09}  # slower, but not collapsing (a re-check runs all its passes)
     _decode(tuner, walls, 20)  # 1.0 s of passes at 0.05 s
     n = tuner.before_pass()
     assert n == 2  # the re-check starts with the other count
@@ -139,17 +139,67 @@ def test_hold_stops_rechecks(measured):
     assert not tuner.measuring and set(_decode(tuner, {2: 1.0}, 5)) == {2}
 
 
-@pytest.mark.parametrize(("env", "first", "expected"), [
-    ({}, "suffixspec", "PASSIVE"),  # suffixspec first: OpenMP's waiting threads sleep
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, "suffixspec", "ACTIVE"),  # the environment's own choice is kept
-    ({}, "torch", None),  # torch first: too late to change, so nothing is set
+def test_load_that_arrives_starts_a_recheck_at_once(measured):
+    """The docstring's example: two threads chosen, then passes at two threads slow down (spinning
+    threads wait for a preempted one): three slow passes in a row start the re-check at once, long before
+    recheck_s, and it moves to one thread; then the baseline starts again at the new count."""
+    tuner = ThreadTuner(cores=2, policy=ThreadPolicy(recheck_s=240.0))
+    tuner.current = 2
+    assert set(_decode(tuner, {1: 0.030, 2: 0.020}, 16)) == {2}  # the baseline: 20 ms per plain pass
+    busy = {1: 0.046, 2: 0.100}
+    assert _decode(tuner, busy, 3) == [2, 2, 2]  # three slow passes (5x the median)...
+    assert _decode(tuner, busy, 6) == [1, 2, 1, 2, 1, 2]  # ...start the re-check now
+    assert tuner.current == 1 and tuner.switches == 1
+    assert set(_decode(tuner, {1: 0.046, 2: 0.100}, 40)) == {1}  # at one thread a slow pass starts nothing
+
+
+def test_a_recheck_ends_at_the_first_collapsing_pass(measured):
+    """One thread chosen on a busy machine: the periodic re-check's first pass at two threads takes 10x
+    the recent median, so the re-check ends there (five more passes would lose as much again each)."""
+    tuner = ThreadTuner(cores=2, policy=ThreadPolicy(recheck_s=0.48))
+    tuner.current = 1
+    assert set(_decode(tuner, {1: 0.05, 2: 0.5}, 10)) == {1}  # 0.5 s of passes: the re-check is due
+    assert _decode(tuner, {1: 0.05, 2: 0.5}, 3) == [2, 1, 1]
+    assert tuner.current == 1 and tuner.rechecks == 1 and tuner._until_recheck > 8  # 20x the 0.45 s lost, less 2 passes
+
+
+@pytest.mark.parametrize(("walls", "rechecks"), [
+    ([0.020] * 16 + [0.100, 0.100, 0.030], False),  # two slow passes, then a normal one: a hiccup
+    ([0.020] * 16 + [0.035] * 3, False),  # slower, but less than twice the median (shape noise, context growth)
+    ([0.020] * 10 + [0.100] * 3, False),  # too few passes for a baseline
 ])
-def test_prepare_openmp_before_torch_only(env, first, expected):
+def test_a_hiccup_starts_no_recheck(measured, walls, rechecks):
+    tuner = ThreadTuner(cores=2, policy=ThreadPolicy(recheck_s=240.0))
+    tuner.current = 2
+    for w in walls:
+        n = tuner.before_pass()
+        assert n == 2
+        tuner.after_pass(n, w, 1.0)
+    assert (tuner.before_pass() == 1) is rechecks
+
+
+def test_a_collapsing_count_ends_the_start_up_probe_early(measured):
+    """Two threads 5x slower than one in the first round: no further rounds are run (they would only
+    lose time on a busy machine), one thread is chosen."""
+    clock = FakeClock({1: 0.045, 2: 0.225})
+    ran = []
+    tuner = ThreadTuner(cores=2, clock=clock)
+    tuner.calibrate(lambda: (ran.append(torch.get_num_threads()), clock.run()))
+    assert ran == [1, 2, 1, 2]  # a warm-up at each count, then one round
+    assert tuner.current == 1 and tuner.measured_ms == {1: 45.0, 2: 225.0}
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "None OpenMP's default wait"),  # suffixspec leaves OpenMP's wait alone
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, "PASSIVE OMP_WAIT_POLICY=PASSIVE (from the environment)"),
+])
+def test_the_wait_policy_is_openmps_and_stated(env, expected):
     base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = f"import {first}, suffixspec, os; print(os.environ.get('OMP_WAIT_POLICY'))"
+    code = ("import suffixspec, os; from suffixspec.threads import wait_policy; "
+            "print(os.environ.get('OMP_WAIT_POLICY'), wait_policy())")
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
                          check=True).stdout.strip()
-    assert out == str(expected)
+    assert out == expected
 
 
 def test_switching_counts_while_decoding_keeps_the_output(measured, tiny_model_dirs):
