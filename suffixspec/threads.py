@@ -18,8 +18,8 @@ preempted. So the CLI, the Python API and the server share one policy:
    takes ``collapse`` times the recent median ends the re-check there (on a busy machine a second
    thread's pass can take 20 plain passes).
 3. Load that arrives while more threads than one are chosen starts a re-check at once: when
-   ``slow_passes`` passes in a row take ``collapse`` times the median of the ``baseline_passes`` before
-   them (per plain pass), the re-check runs now instead of minutes later. So OpenMP's own wait (threads
+   ``slow_passes`` of the latest ``slow_window`` passes take ``collapse`` times the median of the
+   ``baseline_passes`` before them (per plain pass), the re-check runs now instead of minutes later. So OpenMP's own wait (threads
    spin briefly, then sleep) stays: it is what makes two threads pay on an idle machine (a passive wait
    loses most of that gain to waking threads), and its worst case, a busy neighbour, lasts a few passes.
 
@@ -30,8 +30,8 @@ machine).
 
 Worked example (2 cores): at start, passes of 8 inputs take 31, 30, 32 ms at two threads and 44, 45,
 43 ms at one -> two threads. Decoding, the passes take about 20 ms per plain pass; a build starts on
-the machine and three passes in a row take 95, 120, 88 ms (over twice the median of the 16 before them)
--> a re-check now: the passes alternate 1, 2, 1, 2, 1, 2 threads and take 46, 95, 47, 120, 45, 88 ms ->
+the machine and of the next four passes three take 95, 120, 88 ms (over 1.5 times the median of the 16
+before them) -> a re-check now: the passes alternate 1, 2, 1, 2, 1, 2 threads and take 46, 95, 47, 120, 45, 88 ms ->
 one thread from then on (the three passes at two threads lost about 0.16 s, so the next re-check comes
 at least 3.2 s of passes later, and after ``recheck_s`` at the earliest).
 """
@@ -79,9 +79,10 @@ class ThreadPolicy:
     max_recheck_s: float = 240.0  # the interval doubles while the choice holds, up to this
     recheck_passes: int = 6  # passes of one re-check, alternating the two counts (the other count first)
     recheck_cost: float = 20.0  # the next re-check waits at least this many times what the last one lost
-    collapse: float = 2.0  # a pass this many times slower than the recent median (a start-up round: than one thread)
-    slow_passes: int = 3  # that many slow passes in a row at more threads than one start a re-check at once
-    baseline_passes: int = 16  # the recent passes whose median a slow one is measured against
+    collapse: float = 1.5  # a pass this many times slower than the recent median (a start-up round: than one thread)
+    slow_window: int = 4  # the latest passes looked at for slow ones
+    slow_passes: int = 3  # that many slow passes among them, at more threads than one, start a re-check at once
+    baseline_passes: int = 16  # the passes before the window, whose median a slow one is measured against
 
     def __post_init__(self) -> None:
         if self.probe_inputs < 1 or self.probe_rounds < 1 or self.probe_context < 1:
@@ -90,8 +91,8 @@ class ThreadPolicy:
             raise ValueError("ThreadPolicy.recheck_passes must be even and >= 2 (both counts alternate)")
         if not 0.0 <= self.margin < 1.0 or not 0.0 < self.recheck_s <= self.max_recheck_s:
             raise ValueError("need 0 <= margin < 1 and 0 < recheck_s <= max_recheck_s")
-        if self.collapse <= 1.0 or self.slow_passes < 1 or self.baseline_passes < 1:
-            raise ValueError("need ThreadPolicy.collapse > 1, slow_passes >= 1 and baseline_passes >= 1")
+        if self.collapse <= 1.0 or not 1 <= self.slow_passes <= self.slow_window or self.baseline_passes < 1:
+            raise ValueError("need ThreadPolicy.collapse > 1, 1 <= slow_passes <= slow_window and baseline_passes >= 1")
 
 
 @dataclass
@@ -134,7 +135,7 @@ class ThreadTuner:
         self._plan: list[int] = []  # counts of the re-check's remaining passes
         self._samples: dict[int, list[float]] = {}  # count -> plain-pass-equivalent seconds in this re-check
         # plain-pass-equivalent seconds of the latest passes at the chosen count since the last decision
-        self._recent: deque[float] = deque(maxlen=self.policy.baseline_passes + self.policy.slow_passes)
+        self._recent: deque[float] = deque(maxlen=self.policy.baseline_passes + self.policy.slow_window)
         if self.current is not None and self.how != "measured":
             self._set(self.current)
 
@@ -213,25 +214,27 @@ class ThreadTuner:
             self._decide()
 
     def _collapsing(self, per_pass: float) -> bool:
-        """Record a pass at the chosen count (``per_pass``: seconds per plain pass); True when the latest
-        ``slow_passes`` all took ``collapse`` times the median of the ``baseline_passes`` before them, at
-        more threads than one (one thread has no partner to wait for: a slower pass there is the machine,
-        and the periodic re-check is enough)."""
+        """Record a pass at the chosen count (``per_pass``: seconds per plain pass); True when ``slow_passes``
+        of the latest ``slow_window`` took ``collapse`` times the median of the ``baseline_passes`` before
+        them, at more threads than one (one thread has no partner to wait for: a slower pass there is the
+        machine, and the periodic re-check is enough). Spinning threads that wait for a preempted partner
+        make passes erratic (SmolLM2 at two threads: 32 ms idle, then 37-275 ms, median 64, with a busy
+        process), so most of them, not all, must be slow; one or two slow passes are a hiccup."""
         p = self.policy
         self._recent.append(per_pass)
         if self.current == min(self.counts) or len(self._recent) < self._recent.maxlen:
             return False
         recent = list(self._recent)
         base = statistics.median(recent[:p.baseline_passes])
-        if min(recent[p.baseline_passes:]) <= p.collapse * base:
+        if sum(x > p.collapse * base for x in recent[p.baseline_passes:]) < p.slow_passes:
             return False
         log.info("torch threads: passes at %d threads slowed from %.0f to %.0f ms per plain pass; re-checking",
                  self.current, 1000 * base, 1000 * statistics.median(recent[p.baseline_passes:]))
         return True
 
     def _latest(self) -> float:
-        """Seconds per plain pass at the chosen count now: the median of its latest ``slow_passes`` passes."""
-        return statistics.median(list(self._recent)[-self.policy.slow_passes:])
+        """Seconds per plain pass at the chosen count now: the median of its latest ``slow_window`` passes."""
+        return statistics.median(list(self._recent)[-self.policy.slow_window:])
 
     def _decide(self) -> None:
         """End a re-check: move to the other count if it was ``margin`` faster; schedule the next one."""
