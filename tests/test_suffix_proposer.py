@@ -570,6 +570,34 @@ def test_documents_step_aside_where_the_output_never_follows_them():
     assert all(_documents_steps(off, lambda i: [60 + i % 5, 1, 2], 50))  # ungated: drafts whenever it matches
 
 
+def test_documents_added_start_the_corpus_record_again(tmp_path):
+    """A corpus whose record went negative (its documents never paid) drafts again at the first request
+    after documents were added: the record is about the corpus before, and the new ones may pay."""
+    from suffixspec.index.retrieval import RetrievalParams
+
+    class Tok:
+        fingerprint = "ids-v1"
+
+        def encode(self, text):
+            return [int(w) for w in text.split()]
+
+    db = tmp_path / "index.db"
+    with IndexStore(db) as store:
+        store.add_documents([DocInput("1 2 3 4 5 6 7 8", "doc.txt")], Tok())
+    cfg = SuffixConfig(min_token_prob=0.0, retrieval=RetrievalParams(min_match=1))
+    p = SuffixProposer(db=db, tokenizer=Tok(), config=cfg, history=False)
+    for _ in range(20):
+        if not _documents_steps(p.fork(), lambda i: [60 + i % 5, 1, 2], 40)[0]:
+            break
+    assert p.documents_yield.value < 0 and not _documents_steps(p.fork(), lambda i: [3, 1, 2], 1)[0]
+    _documents_steps(p, lambda i: [3, 1, 2], 1)  # nothing changed: the record stays
+    assert p.documents_yield.value < 0
+    with IndexStore(db) as store:
+        store.add_documents([DocInput("1 2 9 9 9", "new.txt")], Tok())
+    assert _documents_steps(p.fork(), lambda i: [9, 9, 9], 1)[0]  # the first step of the next request drafts
+    assert p.documents_yield.steps <= 1
+
+
 def test_documents_that_the_output_copies_keep_drafting():
     from suffixspec.index.retrieval import RetrievalParams
 

@@ -31,17 +31,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PRIOR = 0.25  # a source's value before it is measured, in plain steps per step: it pays a little
+
 
 @dataclass
 class SourceYield:
     """A source's measured value per step (plain steps saved), as a moving average from a prior."""
 
-    value: float = 0.25  # moving average of gain - cost per step, in plain steps (prior: it pays a little)
+    value: float = PRIOR  # moving average of gain - cost per step, in plain steps
     steps: int = 0  # steps measured
 
     def observe(self, value: float, rate: float) -> None:
         self.value += rate * (value - self.value)
         self.steps += 1
+
+    def forget(self) -> None:
+        """Back to the prior: what was measured is about a corpus that has changed since (documents
+        added or removed may hold what the next outputs copy). In place: forks share the object."""
+        self.value, self.steps = PRIOR, 0
 
 
 @dataclass

@@ -240,6 +240,8 @@ class SuffixProposer(Proposer):
         if version != self._docs_version:
             self.documents = self.store.document_index(self.tokenizer if self.tokenizer is not None
                                                        else self.fingerprint)
+            if self._docs_version != -1:  # a corpus that changed: its record across requests starts again
+                self.documents_yield.forget()
             self._docs_version = version
 
     def documents_pending(self) -> bool:
