@@ -8,7 +8,8 @@ preempted. So the CLI, the Python API and the server share one policy:
 
 1. :meth:`ThreadTuner.calibrate` times a pass at one thread and at the core count, interleaved, when
    the engine starts (``Engine.warm_up``), and keeps the faster; more threads must be ``margin``
-   faster to be chosen. A round where more threads are ``collapse`` times slower ends it at once.
+   faster to be chosen. A round where more threads are ``collapse`` times slower ends it at once (and
+   no round runs when the untimed first passes already differ twice as much).
 2. While decoding, :meth:`ThreadTuner.before_pass` now and then runs a few real passes at the other
    count, alternating with the chosen one, and the choice moves when the other count is ``margin``
    faster. Each pass's wall time is divided by its size's share of the cost curve (``shape``: a pass of
@@ -160,12 +161,20 @@ class ThreadTuner:
                 self._set(self.current)
                 run()  # the warm-up alone
             return
+        warm: dict[int, float] = {}
         for n in self.counts:
             self._set(n)
+            t = self.clock()
             run()
+            warm[n] = self.clock() - t
         times: dict[int, list[float]] = {n: [] for n in self.counts}
         fewest, most = self.counts
-        for r in range(self.policy.probe_rounds):
+        # the warm-ups pay one-time set-up (the first most), so only a wide gap decides on them: on a busy
+        # machine a pass at two spinning threads took 1.8 s against 70 ms at one, seconds of start-up each
+        rounds = 0 if warm[most] > 2 * self.policy.collapse * warm[fewest] else self.policy.probe_rounds
+        if not rounds:
+            times = {n: [w] for n, w in warm.items()}
+        for r in range(rounds):
             for n in self.counts if r % 2 == 0 else reversed(self.counts):
                 self._set(n)
                 t = self.clock()

@@ -180,15 +180,19 @@ def test_a_hiccup_starts_no_recheck(measured, walls, rechecks):
     assert (tuner.before_pass() == 1) is rechecks
 
 
-def test_a_collapsing_count_ends_the_start_up_probe_early(measured):
-    """Two threads 5x slower than one in the first round: no further rounds are run (they would only
-    lose time on a busy machine), one thread is chosen."""
-    clock = FakeClock({1: 0.045, 2: 0.225})
+@pytest.mark.parametrize(("seconds_at", "passes"), [
+    ({1: 0.045, 2: 0.100}, [1, 2, 1, 2]),  # 2.2x in the first round: a warm-up at each count, then one round
+    ({1: 0.045, 2: 0.900}, [1, 2]),  # 20x (spinning threads on a busy machine): the warm-ups decide
+])
+def test_a_collapsing_count_ends_the_start_up_probe_early(measured, seconds_at, passes):
+    """Two threads much slower than one: no further rounds are run (they would only lose time on a busy
+    machine), one thread is chosen."""
+    clock = FakeClock(seconds_at)
     ran = []
     tuner = ThreadTuner(cores=2, clock=clock)
     tuner.calibrate(lambda: (ran.append(torch.get_num_threads()), clock.run()))
-    assert ran == [1, 2, 1, 2]  # a warm-up at each count, then one round
-    assert tuner.current == 1 and tuner.measured_ms == {1: 45.0, 2: 225.0}
+    assert ran == passes
+    assert tuner.current == 1 and tuner.measured_ms == {n: 1000 * s for n, s in seconds_at.items()}
 
 
 @pytest.mark.parametrize(("env", "expected"), [
