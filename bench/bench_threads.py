@@ -55,22 +55,28 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def generate(model: str, prompt_file: Path, max_tokens: int, db: Path, env_changes: dict[str, str | None]) -> dict:
-    """One ``suffixspec generate --json`` process: its decode tokens/s, steps, wall seconds and threads."""
+def _child(cmd: list[str], env_changes: dict[str, str | None]) -> tuple[str, float]:
+    """Run ``cmd`` with the environment changed (None: unset): its stdout and wall seconds."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     for k, v in env_changes.items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    cmd = [sys.executable, "-m", "suffixspec", "generate", "--prompt-file", str(prompt_file), "--chat",
-           "--model", model, "--max-tokens", str(max_tokens), "--no-history", "--db", str(db), "--json"]
     t = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}): {res.stderr[-800:]}")
-    out = json.loads(res.stdout)
+    return res.stdout, wall
+
+
+def generate(model: str, prompt_file: Path, max_tokens: int, db: Path, env_changes: dict[str, str | None]) -> dict:
+    """One ``suffixspec generate --json`` process: its decode tokens/s, steps, wall seconds and threads."""
+    cmd = [sys.executable, "-m", "suffixspec", "generate", "--prompt-file", str(prompt_file), "--chat",
+           "--model", model, "--max-tokens", str(max_tokens), "--no-history", "--db", str(db), "--json"]
+    stdout, wall = _child(cmd, env_changes)
+    out = json.loads(stdout)
     return {"decode_tokens_per_s": out["timing"]["decode_tokens_per_s"], "steps": out["speculative_decoding"]["steps"],
             "wall_s": round(wall, 2), "threads": out["threads"]["threads"], "load": _load()}
 
@@ -78,18 +84,10 @@ def generate(model: str, prompt_file: Path, max_tokens: int, db: Path, env_chang
 def arrives(model: str, max_tokens: int, env_changes: dict[str, str | None]) -> dict:
     """One child process that streams :data:`QUESTION` and starts a busy process after ``ARRIVE_AFTER``
     tokens: decode tokens/s before and after, and the threads it ended on (with its switches)."""
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    for k, v in env_changes.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
     cmd = [sys.executable, "-m", "suffixspec.bench.bench_threads", "--arrives-child", "--model", model,
            "--max-tokens", str(max_tokens)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}): {res.stderr[-800:]}")
-    return {**json.loads(res.stdout.splitlines()[-1]), "load": _load()}
+    stdout, _ = _child(cmd, env_changes)
+    return {**json.loads(stdout.splitlines()[-1]), "load": _load()}
 
 
 def _arrives_child(model: str, max_tokens: int) -> None:
@@ -120,11 +118,11 @@ def _arrives_child(model: str, max_tokens: int) -> None:
         threads = ss.threads
         ss.close()
     (t0, s0), (t1, s1), (t2, s2) = marks if len(marks) == 3 else (marks[0], marks[0], marks[-1])
+    after = round((t2 - t1) / max(s2 - s1, 1e-9), 1)
     print(json.dumps({"before_tokens_per_s": round((t1 - t0) / max(s1 - s0, 1e-9), 1),
-                      "after_tokens_per_s": round((t2 - t1) / max(s2 - s1, 1e-9), 1),
-                      "decode_tokens_per_s": round((t2 - t1) / max(s2 - s1, 1e-9), 1),
+                      "after_tokens_per_s": after, "decode_tokens_per_s": after,  # the table's column: after
                       "tokens": t2, "threads": threads["threads"], "switches": threads["switches"],
-                      "rechecks": threads["rechecks"], "steps": None}))
+                      "rechecks": threads["rechecks"]}))
 
 
 def run(model: str = "smollm2-135m-instruct", repeats: int = 3, conditions: tuple[str, ...] = ("idle", "busy"),

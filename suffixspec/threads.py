@@ -16,13 +16,14 @@ preempted. So the CLI, the Python API and the server share one policy:
    9 inputs costing 1.1 plain passes counts as 1.1 passes), so passes of any size compare. The next
    re-check waits twice as long while the choice holds, and at least ``recheck_cost`` times what the
    last one lost (re-checking costs at most a few percent of the time). A pass at the other count that
-   takes ``collapse`` times the recent median ends the re-check there (on a busy machine a second
-   thread's pass can take 20 plain passes).
+   takes ``collapse`` times the chosen count's latest passes ends the re-check there (on a busy machine
+   a second thread's pass can take 20 plain passes).
 3. Load that arrives while more threads than one are chosen starts a re-check at once: when
    ``slow_passes`` of the latest ``slow_window`` passes take ``collapse`` times the median of the
-   ``baseline_passes`` before them (per plain pass), the re-check runs now instead of minutes later. So OpenMP's own wait (threads
-   spin briefly, then sleep) stays: it is what makes two threads pay on an idle machine (a passive wait
-   loses most of that gain to waking threads), and its worst case, a busy neighbour, lasts a few passes.
+   ``baseline_passes`` before them (per plain pass), the re-check runs now instead of minutes later.
+   So OpenMP's own wait (threads spin briefly, then sleep) stays: it is what makes two threads pay on
+   an idle machine (a passive wait loses most of that gain to waking threads), and its worst case, a
+   busy neighbour, lasts a few passes.
 
 A count the user gives (``--threads N``, ``SuffixSpec(threads=N)``, or ``OMP_NUM_THREADS`` in the
 environment) is used as given and never measured; on a GPU torch's count is kept. ``OMP_WAIT_POLICY``
@@ -32,8 +33,8 @@ machine).
 Worked example (2 cores): at start, passes of 8 inputs take 31, 30, 32 ms at two threads and 44, 45,
 43 ms at one -> two threads. Decoding, the passes take about 20 ms per plain pass; a build starts on
 the machine and of the next four passes three take 95, 120, 88 ms (over 1.5 times the median of the 16
-before them) -> a re-check now: the passes alternate 1, 2, 1, 2, 1, 2 threads and take 46, 95, 47, 120, 45, 88 ms ->
-one thread from then on (the three passes at two threads lost about 0.16 s, so the next re-check comes
+before them) -> a re-check now: the passes alternate 1, 2, 1, 2, 1, 2 threads and take 46, 95, 47,
+120, 45, 88 ms -> one thread from then on (the three passes at two threads lost about 0.16 s, so the next re-check comes
 at least 3.2 s of passes later, and after ``recheck_s`` at the earliest).
 """
 

@@ -114,24 +114,27 @@ def test_merge_keeps_best_probability_and_budget():
     assert d.score == pytest.approx(1.0 + 0.6 + 0.5)
 
 
+class IdsTok:
+    """A tokenizer whose text is its token ids, space-separated ("1 2 3" -> [1, 2, 3])."""
+
+    fingerprint = "ids-v1"
+
+    def encode(self, text):
+        return [int(w) for w in text.split()]
+
+
 def test_store_backed_documents_and_persistent_history(tmp_path):
-    class Tok:
-        fingerprint = "ids-v1"
-
-        def encode(self, text):
-            return [int(w) for w in text.split()]
-
     db = tmp_path / "index.db"
     with IndexStore(db) as store:
-        store.add_documents([DocInput("1 2 3 4 5 6", "doc.txt")], Tok())
-    p = make_suffix_proposer(db=db, tokenizer=Tok(), max_spec_factor=4)
+        store.add_documents([DocInput("1 2 3 4 5 6", "doc.txt")], IdsTok())
+    p = make_suffix_proposer(db=db, tokenizer=IdsTok(), max_spec_factor=4)
     assert p.documents is not None and p.documents.num_tokens == 6
     p.begin(RequestContext(prompt_ids=[9, 2, 3]))
     assert p.propose([9, 2, 3], 3).tokens == [4, 5, 6]
     p.end([70, 71, 72, 73])
     # new documents appear at the next request; history survives a restart
     with IndexStore(db) as store:
-        store.add_documents([DocInput("20 21 22 23", "more.txt")], Tok())
+        store.add_documents([DocInput("20 21 22 23", "more.txt")], IdsTok())
     p.begin(RequestContext(prompt_ids=[20, 21]))
     d = p.propose([20, 21], 3)  # beside how the earlier answer began (70): a match found once is no certainty
     assert [t for t, s in zip(d.tokens, d.sources, strict=True) if s == SOURCE_DOCUMENTS] == [22, 23]
@@ -575,17 +578,11 @@ def test_documents_added_start_the_corpus_record_again(tmp_path):
     after documents were added: the record is about the corpus before, and the new ones may pay."""
     from suffixspec.index.retrieval import RetrievalParams
 
-    class Tok:
-        fingerprint = "ids-v1"
-
-        def encode(self, text):
-            return [int(w) for w in text.split()]
-
     db = tmp_path / "index.db"
     with IndexStore(db) as store:
-        store.add_documents([DocInput("1 2 3 4 5 6 7 8", "doc.txt")], Tok())
+        store.add_documents([DocInput("1 2 3 4 5 6 7 8", "doc.txt")], IdsTok())
     cfg = SuffixConfig(min_token_prob=0.0, retrieval=RetrievalParams(min_match=1))
-    p = SuffixProposer(db=db, tokenizer=Tok(), config=cfg, history=False)
+    p = SuffixProposer(db=db, tokenizer=IdsTok(), config=cfg, history=False)
     for _ in range(20):
         if not _documents_steps(p.fork(), lambda i: [60 + i % 5, 1, 2], 40)[0]:
             break
@@ -593,7 +590,7 @@ def test_documents_added_start_the_corpus_record_again(tmp_path):
     _documents_steps(p, lambda i: [3, 1, 2], 1)  # nothing changed: the record stays
     assert p.documents_yield.value < 0
     with IndexStore(db) as store:
-        store.add_documents([DocInput("1 2 9 9 9", "new.txt")], Tok())
+        store.add_documents([DocInput("1 2 9 9 9", "new.txt")], IdsTok())
     assert _documents_steps(p.fork(), lambda i: [9, 9, 9], 1)[0]  # the first step of the next request drafts
     assert p.documents_yield.steps <= 1
 

@@ -141,7 +141,7 @@ def test_hold_stops_rechecks(measured):
 
 def test_load_that_arrives_starts_a_recheck_at_once(measured):
     """The docstring's example: two threads chosen, then passes at two threads slow down (spinning
-    threads wait for a preempted one): three slow passes in a row start the re-check at once, long before
+    threads wait for a preempted one): three slow passes of the latest four start the re-check at once, long before
     recheck_s, and it moves to one thread; then the baseline starts again at the new count."""
     tuner = ThreadTuner(cores=2, policy=ThreadPolicy(recheck_s=240.0))
     tuner.current = 2
