@@ -97,6 +97,10 @@ class Draft:
     score: float = 0.0  # expected accepted tokens, as estimated by the proposer (used to pick/merge);
     # for a draft with q, fixed before sampling (it orders merges and feeds the gate)
     planned: int | None = None  # drafts with q: nodes planned before sampling (see gate_size)
+    # per node, the proposer's estimate that verification accepts it (its path probability: the node and every
+    # node above it accepted; they sum to the expected accepted tokens), or None. Deterministic drafts only: a
+    # sampled draft's path probabilities depend on what it sampled, and a merge ranked by them would cut by it
+    probs: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -112,6 +116,9 @@ class Draft:
             raise ValueError(f"Draft.q has {self.q.shape[0]} rows for {n} nodes; give one row per node")
         if self.q_known is not None and len(self.q_known) != n:
             raise ValueError("Draft.q_known needs one flag per node")
+        if self.probs is not None and (len(self.probs) != n or self.q is not None):
+            raise ValueError(f"Draft.probs needs one probability per node ({len(self.probs)} for {n}), and a "
+                             "draft carrying q has none (its path probabilities depend on what it sampled)")
         if self.planned is not None and self.planned < n:
             raise ValueError(f"Draft.planned ({self.planned}) is below its {n} nodes; plan at least what is drafted")
 
@@ -182,12 +189,13 @@ class Draft:
         q = self.q[:budget] if self.q is not None else None
         known = self.q_known[:budget] if self.q_known is not None else None
         planned = min(self.planned, budget) if self.planned is not None else None
+        probs = self.probs[:budget] if self.probs is not None else None
         return Draft(self.tokens[:budget], self.parents[:budget], self.sources[:budget], q, known, self.score,
-                     planned)
+                     planned, probs)
 
     @staticmethod
     def chain(tokens: list[int], source: str, q: torch.Tensor | None = None, score: float = 0.0,
-              planned: int | None = None) -> Draft:
+              planned: int | None = None, probs: list[float] | None = None) -> Draft:
         """A linear draft ``tokens[0] -> tokens[1] -> ...``."""
         return Draft(list(tokens), list(range(-1, len(tokens) - 1)), [source] * len(tokens), q, None, score,
-                     planned)
+                     planned, probs)

@@ -403,7 +403,7 @@ class ProposerGate:
 
     A proposer that is not known to be cheap is not called while the output copies another proposer's
     draft (the last draft was accepted to its end, none of it from this proposer's sources), nor when
-    the drafts made before it promise ``filled_fraction`` of the budget (score x calibration). The engine
+    the drafts made before it promise ``filled_fraction`` of the budget (score x its proposer's trust). The engine
     also holds back (``held``) proposers whose drafts carry no ``q`` while no such draft could pay
     (``DraftGate.hopeless``), and, on a sampled request's first step, those with a setup pending.
 

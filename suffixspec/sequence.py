@@ -133,6 +133,9 @@ class RequestState:
         self.copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
         self.copy_sources: set[str] = set()  # the sources of that path
         self.gate = DraftGate(self.policy)
+        # per proposer index: accepted tokens per token its drafts' node probabilities promised, over its
+        # verified drafts (the weight merge_drafts ranks its nodes with against the other proposers')
+        self.trust: dict[int, float] = {}
         self.proposer_gate: ProposerGate | None = None  # made in begin (it asks the proposers about q)
         # proposer records shared with the engine's other requests of this proposer set (deterministic drafts)
         self.shared = {} if shared is None else shared
@@ -198,13 +201,14 @@ class RequestState:
         gate = self.proposer_gate
         plain = step.plain()
         drafts: list[Draft] = []
+        weights: list[float] = []
+        promised = 0.0  # accepted tokens the drafts so far promise: their scores, each times its proposer's trust
         calls: list[Call] = []
         if gate is not None:
             gate.begin_step()
         for i, p in enumerate(self.proposers):
             if not p.active():  # left out by the request's drafters: no call, nothing recorded
                 continue
-            promised = self.gate.calibration * sum(d.score for d in drafts)
             held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
             own = p.judges_own_cost and self.spec.adaptive
             if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held, own):
@@ -219,7 +223,13 @@ class RequestState:
             calls.append(Call(i, p.name, max(0.0, cpu - setup), time.perf_counter() - wall, setup, set(d.sources)))
             if len(d) and (allowed is None or all(drafter_allows(allowed, s) for s in d.sources)):
                 drafts.append(d)
-        return merge_drafts(drafts, budget), calls
+                weights.append(self.trust.get(i, 1.0))
+                promised += self.trust.get(i, self.gate.calibration) * d.score
+        # a merged node is worth its place when its chance of acceptance times a plain step (what an accepted
+        # token saves) covers what one more node adds to the pass
+        node = step.per_node(budget) if len(drafts) > 1 else None
+        floor = node / plain if node is not None and plain else 0.0
+        return merge_drafts(drafts, budget, weights, floor), calls
 
     # -- commit ----------------------------------------------------------------------------------------
     def commit(self, plan: Plan, outcome: VerifyOutcome, verify_s: float, t_verified: float) -> StreamEvent:
@@ -279,10 +289,16 @@ class RequestState:
             self.gate.observe(draft.score, len(kept))
         for mass in outcome.top_mass:
             self.gate.observe_target(mass)
-        if self.proposer_gate is not None:
-            for call in plan.calls:
-                own = sum(1 for src in kept if src in call.sources)
+        for call in plan.calls:
+            own = sum(1 for src in kept if src in call.sources)
+            if self.proposer_gate is not None:
                 self.proposer_gate.observe(call.index, call.cpu_s, own, call.sources, call.setup_s)
+            if draft.probs is not None and len(self.proposers) > 1:  # what its nodes promised in the merged draft
+                promised = sum(p for p, src in zip(draft.probs, draft.sources, strict=True) if src in call.sources)
+                if promised > 0:
+                    trust = self.trust.get(call.index, 1.0)
+                    self.trust[call.index] = (1 - self.policy.calibration_rate) * trust + \
+                        self.policy.calibration_rate * min(self.policy.calibration_cap, own / promised)
 
     # -- end -------------------------------------------------------------------------------------------
     def end_proposers(self) -> None:

@@ -86,6 +86,7 @@ class DraftModelProposer(ModelDrafter):
         parents: list[int] = []
         rows: list[torch.Tensor] = []
         chain: list[int] = []
+        node_probs: list[float] = []  # each node's reach (a runner-up's: its parent's reach times its probability)
         reach, score, last = 1.0, 0.0, -1
         while True:
             if use_q:
@@ -103,11 +104,13 @@ class DraftModelProposer(ModelDrafter):
             alt_reach = reach * float(top.values[1]) if not use_q else 0.0
             reach *= float(probs[tok])
             self._reaches.append(reach)
+            node_probs.append(reach)
             score += reach
             if costed and not use_q and len(tokens) < cap and self.judge.branch(alt_reach, len(tokens), self._step):
                 # a small tree where the draft's top two are close: its runner-up as a sibling, not drafted on
                 tokens.append(int(top.indices[1]))
                 parents.append(parents[last])
+                node_probs.append(alt_reach)
                 score += alt_reach
             if len(chain) >= k or len(tokens) >= cap or not self.draft_further(reach, len(tokens), probs, tok):
                 break
@@ -124,7 +127,7 @@ class DraftModelProposer(ModelDrafter):
         elif not costed:
             score = float(self.length.value) / 2
         return Draft(tokens, parents, [SOURCE_DRAFT_MODEL] * len(tokens), q, None, score=score,
-                     planned=k if use_q else None)
+                     planned=k if use_q else None, probs=None if use_q else node_probs)
 
 
 def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "auto", **kwargs: Any) -> Proposer:

@@ -353,6 +353,7 @@ class SuffixProposer(Proposer):
         else:
             chosen = self._combine(results, budget)
         draft, self._last_probs, self._last_ells, self._last_keys = chosen
+        draft.probs = list(self._last_probs)  # what a merge with other proposers' drafts ranks its nodes by
         self._last = draft if len(draft) else None
         return draft
 
