@@ -85,6 +85,21 @@ def node_depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
+def surest_path(draft: Draft) -> list[int]:
+    """The nodes of the draft's most probable path from the root: at each node its child with the highest
+    ``probs`` (the first child where the draft carries none). Example: parents ``[-1, -1, 0]``, probs
+    ``[0.3, 0.6, 0.2]`` -> ``[1]`` (node 1 beats node 0 at the root and has no children); a chain -> every
+    node."""
+    kids = draft.children()
+    out: list[int] = []
+    node = -1
+    while kids.get(node):
+        options = kids[node]
+        node = max(options, key=draft.probs.__getitem__) if draft.probs is not None else options[0]
+        out.append(node)
+    return out
+
+
 @dataclass
 class Draft:
     """A tree of proposed target tokens. An empty draft means "no proposal" (never ``None``)."""

@@ -23,7 +23,7 @@ import torch
 
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
-from .draft import SOURCE_TARGET, Draft, drafter_allows
+from .draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
 from .errors import RequestError
 from .merge import merge_drafts
 from .policy import (
@@ -216,6 +216,7 @@ class RequestState:
             # every proposer is told the pass cost (the suffix proposer weighs its documents with it); one that
             # judges its own cost plans from it only when speculation adapts
             p.observe_costs(None if p.judges_own_cost and not own else step)
+            p.observe_lead(self._lead(drafts, weights))
             wall, cpu = time.perf_counter(), cpu_clock()
             d = p.propose(context, budget)
             cpu = cpu_clock() - cpu
@@ -230,6 +231,22 @@ class RequestState:
         node = step.per_node(budget) if len(drafts) > 1 else None
         floor = node / plain if node is not None and plain else 0.0
         return merge_drafts(drafts, budget, weights, floor), calls
+
+    def _lead(self, drafts: list[Draft], weights: list[float]) -> list[int]:
+        """The chain the drafts so far are sure of: the surest path of the one promising the most, up to its
+        first node below even odds once weighted by its proposer's trust (none where no draft carries
+        node probabilities). Example: a suffix copy at 0.98, 0.97, 0.6, 0.4 with trust 1 -> its first 3."""
+        best = max(((d, w) for d, w in zip(drafts, weights, strict=True) if d.probs is not None),
+                   key=lambda dw: dw[0].score * dw[1], default=None)
+        if best is None:
+            return []
+        d, w = best
+        out = []
+        for node in surest_path(d):
+            if d.probs[node] * w < 0.5:  # type: ignore[index]
+                break
+            out.append(d.tokens[node])
+        return out
 
     # -- commit ----------------------------------------------------------------------------------------
     def commit(self, plan: Plan, outcome: VerifyOutcome, verify_s: float, t_verified: float) -> StreamEvent:

@@ -522,3 +522,60 @@ def test_a_request_that_leaves_the_draft_model_out_never_calls_it(models, engine
     assert "draft_model" not in res.stats.propose_calls
     res = _run(engine, DraftModelProposer(models["same"]), PROMPTS[0], sp)
     assert res.stats.propose_calls.get("draft_model", 0) > 0
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_logits_along_a_chain_equal_one_token_at_a_time(models, lean):
+    """The draft's logits at every position of another drafter's chain, in one forward, are the ones it
+    gives feeding the chain token by token; the cache then holds the whole chain, and a rewrite after it
+    (the draft disagreeing half-way) feeds only what changed."""
+    loaded = models["same"]
+    ids = loaded.tokenizer.encode("def add(a, b):\n    return a + b")
+    chain = [5, 6, 7, 8]
+    runner, ref = DraftRunner(loaded, lean=lean), DraftRunner(loaded, lean=lean)
+    runner.logits_after(ids)
+    rows = runner.logits_along(ids + chain, len(ids) - 1)
+    assert rows.shape[0] == len(chain) + 1 and runner.ids == ids + chain
+    for j in range(len(chain) + 1):
+        torch.testing.assert_close(rows[j], ref.logits_after(ids + chain[:j]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(runner.logits_after(ids + chain[:2] + [9]), ref.logits_after(ids + chain[:2] + [9]),
+                               atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="start"):
+        runner.logits_along(ids, len(ids))
+
+
+def test_a_vetted_lead_drafts_what_the_draft_would_draft_alone(models):
+    """Told another drafter's chain (observe_lead), a greedy draft model checks it in one forward and
+    drafts the same tokens as without it, whether the lead agrees with it all the way, half-way or not at all."""
+    ids = models["target"].tokenizer.encode("def add(a, b):\n")
+    alone = DraftModelProposer(models["target"], sample=False, min_confidence=0.0, max_length=8)
+    alone.begin(RequestContext(prompt_ids=ids))
+    want = alone.propose(ids, 8)
+    for lead in (want.tokens[:6], want.tokens[:3] + [(want.tokens[3] + 1) % 100], [(want.tokens[0] + 1) % 100]):
+        vetted = DraftModelProposer(models["target"], sample=False, min_confidence=0.0, max_length=8)
+        vetted.begin(RequestContext(prompt_ids=ids))
+        vetted.observe_lead(lead)
+        calls: list[list[int]] = []
+        vetted.vet = lambda i, c, calls=calls, vet=vetted.vet: calls.append(list(c)) or vet(i, c)
+        got = vetted.propose(ids, 8)
+        assert calls == [lead] and len(want) > 3
+        assert got.tokens == want.tokens and got.parents == want.parents, lead
+        assert got.probs == pytest.approx(want.probs, rel=1e-4, abs=1e-6)
+
+
+def test_greedy_equals_plain_with_the_suffix_index_leading_the_draft_model(models, engine):
+    """Suffix drafts and a draft model in one engine (merged trees, the model vetting the suffix index's
+    surest chain): every output is plain decoding's."""
+    from suffixspec.proposers.suffix import SuffixProposer
+
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS:
+        copy = prompt + " " + prompt  # text the suffix index can copy
+        plain = _run(engine, None, copy, sp, SpeculationConfig(enabled=False))
+        engine.proposers = [SuffixProposer(tokenizer=models["target"].tokenizer),
+                            DraftModelProposer(models["same"], sample=False)]
+        try:
+            spec = engine.generate(copy, sp)
+        finally:
+            engine.proposers = []
+        assert spec.token_ids == plain.token_ids, prompt

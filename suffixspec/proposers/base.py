@@ -72,6 +72,10 @@ class Proposer(ABC):
         for a proposer that weighs what its drafts cost against what they yield (a draft model plans its
         draft from it, the suffix proposer its documents)."""
 
+    def observe_lead(self, tokens: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """A chain the proposers before this one are sure of this step (a suffix copy), told before
+        ``propose``: a draft model checks it in one forward rather than drafting it token by token."""
+
     def active(self) -> bool:
         """Whether it may draft anything for this request (called after ``begin``): a proposer the request's
         ``speculation.drafters`` leave out is neither called nor timed, so the costs and yields the engine

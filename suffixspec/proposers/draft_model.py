@@ -56,6 +56,10 @@ class DraftModelProposer(ModelDrafter):
     def begin(self, request: RequestContext) -> None:
         super().begin(request)
         self._prefilled = False  # the prompt is fed at the first propose (see ModelDrafter._prefill)
+        self._lead: list[int] = []
+
+    def observe_lead(self, tokens: Sequence[int]) -> None:
+        self._lead = list(tokens)  # vetted in one forward at the next propose (greedy drafts only)
 
     def drafts_with_q(self) -> bool:
         return self.sample and not self.sampling.greedy
@@ -80,7 +84,11 @@ class DraftModelProposer(ModelDrafter):
             k = model_draft_length(self.acceptance, self.step_s, self._step, min(cap, self.max_length))
         else:
             k = min(cap, self.max_length)
-        logits = self.logits(self._window(context, k))
+        ids = self._window(context, k)
+        lead = [] if use_q else self._lead[:k]  # a greedy draft vets another drafter's chain in one forward
+        self._lead = []
+        vetted = self.vet(ids, lead) if lead else None  # its logits after ids and after each lead token
+        logits = vetted[0] if vetted is not None else self.logits(ids)
         self._reaches = []
         tokens: list[int] = []
         parents: list[int] = []
@@ -114,7 +122,12 @@ class DraftModelProposer(ModelDrafter):
                 score += alt_reach
             if len(chain) >= k or len(tokens) >= cap or not self.draft_further(reach, len(tokens), probs, tok):
                 break
-            logits = self.extend(tok)
+            ids.append(tok)
+            if vetted is not None and len(chain) < len(vetted) and tok == lead[len(chain) - 1]:
+                logits = vetted[len(chain)]  # still on the vetted chain: its next row is already computed
+            else:
+                vetted = None
+                logits = self.logits(ids)  # the runner drops what it fed past the agreement
         self.learn_cost()
         self._chain = chain
         q = torch.stack(rows) if use_q else None

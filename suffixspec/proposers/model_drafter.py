@@ -120,6 +120,34 @@ class DraftRunner:
         """Logits after appending ``token`` to the current ids."""
         return self.logits_after([*self.ids, token])
 
+    @torch.inference_mode()
+    def logits_along(self, ids: Sequence[int], start: int) -> torch.Tensor:
+        """Next-token logits [len(ids) - start, vocab] after each of ``ids[:start + 1]``, ..., ``ids``, in one
+        forward (feeding what the cache lacks from ``ids[start]`` on at the latest): what the draft model
+        says at every position of a chain another drafter proposed. Example: ids = context + [a, b],
+        start = len(context) - 1 -> three rows: after the context, after a, after a b."""
+        if not 0 <= start < len(ids):
+            raise ValueError(f"start must index ids (0 <= start < {len(ids)}), got {start}")
+        n = min(common_prefix(self.ids, ids), start)
+        if self.lean is not None:
+            if self.cache is None:
+                self.cache = SlotCache(1)
+                self.cache.add_row()
+            rows = self.lean([PassRow(0, list(ids[n:]), None, n, "all")], self.cache)[0]
+            self.cache.lengths[0] = len(ids)
+        else:
+            if self.cache is None or n == 0:
+                self.cache = new_cache(self.model.config)
+                n = 0
+            elif self.cache.get_seq_length() > n:
+                self.cache.crop(n - self.cache.get_seq_length())
+            out = self.model(input_ids=torch.tensor([list(ids[n:])], device=self.device),
+                             **{self._cache_kw: self.cache, "use_cache": True})
+            rows = out.logits[0].float()
+        self.ids = list(ids)
+        self._last = rows[-1]
+        return rows[start - n:]
+
     def room(self) -> int:
         return self.max_context - len(self.ids) - 1
 
@@ -283,6 +311,12 @@ class ModelDrafter(Proposer):
     def extend(self, token: int) -> torch.Tensor:
         """``runner.extend(token)``, timed as :meth:`logits`."""
         return self.logits([*self.runner.ids, token])
+
+    def vet(self, ids: Sequence[int], chain: Sequence[int]) -> torch.Tensor:
+        """The draft's logits after ``ids`` and after each token of ``chain`` (another drafter's proposal) in
+        one forward (``runner.logits_along``): ``len(chain) + 1`` rows. Not folded into ``step_s``, the cost of
+        one more token drafted one at a time, which the judge weighs."""
+        return self.runner.logits_along([*ids, *chain], len(ids) - 1)
 
     def learn_cost(self) -> None:
         """Fold this call's draft forwards into ``step_s`` (a moving average over the engine's life)."""
