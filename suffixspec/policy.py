@@ -375,9 +375,6 @@ class ProposerRecord:
     idle: float = 0.0  # row-seconds of plain steps it sat out since it last ran
     sources: set[str] = field(default_factory=set)  # node sources it has drafted
     calls: int = 0  # calls observed (the first one's time is not taken: lazy set-up)
-    # accepted tokens per token its nodes promised in merged drafts (RequestState.trust), where the next
-    # request's starts: each request moves it half-way to its own, as a draft model's priors move
-    trust: float = 1.0
 
     def observe(self, seconds: float, accepted: int, rate: float) -> None:
         self.calls += 1

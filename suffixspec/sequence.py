@@ -134,12 +134,11 @@ class RequestState:
         self.copy_sources: set[str] = set()  # the sources of that path
         self.gate = DraftGate(self.policy)
         # per proposer index: accepted tokens per token its drafts' node probabilities promised, over its
-        # verified drafts (the weight merge_drafts ranks its nodes with against the other proposers'),
-        # starting where the engine's earlier requests left it (``shared``: proposer records shared with the
-        # engine's other requests of this proposer set)
-        self.shared = {} if shared is None else shared
-        self.trust: dict[int, float] = {i: rec.trust for i, rec in self.shared.items()}
+        # verified drafts (the weight merge_drafts ranks its nodes with against the other proposers')
+        self.trust: dict[int, float] = {}
         self.proposer_gate: ProposerGate | None = None  # made in begin (it asks the proposers about q)
+        # proposer records shared with the engine's other requests of this proposer set (deterministic drafts)
+        self.shared = {} if shared is None else shared
         self._ended = False
 
     @property
@@ -325,9 +324,6 @@ class RequestState:
             self._ended = True
             for p in self.proposers:
                 p.end(self.output)
-            for i, trust in self.trust.items():  # the next request starts half-way between
-                rec = self.shared.setdefault(i, ProposerRecord())
-                rec.trust = 0.5 * rec.trust + 0.5 * trust
 
     def close(self) -> StreamEvent:
         """End the request: the final event, carrying the result."""

@@ -98,25 +98,3 @@ def test_nodes_below_the_floor_are_left_out_but_the_best_stays():
     assert merged.tokens == [8, 9] and merged.sources == ["draft_model"] * 2
     weak = merge_drafts([suffix, Draft.chain([7], "draft_model", score=0.01, probs=[0.01])], 8, min_prob=0.07)
     assert weak.tokens == [5]  # nothing reaches the floor: the most probable node is still verified
-
-
-def test_trust_carries_half_way_to_the_next_request(tiny_model_dirs):
-    """A proposer whose merged nodes did not come true starts the engine's next request less trusted (half-way
-    between the prior and what the request measured); the outputs stay plain decoding's."""
-    from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.engine import Engine
-    from suffixspec.loading import load_model
-    from suffixspec.proposers.draft_model import DraftModelProposer
-    from suffixspec.proposers.suffix import SuffixProposer
-
-    target = load_model(str(tiny_model_dirs["llama"]), device="cpu")
-    engine = Engine(target)
-    engine.proposers = [SuffixProposer(tokenizer=target.tokenizer), DraftModelProposer(target, sample=False)]
-    sp = SamplingParams(max_tokens=24, ignore_eos=True)
-    prompt = "def add(a, b):\n    return a + b\n" * 3
-    out = engine.generate(prompt, sp)
-    shared = engine._shared[tuple(id(p) for p in engine.proposers)]
-    assert shared and all(0.0 <= rec.trust <= 4.0 for rec in shared.values())
-    assert any(rec.trust != 1.0 for rec in shared.values())  # something was learned and carried
-    engine.proposers, plain = [], engine.generate(prompt, sp, SpeculationConfig(enabled=False))
-    assert out.token_ids == plain.token_ids
