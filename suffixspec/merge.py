@@ -21,6 +21,7 @@ then A's surest node.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .draft import Draft
@@ -98,30 +99,23 @@ def merge_drafts(drafts: list[Draft], budget: int, weights: Sequence[float] | No
     origin: list[tuple[int, int]] = []  # (draft index, node index) that created each merged node
     shared: list[bool] = []  # proposed by more than one draft
     ranked = all(d.probs is not None for d in drafts)
-    if ranked:
-        local: dict[tuple[int, int], int] = {}  # (draft index, node index) -> merged node
-        for rank, di, i in _most_probable(kept):
-            if rank < min_prob and union.tokens:
-                break
-            d = drafts[di]
-            par = d.parents[i]
-            node, created = union.add_node(-1 if par < 0 else local[(di, par)], d.tokens[i], budget)
-            local[(di, i)] = node
-            if created:
-                sources.append(d.sources[i])
-                origin.append((di, i))
-                shared.append(False)
-            elif node != _CUT:
-                shared[node] = True
-    else:
-        for di, d in enumerate(drafts):
-            for i, node, created in union.add(d.tokens, d.parents, budget):
-                if created:
-                    sources.append(d.sources[i])
-                    origin.append((di, i))
-                    shared.append(False)
-                else:
-                    shared[node] = True
+    # the nodes in the order they go in: by rank, or each draft whole, best score first (never cut by min_prob)
+    order = _most_probable(kept) if ranked else [(math.inf, di, i) for di, d in enumerate(drafts)
+                                                 for i in range(len(d))]
+    local: dict[tuple[int, int], int] = {}  # (draft index, node index) -> merged node, or _CUT
+    for rank, di, i in order:
+        if rank < min_prob and union.tokens:
+            break
+        d = drafts[di]
+        par = d.parents[i]
+        node, created = union.add_node(-1 if par < 0 else local[(di, par)], d.tokens[i], budget)
+        local[(di, i)] = node
+        if created:
+            sources.append(d.sources[i])
+            origin.append((di, i))
+            shared.append(False)
+        elif node != _CUT:
+            shared[node] = True
     tokens, parents = union.tokens, union.parents
     q_rows = [drafts[di].q[i] if drafts[di].has_q(i) else None for di, i in origin]
     known = [row is not None and not shared[n] for n, row in enumerate(q_rows)]

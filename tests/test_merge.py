@@ -81,6 +81,8 @@ def test_a_draft_without_probabilities_merges_whole_drafts_by_score():
     with_probs = Draft.chain([5, 6, 7], "prompt", score=1.0, probs=[0.5, 0.3, 0.2])
     merged = merge_drafts([with_probs, Draft.chain([8, 9], "draft_model", score=0.5)], 3)
     assert merged.tokens == [5, 6, 7] and merged.probs is None
+    assert merge_drafts([with_probs, Draft.chain([8, 9], "draft_model", score=0.5)], 8, min_prob=2.0).tokens == \
+        [5, 6, 7, 8, 9]  # no probabilities to rank by: no floor either
 
 
 def test_probabilities_are_per_node_and_never_on_a_sampled_draft():

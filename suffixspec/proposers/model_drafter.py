@@ -94,26 +94,7 @@ class DraftRunner:
         n = common_prefix(self.ids, ids)
         if n == len(ids) == len(self.ids) and self._last is not None:
             return self._last
-        n = min(n, len(ids) - 1)  # feed at least one token to get logits
-        if self.lean is not None:
-            if self.cache is None:
-                self.cache = SlotCache(1)
-                self.cache.add_row()
-            self._last = self.lean([PassRow(0, list(ids[n:]), None, n, "last")], self.cache)[0][0]
-            self.cache.lengths[0] = len(ids)
-            self.ids = list(ids)
-            return self._last
-        if self.cache is None or n == 0:
-            self.cache = new_cache(self.model.config)  # every position kept, so crop works past a window
-            n = 0
-        elif self.cache.get_seq_length() > n:
-            self.cache.crop(n - self.cache.get_seq_length())  # negative: drop that many (any transformers)
-        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
-        if self._keep_one:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=torch.tensor([list(ids[n:])], device=self.device), **kwargs)
-        self.ids = list(ids)
-        self._last = out.logits[0, -1].float()
+        self._feed(ids, min(n, len(ids) - 1), every=False)  # at least one token fed, to get logits
         return self._last
 
     def extend(self, token: int) -> torch.Tensor:
@@ -128,25 +109,33 @@ class DraftRunner:
         start = len(context) - 1 -> three rows: after the context, after a, after a b."""
         if not 0 <= start < len(ids):
             raise ValueError(f"start must index ids (0 <= start < {len(ids)}), got {start}")
-        n = min(common_prefix(self.ids, ids), start)
+        rows, n = self._feed(ids, min(common_prefix(self.ids, ids), start), every=True)
+        return rows[start - n:]
+
+    def _feed(self, ids: Sequence[int], n: int, every: bool) -> tuple[torch.Tensor, int]:
+        """Feed ``ids[n:]`` after the cache's first ``n`` positions (a cache without them starts over) and
+        make the cache hold ``ids``: the logits rows [fed, vocab] of every fed position (``every``) or
+        [1, vocab] of the last, and where the feed started."""
         if self.lean is not None:
             if self.cache is None:
                 self.cache = SlotCache(1)
                 self.cache.add_row()
-            rows = self.lean([PassRow(0, list(ids[n:]), None, n, "all")], self.cache)[0]
+            rows = self.lean([PassRow(0, list(ids[n:]), None, n, "all" if every else "last")], self.cache)[0]
             self.cache.lengths[0] = len(ids)
         else:
             if self.cache is None or n == 0:
-                self.cache = new_cache(self.model.config)
+                self.cache = new_cache(self.model.config)  # every position kept, so crop works past a window
                 n = 0
             elif self.cache.get_seq_length() > n:
-                self.cache.crop(n - self.cache.get_seq_length())
-            out = self.model(input_ids=torch.tensor([list(ids[n:])], device=self.device),
-                             **{self._cache_kw: self.cache, "use_cache": True})
-            rows = out.logits[0].float()
+                self.cache.crop(n - self.cache.get_seq_length())  # negative: drop that many (any transformers)
+            kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
+            if self._keep_one and not every:
+                kwargs["logits_to_keep"] = 1
+            out = self.model(input_ids=torch.tensor([list(ids[n:])], device=self.device), **kwargs)
+            rows = out.logits[0].float() if every else out.logits[0, -1:].float()
         self.ids = list(ids)
         self._last = rows[-1]
-        return rows[start - n:]
+        return rows, n
 
     def room(self) -> int:
         return self.max_context - len(self.ids) - 1
