@@ -25,6 +25,7 @@ from suffixspec.engine import Engine
 from suffixspec.lean import PassRow
 from suffixspec.loading import load_model
 from suffixspec.proposers import Proposer, RequestContext, make_proposer
+from suffixspec.proposers.draft_model import DraftModelProposer
 from suffixspec.runner import Runner
 from suffixspec.scheduler import Scheduler
 
@@ -100,19 +101,23 @@ CASES = [
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-@pytest.mark.parametrize("drafter", ["oracle-tree", "random-tree", "suffix"])
+@pytest.mark.parametrize("drafter", ["oracle-tree", "random-tree", "suffix", "suffix+model"])
 def test_batched_outputs_equal_alone(engines, arch, drafter):
-    """Greedy and seeded requests, joining at different steps, equal their plain runs alone."""
+    """Greedy and seeded requests, joining at different steps, equal their plain runs alone. ``suffix+model``:
+    the suffix index and a draft model drafting its argmax (no q) merge by node probability, the model
+    vetting the index's surest chain."""
     engine = engines[arch]
     assert engine.batchable
     reqs = [(PROMPTS[i % len(PROMPTS)], SamplingParams(**case)) for i, case in enumerate(CASES)]
     alone = [_alone(engine, p, sp) for p, sp in reqs]
     outputs = {tuple(engine.encode(p)): a.token_ids for (p, _), a in zip(reqs, alone, strict=True)}
-    engine.proposers = [{
-        "oracle-tree": lambda: PromptOracle(outputs, engine.vocab_size, corrupt_every=4, branch=True),
-        "random-tree": lambda: RandomTreeProposer(list(range(3, 60)), seed=5),
-        "suffix": lambda: make_proposer("suffix", db=None, tokenizer=engine.tokenizer),
-    }[drafter]()]
+    engine.proposers = {
+        "oracle-tree": lambda: [PromptOracle(outputs, engine.vocab_size, corrupt_every=4, branch=True)],
+        "random-tree": lambda: [RandomTreeProposer(list(range(3, 60)), seed=5)],
+        "suffix": lambda: [make_proposer("suffix", db=None, tokenizer=engine.tokenizer)],
+        "suffix+model": lambda: [make_proposer("suffix", db=None, tokenizer=engine.tokenizer),
+                                 DraftModelProposer(engine.target, sample=False)],
+    }[drafter]()
     try:
         sched = _scheduler(engine, 4)
         handles = [_submit(engine, sched, p, sp, EVERY_DRAFT if i % 2 else None)

@@ -342,6 +342,52 @@ class _LikeliestTree(Proposer):
         return Draft(tokens, parents, [SOURCE_PROMPT] * len(tokens), score=float(self.depth))
 
 
+class _RankedTree(RandomTreeProposer):
+    """The random tree with its nodes' probabilities (``Draft.probs``: 0.8 per level), as the suffix index's
+    drafts carry them, so that a merge with another deterministic draft ranks nodes instead of drafts."""
+
+    def propose(self, context, budget):
+        d = super().propose(context, budget)
+        return Draft(d.tokens, d.parents, [SOURCE_PROMPT] * len(d), score=d.score,
+                     probs=[0.8 ** depth for depth in d.depths()])
+
+
+@pytest.mark.parametrize("policy", [None, MOMENTUM], ids=["default", "momentum"])
+def test_merges_ranked_by_node_probability_keep_the_law_and_the_tokens(toys, policy, monkeypatch):
+    """A draft model drafting its argmax (no q; the target itself, so that argmax tokens are often sampled
+    and accepted) and a ranked tree merge node by node (weights from each
+    proposer's trust, the cost floor, the model vetting the tree's surest chain), under the engine's gates:
+    the law of every position holds, and seeded runs give plain sampling's tokens."""
+    import suffixspec.merge as merge_module
+
+    ranked = {"merges": 0}
+    most_probable = merge_module._most_probable
+
+    def counting_ranked(kept):
+        ranked["merges"] += 1
+        return most_probable(kept)
+
+    monkeypatch.setattr(merge_module, "_most_probable", counting_ranked)
+    pool = torch.topk(toys["T"].sum(0), 12).indices.tolist()
+
+    def drafters():
+        return [DraftModelProposer(toys["target"], target_vocab_size=toys["T"].shape[0], sample=False),
+                _RankedTree(pool, seed=3, max_nodes=4)]
+
+    pvalues, counts = _run_seeds(toys, drafters(), PinnedCost(0.3), policy=policy)
+    assert ranked["merges"] > 0 and counts["passed"] > 0, (ranked, counts)
+    assert counts["accepted"] > 0.1 * SEEDS, counts
+    assert min(pvalues) > 1e-3, (pvalues, counts)
+    engine = Engine(toys["target"], policy=policy)
+    engine.scheduler.cost = PinnedCost(0.3)
+    for seed in range(20):
+        sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True)
+        engine.proposers = []
+        plain = engine.generate(toys["prompt"], sp, False)
+        engine.proposers = drafters()
+        assert engine.generate(toys["prompt"], sp, SpeculationConfig(adaptive=True)).token_ids == plain.token_ids
+
+
 def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toys, monkeypatch):
     """The target's sharpness gates (policy.DraftGate ``ceiling`` and ``hopeless``, the engine's
     hold on proposers without ``q``) judge a deterministic draft by its shape and by the target's
