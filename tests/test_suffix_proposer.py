@@ -656,3 +656,37 @@ def test_retrieval_settings_come_as_an_object_or_as_json_fields():
         pseudo_count=0.5, min_match=3)
     with pytest.raises(ValueError, match="min_count"):
         SuffixConfig(retrieval={"min_count": 0})
+
+
+def test_a_rename_learned_once_is_drafted_wherever_the_identifier_recurs(monkeypatch):
+    """A rename learned at ``(frame`` (the token ``frame``) is drafted at `` frame`` (another token) too, and not
+    at ``obj.frame`` (an attribute, which the rename of a local leaves alone): fewer steps than the edit learned
+    by its token alone, the same output (replay accepts only what the output holds)."""
+    import re
+
+    from suffixspec.bench.bench_drafting import Trace, replay
+
+    from suffixspec.loading import load_tokenizer
+    from suffixspec.proposers import suffix as S
+
+    tok = load_tokenizer("suffixspec/demo-target")
+    code = ("def draw(frame, scale):\n    size = measure(frame) * scale\n    if frame is None:\n"
+            "        return obj.frame\n    return render(frame, size) + frame.area\n")
+    edited = re.sub(r"(?<![.\w])frame\b", "frame_value", code)
+    prompt = tok.encode("Rename it:\n" + code, add_special_tokens=False)
+    output = tok.encode(edited, add_special_tokens=False)
+    # the identifier is two tokens in the source: "frame" after "(" and "." , " frame" after a space
+    pieces = [tok.decode([t]) for t in prompt]
+    assert "frame" in pieces and " frame" in pieces
+
+    def steps(words: bool) -> int:
+        p = SuffixProposer(tokenizer=tok, config=SuffixConfig(learn_rates=False), history=False)
+        if not words:
+            monkeypatch.setattr(p, "_copy_tracker", lambda: S.CopyTracker(p.config.resume_window, None))
+        return replay(p, [Trace(prompt, output, [], None)]).steps
+
+    assert steps(True) < steps(False)
+    # the rule itself: a whole identifier, an attribute only where the learned one was one
+    assert S._ends_with_word(b"render(frame", b"frame") and S._ends_with_word(b"if frame", b"frame")
+    assert not S._ends_with_word(b"obj.frame", b"frame") and not S._ends_with_word(b"subframe", b"frame")
+    assert S._ends_with_word(b"obj.frame", b".frame") and not S._ends_with_word(b"x = frame", b".frame")

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -225,7 +226,7 @@ class SuffixProposer(Proposer):
         self._last_keys: list[str] = []  # its nodes' keys into ``rates``
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
         self._copy_source: str | None = None  # the source of that confirmed path: it leads the next merge
-        self._copy = CopyTracker(self.config.resume_window)  # where the output copies the request's text
+        self._copy = self._copy_tracker()  # where the output copies the request's text
 
     # ----- corpus ------------------------------------------------------------------------------------
     def reload_documents(self) -> None:
@@ -276,7 +277,7 @@ class SuffixProposer(Proposer):
         self._doc_gate = SourceGate(self.documents_yield)
         self._doc_trial = None
         self._last, self._copy_run, self._copy_source = None, 0, None
-        self._copy = CopyTracker(self.config.resume_window)
+        self._copy = self._copy_tracker()
 
     def update(self, new_tokens: Sequence[int]) -> None:
         if self._request is None:
@@ -307,6 +308,10 @@ class SuffixProposer(Proposer):
         """Write outputs still waiting for the store (it was locked by a long ``index add``)."""
         if self.history is not None:
             self.history.flush()
+
+    def _copy_tracker(self) -> CopyTracker:
+        """A new request's copy tracker (edits learned as words where the tokens' texts are known)."""
+        return CopyTracker(self.config.resume_window, self._vocab.token_bytes if self._vocab is not None else None)
 
     def _allows(self, source: str) -> bool:
         return drafter_allows(self._allowed, source)  # the prediction drafts whenever given
@@ -563,16 +568,26 @@ class CopyTracker:
     instead, after the token that preceded it: here "after ``local``, insert ``_v2``") and applied
     to later drafts copied from the request (:meth:`apply`): the next ``local`` of the copy is
     drafted as ``local_v2``, so a rename applied all over a file costs one miss, not one per place.
+    With the tokens' texts (``token_bytes``), an insertion at the end of an identifier is learned as
+    that word's: the tokenizer splits ``frame`` as `` frame`` after a space and ``frame`` after ``(``,
+    so "after the token `` frame``, insert ``_value``" would miss ``derive_context(frame)``; "after the
+    word ``frame`` (a whole identifier: no letter, digit or ``_`` before or after it), insert
+    ``_value``" drafts it.
     """
 
-    def __init__(self, window: int = 16) -> None:
+    def __init__(self, window: int = 16, token_bytes: Sequence[bytes | None] | None = None) -> None:
         self.window = window
+        self.token_bytes = token_bytes  # each token's text (VocabTable.token_bytes): edits learned as words
         self.at: int | None = None  # position in the request index the next output token should copy
         self.resume: int | None = None  # where an interrupted copy stood
         self.starts: list[int] = []  # the resume positions drafted at the last step
         self.written: list[int] = []  # the tokens written since the interruption
         self.edits: list[tuple[int, list[int], list[int]]] = []  # learned (after token, removed, inserted)
         self.applied: list[tuple[list[int], int, tuple[int, list[int], list[int]]]] = []  # (draft, at, edit)
+        # an insertion at the end of an identifier, by the identifier's text: "frame" -> "frame_value" is drafted
+        # wherever the copy holds the word "frame", whichever token ends it (" frame", "(frame", "frame")
+        # (an attribute, ".frame", only where the renamed one was one: a local's rename leaves obj.frame alone)
+        self.words: dict[tuple[int, tuple[int, ...], tuple[int, ...]], bytes] = {}
 
     @staticmethod
     def _follow(index: IncrementalIndex, pos: int, new: list[int], end: int) -> int:
@@ -597,6 +612,7 @@ class CopyTracker:
                 hit += 1
             if at <= hit < min(len(new), at + len(edit[2]) + 1) and edit in self.edits:
                 self.edits.remove(edit)
+                self.words.pop(_edit_key(edit), None)
         self.applied = []
         if j is not None and k == len(new):
             self.at, self.resume = j + k, None  # the copy goes on (or picked up again)
@@ -645,6 +661,26 @@ class CopyTracker:
         edit = (index.tokens(self.resume - 1, self.resume)[0], src, out)
         if (src or out) and len(src) + len(out) <= self.window and edit not in self.edits:
             self.edits = [*self.edits[-3:], edit]
+            word = self._word_before(index, self.resume) if not src and out else None
+            if word and _is_word_byte(self._text(out)[:1]):
+                self.words[_edit_key(edit)] = word
+
+    def _text(self, tokens: Sequence[int]) -> bytes:
+        tb = self.token_bytes or ()
+        return b"".join((tb[t] if 0 <= t < len(tb) else None) or b"\xff" for t in tokens)
+
+    def _word_before(self, index: IncrementalIndex, pos: int) -> bytes | None:
+        """The identifier the request's text ends with before ``pos``, if one ends there (None without the
+        tokens' texts, or where the text at ``pos`` goes on with the same identifier)."""
+        if not self.token_bytes:
+            return None
+        before = self._text(index.tokens(max(0, pos - 8), pos))
+        after = self._text(index.tokens(pos, pos + 1))
+        m = _WORD_END.search(before)
+        if m is None or _is_word_byte(after[:1]) or m.start() == 0 and pos > 8:
+            return None  # no identifier ends here, or it may begin before the 8 tokens read
+        dotted = m.start() > 0 and before[m.start() - 1:m.start()] == b"."
+        return b"." + m.group() if dotted else m.group()
 
     def apply(self, res: SpecResult, context: Sequence[int]) -> None:
         """Apply the learned edits to a chain draft copied from the request (in place, same length)."""
@@ -653,20 +689,29 @@ class CopyTracker:
         src, probs = res.token_ids, res.probs
         toks: list[int] = []
         new_probs: list[float] = []
+        words = self.words if self.token_bytes else {}
+        text = self._text(context[-8:]) if words else b""  # what the draft continues, as text (word edits)
         i = -1  # -1: the context's last token, after which the draft starts
         while i < len(src) and len(toks) < len(src):
             if i >= 0:
                 toks.append(src[i])
                 new_probs.append(probs[i])
+                if words:
+                    text += self._text(src[i:i + 1])
             key = src[i] if i >= 0 else context[-1]
             prob = probs[max(0, i)]
+            rest = src[i + 1:]
             for after, removed, inserted in self.edits:
-                rest = src[i + 1:]
-                if (key == after and rest[:len(removed)] == removed
-                        and rest[len(removed):len(removed) + len(inserted)] != inserted):
+                if rest[len(removed):len(removed) + len(inserted)] == inserted or rest[:len(removed)] != removed:
+                    continue
+                word = words.get(_edit_key((after, removed, inserted)))
+                if (key == after if word is None else  # a word's edit: wherever the identifier ends, only there
+                        rest and _ends_with_word(text, word) and not _is_word_byte(self._text(rest[:1])[:1])):
                     self.applied.append((toks, len(toks), (after, removed, inserted)))
                     toks.extend(inserted)
                     new_probs.extend([prob] * len(inserted))
+                    if words:
+                        text += self._text(inserted)
                     i += len(removed)
                     break
             i += 1
@@ -674,6 +719,27 @@ class CopyTracker:
         res.token_ids, res.probs = toks[:n], new_probs[:n]
         res.parents = list(range(-1, len(res.token_ids) - 1))
         res.score = sum(res.probs)
+
+
+_WORD_END = re.compile(rb"[A-Za-z0-9_]+\Z")  # the identifier a text ends with (ASCII: code's names)
+
+
+def _is_word_byte(b: bytes) -> bool:
+    """Whether ``b`` (one byte, or empty) is a letter, digit or underscore."""
+    return len(b) == 1 and (b.isalnum() or b == b"_")
+
+
+def _ends_with_word(text: bytes, word: bytes) -> bool:
+    """Whether ``text`` ends with the identifier ``word`` as a whole (no letter, digit or ``_`` before it);
+    a ``word`` that starts with ``.`` is an attribute, and one that does not is never an attribute."""
+    if word[:1] == b".":
+        return text.endswith(word)
+    before = text[-len(word) - 1:-len(word)]
+    return text.endswith(word) and not _is_word_byte(before) and before != b"."
+
+
+def _edit_key(edit: tuple[int, list[int], list[int]]) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    return edit[0], tuple(edit[1]), tuple(edit[2])
 
 
 def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | None]:
