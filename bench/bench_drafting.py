@@ -7,7 +7,9 @@ draft tree that the output continues with, append those tokens plus the target's
 and count forward passes and drafted tokens. With the model's measured verify cost curve
 (:mod:`bench.bench_limits`, ``--costs``) each step costs ``t(1 + drafted nodes)`` plus the propose
 time (this thread's CPU time), and plain decoding ``t(1)`` per token: an estimated speedup free of
-machine load. The budget is the engine's (``policy.draft_budget``: momentum, and with ``--costs`` the
+machine load. Where the file also has the model's prefill per prompt token, each request pays it
+once in every system, plain decoding too, and a second estimate covers the whole request: the
+prompt's prefill is what no drafter shortens, so this is the figure a real run's ratios compare with. The budget is the engine's (``policy.draft_budget``: momentum, and with ``--costs`` the
 cost curve too). ``--gate`` (needs ``--costs``) puts the engine's own draft gate in the loop
 (``policy.choose_drafts`` with the request's ``policy.DraftGate``, judging each draft's score against
 that curve, exploration included), as the engine runs it on one request.
@@ -81,6 +83,7 @@ class Replay:
     propose_cpu_s: float = 0.0  # CPU time of this thread in propose() (insensitive to other jobs' load)
     verify_s: float = 0.0  # verify passes' time by the cost curve (0 without one)
     plain_s: float = 0.0  # plain decoding's time by the cost curve: t(1) per token
+    prefill_s: float = 0.0  # the prompts' prefill by the measured time per token (0 where not measured)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -102,6 +105,9 @@ class Replay:
                "propose_cpu_us_per_step": round(1e6 * self.propose_cpu_s / max(1, self.steps), 1)}
         if self.plain_s:
             out["estimated_speedup"] = round(self.plain_s / (self.verify_s + self.propose_cpu_s), 3)
+        if self.plain_s and self.prefill_s:  # the whole request: the prompt's prefill paid by both
+            out["estimated_speedup_request"] = round((self.plain_s + self.prefill_s)
+                                                     / (self.verify_s + self.propose_cpu_s + self.prefill_s), 3)
         return out
 
 
@@ -157,11 +163,12 @@ class CurveCost:
 
 def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | None = None,
            max_draft_tokens: int = 32, max_context: int = 1 << 30, curve: dict[int, float] | None = None,
-           gate: bool = False, policy: Policy = DEFAULT) -> Replay:
+           gate: bool = False, policy: Policy = DEFAULT, prefill: float | None = None) -> Replay:
     """Replay ``traces`` in order through ``proposer`` as the engine steps one greedy request
     (``sequence.RequestState``): the budget of ``policy.draft_budget`` (its cost-curve bound with
     ``curve``), and with ``gate`` the draft gate (``policy.choose_drafts`` with the request's
-    ``DraftGate``) judging each draft by ``curve``; a draft it skips costs a plain step."""
+    ``DraftGate``) judging each draft by ``curve``; a draft it skips costs a plain step. ``prefill``:
+    seconds per prompt token of the prefill (``bench_limits.load_prefill``), added to each request."""
     if gate and not curve:
         raise ValueError("the draft gate judges drafts by a cost curve: pass curve (bench_drafting --costs)")
     from suffixspec.merge import merge_drafts
@@ -220,6 +227,8 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
         out.requests += 1
         if curve:
             out.plain_s += len(done) * cost.estimate(1)
+        if prefill:
+            out.prefill_s += len(tr.prompt_ids) * prefill
     return out
 
 
@@ -363,26 +372,31 @@ def propose_cost(model: str, traces: dict[str, list[Trace]], rounds: int = 3) ->
 
 
 def run(model: str, traces: dict[str, list[Trace]], n: int, max_tokens: int, curve: dict[int, float] | None,
-        gate: bool, history: bool, max_draft_tokens: int = 32, log=print) -> dict[str, Any]:
-    """Per workload: the oracle and every system, as table rows (``loop_share`` of the outputs too)."""
+        gate: bool, history: bool, max_draft_tokens: int = 32, log=print, prefill: float | None = None
+        ) -> dict[str, Any]:
+    """Per workload: the oracle and every system, as table rows (``loop_share`` of the outputs too);
+    ``prefill``: seconds per prompt token (the whole-request estimate)."""
     table: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for w, trs in traces.items():
             docs = documents_for(model, w, n, max_tokens, Path(tmp))
             share = round(statistics.mean(loop_share(t.output_ids) for t in trs), 3)
-            rows = {"oracle": replay(OracleDrafter(trs), trs, max_draft_tokens=max_draft_tokens, curve=curve).row()}
+            rows = {"oracle": replay(OracleDrafter(trs), trs, max_draft_tokens=max_draft_tokens, curve=curve,
+                                     prefill=prefill).row()}
             for name, (factory, drafters) in systems(model, history).items():
-                rows[name] = replay(factory(docs), trs, drafters, max_draft_tokens, curve=curve, gate=gate).row()
+                rows[name] = replay(factory(docs), trs, drafters, max_draft_tokens, curve=curve, gate=gate,
+                                    prefill=prefill).row()
             for name, row in rows.items():
                 log(f"| {w} | {share:.2f} | {name} | {row['forward_passes']} | {row['tokens_per_forward']:.2f} | "
                     f"{row['mean_draft']:.1f} | {row['drafted_per_accepted'] or 0:.2f} | "
-                    f"{row.get('estimated_speedup', 0):.2f}× | {row['propose_cpu_us_per_step']:.0f} |")
+                    f"{row.get('estimated_speedup', 0):.2f}× | {row.get('estimated_speedup_request', 0):.2f}× | "
+                    f"{row['propose_cpu_us_per_step']:.0f} |")
             table[w] = {"loop_share": share, "systems": rows}
     return table
 
 
 HEADER = ("| workload | loop share | system | forward passes | tokens/forward | mean draft | drafted/accepted "
-          "| estimated speedup | propose µs CPU/step |\n|---|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| estimated speedup | with the prefill | propose µs CPU/step |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def main() -> None:
@@ -409,7 +423,7 @@ def main() -> None:
         ap.error("--gate judges drafts by the model's verify cost curve: give --costs (bench_limits --json)")
 
     from . import arctic
-    from .bench_limits import load_curve
+    from .bench_limits import load_curve, load_prefill
 
     wl = tuple(args.workloads.split(","))
     if args.outputs == "written":
@@ -417,6 +431,7 @@ def main() -> None:
     else:
         traces = record(args.model, wl, args.requests, args.max_tokens, args.cache)
     curve = load_curve(args.costs, args.model) if args.costs else None
+    prefill = load_prefill(args.costs, args.model) if args.costs else None
     if args.cost:
         cost = propose_cost(args.model, traces)
         print("| proposer | " + " | ".join(wl) + " |\n|---|" + "---:|" * len(wl))
@@ -433,7 +448,7 @@ def main() -> None:
         print(f"best Arctic setting: {best[1].label()} ({best[0]:.3f})")
     print(HEADER)
     table = run(args.model, traces, args.requests, args.max_tokens, curve, args.gate, args.history,
-                args.max_draft_tokens, log=lambda s: print(s, flush=True))
+                args.max_draft_tokens, log=lambda s: print(s, flush=True), prefill=prefill)
     if not arctic.available():
         print("(arctic-inference is not installed: the arctic_suffix rows are skipped; docs/benchmarks.md says how to install it)")
     if args.json:

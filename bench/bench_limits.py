@@ -14,6 +14,9 @@ verify cost curve, and what a perfect drafter could reach.
    weights once, a few rows take a general matrix product.
 5. The oracle: a drafter that always drafts the true continuation gets ``k + 1`` tokens per pass at
    ``t(1 + k)``; its best speed over plain decoding is ``max_k (k + 1) * t(1) / t(1 + k)``.
+6. The prompt's prefill per token (one pass over ``context`` tokens, divided by them): every system
+   pays it once per request, drafts or not, so it bounds what any drafter can gain on a whole request
+   (:mod:`bench.bench_drafting` adds it to its estimates when the file has it).
 
 Worked example: SmolLM2-135M (540 MB of fp32 weights) at 10 GB/s reads its weights in 54 ms; a
 plain step of 70 ms is then 1.3x the floor. If t(1 + 15) = 2.0 t(1) and t(1 + 31) = 3.6 t(1), the
@@ -114,6 +117,28 @@ def verify_curve(engine: Any, context_len: int = 400, max_k: int = 64, rounds: i
     return {k: pick(v) for k, v in times.items()}
 
 
+def prefill_per_token(engine: Any, context_len: int = 400, rounds: int = 5, stat: str = "median",
+                      cpu: bool = False) -> float:
+    """Seconds per token of prefilling ``context_len`` tokens into an empty row (one pass, as the engine
+    prefills a prompt), the median (or minimum) of ``rounds``."""
+    from suffixspec.policy import cpu_clock
+    from suffixspec.runner import Runner
+
+    clock = cpu_clock if cpu else time.perf_counter
+    lean = engine.scheduler.runner.lean is not None
+    ids = [(7919 * i) % (engine.vocab_size - 10) + 5 for i in range(context_len)]
+    times = []
+    for _ in range(rounds + 1):  # the first is a warm-up
+        runner = Runner(engine.model, 1, None, lean=lean)
+        row = runner.add_row()
+        t = clock()
+        runner.prefill(row, ids)
+        times.append(clock() - t)
+        del runner
+    pick = min if stat == "min" else statistics.median
+    return pick(times[1:]) / context_len
+
+
 def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[str, dict[int, float]]:
     """Seconds of one weight product for ``rows`` input rows: the largest matrix of the first decoder
     layer and the LM head (``best of repeats``), each as ``transformers`` runs it (``F.linear``) and as
@@ -169,6 +194,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
     wbytes = weight_bytes(engine.model)
     load = os.getloadavg()[0]
     curve = verify_curve(engine, context_len, max_k, rounds, stat, cpu)
+    prefill = prefill_per_token(engine, context_len, rounds, stat, cpu)
     products = matmul_rows(engine.model)
     bandwidth_after = memory_bandwidth()
     bw = max(bandwidth, bandwidth_after)
@@ -187,6 +213,7 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
         "plain_step_over_floor": round(curve[0] / floor, 2),
         "verify_ms": {k: round(1e3 * v, 2) for k, v in curve.items()},
         "verify_relative": {k: round(v / curve[0], 3) for k, v in curve.items()},
+        "prefill_ms_per_token": round(1e3 * prefill, 3),
         "oracle_k": k,
         "oracle_speedup": round(speed, 2),
         "matmul_ms_by_rows": {name: {m: round(1e3 * v, 3) for m, v in t.items()} for name, t in products.items()},
@@ -195,13 +222,15 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
 
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| model | weights | bandwidth | weights read once | plain step | step / floor | t(1+8) | t(1+16) "
-             "| t(1+32) | t(1+64) | oracle (best k) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| t(1+32) | t(1+64) | oracle (best k) | prefill per token |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         rel = r["verify_relative"]
         lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
                      f"| {r['weights_read_ms']:.1f} ms | {r['plain_step_ms']:.1f} ms | {r['plain_step_over_floor']:.2f}× "
                      + " ".join(f"| {rel[k]:.2f}×" if k in rel else "| –" for k in (8, 16, 32, 64))
-                     + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) |")
+                     + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) | "
+                     + (f"{r['prefill_ms_per_token']:.2f} ms |" if "prefill_ms_per_token" in r else "– |"))
     lines += ["", "| model | weight product | 1 row | 2 rows | 4 rows | 8 rows | 16 rows | 32 rows |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -210,14 +239,25 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_curve(path: Path, model: str) -> dict[int, float]:
-    """The measured curve (seconds by draft size k) of ``model`` from a ``--json`` file of this module."""
+def _entry(path: Path, model: str) -> dict[str, Any]:
     data = json.loads(path.read_text())
     name = Path(model).name if os.path.isdir(model) else model
     for r in data if isinstance(data, list) else [data]:
         if r["model"] == name:
-            return {int(k): v / 1e3 for k, v in r["verify_ms"].items()}
+            return r
     raise ValueError(f"{path} has no verify curve for {name!r}; run python -m bench.bench_limits --model {model}")
+
+
+def load_curve(path: Path, model: str) -> dict[int, float]:
+    """The measured curve (seconds by draft size k) of ``model`` from a ``--json`` file of this module."""
+    return {int(k): v / 1e3 for k, v in _entry(path, model)["verify_ms"].items()}
+
+
+def load_prefill(path: Path, model: str) -> float | None:
+    """Seconds per prompt token of ``model``'s prefill from a ``--json`` file of this module (None where
+    the file was written before it was measured)."""
+    ms = _entry(path, model).get("prefill_ms_per_token")
+    return ms / 1e3 if ms is not None else None
 
 
 def main() -> None:

@@ -266,6 +266,25 @@ def test_replay_gate_decides_as_the_engine_by_the_cost_curve():
         replay(ours(), [trace], gate=True)  # no curve: the gate could judge nothing
 
 
+def test_replay_with_the_prefill_estimates_the_whole_request():
+    """With the prefill per prompt token, every request pays it once in plain decoding and with drafts:
+    the whole-request estimate lies between 1 and the decode-only one, by the prompt's share."""
+    from suffixspec.bench.bench_drafting import Trace, replay
+
+    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+
+    trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
+    curve = {k: 0.070 * (1 + 0.02 * k) for k in range(65)}
+    plain = replay(SuffixProposer(config=SuffixConfig(periodic=False), history=False), [trace], curve=curve)
+    assert "estimated_speedup_request" not in plain.row()  # no prefill measured: no whole-request figure
+    r = replay(SuffixProposer(config=SuffixConfig(periodic=False), history=False), [trace], curve=curve, prefill=0.5)
+    assert r.prefill_s == pytest.approx(5 * 0.5)
+    row = r.row()
+    assert 1 < row["estimated_speedup_request"] < row["estimated_speedup"]
+    assert row["estimated_speedup_request"] == pytest.approx(
+        (r.plain_s + 2.5) / (r.verify_s + r.propose_cpu_s + 2.5), rel=1e-3)
+
+
 def _main(monkeypatch, module, args: list[str]) -> None:
     """Run a benchmark script's ``main()`` in this process, as ``python -m`` would with ``args``."""
     import importlib
@@ -282,7 +301,7 @@ def test_bench_limits_script_on_a_tiny_model(tiny_model_dirs, tmp_path, monkeypa
     (row,) = json.loads(out.read_text())
     assert row["model"] == "tiny-llama" and row["threads"] == 1 and row["context"] == 32
     assert set(row["verify_ms"]) == {"0", "1", "2", "3", "4"} and all(v > 0 for v in row["verify_ms"].values())
-    assert 1 <= row["oracle_k"] <= 4 and row["weight_bytes"] > 0
+    assert 1 <= row["oracle_k"] <= 4 and row["weight_bytes"] > 0 and row["prefill_ms_per_token"] > 0
     assert "| tiny-llama |" in capsys.readouterr().out
 
 
@@ -302,7 +321,8 @@ def test_bench_drafting_script_replays_with_the_gate(tiny_model_dirs, tmp_path, 
     without --costs is refused."""
     model = tiny_model_dirs["llama"]
     costs = tmp_path / "limits.json"
-    costs.write_text(json.dumps([{"model": model.name, "verify_ms": {k: 10.0 + k for k in range(9)}}]))
+    costs.write_text(json.dumps([{"model": model.name, "verify_ms": {k: 10.0 + k for k in range(9)},
+                                  "prefill_ms_per_token": 2.0}]))
     out = tmp_path / "new" / "drafting.json"
     _main(monkeypatch, "bench_drafting", ["--model", model, "--workloads", "code_edit,agentic", "--requests", 1,
                                           "--max-tokens", 16, "--cache", tmp_path / "cache" / "outputs.json",
@@ -314,6 +334,9 @@ def test_bench_drafting_script_replays_with_the_gate(tiny_model_dirs, tmp_path, 
         assert {"oracle", "ours_prompt", "ours_all"} <= set(rows), w
         for name, row in rows.items():
             assert row["tokens"] > 0 and row["estimated_speedup"] > 0, (w, name)
+            # the prompt's prefill is paid by plain decoding too: the whole request gains less than its decode
+            assert min(1, row["estimated_speedup"]) <= row["estimated_speedup_request"] <= max(
+                1, row["estimated_speedup"]), (w, name)
         assert rows["oracle"]["forward_passes"] <= rows["ours_all"]["forward_passes"], w
     with pytest.raises(SystemExit) as exc:
         _main(monkeypatch, "bench_drafting", ["--model", model, "--gate", "--cache", tmp_path / "cache" / "outputs.json"])
