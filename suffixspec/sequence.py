@@ -217,6 +217,7 @@ class RequestState:
             # judges its own cost plans from it only when speculation adapts
             p.observe_costs(None if p.judges_own_cost and not own else step)
             p.observe_lead(self._lead(drafts, weights))
+            p.observe_promise(promised)
             wall, cpu = time.perf_counter(), cpu_clock()
             d = p.propose(context, budget)
             cpu = cpu_clock() - cpu

@@ -439,6 +439,23 @@ def test_model_draft_judge_declines_then_explores_with_backoff():
     assert judge.interval == Policy().proposer_explore and judge.first > 0.2
 
 
+def test_model_draft_judge_values_its_tokens_by_what_the_drafts_before_it_promise():
+    """Where the suffix index already promises s tokens this step, a model token is worth F / (1 + s): with
+    nothing promised the docstring's example stands; with 3 promised a first token accepted 7 times in 10
+    (161 ms / 4 = 40 ms) still pays for a 30 ms forward, with 6 (23 ms) it does not, and the chain stops where
+    its reach times F / 4 no longer covers a forward. Policy(model_value_shared=False): F everywhere."""
+    judge = _judge()
+    judge.others = 0.0
+    assert judge.worth(QWEN) and judge.further(0.36, 3, QWEN)
+    judge.others = 3.0
+    assert judge.worth(QWEN) and judge.further(0.9, 3, QWEN) and not judge.further(0.36, 3, QWEN)
+    judge.others = 6.0
+    assert not judge.worth(QWEN)
+    plain_valued = ModelDraftJudge(Policy(model_value_shared=False), first=0.7)
+    plain_valued.step_s, plain_valued.others = 0.03, 6.0
+    assert plain_valued.worth(QWEN) and plain_valued.further(0.36, 3, QWEN)
+
+
 def test_model_draft_judge_calibrates_the_drafts_own_confidence():
     """A draft sure of tokens the target rejects (it promised 3 tokens, 1 came true) drafts less far."""
     judge = _judge()

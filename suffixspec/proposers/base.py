@@ -76,6 +76,10 @@ class Proposer(ABC):
         """A chain the proposers before this one are sure of this step (a suffix copy), told before
         ``propose``: a draft model checks it in one forward rather than drafting it token by token."""
 
+    def observe_promise(self, tokens: float) -> None:  # noqa: B027 - optional hook
+        """The accepted tokens the drafts of the proposers before this one promise this step (their scores,
+        each times its proposer's trust), told before ``propose``: a draft model values its own tokens by it."""
+
     def active(self) -> bool:
         """Whether it may draft anything for this request (called after ``begin``): a proposer the request's
         ``speculation.drafters`` leave out is neither called nor timed, so the costs and yields the engine

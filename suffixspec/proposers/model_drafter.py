@@ -266,6 +266,9 @@ class ModelDrafter(Proposer):
         """This request's per-token acceptance of drafted tokens (moving average, from the drafter's prior)."""
         return self._hits / self._tries if self._tries > 0 else self.token_prior
 
+    def observe_promise(self, tokens: float) -> None:
+        self.judge.others = tokens  # an accepted token of ours is worth a plain step over (1 + these)
+
     def costed(self) -> bool:
         """Whether this step's draft is judged from measured costs (inside the engine, once measured)."""
         return self._step is not None and self.step_s is not None and self._step.plain() is not None
