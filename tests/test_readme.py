@@ -123,7 +123,11 @@ def _fresh_checkout(dst: Path) -> Path:
 
 def _check_curl(where: str, stdout: str) -> None:
     if stdout.startswith("data: "):  # a stream: events, then [DONE]
-        assert '"error"' not in stdout and stdout.rstrip().endswith("data: [DONE]"), f"{where}\n{stdout[-2000:]}"
+        # each event parsed: a streamed token whose text is "error" is no error event
+        events = [line.removeprefix("data: ") for line in stdout.splitlines() if line.startswith("data: ")]
+        assert events and events[-1] == "[DONE]", f"{where}\n{stdout[-2000:]}"
+        for event in events[:-1]:
+            assert "error" not in json.loads(event), f"{where}\n{event[:2000]}"
         return
     body = json.loads(stdout)
     assert "error" not in body, f"{where}\n{stdout[:2000]}"
