@@ -562,3 +562,28 @@ def test_vllm_table_takes_each_request_against_the_same_round_without_speculatio
     assert published[0]["system"] == "vllm_ngram" and published[0]["k"] == 16 and published[0]["model"] == "m"
     assert speculative_config("suffix", 8, history=False)["suffix_decoding_max_cached_requests"] == 0
     assert "suffix_decoding_max_cached_requests" not in speculative_config("suffix", 8)
+
+
+def test_bench_policy_script_runs_a_field_at_two_values_side_by_side(tmp_path, monkeypatch, capsys):
+    """One Policy field at two values on the embedded model, one request: our system at each value, a system
+    the field does not touch once, every output the same, the field put back afterwards; an unknown field is
+    refused by name."""
+    from suffixspec.bench import arctic
+
+    from suffixspec.policy import DEFAULT
+
+    out = tmp_path / "new" / "policy.json"
+    before = DEFAULT.accepted_rate
+    peer = ["arctic_suffix_best"] if arctic.available() else []  # run once: not one of ours
+    _main(monkeypatch, "bench_policy", ["--model", "suffixspec/demo-target", "--workloads", "code_edit",
+                                        "--requests", 1, "--max-tokens", 8, "--field", "accepted_rate",
+                                        "--values", "0.3,0.6", "--systems", ",".join(["ours_prompt", *peer]),
+                                        "--json", out])
+    res = json.loads(out.read_text())["results"]["code_edit"]
+    assert res["identical"] and res["requests"] == 1
+    assert set(res["cpu_s"]) == {"ours_prompt@0.3", "ours_prompt@0.6", *(f"{p}@0.3" for p in peer)}
+    assert all(v > 0 for v in res["cpu_s"].values())
+    assert DEFAULT.accepted_rate == before
+    assert "| code_edit | 1 | ours_prompt@0.6 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no field"):
+        _main(monkeypatch, "bench_policy", ["--model", "suffixspec/demo-target", "--field", "no_such_rule"])
