@@ -5,6 +5,7 @@ Shared by the test fixtures in conftest.py and usable from benchmarks.
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import subprocess
@@ -63,6 +64,17 @@ def train_unigram_tokenizer(out_dir: Path, vocab_size: int = 300) -> Path:
         initial_alphabet=list("abcdefghijklmnopqrstuvwxyz"),
     )
     tok.train_from_iterator(CORPUS, trainer=trainer)
+    # the trainer's scores differ in their last digits from run to run and it orders ties as they come, so the
+    # same corpus gave different token ids (and a tiny draft model drafting differently) from one test session
+    # to the next: the pieces in a fixed order (the special tokens first, as trained), scores rounded
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    specials = [v for v in vocab if v[0] in ("<unk>", "<s>", "</s>")]
+    rest = sorted(([t, round(sc, 6)] for t, sc in vocab if t not in ("<unk>", "<s>", "</s>")),
+                  key=lambda v: (-v[1], v[0]))
+    data["model"]["vocab"] = specials + rest
+    data["model"]["unk_id"] = [v[0] for v in specials].index("<unk>")
+    tok = Tokenizer.from_str(json.dumps(data))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_dir)
