@@ -478,8 +478,7 @@ class SuffixProposer(Proposer):
         return self._decoded
 
     def _bytes(self, ids: Sequence[int]) -> bytes:
-        tb = self._vocab.token_bytes
-        return b"".join((tb[t] if 0 <= t < len(tb) else None) or b"\xff" for t in ids)
+        return token_text(self._vocab.token_bytes, ids)
 
     def _text_draft(self, context: Sequence[int], params: SpecParams, ref_params: SpecParams
                     ) -> tuple[str, SpecResult] | None:
@@ -666,8 +665,7 @@ class CopyTracker:
                 self.words[_edit_key(edit)] = word
 
     def _text(self, tokens: Sequence[int]) -> bytes:
-        tb = self.token_bytes or ()
-        return b"".join((tb[t] if 0 <= t < len(tb) else None) or b"\xff" for t in tokens)
+        return token_text(self.token_bytes or (), tokens)
 
     def _word_before(self, index: IncrementalIndex, pos: int) -> bytes | None:
         """The identifier the request's text ends with before ``pos``, if one ends there (None without the
@@ -719,6 +717,12 @@ class CopyTracker:
         res.token_ids, res.probs = toks[:n], new_probs[:n]
         res.parents = list(range(-1, len(res.token_ids) - 1))
         res.score = sum(res.probs)
+
+
+def token_text(token_bytes: Sequence[bytes | None], ids: Sequence[int]) -> bytes:
+    """The tokens' texts joined (``VocabTable.token_bytes``); a special or unknown token is ``\\xff``, a byte
+    no UTF-8 text holds."""
+    return b"".join((token_bytes[t] if 0 <= t < len(token_bytes) else None) or b"\xff" for t in ids)
 
 
 _WORD_END = re.compile(rb"[A-Za-z0-9_]+\Z")  # the identifier a text ends with (ASCII: code's names)
