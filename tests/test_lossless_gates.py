@@ -193,6 +193,19 @@ def _run_seeds(toys, proposers, cost: PassCost, seeds: int = SEEDS, tokens: int 
                                                                     for j in range(tokens)], counts
 
 
+def _assert_seeded_tokens(toys, drafters, cost, policy, seeds: int) -> None:
+    """Seeds 0.. ``seeds``-1 at temperature 1 in an adaptive engine at ``cost``: the proposers ``drafters()``
+    gives (asked again per seed) draw plain sampling's tokens."""
+    engine = Engine(toys["target"], policy=policy)
+    engine.scheduler.cost = cost
+    for seed in range(seeds):
+        sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True)
+        engine.proposers = []
+        plain = engine.generate(toys["prompt"], sp, False)
+        engine.proposers = drafters()
+        assert engine.generate(toys["prompt"], sp, SpeculationConfig(adaptive=True)).token_ids == plain.token_ids, seed
+
+
 def _same_vocab(toys, own: bool = False):
     # own=False: the engine's gates judge the drafts' lengths and calls (the draft model's own judgement off,
     # so its drafts are as long as these tests' costs were chosen for); test_a_draft_models_own_judgement_...
@@ -378,14 +391,7 @@ def test_merges_ranked_by_node_probability_keep_the_law_and_the_tokens(toys, pol
     assert ranked["merges"] > 0 and counts["passed"] > 0, (ranked, counts)
     assert counts["accepted"] > 0.1 * SEEDS, counts
     assert min(pvalues) > 1e-3, (pvalues, counts)
-    engine = Engine(toys["target"], policy=policy)
-    engine.scheduler.cost = PinnedCost(0.3)
-    for seed in range(20):
-        sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True)
-        engine.proposers = []
-        plain = engine.generate(toys["prompt"], sp, False)
-        engine.proposers = drafters()
-        assert engine.generate(toys["prompt"], sp, SpeculationConfig(adaptive=True)).token_ids == plain.token_ids
+    _assert_seeded_tokens(toys, drafters, PinnedCost(0.3), policy, seeds=20)
 
 
 def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toys, monkeypatch):
@@ -427,11 +433,4 @@ def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toy
     assert min(pvalues) > 1e-3, (pvalues, counts, seen)
 
     for policy in (None, MOMENTUM):
-        engine = Engine(toys["target"], policy=policy)
-        engine.scheduler.cost = PinnedCost(0.6)
-        for seed in range(40):
-            sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=12, ignore_eos=True)
-            engine.proposers = []
-            plain = engine.generate(toys["prompt"], sp, False)
-            engine.proposers = [drafter]
-            assert engine.generate(toys["prompt"], sp, SpeculationConfig(adaptive=True)).token_ids == plain.token_ids
+        _assert_seeded_tokens(toys, lambda: [drafter], PinnedCost(0.6), policy, seeds=40)
