@@ -2,11 +2,9 @@
 
 Heavy imports (torch, transformers) happen lazily, when an engine is built.
 
-The repository keeps ``index/``, ``tokenizer_bridge/``, ``bench/`` and ``web/`` beside this package;
-a wheel installs them as ``suffixspec.index``, ``suffixspec.tokenizer_bridge``, ``suffixspec.bench``
-and ``suffixspec.web`` (setup.py), so ``suffixspec`` is the only top-level name it adds. A checkout
-resolves the same names through its editable install (``pip install -e .``: setup.py's folder mapping),
-and nothing else of the repository (``tests``, ``examples``, ``tools``) is a part of the package.
+The folder tree is the package tree: ``suffixspec.X`` lives at ``suffixspec/X`` in a checkout and in a
+wheel alike, and ``suffixspec`` is the only top-level name a wheel adds; nothing else of the repository
+(``tests``, ``examples``, ``tools``) is a part of the package.
 """
 
 from .errors import RequestError

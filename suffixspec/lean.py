@@ -351,7 +351,7 @@ def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
 
 # what one SDPA call costs beyond its arithmetic, in attention scores (query x key x head), above which rows
 # share a call padded to one shape. On a CPU: 0, rows share a call only where padding adds nothing (the
-# same queries and keys). Measured on SmolLM2-135M-Instruct (bench/bench_attention.py: one thread, 8 rows
+# same queries and keys). Measured on SmolLM2-135M-Instruct (suffixspec/bench/bench_attention.py: one thread, 8 rows
 # at 300-500 tokens of context, CPU time, load 8): attention is a third of the pass (25 ms of 71 for 8
 # plain steps, 41 of 123 for drafts of 0-8 nodes) and it is reading keys and values, not calls: one call
 # per layer for all 8 rows took as long for rows of one shape (26 vs 25 ms; 42 vs 40 for drafts of 4) and

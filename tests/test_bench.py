@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from suffixspec.bench.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def test_bench_runs_all_systems_and_writes_reports(tiny_model_dirs, tiny_draft_d
 def _ran_except_broken_uag(systems: tuple[str, ...], result: dict, logged: list[str]) -> tuple[str, ...]:
     """The systems a run on the tiny pair runs: all of them, but ``hf_assisted`` (the tiny draft has another
     tokenizer) skipped, with transformers' defect in the log, exactly on releases whose universal assisted
-    generation is broken (bench/uag.py)."""
+    generation is broken (suffixspec/bench/uag.py)."""
     from suffixspec.bench.uag import uag_defect
 
     why = uag_defect()
@@ -59,12 +60,13 @@ def _ran_except_broken_uag(systems: tuple[str, ...], result: dict, logged: list[
 @pytest.mark.parametrize("prompt", ["The quick brown", "import os", "class Point:"])
 def test_uag_runs_on_the_tiny_pair_exactly_where_the_bench_says(tiny_model_dirs, tiny_draft_dir, prompt):
     """transformers' universal assisted generation on the tiny pair gives plain greedy's tokens on the releases
-    bench/uag.py lets the benchmark measure, and fails on the others (5.6-5.13: a shape error; 5.25: the
+    suffixspec/bench/uag.py lets the benchmark measure, and fails on the others (5.6-5.13: a shape error; 5.25: the
     assistant prefilled with no tokens, on these short prompts, whose re-encoding the Unigram draft makes
-    longer). When a release fixes it, or breaks it anew, this fails: move bench/uag.py's bounds."""
+    longer). When a release fixes it, or breaks it anew, this fails: move suffixspec/bench/uag.py's bounds."""
     import torch
-    from suffixspec.bench.uag import uag_defect
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from suffixspec.bench.uag import uag_defect
 
     tt, dt = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]), AutoTokenizer.from_pretrained(tiny_draft_dir)
     target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"])
@@ -78,12 +80,13 @@ def test_uag_runs_on_the_tiny_pair_exactly_where_the_bench_says(tiny_model_dirs,
             works = uag[0, ids.shape[1]:].tolist() == plain
         except RuntimeError:
             works = False
-    assert works == (uag_defect() is None), uag_defect() or "UAG fails on a release bench/uag.py calls working"
+    assert works == (uag_defect() is None), uag_defect() or "UAG fails on a release suffixspec/bench/uag.py calls working"
 
 
 def test_uag_defect_names_the_releases_and_the_fix():
     """WORKING, the range the message tells the user to install, is exactly the releases no defect covers."""
     from packaging.specifiers import SpecifierSet
+
     from suffixspec.bench.uag import WORKING, uag_defect
 
     for v in ("5.6.0", "5.13.1", "5.14.0", "5.24.0", "5.25.0", "5.25.1", "5.26.0.dev0", "6.0.0"):
@@ -98,7 +101,7 @@ def test_separate_processes_serve_the_same_requests_and_compare_ours_with_each_d
     """A target too large for transformers' weights and our packed ones side by side runs its systems in two
     child processes; two draft models give each its own assisted and draft-model rows; ours_all is compared
     with its best part and the best baseline; every output equals transformers' greedy one."""
-    # hf_prompt_lookup: a baseline for ours_all on the releases that skip hf_assisted (bench/uag.py)
+    # hf_prompt_lookup: a baseline for ours_all on the releases that skip hf_assisted (suffixspec/bench/uag.py)
     systems = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "hf_assisted:tiny-llama", "ours_off", "ours_suffix",
                "ours_draft_model", "ours_draft_model:tiny-llama", "ours_all")
     logged: list[str] = []
@@ -124,7 +127,6 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
     import zipfile
 
     from suffixspec.bench import workloads
-
     from suffixspec.loading import load_tokenizer
 
     problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n",
@@ -225,7 +227,6 @@ def test_oracle_and_curve_cost_arithmetic():
 @pytest.mark.slow
 def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
     from suffixspec.bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
-
     from suffixspec.draft import Draft
     from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
 
@@ -248,7 +249,6 @@ def test_replay_gate_decides_as_the_engine_by_the_cost_curve():
     every draft free (verified: the same steps as without the gate); drafts costing ten plain steps a
     node are all skipped (no exploration comes due in 48 steps): a plain step per token."""
     from suffixspec.bench.bench_drafting import Trace, replay
-
     from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
 
     trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
@@ -270,7 +270,6 @@ def test_replay_with_the_prefill_estimates_the_whole_request():
     """With the prefill per prompt token, every request pays it once in plain decoding and with drafts:
     the whole-request estimate lies between 1 and the decode-only one, by the prompt's share."""
     from suffixspec.bench.bench_drafting import Trace, replay
-
     from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
 
     trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
@@ -374,7 +373,6 @@ def test_bench_concurrency_script_one_client_one_request(tmp_path):
 def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
     from suffixspec.bench.bench_sampled import on_off, proposers_for
     from suffixspec.bench.workloads import Request
-
     from suffixspec.config import SamplingParams
     from suffixspec.engine import Engine
     from suffixspec.loading import load_model
@@ -391,7 +389,6 @@ def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, ti
 @pytest.mark.slow
 def test_context_prompts_grow_to_the_asked_length(bpe_tokenizer_dir):
     from suffixspec.bench.bench_context import build_at
-
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -409,9 +406,10 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     """``bench_index --sections reopen --compact`` on a small database of two segments: the compaction runs
     in a child process whose peak memory is sampled, both segment sets (and the main checkout's code over
     the old files) draft the same, and one document added is drafted from by another reader."""
+    from transformers import AutoTokenizer
+
     from suffixspec.bench.bench_index import PeakMemory, bench_reopen
     from suffixspec.index.store import DocInput, IndexStore
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
     body = "def area(radius):\n    return 3.14159 * radius * radius  # circle number {i}\n" * 20
@@ -433,7 +431,6 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
 @pytest.mark.slow
 def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir):
     from suffixspec.bench.bench_drafting import written_traces
-
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -455,7 +452,6 @@ def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir)
 @pytest.mark.slow
 def test_workloads_use_real_third_party_text_and_fit_a_small_context(bpe_tokenizer_dir):
     from suffixspec.bench.workloads import CODE_PACKAGES, NODE_DOCS, WORKLOADS, build
-
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -481,7 +477,6 @@ def test_repo_code_holds_out_the_files_its_answers_belong_in(bpe_tokenizer_dir):
     without the test file a test task writes into; the written answers are the package's own code, which
     the index does not hold, and no prompt holds the package's code."""
     from suffixspec.bench.workloads import REPO_PACKAGE, build
-
     from suffixspec.loading import load_tokenizer
 
     pytest.importorskip(REPO_PACKAGE)
@@ -525,9 +520,10 @@ def test_agent_sessions_restart_ours_from_its_store(tiny_model_dirs, tmp_path):
 
 @pytest.mark.slow
 def test_index_bench_retrieval_section_times_lookups_per_step(bpe_tokenizer_dir, tmp_path):
+    from transformers import AutoTokenizer
+
     from suffixspec.bench.bench_index import bench_retrieval
     from suffixspec.index.store import DocInput, IndexStore
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
     body = "def area(radius):\n    return 3.14159 * radius * radius  # circle number {i}\n" * 20
@@ -569,7 +565,6 @@ def test_bench_policy_script_runs_a_field_at_two_values_side_by_side(tmp_path, m
     the field does not touch once, every output the same, the field put back afterwards; an unknown field is
     refused by name."""
     from suffixspec.bench import arctic
-
     from suffixspec.policy import DEFAULT
 
     out = tmp_path / "new" / "policy.json"

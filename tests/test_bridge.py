@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from suffixspec.tokenizer_bridge import (
     BoundaryLattice,
     IncrementalEncoder,
@@ -314,5 +315,5 @@ def test_cached(toks):
 
 
 def test_no_torch_at_import():
-    code = "import sys, tokenizer_bridge; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, suffixspec.tokenizer_bridge; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

@@ -94,7 +94,6 @@ def test_exclude_leaves_directories_and_files_out_and_the_summary_says_time_size
 
 def test_exclude_through_the_python_api(tree, tmp_path, bpe_tokenizer_dir):
     from suffixspec.index import DocumentIndex
-
     from suffixspec.loading import load_tokenizer
 
     (tree / "pkg" / "tests").mkdir()

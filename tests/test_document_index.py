@@ -1,4 +1,4 @@
-"""DocumentIndex (index/document_index.py): the facade SuffixSpec, the index routes and the CLI share: adds
+"""DocumentIndex (suffixspec/index/document_index.py): the facade SuffixSpec, the index routes and the CLI share: adds
 with records, skipped files, invalid documents, where the work runs, the served tokenizer in the
 statistics, the tokenizers the store keeps, background merges and the idle compaction."""
 
@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_index_store import ByteTok, _full_scans, ids
+
 from suffixspec.index import DocumentIndex, InvalidDocument, tokenizer_table
 from suffixspec.index.document_index import TokenizerChoice
 from suffixspec.index.records import DocInput
 from suffixspec.index.segments import MergePolicy
-from test_index_store import ByteTok, _full_scans, ids
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from suffixspec.tokenizer_bridge import IncrementalEncoder, TokenBridge, utf8_complete_prefix, vocab_table
 
 pytestmark = pytest.mark.slow

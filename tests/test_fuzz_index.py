@@ -18,6 +18,7 @@ from collections import Counter, deque
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from suffixspec.index import SEP, IncrementalIndex, SpecParams, SuffixArray
 from suffixspec.index.history import OutputHistory
 

@@ -1,5 +1,4 @@
-"""No import circles: every ``import`` statement of every module under suffixspec/, index/,
-tokenizer_bridge/ and bench/ (at module level, inside functions, under ``TYPE_CHECKING``: a lazy
+"""No import circles: every ``import`` statement of every module under suffixspec/ (at module level, inside functions, under ``TYPE_CHECKING``: a lazy
 import still couples two modules both ways) makes an edge; the graph has no cycle.
 
 Parsed, not imported: the test runs in milliseconds and sees imports that a run would not reach.
@@ -13,9 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# package folder -> its import name (index/, tokenizer_bridge/, bench/ install as suffixspec.*)
-PACKAGES = {"suffixspec": "suffixspec", "index": "suffixspec.index", "tokenizer_bridge": "suffixspec.tokenizer_bridge",
-            "bench": "suffixspec.bench"}
+# package folder -> its import name: the folder tree is the package tree
+PACKAGES = {"suffixspec": "suffixspec"}
 
 
 # Edges of circles not broken yet, each (importer, imported) where the imported module also imports the
@@ -24,7 +22,7 @@ KNOWN: set[tuple[str, str]] = set()
 
 
 def modules() -> dict[str, Path]:
-    """Import name -> file, for every module of the four packages."""
+    """Import name -> file, for every module of the package."""
     out = {}
     for folder, name in PACKAGES.items():
         for path in (ROOT / folder).rglob("*.py"):

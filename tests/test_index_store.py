@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from suffixspec.index.database import DB_ENV, default_db_path
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
@@ -372,8 +373,9 @@ def test_garbage_collection_waits_for_uncommitted_builds(store):
 
 
 def test_encode_batched_matches_encode_texts_with_progress(bpe_tokenizer_dir):
-    from suffixspec.index.fingerprint import encode_batched, encode_texts
     from transformers import AutoTokenizer
+
+    from suffixspec.index.fingerprint import encode_batched, encode_texts
 
     texts = [f"def f{i}(x):\n    return x * {i}  # comment {'é' * i}\n" for i in range(40)] + ["", "x"]
     for tok in (AutoTokenizer.from_pretrained(bpe_tokenizer_dir), ByteTok()):
@@ -696,6 +698,7 @@ def test_tombstone_ranks_from_the_file_equal_those_from_the_mapping(tmp_path, mo
     import random
 
     import numpy as np
+
     import suffixspec.index.segments as segments
 
     monkeypatch.setattr(segments, "_SCAN_CHUNK", 7)  # many chunks, boundaries inside documents

@@ -1,4 +1,4 @@
-"""Adds and merges in a writer process (index/writer.py, index/writer_child.py): the same index as
+"""Adds and merges in a writer process (suffixspec/index/writer.py, suffixspec/index/writer_child.py): the same index as
 in-process, and a killed or interrupted writer (or its parent) leaves the previous state."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from suffixspec.index import WriterDied, writer
 from suffixspec.index.segments import MergePolicy
 from suffixspec.index.store import DocInput, IndexStore
@@ -181,9 +182,8 @@ def test_killed_parent_stops_the_writer(tmp_path, tok, bpe_tokenizer_dir):
 def test_suffixspec_adds_large_batches_in_a_writer_process(tmp_path, tiny_model_dirs, monkeypatch):
     """Above WRITER_PROCESS_CHARS the facade's add goes through the writer: same records, and the next
     generation drafts from the documents."""
-    from suffixspec.index import document_index
-
     from suffixspec import SuffixSpec
+    from suffixspec.index import document_index
 
     calls = []
     real = document_index.add_in_writer

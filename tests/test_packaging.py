@@ -1,4 +1,4 @@
-"""The wheel: index/, tokenizer_bridge/, bench/ and web/ install under suffixspec; its only top-level name is
+"""The wheel: everything installs from suffixspec/ (the folder tree is the package tree); its only top-level name is
 suffixspec, and it holds the product only (no training tools, no notes with a machine's paths).
 
 The wheel is built offline from a clean copy of the source (a stale build/ folder must not leak old
@@ -8,7 +8,6 @@ environment's dependencies, and used from a folder outside the checkout.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import re
@@ -26,25 +25,14 @@ from tiny import start_server_process
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_modules_import_each_other_relatively():
-    """bench/ is `bench` in a checkout and `suffixspec.bench` in a wheel: only relative imports work in both."""
-    bad = []
-    for path in sorted((ROOT / "bench").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n == "bench" or n.startswith("bench.")]
-    assert not bad, "use relative imports inside bench/ (from .workloads import ...): " + "; ".join(bad)
-
-
 def test_a_checkout_resolves_the_product_through_its_editable_install_and_nothing_else():
-    """From the repository root (on sys.path first, as ``python -m`` puts it): the renamed folders resolve
-    through the editable install (setup.py's mapping), and no other folder of the repository is a part of
-    ``suffixspec``, as in the wheel."""
+    """From the repository root (on sys.path first, as ``python -m`` puts it): every sub-package resolves to
+    its own folder under suffixspec/ (the folder tree is the package tree), and no other folder of the
+    repository is a part of ``suffixspec``, as in the wheel."""
     check = ("import importlib, pathlib, suffixspec\n"
              "for n in ('index', 'tokenizer_bridge', 'bench', 'web'):\n"
              "    m = importlib.import_module('suffixspec.' + n)\n"
-             "    print(n, pathlib.Path(m.__file__).parent.name)\n"
+             "    print(n, pathlib.Path(m.__file__).parent.relative_to(pathlib.Path.cwd()).as_posix())\n"
              "for n in ('tests', 'examples', 'tools', 'setup', 'docs'):\n"
              "    try:\n"
              "        importlib.import_module('suffixspec.' + n)\n"
@@ -53,8 +41,9 @@ def test_a_checkout_resolves_the_product_through_its_editable_install_and_nothin
              "        print(n, 'absent')\n")
     out = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:-1] == ["index index", "tokenizer_bridge tokenizer_bridge", "bench bench",
-                                           "web web", "tests absent", "examples absent", "tools absent",
+    assert out.stdout.split("\n")[:-1] == ["index suffixspec/index",
+                                           "tokenizer_bridge suffixspec/tokenizer_bridge", "bench suffixspec/bench",
+                                           "web suffixspec/web", "tests absent", "examples absent", "tools absent",
                                            "setup absent", "docs absent"], out.stdout
 
 

@@ -14,7 +14,7 @@ choices are that close. What these tests hold every path to, in each dtype:
   wrong position or a verification bug moves them by a large part of the logits' range), and the
   share of outputs that differ stays under ``MAX_DIFFER``.
 
-Measured rates: docs/lossless.md ("Reduced precision"); ``bench/bench_precision.py`` measures the
+Measured rates: docs/lossless.md ("Reduced precision"); ``suffixspec/bench/bench_precision.py`` measures the
 real model. Marked ``bf16`` (and slow): CI runs them.
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import pytest
 import torch
 from doubles import OracleProposer, RandomTreeProposer
-from suffixspec.bench.bench_precision import first_difference, gap, generate_hf
 
+from suffixspec.bench.bench_precision import first_difference, gap, generate_hf
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.engine import Engine
 from suffixspec.lean import LeanForward, PassRow, packs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from suffixspec.index.retrieval import DocumentRetrieval, RetrievalParams, min_match_length
 from suffixspec.index.segments import SegmentSet
 from suffixspec.index.speculate import SpecParams, speculate_from

@@ -236,7 +236,6 @@ def test_debug_mode_is_off(app):
 def test_project_exceptions_are_answered_by_type_with_their_message(app, client, monkeypatch):
     """errors.EXCEPTIONS: a dead index writer is a 503 that says so (never a 400/501 by RuntimeError)."""
     from suffixspec.index.errors import StoreError, WriterDied
-
     from suffixspec.server.worker import QueueFull
 
     st = app.extensions["suffixspec"]
@@ -258,7 +257,6 @@ def test_project_exceptions_are_answered_by_type_with_their_message(app, client,
 
 def test_the_nearest_listed_base_answers_an_unlisted_subclass():
     from suffixspec.index.errors import StoreError
-
     from suffixspec.server.errors import EXCEPTIONS, answer_for
 
     class Corrupt(StoreError):

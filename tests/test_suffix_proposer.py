@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from suffixspec.index.store import DocInput, IndexStore
-from suffixspec.index.suffix_array import SuffixArray
 
 from suffixspec.draft import (
     SOURCE_DOCUMENTS,
@@ -15,6 +13,8 @@ from suffixspec.draft import (
     SOURCE_PROMPT,
     SOURCE_REFERENCES,
 )
+from suffixspec.index.store import DocInput, IndexStore
+from suffixspec.index.suffix_array import SuffixArray
 from suffixspec.policy import StepCost
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.suffix import (
@@ -193,7 +193,6 @@ def test_engine_greedy_equality(llama, tmp_path, tree):
 
 def test_extend_periodic_worked_example_and_refusals():
     from suffixspec.index.speculate import SpecResult
-
     from suffixspec.proposers.suffix import extend_periodic
 
     context = [1, 2, 3, 7, 8, 9, 7, 8]
@@ -291,9 +290,10 @@ def test_match_lengths_pick_the_best_score_of_every_length(seed):
     (SuffixDecoding's rule), checked against a brute-force count over the sequences."""
     import random
 
+    from test_suffix_tree import ref_match_len, ref_tree
+
     from suffixspec.index.incremental import IncrementalIndex
     from suffixspec.index.speculate import SpecParams
-    from test_suffix_tree import ref_match_len, ref_tree
 
     rng = random.Random(seed)
     alphabet = rng.randint(2, 4)
@@ -665,7 +665,6 @@ def test_a_rename_learned_once_is_drafted_wherever_the_identifier_recurs(monkeyp
     import re
 
     from suffixspec.bench.bench_drafting import Trace, replay
-
     from suffixspec.loading import load_tokenizer
     from suffixspec.proposers import suffix as S
 

@@ -1,4 +1,4 @@
-"""The suffix structures of index/: worked examples, and both indexes against a brute-force reference."""
+"""The suffix structures of suffixspec/index/: worked examples, and both indexes against a brute-force reference."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+
 from suffixspec.index.history import OutputHistory
 from suffixspec.index.incremental import IncrementalIndex
 from suffixspec.index.speculate import SpecParams
@@ -263,7 +264,7 @@ def test_out_of_range_tokens_do_not_match():
 
 # ----- incremental index specifics ------------------------------------------------------------------------
 def test_live_end_is_not_an_occurrence():
-    # worked example of index/incremental.py
+    # worked example of suffixspec/index/incremental.py
     idx = IncrementalIndex()
     idx.extend([1, 2, 3, 9, 1, 2, 3, 7, 1, 2])
     assert idx.match([5, 1, 2]) == (2, [6, 2])

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from suffixspec.index.store import DocInput, IndexStore
 
+from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.proposers.suffix import SuffixConfig
 from suffixspec.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
 

@@ -1,4 +1,4 @@
-"""End-to-end tests of the web page (web/) in headless Chromium against a real server on 127.0.0.1.
+"""End-to-end tests of the web page (suffixspec/web/) in headless Chromium against a real server on 127.0.0.1.
 
 The server is the real Flask app (``create_app``) with the embedded default models when they are in
 the package, else the tiny llama fixture. Chromium and chromedriver come from Debian's ``chromium``
@@ -226,7 +226,7 @@ def test_page_assets_are_served_without_external_urls(server):
     assert "app.js" in assets and "style.css" in assets
     for a in assets:
         assert "://" not in a and not a.startswith("//"), f"external asset {a}"
-    web = ROOT / "web"
+    web = ROOT / "suffixspec" / "web"
     for f in [*web.glob("*.js"), *web.glob("*.css"), web / "index.html"]:
         text = f.read_text()
         assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", text), f"{f.name} refers to an external URL"

@@ -1,4 +1,4 @@
-"""``suffixspec bench``: the benchmark suite (bench/run.py, installed as ``suffixspec.bench``) from the command line."""
+"""``suffixspec bench``: the benchmark suite (suffixspec/bench/run.py, installed as ``suffixspec.bench``) from the command line."""
 
 from __future__ import annotations
 

@@ -92,12 +92,12 @@ class SuffixConfig:
     merge: bool = True  # merge all sources' drafts into one tree; False = pick the best-scoring draft
     history_tokens: int = 1_000_000  # output-history budget in tokens (oldest outputs evicted)
     # Occurrences examined per lookup in the incremental indexes, newest first. 128 cost 2-3x as much
-    # per step on looping output as 32 for the same forward passes (bench/bench_drafting.py replays).
+    # per step on looping output as 32 for the same forward passes (suffixspec/bench/bench_drafting.py replays).
     max_candidates: int = 32
     # Shorter match lengths tried after the longest in the request, reference and history indexes
     # (index.speculate.speculate_lengths); the best-scoring draft wins. The longest match of a
     # looping or copying output often runs into the live end; a shorter one reaches further back.
-    # 0 = the longest match only. Measured (bench/bench_drafting.py, periodic off): 102 -> 48
+    # 0 = the longest match only. Measured (suffixspec/bench/bench_drafting.py, periodic off): 102 -> 48
     # forward passes on code_edit, 73 -> 44 on agentic.
     match_lengths: int = 2
     # The request's own references and prediction are text the output is expected to repeat, so

@@ -60,15 +60,9 @@ class ServerState:
 
 
 def _web_dir() -> Path | None:
-    """The web page's folder: the installed ``suffixspec.web`` package (web/ of the repository, renamed
-    by setup.py), else web/ beside suffixspec/ in a checkout run without installing."""
-    import importlib.util
-
-    found = importlib.util.find_spec("suffixspec.web")
-    if found is not None and found.submodule_search_locations:
-        return Path(list(found.submodule_search_locations)[0])
-    checkout = Path(__file__).resolve().parents[2] / "web"
-    return checkout if (checkout / "index.html").is_file() else None
+    """The web page's folder, ``suffixspec/web`` (None where a partial install left it out)."""
+    web = Path(__file__).resolve().parents[1] / "web"
+    return web if (web / "index.html").is_file() else None
 
 
 def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -> Flask:

@@ -13,7 +13,7 @@ finished children): on a loaded machine wall time mostly measures the other jobs
 Each is run ``--repeats`` times (medians and ranges); the store is a fresh SQLite file in a
 temporary folder, so no earlier output history is loaded.
 
-    python -m bench.bench_ttft [--repeats 3] [--max-tokens 16] [--draft-model auto]
+    python -m suffixspec.bench.bench_ttft [--repeats 3] [--max-tokens 16] [--draft-model auto]
 """
 
 from __future__ import annotations

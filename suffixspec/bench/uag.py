@@ -1,8 +1,8 @@
 """Which ``transformers`` releases run universal assisted generation (UAG) well enough to be measured.
 
 UAG is ``generate(ids, assistant_model=draft, tokenizer=target_tok, assistant_tokenizer=draft_tok)``: a draft
-model of another vocabulary. The benchmark runs it as ``hf_assisted`` (:mod:`bench.run`, where the draft's
-vocabulary differs) and ``hf-uag`` (:mod:`bench.bench_bridge`). Two ranges of ``transformers`` releases
+model of another vocabulary. The benchmark runs it as ``hf_assisted`` (:mod:`suffixspec.bench.run`, where the draft's
+vocabulary differs) and ``hf-uag`` (:mod:`suffixspec.bench.bench_bridge`). Two ranges of ``transformers`` releases
 break it, both in ``transformers/generation/candidate_generator.py``,
 ``AssistedCandidateGeneratorDifferentTokenizers``:
 

@@ -49,7 +49,7 @@ class ArcticParams:
 
 
 ARCTIC_DEFAULT = ArcticParams()
-# The best setting of the grid searched by ``python -m bench.bench_drafting --search --costs ...`` (least
+# The best setting of the grid searched by ``python -m suffixspec.bench.bench_drafting --search --costs ...`` (least
 # estimated time over the five workloads, replaying SmolLM2-135M-Instruct's own greedy outputs with
 # its verify cost curve; history off): a tree, each draft at most as long as its match. The next
 # settings of the grid were within 0.3% (docs/benchmarks.md, "Drafting alone: the replay").

@@ -1,6 +1,6 @@
-"""Benchmark of the suffix index (index/): append, speculate, memory, corpora up to 200M tokens, history growth.
+"""Benchmark of the suffix index (suffixspec/index/): append, speculate, memory, corpora up to 200M tokens, history growth.
 
-Run: ``python -m bench.bench_index [--tokens 5000000] [--tokenizer NAME_OR_PATH] [--json out.json]``
+Run: ``python -m suffixspec.bench.bench_index [--tokens 5000000] [--tokenizer NAME_OR_PATH] [--json out.json]``
 
 Sections:
 
@@ -26,7 +26,7 @@ Sections:
    document until a reader drafts from it, deleting it. Tokenizing 200M tokens takes most of an hour
    on 2 shared cores: run it once, niced, in the background, with ``--workdir`` and a log::
 
-       nohup nice -n 5 python -m bench.bench_index --sections scale --workdir scale-work > scale.log &
+       nohup nice -n 5 python -m suffixspec.bench.bench_index --sections scale --workdir scale-work > scale.log &
 
 6. **reopen** — on the database a scale run left: the merges the policy plans now, speculate of the
    segment set vs its largest segment, add/delete one document (medians).
@@ -36,20 +36,20 @@ Sections:
    (a writer process at nice 19), interleaved. About a minute at ``--tokens 3000000`` on an idle
    2-core machine::
 
-       python -m bench.bench_index --sections concurrent --tokens 3000000
+       python -m suffixspec.bench.bench_index --sections concurrent --tokens 3000000
 
 8. **add** — adding one small document (``DocumentIndex.add_documents``, what ``SuffixSpec.add_documents``,
    the POST route and ``index add`` run) to stores already holding 100 and 20,000 documents, interleaved:
    CPU and wall time per add, and the cost of the whole-table read adds made before::
 
-       python -m bench.bench_index --sections add --tokenizer smollm2-135m-instruct
+       python -m suffixspec.bench.bench_index --sections add --tokenizer smollm2-135m-instruct
 
 9. **busy-add** — ``suffixspec index add`` of one small file against ``suffixspec index stats``, fresh
    processes, alternating, on a store of ~100 MB of source text indexed for ``--busy-model``, while another
    process generates with that model (one torch thread). Indexing the corpus takes most of the time:
    keep it with ``--workdir``::
 
-       python -m bench.bench_index --sections busy-add --workdir busy-work --rounds 7
+       python -m suffixspec.bench.bench_index --sections busy-add --workdir busy-work --rounds 7
 
 Tokenizer: ``--tokenizer`` (a hub id, a local directory, or the embedded ``suffixspec/demo-target``,
 the default when present); otherwise a byte-level BPE (8k entries) is trained on a slice of the corpus.
@@ -72,6 +72,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+
 from suffixspec.index.incremental import IncrementalIndex
 from suffixspec.index.speculate import SpecParams
 from suffixspec.index.store import DocInput, IndexStore
@@ -562,7 +563,7 @@ def compact_in_child(db: Path) -> dict:
     its peak RSS and anonymous memory, sampled (:class:`PeakMemory`; the child's own ``ru_maxrss`` would
     count this process' pages it was forked with)."""
     proc = subprocess.Popen([sys.executable, "-c", _COMPACT_SCRIPT, str(db)], stdout=subprocess.PIPE, text=True,
-                            cwd=str(Path(__file__).resolve().parents[1]))
+                            cwd=str(Path(__file__).resolve().parents[2]))
     with PeakMemory(proc.pid) as mem:
         out, _ = proc.communicate()
     if proc.returncode != 0:
@@ -740,9 +741,8 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
     """
     import threading
 
-    from suffixspec.index import writer
-
     from suffixspec.api import SuffixSpec
+    from suffixspec.index import writer
 
     def probe(spec) -> tuple[float, float, float]:
         t0 = time.perf_counter()
@@ -1088,7 +1088,6 @@ def build_busy_index(model: str, workdir: Path, corpus_bytes: int, log=print) ->
     """``workdir/busy.db``: about ``corpus_bytes`` of source text indexed for ``model``'s tokenizer and
     compacted, the model recorded as served (built once; run it niced on a shared machine)."""
     from suffixspec.index import DocumentIndex
-
     from suffixspec.loading import load_tokenizer
 
     db = workdir / "busy.db"
@@ -1120,7 +1119,7 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
         st = index.stats()
     res: dict = {"documents": st["documents"], "document_bytes": st["document_bytes"], "tokens": st["tokens"],
                  "segments": st["segments"], "rounds": rounds, "stats_s": [], "add_s": [], "main_add_s": []}
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TOKENIZERS_PARALLELISM": "true"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "TOKENIZERS_PARALLELISM": "true"}
     # in a session of its own, as a server started from another terminal: its own scheduler autogroup
     gen = subprocess.Popen([sys.executable, "-c", _GENERATOR, model], stdout=subprocess.PIPE, text=True, env=env,
                            start_new_session=True)

@@ -1,11 +1,11 @@
 """Context length (MagicDec's question): speedup and tokens per forward as the prompt grows.
 
-Code-edit and RAG requests from the sources of :mod:`bench.workloads`, with a code window (or
+Code-edit and RAG requests from the sources of :mod:`suffixspec.bench.workloads`, with a code window (or
 documentation) of about ``L`` prompt tokens, for L from 256 up to the model's context limit (minus the generated tokens).
 Each request runs greedy with speculation off and on (``ours_all``: suffix index + draft model),
 seconds apart, with the engine's cost gates on; ratios are per request (median).
 
-    python -m bench.bench_context [--lengths 256,512,1024,1920] [--requests 2] [--max-tokens 128]
+    python -m suffixspec.bench.bench_context [--lengths 256,512,1024,1920] [--requests 2] [--max-tokens 128]
 
 The output history is off: the windows of one file overlap from length to length, and a history
 would measure that repetition rather than the context.
@@ -46,7 +46,7 @@ def window_tokens(text: str, tokenizer: Any, start_line: int, tokens: int) -> st
 def build_at(name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: int, seed: int = 0
              ) -> tuple[list[Request], list[tuple[str, str]]]:
     """``n`` requests of workload ``name`` whose prompts are about ``prompt_tokens`` tokens long: a
-    window of a large module of :data:`~bench.workloads.CODE_PACKAGES` and a rename in it (code edit),
+    window of a large module of :data:`~suffixspec.bench.workloads.CODE_PACKAGES` and a rename in it (code edit),
     or consecutive chunks of one file of the documentation set and a question on its first heading (RAG)."""
     rng = random.Random(f"context-{name}-{seed}")
     user = "{text}\n\nRename `{old}` to `{old}_v2` in the code above and reply with the whole edited code."

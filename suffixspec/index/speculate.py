@@ -323,7 +323,7 @@ class RestOfRun:
 # Upper match length of each bucket of AcceptanceRates (the last bucket holds every longer match).
 RATE_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Prior continuation rate per bucket: how often a token drafted from the request's own text came true
-# in SmolLM2-135M-Instruct's greedy outputs on the benchmark's workloads (bench/bench_drafting.py,
+# in SmolLM2-135M-Instruct's greedy outputs on the benchmark's workloads (suffixspec/bench/bench_drafting.py,
 # 5 x 8 requests: after a 1-token match 14-19% of the time, 2 tokens 45-53%, 3 tokens 63-83%, 9-16
 # tokens 84-97%, longer 93-100%); rounded down a little, since RAG's references came true less often.
 PRIOR_RATES = (0.18, 0.45, 0.65, 0.72, 0.82, 0.82, 0.9, 0.9, 0.94, 0.96, 0.97, 0.97)

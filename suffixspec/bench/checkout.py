@@ -2,7 +2,7 @@
 
 A checkout resolves ``suffixspec.index`` (and ``.tokenizer_bridge``, ``.bench``, ``.web``) through its
 editable install, which maps those names to the installed checkout's folders. A child given only
-``PYTHONPATH=OTHER`` would run OTHER's ``suffixspec`` on this environment's ``index/``: the comparison
+``PYTHONPATH=OTHER`` would run OTHER's ``suffixspec`` on this environment's ``suffixspec/index/``: the comparison
 would measure a mix. :func:`command` puts OTHER's folders first on the package's own path, so every
 part of the child is OTHER's.
 

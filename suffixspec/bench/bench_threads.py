@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "edit.txt"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "edit.txt"
 BUSY = [sys.executable, "-c", "while True: pass"]
 QUESTION = "What does a Python list comprehension do? Give one short example."
 ARRIVE_AFTER = 48  # tokens decoded before the busy process starts, in the "arrives" condition

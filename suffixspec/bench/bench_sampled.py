@@ -9,7 +9,7 @@ identical, tokens per target forward pass, and the speed ratio on/off per reques
 min-max; by CPU time also the total over the cell's requests, which load inflates least). Above 1 is a gain; below 1 is the overhead of
 drafting where little can be drafted (the gates should keep it within 5%).
 
-    python -m bench.bench_sampled --model DIR [--requests 8] [--max-tokens 128] [--temperatures 0.7,1.0] [--json out.json]
+    python -m suffixspec.bench.bench_sampled --model DIR [--requests 8] [--max-tokens 128] [--temperatures 0.7,1.0] [--json out.json]
                                   [--draft-model NAME [--draft-tokens argmax|sampled]]
 
 A same-vocabulary draft model drafts its argmax tokens by default here (``--draft-tokens argmax``: no ``q``, the
@@ -97,7 +97,7 @@ def summarize(runs: list[OnOff]) -> dict[str, Any]:
 
 
 class OnOffBench:
-    """What the on/off benchmarks share (this module's sampled cells, :mod:`bench.bench_context`'s
+    """What the on/off benchmarks share (this module's sampled cells, :mod:`suffixspec.bench.bench_context`'s
     prompt lengths): the target (and draft) loaded once, one engine warmed up by a plain step, a
     temporary folder where the cells' documents are indexed (once per set of documents); :meth:`cell`
     runs a cell's requests off, then on.

@@ -8,7 +8,7 @@ pass's and its attention's time (medians; CPU time of this thread on a CPU, wall
 synchronize on a GPU) and the ratio of one call to apart per pair of passes. The numbers behind
 ``lean.CALL_SCORES`` (and, run on a GPU, what ``lean.GPU_CALL_SCORES`` should be)::
 
-    python -m bench.bench_attention --model smollm2-135m-instruct [--device cpu] [--rounds 15]
+    python -m suffixspec.bench.bench_attention --model smollm2-135m-instruct [--device cpu] [--rounds 15]
 """
 
 from __future__ import annotations

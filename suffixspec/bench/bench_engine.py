@@ -6,7 +6,7 @@
    ``generate`` (greedy, same model, same prompts), interleaved runs, medians. The engine should
    be within 10% of ``generate``.
 
-    python -m bench.bench_engine [--model suffixspec/demo-target] [--tokens 128] [--repeats 3]
+    python -m suffixspec.bench.bench_engine [--model suffixspec/demo-target] [--tokens 128] [--repeats 3]
 
 With no model available (or ``--random``), a random Llama of 6 layers x 256 (about 7M parameters)
 is built in a temporary folder, the size of the embedded demo target.
@@ -33,7 +33,7 @@ PROMPTS = [
 def _random_model_dir() -> str:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from tiny import build_tiny_model, train_bpe_tokenizer
 
     root = Path(tempfile.mkdtemp(prefix="suffixspec-bench-"))

@@ -5,7 +5,7 @@ Same target, same draft (a different tokenizer), same prompts, greedy:
 - ``plain``: ``target.generate(ids, do_sample=False)`` (the reference output and speed);
 - ``hf-uag``: ``target.generate(ids, assistant_model=draft, tokenizer=target_tok,
   assistant_tokenizer=draft_tok, do_sample=False)`` (skipped, with the reason, on the ``transformers``
-  releases that break it: :mod:`bench.uag`);
+  releases that break it: :mod:`suffixspec.bench.uag`);
 - ``ours-text`` / ``ours-intersection``: the suffixspec engine with the bridged draft proposer,
   configured as a user gets it: the proposer's defaults (only ``--min-confidence`` is passed, its
   default is the proposer's) and the engine's default ``SpeculationConfig`` (adaptive: the cost
@@ -24,7 +24,7 @@ criterion (tokens per step at least transformers' and tokens/s at least 1.3x) is
 Prompts: the first lines of held-out standard-library files (``tools/training/heldout.txt``),
 cut at a line boundary. It runs from a checkout of the repository (the training tools are not installed).
 
-    python -m bench.bench_bridge [--target suffixspec/demo-target] [--draft suffixspec/demo-draft]
+    python -m suffixspec.bench.bench_bridge [--target suffixspec/demo-target] [--draft suffixspec/demo-draft]
                                  [--prompts 8] [--tokens 96] [--repeats 2] [--always] [--baseline]
                                  [--json out.json]
 
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 
 def training_data():

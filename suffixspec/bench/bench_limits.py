@@ -16,16 +16,16 @@ verify cost curve, and what a perfect drafter could reach.
    ``t(1 + k)``; its best speed over plain decoding is ``max_k (k + 1) * t(1) / t(1 + k)``.
 6. The prompt's prefill per token (one pass over ``context`` tokens, divided by them): every system
    pays it once per request, drafts or not, so it bounds what any drafter can gain on a whole request
-   (:mod:`bench.bench_drafting` adds it to its estimates when the file has it).
+   (:mod:`suffixspec.bench.bench_drafting` adds it to its estimates when the file has it).
 
 Worked example: SmolLM2-135M (540 MB of fp32 weights) at 10 GB/s reads its weights in 54 ms; a
 plain step of 70 ms is then 1.3x the floor. If t(1 + 15) = 2.0 t(1) and t(1 + 31) = 3.6 t(1), the
 oracle gets 16 / 2.0 = 8.0x at k = 15 and 32 / 3.6 = 8.9x at k = 31.
 
-    python -m bench.bench_limits --model smollm2-135m-instruct [--context 400] [--rounds 5]
-                                 [--stat median|min] [--cpu] [--json bench/published/limits.json]
+    python -m suffixspec.bench.bench_limits --model smollm2-135m-instruct [--context 400] [--rounds 5]
+                                 [--stat median|min] [--cpu] [--json suffixspec/bench/published/limits.json]
 
-The curve is what :mod:`bench.bench_drafting` turns replayed drafts into time with (``--costs``).
+The curve is what :mod:`suffixspec.bench.bench_drafting` turns replayed drafts into time with (``--costs``).
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def _entry(path: Path, model: str) -> dict[str, Any]:
     for r in data if isinstance(data, list) else [data]:
         if r["model"] == name:
             return r
-    raise ValueError(f"{path} has no verify curve for {name!r}; run python -m bench.bench_limits --model {model}")
+    raise ValueError(f"{path} has no verify curve for {name!r}; run python -m suffixspec.bench.bench_limits --model {model}")
 
 
 def load_curve(path: Path, model: str) -> dict[int, float]:

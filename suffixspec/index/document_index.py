@@ -275,7 +275,7 @@ class DocumentIndex:
             store = self.store
             if self._in_writer(size_chars):
                 # tokenizing and sorting take the cores for seconds: a child at a low priority does it, so
-                # that generations keep their pace (index/writer.py)
+                # that generations keep their pace (suffixspec/index/writer.py)
                 summary = add_in_writer(self.path, docs, choice.tokenizer, progress=progress, status=status,
                                                nice=self.nice, own_group=self.own_group, **self._store_options())
             else:

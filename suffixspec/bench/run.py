@@ -14,7 +14,7 @@ Systems (same target model, same prompts, same process, one torch thread unless 
   first and ``hf_assisted:b`` / ``ours_draft_model:b`` each other one (``ours_all`` drafts with the first);
 - ``arctic_suffix`` / ``arctic_suffix_best``: ArcticInference's ``SuffixDecodingCache`` (vLLM's
   ``suffix`` method) as the only drafter in our engine, with its default settings and with the
-  best of a grid (:mod:`bench.arctic`); skipped with a note when ``arctic-inference`` is missing.
+  best of a grid (:mod:`suffixspec.bench.arctic`); skipped with a note when ``arctic-inference`` is missing.
 
 History (earlier requests' outputs, for ours and Arctic's global tree) is off unless ``history=True``
 (then ``ours_history`` runs too): with it on, a drafter would learn the answers of the requests
@@ -30,7 +30,7 @@ packed copy, the model's own paged out); the rows say ``"interleaved": false`` a
 (what load moves least) are the ones to read. Per request: wall and CPU time (this thread's: what
 other jobs' load leaves out), tokens, target forward passes (a hook on the target, prefill
 included, so prompt lookup's count compares with ours), and for ours the engine's statistics. Every
-output is measured for loops (:mod:`bench.loops`); each row has its twin over the requests whose
+output is measured for loops (:mod:`suffixspec.bench.loops`); each row has its twin over the requests whose
 plain output does not loop.
 
 Results: ``results.json``, a list of rows ``{"model", "workload", "system", "speedup_median",
@@ -156,11 +156,10 @@ def draft_index(system: str, labels: list[str]) -> int:
 
 def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple[list[str], str | None]:
     """The ``hf_assisted`` systems whose draft has another vocabulary (so ``transformers`` runs universal assisted
-    generation) where the installed release breaks it (:func:`bench.uag.uag_defect`), and why; ``([], None)``
+    generation) where the installed release breaks it (:func:`suffixspec.bench.uag.uag_defect`), and why; ``([], None)``
     on the others (then no tokenizer is loaded)."""
-    from suffixspec.tokenizer_bridge import TokenBridge
-
     from suffixspec.loading import load_tokenizer
+    from suffixspec.tokenizer_bridge import TokenBridge
 
     from .uag import uag_defect
 
@@ -230,7 +229,7 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
 
 
 def _llama(bench: Bench, system: str, req: Request) -> Run:
-    """One request through llama.cpp (:mod:`bench.llama`): the same prompt ids as ``_hf_generate``'s."""
+    """One request through llama.cpp (:mod:`suffixspec.bench.llama`): the same prompt ids as ``_hf_generate``'s."""
     ids = bench.target.tokenizer(req.prompt)["input_ids"]
     tokens, seconds, cpu, forwards, stats = bench.llama.generate(system, ids, req.max_tokens, req.references,
                                                                  req.prediction)
@@ -308,7 +307,6 @@ def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | N
     from dataclasses import replace
 
     from suffixspec.index.store import IndexStore
-
     from suffixspec.proposers.suffix import SuffixProposer
 
     from .arctic import ARCTIC_BEST, ArcticSuffixProposer

@@ -6,7 +6,7 @@ checkout (``--before DIR``: the code before a change, for "one client alone is n
 ``--before-max-num-seqs N`` it batches too, for a change to batching itself). For each
 client count every server gets the same round, taking turns (the order rotates per round): every
 client sends its requests one after the other (greedy, code-edit and agentic requests alternating,
-from ``bench.workloads``), all clients start together. History is off (the requests' drafters
+from ``suffixspec.bench.workloads``), all clients start together. History is off (the requests' drafters
 exclude it, so earlier answers do not turn later rounds into copies). Reported per round and
 server: output tokens per second (wall), tokens per server CPU-second (steadier on a shared
 machine), p50/p90 latency, mean rows per pass (``/metrics``); and whether every output equals the
@@ -126,7 +126,7 @@ def requests_pool(model: str, n: int, max_tokens: int) -> list[dict]:
     """``n`` completion bodies, code-edit and agentic requests alternating (greedy, history off)."""
     from suffixspec.loading import load_tokenizer
 
-    from .workloads import build  # relative: bench/ installs as suffixspec.bench
+    from .workloads import build
 
     tok = load_tokenizer(model)
     if not getattr(tok, "chat_template", None):  # a base model (Gemma 3 270M): the requests as plain text
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--before", default=None, help="a checkout whose code serves a third --max-num-seqs 1 server")
     ap.add_argument("--before-max-num-seqs", type=int, default=1,
                     help="that server's --max-num-seqs (as --max-num-seqs: a change to batching itself, A/B per round)")
-    ap.add_argument("--out", default="bench/published")
+    ap.add_argument("--out", default="suffixspec/bench/published")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--replot", action="store_true", help="redraw the table and plot from --out's concurrency.json")
     args = ap.parse_args(argv)

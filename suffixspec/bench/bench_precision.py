@@ -4,7 +4,7 @@ A verify pass over ``1 + k`` tokens and a one-token step compute the same logits
 so they round differently (no kernel here is batch-invariant); so do our lean forward and
 ``transformers``' own. In float32 the difference is about 1e-6 of a logit and flips a greedy token only
 at a near-exact tie; in bfloat16 (8 bits of mantissa) and float16 (11) it is thousands of times larger.
-This measures, per dtype on the CPU, for the same requests (``bench.workloads``, real text):
+This measures, per dtype on the CPU, for the same requests (``suffixspec.bench.workloads``, real text):
 
 - ``ours vs generate``: our engine with speculation off against ``transformers`` ``generate``, greedy;
 - ``spec vs plain``: speculation on (the request's ``prediction`` = its plain output, token for token,
@@ -18,7 +18,7 @@ the common prefix (greedy: the difference of their logits; seeded: of their race
 ``log p - log E``), in units of the dtype's epsilon times the largest logit. A gap of a few units is a
 near-tie that rounding flips; a large gap would be a bug, in any dtype.
 
-    python -m bench.bench_precision --model smollm2-135m-instruct [--dtypes float32,bfloat16,float16]
+    python -m suffixspec.bench.bench_precision --model smollm2-135m-instruct [--dtypes float32,bfloat16,float16]
         [--requests 12] [--max-tokens 64] [--json out.json]
 
 One torch thread; history off; the prompt-prefix store off.

@@ -11,7 +11,7 @@ Sources (found on the machine, never downloaded; each function says where):
 - open-ended topics: the one-line summaries of the installed Python distributions.
 
 Workloads (each a list of :class:`Request` run in order, each with the answer a person would write,
-``answer``, which the replay in :mod:`bench.bench_drafting` drafts against):
+``answer``, which the replay in :mod:`suffixspec.bench.bench_drafting` drafts against):
 
 - ``code_edit``: one function and a small edit (rename an identifier it uses); the answer is the
   edited function. ``code_edit_prediction``: the same requests with the edited function as the
