@@ -12,9 +12,10 @@ HumanEval problems (default 40, in order) sent as chat requests (``suffixspec.be
   timeout and resource limits (address space, CPU seconds, file size, open files). A problem passes when
   the process exits 0.
 - **greedy agreement**: float32's own greedy continuations (the first ``--agree-tokens`` tokens of each
-  answer) are fed to each format teacher-forced, in one forward pass per problem; the share of positions
-  whose argmax equals float32's token. float32 against itself is the harness's own check (it must be 1.0:
-  the engine's greedy output is the model's argmax at every position).
+  answer) are fed to each format teacher-forced, in one pass of the engine's own runner per problem (the
+  format's real forward); the share of positions whose argmax equals float32's token. float32 against
+  itself checks the harness (1.0 up to a near tie that one long pass and token-by-token decoding round
+  differently).
 
 How an answer becomes a program (:func:`program`): the first fenced code block of the reply (else the reply
 from ``def <entry_point>`` on, else the whole reply); when it defines the entry point it follows the
@@ -144,14 +145,18 @@ def load_format(model: str, fmt: str) -> Any:
 
 
 def teacher_forced_argmax(spec: Any, prompt: list[int], continuation: list[int]) -> list[int]:
-    """The target's argmax after ``prompt + continuation[:i]`` for every ``i`` (one forward pass)."""
-    import torch
+    """The target's argmax after ``prompt + continuation[:i]`` for every ``i``, in one pass of the engine's own
+    runner (so at the engine's weight format: an int8 model's lean forward, not the float model it was
+    loaded as), on a cache row of its own that is dropped afterwards. Call it between generations."""
+    from suffixspec.lean import PassRow
 
-    model = spec.engine.target.model
-    ids = torch.tensor([prompt + continuation], device=spec.engine.target.device)
-    with torch.inference_mode():
-        logits = model(ids).logits[0, len(prompt) - 1:len(prompt) + len(continuation) - 1]
-    return logits.float().argmax(-1).tolist()
+    runner = spec.engine.scheduler.runner
+    row = runner.add_row()
+    try:
+        logits = runner.forward([PassRow(row, prompt + continuation, None, 0, "all")])[0]
+    finally:
+        runner.remove_row(row)
+    return logits[len(prompt) - 1:len(prompt) + len(continuation) - 1].argmax(-1).tolist()
 
 
 def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_tokens: int, log=print
