@@ -125,6 +125,10 @@ class Bench:
     drafts: list[Any] = field(default_factory=list)  # LoadedModel per draft model (the first is ``draft``)
     draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
     proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
+    # transformers' systems' own float32 copies of the target and drafts where ours run a quantized format (its
+    # float weights are released once quantized); None: they share ``target`` / ``drafts``
+    hf_target: Any | None = None
+    hf_drafts: list[Any] | None = None
 
     def __post_init__(self) -> None:
         from suffixspec.engine import Engine
@@ -134,6 +138,7 @@ class Bench:
 
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
+        self.hf_forwards = ForwardCounter(self.hf_target.model) if self.hf_target is not None else self.forwards
         if self.draft is not None and not self.drafts:
             self.drafts = [self.draft]
         self.draft = self.drafts[0] if self.drafts else None
@@ -176,8 +181,9 @@ def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple
 def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     import torch
 
-    tok = bench.target.tokenizer
-    ids = torch.tensor([tok(req.prompt)["input_ids"]], device=bench.target.device)
+    target = bench.hf_target or bench.target
+    tok = target.tokenizer
+    ids = torch.tensor([tok(req.prompt)["input_ids"]], device=target.device)
     kwargs: dict[str, Any] = dict(do_sample=False, max_new_tokens=req.max_tokens,
                                   attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
     if system == "hf_prompt_lookup":
@@ -185,16 +191,16 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     elif system.startswith("hf_assisted"):
         from suffixspec.tokenizer_bridge import TokenBridge
 
-        draft = bench.drafts[bench.draft_index(system)]
+        draft = (bench.hf_drafts or bench.drafts)[bench.draft_index(system)]
         kwargs["assistant_model"] = draft.model
         if not TokenBridge.cached(tok, draft.tokenizer).same_vocabulary:  # universal assisted generation
             kwargs.update(tokenizer=tok, assistant_tokenizer=draft.tokenizer)
-    calls = bench.forwards.calls
+    calls = bench.hf_forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
-        out = bench.target.model.generate(ids, **kwargs)
+        out = target.model.generate(ids, **kwargs)
     return Run(time.perf_counter() - t, time.thread_time() - c, out[0, ids.shape[1]:].tolist(),
-               bench.forwards.calls - calls)
+               bench.hf_forwards.calls - calls)
 
 
 def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
@@ -495,6 +501,9 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
         for system, rs in runs.items():
             row = {"model": model, "workload": workload, "system": system, "baseline": base,
                    **summarize_system(plain, rs, every)}
+            if system.startswith("ours_") and "ours_off" in runs:  # at a quantized format, the reference
+                row["identical_to_ours_off"] = all(o.tokens == r.tokens for o, r in zip(runs["ours_off"], rs,
+                                                                                         strict=True))
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
                 row.update(vs_best_baseline(runs, every))
@@ -632,7 +641,7 @@ DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int | str = 1, separate: bool | None = None) -> dict[str, Any]:
+        threads: int | str = 1, separate: bool | None = None, weights: str = "float32") -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
     ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
@@ -641,7 +650,10 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
     (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
-    count given (each process measuring its own would compare two counts)."""
+    count given (each process measuring its own would compare two counts). ``weights``: the format our
+    systems run (``suffixspec.weights.FORMATS``; float32 by default, the format whose outputs equal
+    ``hf_plain``'s); at a quantized one transformers' systems run a float32 copy of their own, and each row of
+    ours says ``identical_to_ours_off`` (the quantized model's own plain output)."""
     import torch
 
     from suffixspec.models import gguf_source
@@ -709,7 +721,8 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
                     got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n,
                                           max_tokens=_max_tokens(w, quick, max_tokens), history=history,
-                                          threads=threads, phase=phase, tmp=tmp), log)
+                                          threads=threads, phase=phase, tmp=tmp,
+                                          weights=weights if phase == "ours" else "float32"), log)
                     if got is None:
                         skipped.append(f"workload {w}")
                         break
@@ -719,7 +732,8 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     all_runs[w] = {s: runs[s] for s in systems}
         else:
             t = time.perf_counter()
-            bench = _load_bench(model, drafts, history, threads, log)
+            bench = _load_bench(model, drafts, history, threads, log, weights=weights,
+                                hf=any(s.startswith("hf_") for s in systems))
             warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
             if "hf_plain" in systems:
                 _hf_generate(bench, "hf_plain", warm)
@@ -743,6 +757,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
             "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
             "history": history, "temperature": 0.0, "interleaved": not separate, "phases": phases,
+            "weights": bench_weights(weights),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
@@ -772,18 +787,31 @@ def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
     return max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(workload, 128))
 
 
+def bench_weights(weights: str) -> str:
+    """The format ``weights`` resolves to on this machine's CPU (``auto`` -> int8 or float32)."""
+    from suffixspec.weights import resolve
+
+    return resolve(weights, "cpu")
+
+
 def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
-                proposers: bool = True, engine: bool = True) -> Bench:
-    """The models loaded, and (``engine``) our engine warmed up at its thread count, held from here for every
+                proposers: bool = True, engine: bool = True, weights: str = "float32", hf: bool = True) -> Bench:
+    """The models loaded (ours at ``weights``; ``hf``: float32 copies for transformers' systems where that
+    format is quantized), and (``engine``) our engine warmed up at its thread count, held from here for every
     system (``threads="auto"``: measured at start, as a user's engine; a count: as given)."""
     import torch
 
     from suffixspec.loading import load_model
+    from suffixspec.weights import QUANTIZED
 
     if threads != "auto" and threads:
         torch.set_num_threads(int(threads))
-    bench = Bench(load_model(model), None, history, None if threads == "auto" else torch.get_num_threads(),
-                  drafts=[load_model(d) for d in drafts], proposers=proposers)
+    fmt = bench_weights(weights)
+    own = fmt in QUANTIZED and hf  # transformers' systems need float weights of their own
+    bench = Bench(load_model(model, weights=fmt), None, history, None if threads == "auto" else torch.get_num_threads(),
+                  drafts=[load_model(d, weights=fmt) for d in drafts], proposers=proposers,
+                  hf_target=load_model(model) if own else None,
+                  hf_drafts=[load_model(d) for d in drafts] if own else None)
     if engine:
         bench.engine.warm_up()  # the lean forward packed (a large model's own weights paged out) now
         bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
@@ -851,7 +879,8 @@ def _phase_main(spec_path: Path, out_path: Path) -> None:
     ours = spec["phase"] == "ours"
     drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
     # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
-    bench = _load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours)
+    bench = _load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours,
+                        weights=spec.get("weights", "float32"), hf=not ours)
     startup = time.perf_counter() - t
     reqs, docs = _requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
     runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],

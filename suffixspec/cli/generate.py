@@ -95,7 +95,7 @@ def _draft_model_needed(speculation, max_tokens: int) -> bool:
 @click.option("--no-history", is_flag=True,
               help="Neither draft from nor save to the output history: nothing generated is stored, and "
                    "earlier runs do not change this one.")
-def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads, prompt_file, chat, max_tokens,
+def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime, threads, prompt_file, chat, max_tokens,
                  temperature, top_p, top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation,
                  compare, stream, as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
@@ -139,7 +139,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads
         if not _draft_model_needed(speculation, max_tokens):
             draft_model = None  # loading it would only delay the first token
         t = time.perf_counter()
-        spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype,
+        spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, weights=weights,
                           history=not no_history, threads=threads, runtime=runtime)
         load_s = time.perf_counter() - t
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
