@@ -159,15 +159,25 @@ def teacher_forced_argmax(spec: Any, prompt: list[int], continuation: list[int])
     return logits[len(prompt) - 1:len(prompt) + len(continuation) - 1].argmax(-1).tolist()
 
 
-def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_tokens: int, log=print
-             ) -> dict[str, Any]:
-    """Per format: answers, pass@1 (tests executed) and greedy agreement with float32 (module docstring)."""
+def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_tokens: int, log=print,
+             previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per format: answers, pass@1 (tests executed) and greedy agreement with float32 (module docstring).
+    ``previous``: an earlier result of the same model, problems and settings, whose formats are kept and whose
+    float32 reference the new formats are held to (a format added later without measuring float32 again)."""
     problems = humaneval_problems()[:n]
     order = ["float32"] + [f for f in formats if f != "float32"]  # float32 first: the others are held to it
-    reference: list[tuple[list[int], list[int]]] = []  # float32's (prompt ids, continuation) per problem
+    reference: list[list[list[int]]] = []  # float32's [prompt ids, continuation] per problem
     out: dict[str, Any] = {}
+    if previous is not None:
+        m = previous["meta"]
+        if (m["model"], m["problems"], m["max_tokens"], m["agree_tokens"]) != (model, len(problems), max_tokens,
+                                                                                agree_tokens):
+            raise ValueError("the previous result was measured with another model, problem count or token limits")
+        reference = previous["reference"]
+        out = dict(previous["formats"])
+        order = [f for f in order if f not in out]
     for fmt in order:
-        t = time.perf_counter()
+        t, load = time.perf_counter(), os.getloadavg()[0]
         spec = load_format(model, fmt)
         threads = spec.threads
         answers, agree, total, tokens = [], 0, 0, 0
@@ -181,7 +191,7 @@ def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_toke
                 answers.append({"task_id": p["task_id"], "passed": ok, "why": why, "tokens": len(r.token_ids),
                                 "text": r.text})
                 if fmt == "float32":
-                    reference.append((r.prompt_token_ids, r.token_ids[:agree_tokens]))
+                    reference.append([r.prompt_token_ids, r.token_ids[:agree_tokens]])
                 prompt_ids, cont = reference[i]
                 if cont:
                     got = teacher_forced_argmax(spec, prompt_ids, cont)
@@ -193,14 +203,14 @@ def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_toke
         out[fmt] = {"passed": sum(a["passed"] for a in answers), "problems": len(answers),
                     "agreement": round(agree / total, 5) if total else None, "agreement_tokens": total,
                     "agreeing_tokens": agree, "output_tokens": tokens, "seconds": round(time.perf_counter() - t, 1),
-                    "threads": threads, "answers": answers}
+                    "threads": threads, "load": [round(load, 2), round(os.getloadavg()[0], 2)], "answers": answers}
         log(f"{fmt}: pass@1 {out[fmt]['passed']}/{len(answers)}, agreement {out[fmt]['agreement']}")
     f32 = {a["task_id"]: a["passed"] for a in out["float32"]["answers"]}
     for r in out.values():
         r["differs_from_float32"] = [a["task_id"] for a in r["answers"] if a["passed"] != f32[a["task_id"]]]
     return {"meta": {"model": model, "problems": len(problems), "max_tokens": max_tokens,
                      "agree_tokens": agree_tokens, "limits": LIMITS, "load_average": list(os.getloadavg()),
-                     "date": time.strftime("%Y-%m-%d %H:%M")}, "formats": out}
+                     "date": time.strftime("%Y-%m-%d %H:%M")}, "formats": out, "reference": reference}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -226,8 +236,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=384)
     ap.add_argument("--agree-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=Path("bench-quality"))
+    ap.add_argument("--previous", type=Path, default=None, help="an earlier quality.json of the same settings: "
+                    "its formats are kept, new ones are held to its float32 reference")
     args = ap.parse_args(argv)
-    result = evaluate(args.model, args.formats.split(","), args.problems, args.max_tokens, args.agree_tokens)
+    previous = json.loads(args.previous.read_text()) if args.previous else None
+    result = evaluate(args.model, args.formats.split(","), args.problems, args.max_tokens, args.agree_tokens,
+                      previous=previous)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality.json").write_text(json.dumps(result, indent=1))
     (args.out / "quality.md").write_text(markdown(result))
