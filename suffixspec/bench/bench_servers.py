@@ -51,6 +51,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -344,18 +345,27 @@ def serve_workload(server: ServerProcess, system: System, workload: str, rnd: in
 
 
 def chat_requests(model: str, workload: str, n: int, max_tokens: int) -> list[Request]:
-    """The first ``n`` requests of ``workload`` for ``model`` that fit its context, as chat messages."""
-    from transformers import AutoConfig
+    """The first ``n`` requests of ``workload`` for ``model`` that fit its context (at most llama-server's
+    ``-c``), as chat messages."""
+    tokenizer = _tokenizer(model)
+    context = LLAMA_CONTEXT
+    if _gguf_model(model) is None:  # a folder or an embedded model: its own context may be shorter
+        from transformers import AutoConfig
 
-    from suffixspec.loading import load_tokenizer, max_context, resolve_model_path
+        from suffixspec.loading import max_context, resolve_model_path
 
-    tokenizer = load_tokenizer(model)
-    context = max_context(AutoConfig.from_pretrained(resolve_model_path(model)))
-    reqs, _ = build(workload, tokenizer, n, max_tokens, min(context, LLAMA_CONTEXT) - max_tokens - 1)
+        context = min(context, max_context(AutoConfig.from_pretrained(resolve_model_path(model))))
+    reqs, _ = build(workload, tokenizer, n, max_tokens, context - max_tokens - 1)
     chats = [r for r in reqs if r.messages is not None]
     if len(chats) < len(reqs):
         raise ValueError(f"workload {workload!r} has completion prompts, not chat messages: choose a chat workload")
     return chats
+
+
+def _gguf_model(model: str) -> Any:
+    from suffixspec.models import gguf_source
+
+    return gguf_source(model)
 
 
 def run(model: str, systems: list[str], workloads: list[str], n: int, max_tokens: int, rounds: int,
@@ -430,6 +440,12 @@ def _default_weights() -> str | None:
 
 
 def _tokenizer(model: str) -> Any:
+    """The model's tokenizer (for prompts that fit, and loop shares): a GGUF model's from its tokenizer alone
+    (no float32 conversion of its weights when only llama-server runs it), any other model's own."""
+    if _gguf_model(model) is not None:
+        from suffixspec.llama_cpp.model import gguf_tokenizer
+
+        return gguf_tokenizer(model, progress=False)
     from suffixspec.loading import load_tokenizer
 
     return load_tokenizer(model)
@@ -515,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--llama-threads", type=int, default=LLAMA_THREADS)
     ap.add_argument("--out", type=Path, default=Path("bench-servers"))
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: the server running now is stopped too
     result = run(args.model, args.systems.split(","), args.workloads.split(","), args.requests, args.max_tokens,
                  args.rounds, args.weights.split(","), args.llama_server, args.draft_model, args.llama_threads)
     args.out.mkdir(parents=True, exist_ok=True)
