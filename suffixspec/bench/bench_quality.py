@@ -160,10 +160,11 @@ def teacher_forced_argmax(spec: Any, prompt: list[int], continuation: list[int])
 
 
 def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_tokens: int, log=print,
-             previous: dict[str, Any] | None = None) -> dict[str, Any]:
+             previous: dict[str, Any] | None = None, checkpoint: Any = None) -> dict[str, Any]:
     """Per format: answers, pass@1 (tests executed) and greedy agreement with float32 (module docstring).
     ``previous``: an earlier result of the same model, problems and settings, whose formats are kept and whose
-    float32 reference the new formats are held to (a format added later without measuring float32 again)."""
+    float32 reference the new formats are held to (a format added later without measuring float32 again).
+    ``checkpoint``: called with the result so far after each format (a long run keeps what it measured)."""
     problems = humaneval_problems()[:n]
     order = ["float32"] + [f for f in formats if f != "float32"]  # float32 first: the others are held to it
     reference: list[list[list[int]]] = []  # float32's [prompt ids, continuation] per problem
@@ -205,10 +206,17 @@ def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_toke
                     "agreeing_tokens": agree, "output_tokens": tokens, "seconds": round(time.perf_counter() - t, 1),
                     "threads": threads, "load": [round(load, 2), round(os.getloadavg()[0], 2)], "answers": answers}
         log(f"{fmt}: pass@1 {out[fmt]['passed']}/{len(answers)}, agreement {out[fmt]['agreement']}")
+        if checkpoint is not None:
+            checkpoint(_result(model, len(problems), max_tokens, agree_tokens, out, reference))
+    return _result(model, len(problems), max_tokens, agree_tokens, out, reference)
+
+
+def _result(model: str, n: int, max_tokens: int, agree_tokens: int, out: dict[str, Any], reference: list
+            ) -> dict[str, Any]:
     f32 = {a["task_id"]: a["passed"] for a in out["float32"]["answers"]}
     for r in out.values():
         r["differs_from_float32"] = [a["task_id"] for a in r["answers"] if a["passed"] != f32[a["task_id"]]]
-    return {"meta": {"model": model, "problems": len(problems), "max_tokens": max_tokens,
+    return {"meta": {"model": model, "problems": n, "max_tokens": max_tokens,
                      "agree_tokens": agree_tokens, "limits": LIMITS, "load_average": list(os.getloadavg()),
                      "date": time.strftime("%Y-%m-%d %H:%M")}, "formats": out, "reference": reference}
 
@@ -240,11 +248,15 @@ def main(argv: list[str] | None = None) -> None:
                     "its formats are kept, new ones are held to its float32 reference")
     args = ap.parse_args(argv)
     previous = json.loads(args.previous.read_text()) if args.previous else None
-    result = evaluate(args.model, args.formats.split(","), args.problems, args.max_tokens, args.agree_tokens,
-                      previous=previous)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quality.json").write_text(json.dumps(result, indent=1))
-    (args.out / "quality.md").write_text(markdown(result))
+
+    def write(result: dict[str, Any]) -> None:
+        (args.out / "quality.json").write_text(json.dumps(result, indent=1))
+        (args.out / "quality.md").write_text(markdown(result))
+
+    result = evaluate(args.model, args.formats.split(","), args.problems, args.max_tokens, args.agree_tokens,
+                      previous=previous, checkpoint=write)
+    write(result)
     print(markdown(result))
 
 
