@@ -17,6 +17,13 @@ A step, top to bottom (:meth:`Scheduler.step`):
 5. **commit**: every row walks its own tree (``verify_tree``), keeps its accepted keys and values
    and commits its tokens (a stream event for its caller); finished rows leave.
 
+A request's failure stays its own: whatever fails while it joins (its proposers, its state, its prefix
+copy, its prefill), drafts, is verified or commits ends that request alone with a
+:class:`~suffixspec.errors.RequestFailed` naming the step (its caller's next event), its row and proposers
+let go; requests held back a step to share a prefill go back to the line whatever fails; a failed lean
+pass of several rows runs each row alone, so only a row that fails alone fails. What no one request can
+be blamed for (a padded pass of several rows, the choice of drafts) fails the step's rows.
+
 Nobody owns a thread for this: a caller waiting for its request's next event runs steps itself, one
 at a time (a lock held for a step, never across a ``yield``); while one caller steps, the others
 wait for its step to end or for their own event. So a request alone runs on its caller's thread as
