@@ -371,7 +371,7 @@ class Scheduler:
                 self._fail(h, err)
 
     def _forward(self, rows: list[PassRow]) -> tuple[list[torch.Tensor | None | BaseException], bool]:
-        """(per row: its logits, or the error its pass raised; whether the rows ran in one pass).
+        """(per row: its logits, or the error its pass raised; whether the rows' one pass succeeded).
 
         A failed pass of several rows on the lean forward runs each row alone (a row's logits are the
         same alone or in a batch: ``Runner.batch_problem`` checked it, and a rerun writes the same cache
@@ -383,7 +383,7 @@ class Scheduler:
         except Exception as e:
             if len(rows) == 1:
                 log.exception("a pass failed")
-                return [e], True
+                return [e], False
             if not self.runner.packs_prompts:
                 raise
             log.exception("a pass of %d rows failed; running each row alone to find the one that fails", len(rows))
