@@ -450,6 +450,31 @@ def test_a_failing_proposer_fails_its_request_alone(fault_targets, alone, monkey
     assert len(calls) == 3  # the victim stopped at its failure
 
 
+def test_a_row_that_fails_the_pass_fails_alone(fault_targets, alone, monkeypatch):
+    """The victim's proposer drafts a token the model has no embedding for (mid-generation): the lean pass of
+    every row fails; each row then runs alone, only the victim's fails, and the others commit the logits of
+    their own passes (a row's logits are the same alone or in a batch): their tokens are the alone ones."""
+    from suffixspec.draft import Draft
+
+    engine = _engine(fault_targets["llama"])
+    ids, vocab = _ids(engine, 0), engine.vocab_size
+    propose = SuffixProposer.propose
+    bad = []
+
+    def out_of_vocabulary(self, context, budget):
+        if list(context[:len(ids)]) == ids and len(context) == len(ids) + 5:
+            bad.append(len(context))
+            return Draft([vocab + 7], [-1], ["prompt"])
+        return propose(self, context, budget)
+
+    monkeypatch.setattr(SuffixProposer, "propose", out_of_vocabulary)
+    finals = _run_batch(engine)
+    assert bad and isinstance(finals[0], RequestFailed) and isinstance(finals[0].__cause__, IndexError)
+    assert finals[0].stage == "the target's pass"
+    for i in (1, 2, 3):
+        assert finals[i].result.token_ids == alone["llama"][i], i
+
+
 def test_a_cache_growth_that_runs_out_of_memory_fails_one_request_and_leaves_the_cache_usable(
         fault_targets, alone, monkeypatch):
     """C's prompt (over the cache's 256 positions) is stored by an earlier request; when C joins, copying it
