@@ -156,7 +156,7 @@ class Draft:
 
     def gate_shape(self) -> tuple[int, int, int] | None:
         """(first branches, most children of a deeper node, depth) of a draft without ``q``, which a
-        gate may judge (``policy.DraftGate.ceiling``); None for an empty draft or one with ``q``, whose
+        gate may judge (``gates.DraftGate.ceiling``); None for an empty draft or one with ``q``, whose
         shape is what it sampled. Example: ``Draft.chain([5, 6, 7], "prompt").gate_shape() == (1, 1, 3)``."""
         if self.q is not None or not len(self):
             return None

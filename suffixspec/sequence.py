@@ -1,6 +1,6 @@
 """One request's decode state: its drafters, sampler, randomness, stop rules, gates and output.
 
-Nothing here is shared with another request (except what ``policy.ProposerGate`` shares for
+Nothing here is shared with another request (except what ``gates.ProposerGate`` shares for
 proposers whose drafts carry no ``q``), so a request gives the same tokens alone and in a batch.
 The scheduler drives it: ``begin``, then per step :meth:`RequestState.plan` (propose) -> the
 policy's ``choose_drafts`` -> one pass -> ``verify_tree`` -> :meth:`RequestState.commit`, then
@@ -24,18 +24,12 @@ import torch
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
 from .draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
+from .drafting.budget import draft_budget
+from .drafting.costs import StepCost, cpu_clock
+from .drafting.gates import DraftGate, ProposerGate, ProposerRecord, RowDraft
+from .drafting.policy import Policy
 from .errors import RequestError
 from .merge import merge_drafts
-from .policy import (
-    DraftGate,
-    Policy,
-    ProposerGate,
-    ProposerRecord,
-    RowDraft,
-    StepCost,
-    cpu_clock,
-    draft_budget,
-)
 from .proposers import Proposer, RequestContext
 from .sampling import LogitsProcessor, PositionRNG
 from .stats import RequestStats
@@ -85,7 +79,7 @@ class Plan:
 
     draft: Draft  # the merged draft (emptied when the pass does not verify it)
     calls: list[Call]  # proposer calls
-    judged: RowDraft  # what the policy judges (choose_drafts fills verified / explored)
+    row_draft: RowDraft  # the draft as choose_drafts judges it (it fills verified / explored)
     propose_s: float  # wall seconds the row spent proposing
 
 
@@ -183,10 +177,10 @@ class RequestState:
         exploring = self.proposer_gate is not None and self.proposer_gate.exploring
         shape = self.gate.shape_of(draft) if len(draft) else None
         size = draft.gate_size() if len(draft) else 0
-        must = not spec.adaptive or exploring  # a re-measured proposer's draft is verified (its yield counts)
-        judged = RowDraft(size, self.gate.expected(draft.score, shape) if size else 0.0, must,
-                          None if must else self.gate, shape)
-        return Plan(draft, calls, judged, time.perf_counter() - t)
+        always_verify = not spec.adaptive or exploring  # a re-measured proposer's draft is verified (its yield counts)
+        row_draft = RowDraft(size, self.gate.expected(draft.score, shape) if size else 0.0, always_verify,
+                             None if always_verify else self.gate, shape)
+        return Plan(draft, calls, row_draft, time.perf_counter() - t)
 
     def _propose(self, budget: int, step: StepCost, hopeless: bool, unsure: bool) -> tuple[Draft, list[Call]]:
         """The merged draft of the proposers the gate calls, and the calls.
@@ -209,13 +203,14 @@ class RequestState:
         for i, p in enumerate(self.proposers):
             if not p.active():  # left out by the request's drafters: no call, nothing recorded
                 continue
-            held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
-            own = p.judges_own_cost and self.spec.adaptive
-            if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held, own):
+            held_back = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
+            judges_itself = p.judges_own_cost and self.spec.adaptive
+            if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held_back,
+                                                         judges_itself):
                 continue
             # every proposer is told the pass cost (the suffix proposer weighs its documents with it); one that
             # judges its own cost plans from it only when speculation adapts
-            p.observe_costs(None if p.judges_own_cost and not own else step)
+            p.observe_costs(None if p.judges_own_cost and not judges_itself else step)
             p.observe_lead(self._lead(drafts, weights))
             p.observe_promise(promised)
             wall, cpu = time.perf_counter(), cpu_clock()
@@ -274,8 +269,8 @@ class RequestState:
             step_logprobs = [_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0)
                              for k in range(committed)]
             self.logprobs.extend(step_logprobs)
-        kept = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
-        self._learn(plan, outcome, kept)
+        accepted_sources = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
+        self._learn(plan, outcome, accepted_sources)
         for p in self.proposers:
             p.update(new[:committed])
         stats = self.stats
@@ -287,36 +282,36 @@ class RequestState:
         return StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed],
                            step_logprobs)
 
-    def _learn(self, plan: Plan, outcome: VerifyOutcome, kept: list[str]) -> None:
+    def _learn(self, plan: Plan, outcome: VerifyOutcome, accepted_sources: list[str]) -> None:
         """Statistics, the budget's running means, the gates (a skipped draft's calls yielded nothing)."""
         draft, rate = plan.draft, self.policy.accepted_rate
         depths = draft.depths()
-        self.stats.record_step(draft.sources, depths, kept)
+        self.stats.record_step(draft.sources, depths, accepted_sources)
         for call in plan.calls:
             self.stats.record_call(call.name, call.wall_s)
-        self.mean_accepted = (1 - rate) * self.mean_accepted + rate * len(kept)
+        self.mean_accepted = (1 - rate) * self.mean_accepted + rate * len(accepted_sources)
         if len(draft):  # per-token acceptance: the accepted nodes, and a miss unless the walk reached a leaf
             hits = len(outcome.accepted)
             missed = (outcome.accepted[-1] if outcome.accepted else -1) in draft.children()
             self._hits = (1 - rate) * self._hits + rate * hits
             self._tries = (1 - rate) * self._tries + rate * (hits + missed)
             self.acceptance = self._hits / self._tries if self._tries > 0 else self.acceptance
-        self.copy_run = len(kept) if len(draft) and len(kept) == max(depths) else 0
-        self.copy_sources = set(kept) if self.copy_run else set()
+        self.copy_run = len(accepted_sources) if len(draft) and len(accepted_sources) == max(depths) else 0
+        self.copy_sources = set(accepted_sources) if self.copy_run else set()
         if len(draft):
-            self.gate.observe(draft.score, len(kept))
+            self.gate.observe(draft.score, len(accepted_sources))
         for mass in outcome.top_mass:
             self.gate.observe_target(mass)
         for call in plan.calls:
-            own = sum(1 for src in kept if src in call.sources)
+            accepted_of_call = sum(1 for src in accepted_sources if src in call.sources)
             if self.proposer_gate is not None:
-                self.proposer_gate.observe(call.index, call.cpu_s, own, call.sources, call.setup_s)
+                self.proposer_gate.observe(call.index, call.cpu_s, accepted_of_call, call.sources, call.setup_s)
             if draft.probs is not None and len(self.proposers) > 1:  # what its nodes promised in the merged draft
                 promised = sum(p for p, src in zip(draft.probs, draft.sources, strict=True) if src in call.sources)
                 if promised > 0:
                     trust = self.trust.get(call.index, 1.0)
                     self.trust[call.index] = (1 - self.policy.calibration_rate) * trust + \
-                        self.policy.calibration_rate * min(self.policy.calibration_cap, own / promised)
+                        self.policy.calibration_rate * min(self.policy.calibration_cap, accepted_of_call / promised)
 
     # -- end -------------------------------------------------------------------------------------------
     def end_proposers(self) -> None:

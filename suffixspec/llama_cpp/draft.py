@@ -13,14 +13,14 @@ by the accepted part of the last draft plus one token continues that request; an
 a new one, whose prompt is all but its last token (llama.cpp calls the draft model first right after
 sampling the first output token). The request before it then ends: its output goes to the history.
 
-Sizing, from measured costs (:mod:`suffixspec.policy`, one row): a pass of ``n`` tokens costs ``t(n)``
-(:class:`~suffixspec.policy.PassCost`), measured here as the time between two calls of one request (the
+Sizing, from measured costs (:mod:`suffixspec.drafting`, one row): a pass of ``n`` tokens costs ``t(n)``
+(:class:`~suffixspec.drafting.costs.PassCost`), measured here as the time between two calls of one request (the
 evaluation of the batch this model's last draft was part of, and the sampling after it), plus a short
 calibration when bound to a ``Llama`` (:meth:`SuffixDraftModel.bind`). The index drafts up to the
-engine's momentum budget (:func:`~suffixspec.policy.momentum_budget`); the chain is cut to the prefix
-with the most tokens per second by its own node probabilities (:func:`~suffixspec.policy.best_chain_prefix`)
+engine's momentum budget (:func:`~suffixspec.drafting.budget.momentum_budget`); the chain is cut to the prefix
+with the most tokens per second by its own node probabilities (:func:`~suffixspec.drafting.budget.best_chain_prefix`)
 and sent only when it pays: ``(1 + expected) * t(1) >= t(1 + k)``
-(:func:`~suffixspec.policy.choose_drafts`, with its calibration and bounded exploration). While the
+(:func:`~suffixspec.drafting.gates.choose_drafts`, with its calibration and bounded exploration). While the
 index yields nothing worth sending it is asked less and less often, down to every :data:`IDLE_MAX`-th
 step, and at once when the last 4 tokens repeat the request's own text. On text with nothing to copy
 nothing is sent: llama.cpp evaluates one token per step, as without a draft model.
@@ -48,17 +48,10 @@ from typing import Any
 import numpy as np
 
 from ..draft import Draft
-from ..policy import (
-    DEFAULT,
-    DraftGate,
-    PassCost,
-    Policy,
-    RowDraft,
-    StepCost,
-    best_chain_prefix,
-    choose_drafts,
-    momentum_budget,
-)
+from ..drafting.budget import best_chain_prefix, momentum_budget
+from ..drafting.costs import PassCost, StepCost
+from ..drafting.gates import DraftGate, RowDraft, choose_drafts
+from ..drafting.policy import DEFAULT, Policy
 from ..proposers.base import RequestContext
 from ..proposers.suffix import SuffixConfig, SuffixProposer
 from ..stats import RequestStats
@@ -140,7 +133,7 @@ class SuffixDraftModel(_Base):
         history: draft from earlier outputs (and keep them).
         max_draft_tokens: the longest draft.
         adaptive: size and gate drafts by cost (False: send every draft the index makes).
-        policy: the decision constants (``suffixspec.policy.Policy``).
+        policy: the decision constants (``suffixspec.drafting.policy.Policy``).
 
     Per call: ``with draft.request(references=[...], prediction="..."):`` around a completion tells the
     drafter that call's references and prediction; :meth:`bind` gives it the ``Llama``'s tokenizer

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
-from ..policy import model_draft_length
+from ..drafting.judge import model_draft_length
 from .base import Proposer, RequestContext
 from .bridged_draft import BridgedDraftProposer
 from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs, fit_width

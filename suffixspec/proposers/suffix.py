@@ -72,7 +72,7 @@ from .base import Proposer, RequestContext
 from .source_gate import SourceGate, SourceYield
 
 if TYPE_CHECKING:
-    from ..policy import StepCost
+    from ..drafting.costs import StepCost
 
 # the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
 _SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
