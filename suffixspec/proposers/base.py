@@ -46,6 +46,17 @@ class Proposer(ABC):
     # prompt): the engine's ProposerGate judges a proposer by its per-step cost, without it
     setup_s: float = 0.0
 
+    def live_sources(self) -> tuple[str, ...]:
+        """The node sources it can draft as built (what ``SuffixSpec.drafters`` and ``/v1/models`` list): its
+        drafter's declared sources (``DRAFTER.sources``); a drafter whose sources depend on what it was
+        given (the suffix index without a store has no documents) narrows them."""
+        from ..drafting.registry import drafter
+
+        try:
+            return drafter(self.name).sources
+        except ValueError:  # a proposer no drafter declares (a test's double): no source to list
+            return ()
+
     def begin(self, request: RequestContext) -> None:  # noqa: B027 - optional hook
         """A request starts; reset per-request state."""
 

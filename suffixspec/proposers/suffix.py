@@ -56,9 +56,7 @@ from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
-    DRAFTERS,
     SOURCE_DOCUMENTS,
-    SOURCE_DRAFT_MODEL,
     SOURCE_HISTORY,
     SOURCE_PREDICTION,
     SOURCE_PROMPT,
@@ -67,15 +65,13 @@ from ..draft import (
     drafter_allows,
     node_depths,
 )
+from ..drafting.registry import Drafter
 from ..merge import TreeUnion
 from .base import Proposer, RequestContext
 from .source_gate import SourceGate, SourceYield
 
 if TYPE_CHECKING:
     from ..drafting.costs import StepCost
-
-# the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
-_SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
 
 PROPOSER_NAME = "suffix"
 
@@ -168,7 +164,7 @@ class SuffixProposer(Proposer):
 
     def __init__(self, db: IndexStore | str | os.PathLike | None = None, fingerprint: str | None = None,
                  tokenizer: Any = None, config: SuffixConfig | None = None,
-                 documents: SuffixArray | None = None, history: bool = True) -> None:
+                 documents: SuffixArray | None = None, history: bool | OutputHistory = True) -> None:
         self.config = config or SuffixConfig()
         self.tokenizer = tokenizer
         # text matching needs a real tokenizer (some callers pass only enough of one for the fingerprint)
@@ -198,8 +194,11 @@ class SuffixProposer(Proposer):
         self._step: StepCost | None = None  # the pass cost the engine told for the next propose
         if self.store is not None and documents is None:
             self.reload_documents()
-        self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
-                                      max_candidates=self.config.max_candidates) if history else None)
+        if isinstance(history, OutputHistory):  # shared with other proposers (a runtime's, across requests)
+            self.history: OutputHistory | None = history
+        else:
+            self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
+                                          max_candidates=self.config.max_candidates) if history else None)
         self._request: IncrementalIndex | None = None
         self._references: IncrementalIndex | None = None
         self._prediction: IncrementalIndex | None = None
@@ -221,7 +220,7 @@ class SuffixProposer(Proposer):
         self._last_probs: list[float] = []  # its nodes' probabilities
         self._last_ells: list[int] = []  # its nodes' match lengths (what predicted them: AcceptanceRates)
         # per source, learned across this proposer's requests (forks share them)
-        self.rates = ({**{src: AcceptanceRates() for src in _SUFFIX_SOURCES}, _TEXT: AcceptanceRates(),
+        self.rates = ({**{src: AcceptanceRates() for src in DRAFTER.sources}, _TEXT: AcceptanceRates(),
                        _RESUME: AcceptanceRates(_RESUME_PRIOR)} if self.config.learn_rates else {})
         self._last_keys: list[str] = []  # its nodes' keys into ``rates``
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
@@ -244,6 +243,15 @@ class SuffixProposer(Proposer):
             if self._docs_version != -1:  # a corpus that changed: its record across requests starts again
                 self.documents_yield.forget()
             self._docs_version = version
+
+    def live_sources(self) -> tuple[str, ...]:
+        """The request's own texts always; the history when it is kept, the documents with a store or arrays."""
+        have = {SOURCE_PROMPT, SOURCE_REFERENCES, SOURCE_PREDICTION}
+        if self.history is not None:
+            have.add(SOURCE_HISTORY)
+        if self.store is not None or self.documents is not None:
+            have.add(SOURCE_DOCUMENTS)
+        return tuple(s for s in DRAFTER.sources if s in have)
 
     def documents_pending(self) -> bool:
         """Whether documents were added or removed since the last load (they load at the next request)."""
@@ -863,8 +871,22 @@ def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str |
 
 
 def make_suffix_proposer(db: IndexStore | str | os.PathLike | None = None, tokenizer: Any = None,
-                         fingerprint: str | None = None, **config: Any) -> SuffixProposer:
-    """Factory hook (``make_proposer("suffix", ...)``): keyword settings go to :class:`SuffixConfig`."""
-    history = config.pop("history", True)
-    return SuffixProposer(db=db, fingerprint=fingerprint, tokenizer=tokenizer, config=SuffixConfig(**config),
-                          history=history)
+                         fingerprint: str | None = None, store: IndexStore | None = None,
+                         history: bool | OutputHistory = True, config: SuffixConfig | None = None,
+                         documents: SuffixArray | None = None, **settings: Any) -> SuffixProposer:
+    """Factory hook (``make_proposer("suffix", ...)``): ``store`` is the registry's name for ``db``; a
+    whole ``config``, or keyword settings of :class:`SuffixConfig`."""
+    if config is not None and settings:
+        raise ValueError(f"give config= or SuffixConfig settings, not both ({sorted(settings)})")
+    return SuffixProposer(db=db if db is not None else store, fingerprint=fingerprint, tokenizer=tokenizer,
+                          config=config or SuffixConfig(**settings), documents=documents, history=history)
+
+
+# This drafter (suffixspec.drafting.registry): each of its sources learns its own continuation rates
+DRAFTER = Drafter(
+    name="suffix",
+    sources=("prompt", "history", "documents", "references", "prediction"),
+    uses=("tokenizer", "store", "history"),
+    order=0,  # first: its microsecond drafts tell a draft model what is already covered (observe_lead)
+    build=make_suffix_proposer,
+)
