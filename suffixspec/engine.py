@@ -40,7 +40,7 @@ from .probe_cache import batch_problem
 from .proposers import Proposer, RequestContext
 from .runner import Runner
 from .scheduler import PassRecord, Scheduler
-from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare
+from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare, result_of
 from .threads import ThreadTuner
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,7 @@ class Engine:
                  speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                  prediction: str | None = None, cancel: threading.Event | None = None) -> GenerationResult:
         """Generate to completion and return the result."""
-        for event in self.stream(prompt, sampling, speculation, references, prediction, cancel):
-            if event.result is not None:
-                return event.result
-        raise RuntimeError("the request's stream ended without its result")  # the last event always carries it
+        return result_of(self.stream(prompt, sampling, speculation, references, prediction, cancel))
 
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,

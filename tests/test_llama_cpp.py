@@ -26,7 +26,8 @@ import pytest
 from tiny import start_server_process
 
 from suffixspec.draft import Draft
-from suffixspec.llama_cpp.draft import IDLE_MAX, SuffixDraftModel, chain_of
+from suffixspec.llama_cpp.draft import IDLE_MAX, SuffixDraftModel
+from suffixspec.tracked import chain_of
 
 ROOT = Path(__file__).resolve().parent.parent
 T1, SLOPE = 0.0083, 0.0055  # SmolLM2 Q4_1 in llama.cpp, one thread, here: t(n) = T1 + SLOPE * (n - 1) seconds
