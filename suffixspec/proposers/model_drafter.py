@@ -65,8 +65,8 @@ class DraftRunner:
     Models of a lean family (:mod:`suffixspec.lean`: Llama, Qwen2, Mistral, Gemma 3) run through the
     lean forward (``lean=True``, the default) over a one-row slot cache; others through their
     ``transformers`` forward with a ``DynamicCache``. A draft of a few million parameters spends most
-    of a ``transformers`` call in Python (about 2 ms per call on the embedded 2 x 96 draft against
-    ~0.3 ms lean), for a model called one to five times per step.
+    of a ``transformers`` call in Python, several times a lean call (docs/benchmarks.md, "Figures behind
+    the policy's defaults"), for a model called one to five times per step.
     """
 
     def __init__(self, loaded: LoadedModel, lean: bool = True, int8: bool = False) -> None:
