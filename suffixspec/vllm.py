@@ -71,7 +71,7 @@ from suffixspec.index.history import OutputHistory
 from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES
 from .drafting.registry import build_available, source_names
 from .proposers import Proposer, RequestContext
-from .proposers.suffix import SuffixConfig, SuffixProposer
+from .proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
 from .tracked import ContextView, TrackedRequest
 
 log = logging.getLogger("suffixspec.vllm")
@@ -95,9 +95,7 @@ def _suffix_config() -> SuffixConfig:
     if not isinstance(given, dict) or set(given) - fields:
         bad = sorted(set(given) - fields) if isinstance(given, dict) else given
         raise ValueError(f"{ENV_CONFIG}: unknown setting(s) {bad}; choose from {sorted(fields)}")
-    # vLLM verifies one chain: each source drafts its best path, the best-scoring path is sent
-    base = {"tree": False, "merge": False}
-    return SuffixConfig(**{**base, **given})
+    return single_chain_config(**given)  # vLLM verifies one chain
 
 
 def vllm_sources() -> tuple[str, ...]:

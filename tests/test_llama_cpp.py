@@ -172,8 +172,8 @@ def test_the_documents_gate_weighs_llama_cpp_pass_costs():
     curve), on the same drafts: the measured costs reach the documents' gate (Proposer.observe_costs)."""
     from suffixspec.index.retrieval import RetrievalParams
     from suffixspec.index.suffix_array import SuffixArray
-    from suffixspec.llama_cpp.draft import RequestArgs, single_chain_config
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.llama_cpp.draft import RequestArgs
+    from suffixspec.proposers.suffix import SuffixProposer, single_chain_config
 
     truth = [t for i in range(60) for t in (60 + i % 5, 1, 2)]
 

@@ -56,7 +56,7 @@ from ..drafting.gates import RowDraft, choose_drafts
 from ..drafting.policy import DEFAULT, Policy
 from ..drafting.registry import build_available
 from ..proposers.base import Proposer, RequestContext
-from ..proposers.suffix import SuffixConfig, SuffixProposer
+from ..proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
 from ..stats import RequestStats
 from ..tracked import ContextView, DraftRecord, TrackedRequest
 
@@ -78,12 +78,6 @@ CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32)
 IDLE_MAX = 8
 _EMPTY = np.empty(0, dtype=np.intc)  # no draft (llama-cpp-python copies what it is given)
 _NO_DRAFT = Draft()  # shared, never changed
-
-
-def single_chain_config(**overrides: Any) -> SuffixConfig:
-    """The suffix settings for a runtime that verifies one chain (llama.cpp, vLLM): every source drafts its
-    most likely path and the best-scoring path wins."""
-    return SuffixConfig(**{"tree": False, "merge": False, **overrides})
 
 
 @dataclass

@@ -870,6 +870,12 @@ def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str |
     return draft, [probs[i] for i in order], [matched_lengths[i] for i in order], [keys[i] for i in order]
 
 
+def single_chain_config(**overrides: Any) -> SuffixConfig:
+    """The settings for a runtime that verifies one chain (llama.cpp, vLLM): every source drafts its most
+    likely path and the best-scoring path wins (``overrides``: other SuffixConfig fields)."""
+    return SuffixConfig(**{"tree": False, "merge": False, **overrides})
+
+
 def make_suffix_proposer(db: IndexStore | str | os.PathLike | None = None, tokenizer: Any = None,
                          fingerprint: str | None = None, store: IndexStore | None = None,
                          history: bool | OutputHistory = True, config: SuffixConfig | None = None,
