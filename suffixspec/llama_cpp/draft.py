@@ -55,6 +55,7 @@ from ..drafting.costs import PassCost, StepCost
 from ..drafting.gates import RowDraft, choose_drafts
 from ..drafting.policy import DEFAULT, Policy
 from ..drafting.registry import build_available
+from ..index.store import IndexStore
 from ..proposers.base import Proposer, RequestContext
 from ..proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
 from ..stats import RequestStats
@@ -139,7 +140,8 @@ class SuffixDraftModel(_Base):
         if not 0 <= max_draft_tokens <= 256:
             raise ValueError(f"max_draft_tokens must be between 0 and 256, got {max_draft_tokens}")
         self.policy = policy or DEFAULT
-        self.db, self.history, self.tokenizer = db, history, tokenizer
+        self.db = db if db is None or isinstance(db, IndexStore) else IndexStore(db)  # (a path: opened here)
+        self.history, self.tokenizer = history, tokenizer
         self.config = config or single_chain_config()  # the suffix index's settings
         self.proposers = self._build()  # the drafters every request is served by (one request at a time)
         self.max_draft_tokens = max_draft_tokens
@@ -193,8 +195,6 @@ class SuffixDraftModel(_Base):
         with self._lock:
             self._end()
             old = self.suffix
-            if old is not None:
-                self.db = old.store if old.store is not None else self.db  # (a path was opened once)
             self.proposers = self._build(old.documents if old is not None else None)
 
     def encode(self, text: str) -> list[int]:
