@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from suffixspec.policy import Policy
 from test_prefix import HEAD, TASKS
 
 import suffixspec.kv as kv
@@ -35,7 +36,6 @@ from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.engine import Engine
 from suffixspec.errors import RequestFailed
 from suffixspec.loading import load_model
-from suffixspec.policy import Policy
 from suffixspec.proposers import make_proposer
 from suffixspec.proposers.suffix import SuffixProposer
 
