@@ -28,11 +28,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from suffixspec.policy import Policy
 from test_prefix import HEAD, TASKS
 
 import suffixspec.kv as kv
 from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.drafting.policy import Policy
 from suffixspec.engine import Engine
 from suffixspec.errors import RequestFailed
 from suffixspec.loading import load_model

@@ -400,8 +400,8 @@ def test_calibration_times_what_verification_computes(llamas, monkeypatch):
     logits only: t(32) came out cheaper than a 32-token verification is. Every batch the calibration
     evaluates computes every token's logits, whether or not the shortcut is installed."""
     import llama_cpp
-    from suffixspec.policy import PassCost
 
+    from suffixspec.drafting.costs import PassCost
     from suffixspec.llama_cpp.draft import CALIBRATION_SIZES, calibrate_cost
     from suffixspec.llama_cpp.model import gguf_path
 

@@ -57,7 +57,7 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
     from . import run as R
 
     if field not in {f.name for f in fields(Policy)}:
-        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/policy.py")
+        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")
     bench = R._load_bench(model, drafts, False, 1, log)
     pols = _policies(bench)
     before = getattr(pols[0], field)
