@@ -54,6 +54,7 @@ from .weights import (  # noqa: F401 - Int8Weight, int8_works, linear, packed, p
     Int8Weight,
     RowInt8Weight,
     _onednn_packs,
+    input_ranges,
     int8_works,
     linear,
     packed,
@@ -61,6 +62,7 @@ from .weights import (  # noqa: F401 - Int8Weight, int8_works, linear, packed, p
     refuse_own_forward,
     release,
     released,
+    smoothing,
 )
 
 log = logging.getLogger(__name__)
@@ -375,21 +377,33 @@ class LeanForward:
         self.exact = weights == "int8"
         pack = {"float": packed, "int8": RowInt8Weight, "fbgemm": Int8Weight}[weights]
         self.paged_out = 0  # bytes of the model's own matrices paged out once packed (see page_out)
-        for layer, (kind, window) in zip(inner.layers, types, strict=True):
+        # the exact int8 format moves activation outliers into the weights first (weights.smoothing), from one
+        # float forward over a fixed calibration text (load_model leaves its ids on the model)
+        calibration = getattr(model, "_suffixspec_calibration", None) if self.exact else None
+        ranges = input_ranges(model, calibration) if calibration else None
+        self.smoothed = ranges is not None
+        for i, (layer, (kind, window)) in enumerate(zip(inner.layers, types, strict=True)):
             att, mlp = layer.self_attn, layer.mlp
             projs = (att.q_proj, att.k_proj, att.v_proj)
             bias = None
             if any(p.bias is not None for p in projs):
                 bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
                                                                             device=self.device) for p in projs])
+            m = {"norm_in": norm(layer.input_layernorm.weight), "w_qkv": cat([p.weight for p in projs]),
+                 "b_qkv": bias, "wo": att.o_proj.weight,
+                 "norm_mlp": norm(layer.pre_feedforward_layernorm.weight if gemma
+                                  else layer.post_attention_layernorm.weight),
+                 "w_gu": cat([mlp.gate_proj.weight, mlp.up_proj.weight]), "wd": mlp.down_proj.weight}
+            if ranges is not None:
+                m = self._smooth(m, ranges, f"model.layers.{i}.", mlp.up_proj.weight.shape[0])
             self.layers.append(_Layer(
-                norm_in=norm(layer.input_layernorm.weight), w_qkv=pack(cat([p.weight for p in projs])), b_qkv=bias,
+                norm_in=m["norm_in"], w_qkv=pack(m["w_qkv"]), b_qkv=m["b_qkv"],
                 q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
-                wo=pack(att.o_proj.weight), bo=att.o_proj.bias,
+                wo=pack(m["wo"]), bo=att.o_proj.bias,
                 norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
-                norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
+                norm_mlp=m["norm_mlp"],
                 norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
-                w_gu=pack(cat([mlp.gate_proj.weight, mlp.up_proj.weight])), wd=pack(mlp.down_proj.weight),
+                w_gu=pack(m["w_gu"]), wd=pack(m["wd"]),
                 window=window, rope=kind if gemma else "all"))
             own = (*(p.weight for p in projs), att.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
                    mlp.down_proj.weight)
@@ -401,10 +415,16 @@ class LeanForward:
                 self.paged_out += page_out([w.detach() for w in own])
         self.norm = norm(inner.norm.weight)
         head = model.get_output_embeddings().weight
-        self.head = pack(head)
+        if ranges is not None and "lm_head" in ranges:
+            s_head = smoothing(ranges["lm_head"], [head])
+            self.norm = self.norm / s_head
+            self.head = pack(head.detach().float() * s_head)
+        else:
+            self.head = pack(head)
         if int8:  # embeddings as int8 rows too (a tied head's own int8 copy where its kernel keeps one)
             tied = head.data_ptr() == self.embed.data_ptr() and head.shape == self.embed.shape
-            self.embed = self.head.as_rows() if tied and isinstance(self.head, RowInt8Weight) else Int8Rows(self.embed)
+            self.embed = (self.head.as_rows() if tied and isinstance(self.head, RowInt8Weight) and not self.smoothed
+                          else Int8Rows(self.embed))
         if (self.head.is_mkldnn or int8) and not small:
             # the embedding lookups read a tied head's rows again (paged back in one by one, as used)
             self.paged_out += page_out([model.get_output_embeddings().weight.detach()])
@@ -419,6 +439,35 @@ class LeanForward:
                      if p.dim() == 2), inner.embed_tokens.weight, head]
             self.released = release(own)
             refuse_own_forward(model, weights)
+
+    def _smooth(self, m: dict[str, Any], ranges: dict[str, torch.Tensor], prefix: str, inter: int) -> dict[str, Any]:
+        """One layer's norms and matrices with activation outliers moved into the weights (weights.smoothing):
+        the q/k/v and gate/up inputs through their norms, the output projection's through v's rows (one
+        factor per key-value head's channel, shared by the query heads that read it), the down
+        projection's through up's rows. The same products in exact arithmetic; int8 rounds them better."""
+        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
+        rep = h_q // h_kv
+        out = dict(m)
+        s_qkv = smoothing(ranges[prefix + "self_attn.q_proj"], [m["w_qkv"]])
+        out["norm_in"] = m["norm_in"] / s_qkv
+        w_qkv = m["w_qkv"].detach().float() * s_qkv
+        s_o = smoothing(ranges[prefix + "self_attn.o_proj"], [m["wo"]])
+        s_v = s_o.view(h_kv, rep, d).amax(dim=1).reshape(-1)  # [h_kv d]: query head h reads kv head h // rep
+        out["wo"] = m["wo"].detach().float() * s_v.view(h_kv, 1, d).expand(h_kv, rep, d).reshape(-1)
+        w_qkv[(h_q + h_kv) * d:] /= s_v[:, None]
+        out["w_qkv"] = w_qkv
+        if m["b_qkv"] is not None:
+            b = m["b_qkv"].detach().float().clone()
+            b[(h_q + h_kv) * d:] /= s_v
+            out["b_qkv"] = b
+        s_gu = smoothing(ranges[prefix + "mlp.gate_proj"], [m["w_gu"]])
+        out["norm_mlp"] = m["norm_mlp"] / s_gu
+        s_d = smoothing(ranges[prefix + "mlp.down_proj"], [m["wd"]])
+        w_gu = m["w_gu"].detach().float() * s_gu
+        w_gu[inter:] /= s_d[:, None]  # up's rows: the down projection's input is silu(gate) * up
+        out["w_gu"] = w_gu
+        out["wd"] = m["wd"].detach().float() * s_d
+        return out
 
     # -- pieces --------------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -215,5 +215,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
                                  f"({problem}); use weights='float32'")
             fmt = "float32"  # auto: the fastest exact format this model can run
     tokenizer = _tokenizer_from(path)
+    if fmt in QUANTIZED:  # the calibration text's ids, for the int8 build's smoothing (weights.smoothing)
+        from .weights import CALIBRATION_TEXT
+
+        model._suffixspec_calibration = list(tokenizer(CALIBRATION_TEXT)["input_ids"])
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
                        cache_folder=path if converted else None, weights=fmt)

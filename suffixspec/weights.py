@@ -201,6 +201,56 @@ class RowInt8Weight:
         return Int8Rows(w)
 
 
+# -- smoothing: activation outliers moved into the weights before quantizing -------------------------------
+SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength: s_j = amax|x_j|^a / amax|w_j|^(1 - a)
+# a fixed calibration text (code and prose, as the benchmarks' workloads): its tokens feed one float forward
+# whose per-channel input ranges decide the smoothing (the same text, so the same int8 model, at every start)
+CALIBRATION_TEXT = (
+    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
+    '    """Merge two sorted lists into one sorted list."""\n'
+    "    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
+    "            out.append(a[i])\n            i += 1\n        else:\n            out.append(b[j])\n"
+    "            j += 1\n    return out + a[i:] + b[j:]\n\n"
+    "The report summarizes the quarterly results. Revenue grew by 12 percent, driven by strong demand in "
+    "Europe and Asia, while operating costs stayed flat. The board approved a new dividend policy and "
+    "announced plans to expand the research team in the coming year.\n"
+    "User: How do I reverse a string in Python?\nAssistant: Use slicing: `text[::-1]` returns the string "
+    "reversed. For a list, `items.reverse()` reverses it in place.\n"
+    "SELECT customer_id, SUM(total) AS spent FROM orders GROUP BY customer_id ORDER BY spent DESC LIMIT 10;\n"
+)
+
+
+def input_ranges(model: Any, ids: list[int]) -> dict[str, torch.Tensor]:
+    """Per-channel largest |input| [in] of every ``nn.Linear`` of ``model`` over one float forward of ``ids``
+    (module name -> tensor): what :func:`smoothing` balances against the weights."""
+    ranges: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            def hook(_m: Any, args: tuple, name: str = name) -> None:
+                amax = args[0].detach().float().abs().reshape(-1, args[0].shape[-1]).amax(dim=0)
+                ranges[name] = torch.maximum(ranges[name], amax) if name in ranges else amax
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([ids], device=next(model.parameters()).device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return ranges
+
+
+def smoothing(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factors ``s`` [in] for matrices ``weights`` sharing one input: the
+    input divided by ``s`` and the matrices' columns multiplied by it compute the same product, with the
+    activations' outlier channels shrunk so that a per-row int8 scale resolves the others (``x / s`` is
+    folded into the norm or matrix before, so nothing runs at decode time). Example: channel ranges
+    [60, 1] against weight ranges [0.1, 0.1] -> s = [24.5, 3.2]: x / s ranges [2.4, 0.3]."""
+    w_amax = torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)
+    s = x_amax.float().clamp_min(1e-5).pow(alpha) / w_amax.clamp_min(1e-5).pow(1 - alpha)
+    return s.clamp(1e-2, 1e3)
+
+
 # -- products: the float packed for oneDNN, fbgemm's dynamic int8 (drafts) ------------------------------
 def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight | RowInt8Weight, b: torch.Tensor | None = None
            ) -> torch.Tensor:
