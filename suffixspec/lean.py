@@ -437,7 +437,7 @@ class LeanForward:
         if int8 and not any(model in _LEAN[k] for k in KINDS if k != weights):  # (no other forward reads them)
             own = [*(p for layer in inner.layers for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
                      if p.dim() == 2), inner.embed_tokens.weight, head]
-            self.released = release(own)
+            self.released = release(own, keep=model)
             refuse_own_forward(model, weights)
 
     def _smooth(self, m: dict[str, Any], ranges: dict[str, torch.Tensor], prefix: str, inter: int) -> dict[str, Any]:
