@@ -202,8 +202,10 @@ class SuffixSpec:
         if draft_model:
             from .loading import load_model
 
-            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it)
-            draft = load_model(draft_model, device=target.device, weights=target.weights)
+            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it; a
+            # draft of a family without a lean forward stays in float32, as auto leaves it)
+            draft = load_model(draft_model, device=target.device,
+                               weights="auto" if target.weights == "int8" else target.weights)
         return build_available({"tokenizer": target.tokenizer, "target": target, "draft": draft,
                                 "store": self.store, "history": self.history})
 
