@@ -67,7 +67,7 @@ from suffixspec.index.history import OutputHistory
 
 from .proposers import RequestContext
 from .proposers.suffix import SuffixConfig, SuffixProposer
-from .tracked import ContextView, TrackedRequest
+from .tracked import ContextView, TrackedRequest, token_key
 
 log = logging.getLogger("suffixspec.vllm")
 
@@ -347,7 +347,7 @@ class SuffixSpecProposer:
         """The longest unclaimed known request whose tokens start ``row[:n]``."""
         best = None
         for length in self._key_lens:
-            for req in self._by_key.get(row[:min(n, length)].tobytes(), ()):
+            for req in self._by_key.get(token_key(row, min(n, length)), ()):
                 if id(req) not in claimed and (best is None or req.n > best.n) and req.prefix_of(row, n):
                     best = req
         return best
