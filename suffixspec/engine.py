@@ -39,6 +39,7 @@ from .policy import Policy, ProposerRecord
 from .prefix import PrefixStore
 from .probe_cache import batch_problem
 from .proposers import Proposer, RequestContext
+from .proposers.model_drafter import ModelDrafter
 from .runner import Runner
 from .scheduler import PassRecord, Scheduler
 from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare
@@ -167,8 +168,23 @@ class Engine:
     def state_maker(self, request: RequestContext, spec: SpeculationConfig, cancel: threading.Event | None
                     ) -> Callable[[list[Proposer]], RequestState]:
         """What the scheduler calls when the request joins, with the proposer set it lends it."""
-        return lambda proposers: RequestState(self._target, request, spec, cancel, proposers,
-                                              self._shared.of(self.proposers))
+        def make(proposers: list[Proposer]) -> RequestState:
+            for p in proposers:  # a draft model judges its drafts by the engine's policy (ModelDraftJudge)
+                if isinstance(p, ModelDrafter):
+                    p.policy = self.policy
+            return RequestState(self._target, request, spec, cancel, proposers, self._shared.of(self.proposers))
+
+        return make
+
+    def use_policy(self, policy: Policy) -> None:
+        """Decide with ``policy`` from the next request on (``Policy`` is frozen: make one with
+        ``dataclasses.replace``, which validates it): the engine's gates and budget, its cost model, and the
+        draft models' own judgement, which every request joining is lent. The pass-cost curves already made
+        keep theirs (``cost_window``, ``prior_slope``, ``cost_min_passes``: what was measured stays).
+        Example: ``engine.use_policy(replace(engine.policy, model_value_shared=False))``."""
+        self.policy = self._target.policy = policy
+        if self._scheduler is not None:
+            self._scheduler.policy = policy
 
     def close(self) -> None:
         """Nothing to end: the engine runs no thread of its own (callers step the loop in turn)."""
