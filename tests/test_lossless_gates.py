@@ -461,13 +461,11 @@ def attentive(bpe_tokenizer_dir, tmp_path_factory):
     chain runs to its planned length after a sure token and stops after an unsure one. The exact law of
     the first two output tokens: ``first`` [vocab] and ``second`` [vocab, vocab] (row: the first token)."""
     from tiny import build_tiny_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_tiny_model("llama", bpe_tokenizer_dir, tmp_path_factory.mktemp("attentive"))
-    target = LoadedModel(AutoModelForCausalLM.from_pretrained(path).eval(), None, "attentive", "cpu", torch.float32)
-    from transformers import AutoTokenizer
-
-    target.tokenizer = AutoTokenizer.from_pretrained(path)
+    target = LoadedModel(AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path),
+                         "attentive", "cpu", torch.float32)
     draft = LoadedModel(copy.deepcopy(target.model), target.tokenizer, "attentive-sharp", "cpu", torch.float32)
     with torch.no_grad():
         target.model.get_output_embeddings().weight.mul_(1.6)

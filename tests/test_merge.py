@@ -178,3 +178,14 @@ def test_merged_sampled_and_deterministic_drafts_keep_p(budget, sampled_first):
     pvalue = float(torch.special.gammaincc(torch.tensor(2.5, dtype=torch.float64),
                                            torch.tensor(stat / 2, dtype=torch.float64)))
     assert pvalue > 1e-3, (budget, sampled_first, (counts / trials).round(3), pvalue)
+
+
+def test_a_sampled_draft_is_charged_its_planned_size_not_what_it_sampled():
+    """``_shares``' worked example: budget 3, a sampled chain planned at 2 that stopped after one token, then a
+    deterministic chain [7, 8]: the sampled node and 7 (its unused second node is not lent to 8); a shared
+    node is no refund either (the deterministic 5 under the root is charged though the sampled chain drew 5)."""
+    stopped = Draft.chain([5], "draft_model", q=torch.full((1, 10), 0.1), score=2, planned=2)
+    merged = merge_drafts([stopped, Draft.chain([7, 8], "prompt", score=1)], 3)
+    assert merged.tokens == [5, 7] and merged.parents == [-1, -1] and merged.gate_size() == 3
+    same = merge_drafts([stopped, Draft.chain([5, 8], "prompt", score=1)], 3)
+    assert same.tokens == [5] and not same.has_q(0)  # 5 shared (one-hot); 8 did not fit in the share left
