@@ -15,8 +15,8 @@ import torch
 
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT, Draft
+from suffixspec.drafting.costs import PassCost
 from suffixspec.loading import load_model
-from suffixspec.policy import PassCost
 from suffixspec.proposers import Proposer, RequestContext
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
@@ -449,7 +449,7 @@ def test_model_drafters_depend_one_way():
 def _costed(proposer, ids, step_s: float, slope: float):
     """``proposer`` begun on ``ids`` with its draft forward measured at ``step_s`` and a verify pass costing
     1 + slope x (inputs - 1) seconds (a plain step of 1 s)."""
-    from suffixspec.policy import StepCost
+    from suffixspec.drafting.costs import StepCost
 
     cost = PassCost()
     for n in range(1, 40):
@@ -612,8 +612,9 @@ def test_the_drafts_before_a_draft_model_lower_what_its_tokens_are_worth(models,
     (0.6 >= 0.201); after a drafter promising 6 tokens times the request's calibration it does not while
     that promise is above about 2 (0.6 / 3 < 0.201). Without the wiring (no promise told, or the policy not
     read) it would never decline here."""
+    from suffixspec.drafting.judge import ModelDraftJudge
+    from suffixspec.drafting.policy import Policy
     from suffixspec.engine import Engine
-    from suffixspec.policy import ModelDraftJudge, Policy
 
     class Pinned(PassCost):
         def observe(self, inputs, seconds):
@@ -627,7 +628,7 @@ def test_the_drafts_before_a_draft_model_lower_what_its_tokens_are_worth(models,
 
     def recording(self, step):
         out = worth(self, step)
-        seen.append((self.others, out))
+        seen.append((self.promised_before, out))
         return out
 
     monkeypatch.setattr(ModelDraftJudge, "worth", recording)

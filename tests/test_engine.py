@@ -9,11 +9,11 @@ from doubles import OracleProposer, RandomTreeProposer, WrongProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import Draft
+from suffixspec.drafting.costs import PassCost
 from suffixspec.engine import Engine
 from suffixspec.kv import tree_mask
 from suffixspec.lean import PassRow
 from suffixspec.loading import load_model
-from suffixspec.policy import PassCost
 from suffixspec.runner import Runner
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t"]
@@ -359,7 +359,7 @@ def test_a_new_proposer_set_starts_with_empty_records(engines):
     most of 50 fresh sets took a dead set's records), and a set still in use keeps its own."""
     import gc
 
-    from suffixspec.policy import ProposerRecord
+    from suffixspec.drafting.gates import ProposerRecord
 
     engine = engines["llama"]
     request, spec = engine.prepare("def add(a, b):")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from suffixspec.proposers import RequestContext
 from suffixspec.tracked import ContextView, TrackedRequest, token_key
 
 
@@ -24,7 +25,7 @@ def test_context_view_indexes_as_a_list_does(index):
 def test_a_request_is_found_whatever_the_rows_integer_type():
     """Keys and comparisons go through one function (int32 bytes): a row of int64 holds the request it keyed."""
     assert token_key(np.array([5, 6, 7], dtype=np.int64), 2) == token_key(np.array([5, 6], dtype=np.int32), 2)
-    req = TrackedRequest.new(None, np.array([5, 6, 7, 8], dtype=np.int64), 4, prompt_len=3)
+    req = TrackedRequest.new([], np.array([5, 6, 7, 8], dtype=np.int64), 4, RequestContext(prompt_ids=[5, 6, 7]))
     assert req.key == token_key(np.array([5, 6, 7, 8]), 4)
     assert req.holds(np.array([5, 6, 7, 8, 9], dtype=np.int64), 5)
     assert req.holds(np.array([5, 6, 7, 8, 9], dtype=np.int32), 5)

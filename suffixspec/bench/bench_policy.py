@@ -42,12 +42,12 @@ def _parse(value: str) -> Any:
 
 def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
         values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
-    from suffixspec.policy import Policy
+    from suffixspec.drafting.policy import Policy
 
     from . import run as R
 
     if field not in {f.name for f in fields(Policy)}:
-        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/policy.py")
+        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")
     bench = R.load_bench(model, drafts, False, 1, log)
     base = bench.engine.policy
     # one Policy per value (keyed by its repr: a literal may be a list), validated before any run
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="code_edit")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--field", required=True, help="a suffixspec.policy.Policy field")
+    ap.add_argument("--field", required=True, help="a suffixspec.drafting.policy.Policy field")
     ap.add_argument("--values", default="true,false", help="comma-separated: true/false or Python literals")
     ap.add_argument("--systems", default="ours_all", help="comma-separated systems of suffixspec bench")
     ap.add_argument("--every", action="store_true", help="run every system at every value (not only ours_*)")
