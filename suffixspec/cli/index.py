@@ -294,12 +294,12 @@ class _NoBar:
 
 
 def _bar(hidden: bool, **kw: Any):
-    """A tqdm progress bar, or a :class:`_NoBar` when ``hidden``."""
+    """A progress bar on stderr (plain lines when it is no terminal), or a :class:`_NoBar` when ``hidden``."""
     if hidden:
         return _NoBar()
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(**kw)
+    return progress_bar(**kw)
 
 
 @index_group.command("merge")
