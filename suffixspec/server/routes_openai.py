@@ -175,6 +175,7 @@ def _wait(job: Job, disconnected: Callable[[], bool] | None, poll: float) -> Any
         while True:
             ev = _next_event(job, disconnected, poll)
             if ev is None:  # the client left; nobody will read an answer
+                job.client_left = True
                 raise APIError("client disconnected", 499, code="client_disconnected")
             if ev is DONE:
                 return job.result
@@ -187,6 +188,7 @@ def _wait(job: Job, disconnected: Callable[[], bool] | None, poll: float) -> Any
 def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             disconnected: Callable[[], bool] | None, poll: float) -> Iterator[bytes]:
     """SSE body. Leaving early (the WSGI server closes us when the client goes) cancels the job."""
+    ended = False  # [DONE] sent: anything else is a client that left
     try:
         first = builder.first_chunk()
         if first is not None:
@@ -211,5 +213,7 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             elif ev.text or lp:
                 yield sse(builder.chunk(ev.text, ev.pieces, lp if builder.logprobs is not None else None))
         yield SSE_DONE
+        ended = True
     finally:
+        job.client_left = not ended
         job.cancel.set()
