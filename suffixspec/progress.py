@@ -128,9 +128,11 @@ def _library_bars_off() -> tuple[bool, dict]:
             module = importlib.import_module(name)
         except ImportError:  # another transformers release: nothing of this name to quiet
             continue
-        if callable(getattr(module, "tqdm", None)):
-            swapped[name] = module.tqdm
-            module.tqdm = functools.partial(module.tqdm, disable=True)
+        own = getattr(module, "tqdm", None)
+        if callable(own) and not getattr(own, "suffixspec_quiet", False):  # a LineProgress inside another: as is
+            swapped[name] = own
+            module.tqdm = functools.partial(own, disable=True)
+            module.tqdm.suffixspec_quiet = True
     return was_on, swapped
 
 

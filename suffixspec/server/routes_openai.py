@@ -188,14 +188,14 @@ def _wait(job: Job, disconnected: Callable[[], bool] | None, poll: float) -> Any
 def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             disconnected: Callable[[], bool] | None, poll: float) -> Iterator[bytes]:
     """SSE body. Leaving early (the WSGI server closes us when the client goes) cancels the job."""
-    ended = False  # [DONE] sent: anything else is a client that left
     try:
         first = builder.first_chunk()
         if first is not None:
             yield sse(first)
         while True:
             ev = _next_event(job, disconnected, poll)
-            if ev is None:
+            if ev is None:  # the client left (seen on its socket)
+                job.client_left = True
                 return
             if ev is DONE:
                 break
@@ -213,7 +213,8 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             elif ev.text or lp:
                 yield sse(builder.chunk(ev.text, ev.pieces, lp if builder.logprobs is not None else None))
         yield SSE_DONE
-        ended = True
+    except GeneratorExit:  # the WSGI server closed the body before its end: the client went away
+        job.client_left = True
+        raise
     finally:
-        job.client_left = not ended
         job.cancel.set()
