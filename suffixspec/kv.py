@@ -243,17 +243,22 @@ class SlotCache:
         """Room for ``rows`` rows of ``positions`` each (growing copies the buffers)."""
         if rows <= self._rows and positions <= self.capacity:
             return
-        self._rows = max(rows, self._rows)
-        while self.capacity < positions:
-            self.capacity *= 2
+        rows = max(rows, self._rows)
+        capacity = self.capacity
+        while capacity < positions:
+            capacity *= 2
+        # layer by layer (one layer's copy at a time in memory); the sizes are recorded once every layer has
+        # grown, so a growth that fails part way (out of memory) leaves the cache as it was for its users:
+        # the layers already grown hold the same entries, and the next growth skips them
         for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            self.keys[layer] = _grown(k, self._rows, self.capacity)
-            self.values[layer] = _grown(v, self._rows, self.capacity)
+            self.keys[layer] = _grown(k, rows, capacity)
+            self.values[layer] = _grown(v, rows, capacity)
+        self._rows, self.capacity = rows, capacity
 
     def add_row(self) -> int:
-        """A new empty row at the end; returns its index."""
+        """A new empty row at the end; returns its index (room made first: a failure adds no row)."""
+        self.reserve(self.size + 1, 0)
         self.lengths.append(0)
-        self.reserve(self.size, 0)
         return self.size - 1
 
     @torch.inference_mode()  # the buffers are inference tensors
@@ -325,6 +330,7 @@ class SlotCache:
 def _grown(buf: torch.Tensor, rows: int, positions: int) -> torch.Tensor:
     if buf.shape[0] >= rows and buf.shape[2] >= positions:
         return buf
+    rows, positions = max(rows, buf.shape[0]), max(positions, buf.shape[2])  # (a layer grown by a failed growth)
     out = torch.zeros((rows, buf.shape[1], positions, buf.shape[3]), dtype=buf.dtype, device=buf.device)
     out[: buf.shape[0], :, : buf.shape[2]] = buf
     return out

@@ -195,8 +195,7 @@ class Runner:
         store = self.prefix_store
         if store is None:
             return
-        for end in store.wanted(prompt, 0):
-            store.put(prompt, end, *self.cache.block(row, end - store.block, end))
+        store.fill(prompt, lambda start, end: self.cache.block(row, start, end))
 
     # -- probes on a scratch cache ----------------------------------------------------------------------
     @contextlib.contextmanager

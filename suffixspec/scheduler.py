@@ -17,6 +17,13 @@ A step, top to bottom (:meth:`Scheduler.step`):
 5. **commit**: every row walks its own tree (``verify_tree``), keeps its accepted keys and values
    and commits its tokens (a stream event for its caller); finished rows leave.
 
+A request's failure stays its own: whatever fails while it joins (its proposers, its state, its prefix
+copy, its prefill), drafts, is verified or commits ends that request alone with a
+:class:`~suffixspec.errors.RequestFailed` naming the step (its caller's next event), its row and proposers
+let go; requests held back a step to share a prefill go back to the line whatever fails; a failed lean
+pass of several rows runs each row alone, so only a row that fails alone fails. What no one request can
+be blamed for (a padded pass of several rows, the choice of drafts) fails the step's rows.
+
 Nobody owns a thread for this: a caller waiting for its request's next event runs steps itself, one
 at a time (a lock held for a step, never across a ``yield``); while one caller steps, the others
 wait for its step to end or for their own event. So a request alone runs on its caller's thread as
@@ -36,7 +43,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .draft import Draft
+from .errors import RequestError, RequestFailed
 from .lean import PassRow
 from .policy import PassCost, Policy, StepCost, choose_drafts, cpu_clock
 from .prefix import common_prefix
@@ -193,21 +203,30 @@ class Scheduler:
         except Exception as e:  # a failed pass fails its rows, never the callers stepping
             log.exception("decode step failed")
             for h in list(self._rows):
-                self._fail(h, e)
+                self._fail(h, failed("its batch's step", e))
 
     def _admit(self) -> None:
+        """Give waiting requests rows while there is room. A request whose join fails gets its error and
+        leaves; the requests held back to share another joiner's prefill go back to the head of the line
+        whatever happens (they would otherwise be in no queue, their callers waiting forever)."""
         held: list[Handle] = []  # waiting for another joiner's prefill of the head they share
-        while len(self._rows) < self.max_num_seqs:
+        try:
+            while len(self._rows) < self.max_num_seqs:
+                with self._cond:
+                    if not self._waiting:
+                        break
+                    handle = self._waiting.popleft()
+                try:
+                    if self._shares_a_prefill(handle):
+                        held.append(handle)
+                        continue
+                except Exception as e:
+                    self._fail(handle, failed("joining the batch", e))
+                    continue
+                self._join(handle)
+        finally:
             with self._cond:
-                if not self._waiting:
-                    break
-                handle = self._waiting.popleft()
-            if self._shares_a_prefill(handle):
-                held.append(handle)
-                continue
-            self._join(handle)
-        with self._cond:
-            self._waiting.extendleft(reversed(held))
+                self._waiting.extendleft(reversed(held))
 
     def _shares_a_prefill(self, handle: Handle) -> bool:
         """Whether a joiner whose prompt is not computed yet shares ``Policy.shared_prefill_min`` more
@@ -227,41 +246,49 @@ class Scheduler:
         return False
 
     def _join(self, handle: Handle) -> None:
-        """Give ``handle`` a row: its state, its proposers, its reused prefix (and, on the padded path, its prefill)."""
-        handle.proposers = self._proposer_set()
+        """Give ``handle`` a row: its state, its proposers, its reused prefix (and, on the padded path, its
+        prefill). Whatever fails here fails ``handle`` alone (a ``RequestFailed`` naming the stage): its row
+        and proposers are let go, the rows already running are untouched."""
+        stage = "joining the batch"
         try:
+            handle.proposers = self._proposer_set()
             handle.state = handle.make(handle.proposers)
             handle.state.begin()
-        except Exception as e:
-            self._release(handle)
-            handle.events.put(e)
-            return
-        row = self.runner.add_row()
-        self._rows.append(handle)
-        if handle.cancel.is_set():  # gone while waiting: it leaves at the next step, unprefilled
-            return
-        prompt = handle.state.request.prompt_ids[:-1]
-        handle.prompt = handle.state.request.prompt_ids
-        t = time.perf_counter()
-        handle.reused = self.runner.reuse(row, prompt)
-        if self.runner.packs_prompts:  # the rest rides in the next pass with the others' drafts
-            handle.joining = handle.reused < len(prompt)
-            if not handle.joining:
-                handle.state.stats.time_prefill_s = time.perf_counter() - t
-            return
-        try:
+            row = self.runner.add_row()
+            self._rows.append(handle)
+            if handle.cancel.is_set():  # gone while waiting: it leaves at the next step, unprefilled
+                return
+            prompt = handle.state.request.prompt_ids[:-1]
+            handle.prompt = handle.state.request.prompt_ids
+            t = time.perf_counter()
+            stage = "copying its reused prompt prefix"
+            handle.reused = self.runner.reuse(row, prompt)
+            if self.runner.packs_prompts:  # the rest rides in the next pass with the others' drafts
+                handle.joining = handle.reused < len(prompt)
+                if not handle.joining:
+                    handle.state.stats.time_prefill_s = time.perf_counter() - t
+                return
+            stage = "prefilling its prompt"
             if self.threads is not None:
                 self.threads.before_pass()
             cpu = cpu_clock()
             self.runner.prefill(row, prompt[handle.reused:], handle.reused)
             if self.observer is not None:
                 self.observer(PassRecord(0, 0, len(prompt) - handle.reused, cpu_clock() - cpu))
-            self.runner.remember(row, prompt)
         except Exception as e:
-            log.exception("prefill failed")
-            self._fail(handle, e)
+            log.exception("a request failed while %s", stage)
+            self._fail(handle, failed(stage, e))
             return
+        self._remember(row, prompt)
         handle.state.stats.time_prefill_s = time.perf_counter() - t
+
+    def _remember(self, row: int, prompt: list[int]) -> None:
+        """Store a computed prompt's blocks for later prompts; a failure costs only that reuse, never the
+        request (its row holds its prompt whether or not the store took a copy)."""
+        try:
+            self.runner.remember(row, prompt)
+        except Exception:
+            log.exception("storing a prompt's prefix failed; the request goes on without storing it")
 
     def _propose(self) -> list[tuple[Handle, Plan]]:
         """Every decoding row's plan; rows that end here (cancelled, out of context) leave."""
@@ -273,7 +300,7 @@ class Scheduler:
                 plan = h.state.plan(step)
             except Exception as e:
                 log.exception("proposing failed")
-                self._fail(h, e)
+                self._fail(h, failed("drafting", e))
                 continue
             if plan is None:  # cancelled, or out of context
                 self._finish(h)
@@ -295,25 +322,34 @@ class Scheduler:
             return
         threads = self.threads.before_pass() if self.threads is not None else None
         t_pass, cpu = time.perf_counter(), cpu_clock()
-        logits = runner.forward(rows)
+        logits, whole = self._forward(rows)
         cpu, elapsed = cpu_clock() - cpu, time.perf_counter() - t_pass
         inputs = sum(len(r.ids) for r in rows[:decoding])
-        if not joining and decoding:  # a pass with a prompt in it says little about the cost of drafts
+        # a pass with a prompt in it says little about the cost of drafts; one run row by row, nothing
+        measured = whole and not joining and decoding
+        if measured:
             self._cost_at(threads).observe(inputs, cpu)
         if self.threads is not None:
-            self.threads.after_pass(threads, elapsed, None if joining or not decoding else self._shape(inputs))
+            self.threads.after_pass(threads, elapsed, self._shape(inputs) if measured else None)
             self._follow_threads()
         if self.observer is not None:
             self.observer(PassRecord(decoding, inputs, sum(len(r.ids) for r in rows[decoding:]), cpu))
-        for h in joining:
+        # rows leave after every row has committed: a row that leaves moves the last one into its place
+        done: list[tuple[Handle, BaseException | None]] = []
+        for h, row_logits in zip(joining, logits[decoding:], strict=True):
+            if isinstance(row_logits, BaseException):
+                done.append((h, failed("prefilling its prompt", row_logits)))
+                continue
             row = self._rows.index(h)
             prompt = h.state.request.prompt_ids[:-1]
             runner.set_length(row, len(prompt))
-            runner.remember(row, prompt)
+            self._remember(row, prompt)
             h.joining = False
             h.state.stats.time_prefill_s = elapsed
-        done: list[tuple[Handle, BaseException | None]] = []
         for (h, plan), row, row_logits in zip(plans, rows, logits, strict=False):
+            if isinstance(row_logits, BaseException):
+                done.append((h, failed("the target's pass", row_logits)))
+                continue
             state = h.state
             try:
                 t_row = time.perf_counter()
@@ -323,7 +359,7 @@ class Scheduler:
                 ev = state.commit(plan, outcome, elapsed + t_verified - t_row, t_verified)
             except Exception as e:
                 log.exception("committing a step failed")
-                done.append((h, e))
+                done.append((h, failed("committing its tokens", e)))
                 continue
             h.events.put(ev)
             if state.finish is not None:
@@ -333,6 +369,32 @@ class Scheduler:
                 self._finish(h)
             else:
                 self._fail(h, err)
+
+    def _forward(self, rows: list[PassRow]) -> tuple[list[torch.Tensor | None | BaseException], bool]:
+        """(per row: its logits, or the error its pass raised; whether the rows' one pass succeeded).
+
+        A failed pass of several rows on the lean forward runs each row alone (a row's logits are the
+        same alone or in a batch: ``Runner.batch_problem`` checked it, and a rerun writes the same cache
+        positions past every row's length), so only a row that fails alone fails (a joiner's prompt that
+        runs out of memory, a draft the model cannot take); the padded forward takes every row at once,
+        so there a failed pass fails them all (``step``)."""
+        try:
+            return self.runner.forward(rows), True
+        except Exception as e:
+            if len(rows) == 1:
+                log.exception("a pass failed")
+                return [e], False
+            if not self.runner.packs_prompts:
+                raise
+            log.exception("a pass of %d rows failed; running each row alone to find the one that fails", len(rows))
+        out: list[torch.Tensor | None | BaseException] = []
+        for r in rows:
+            try:
+                out.append(self.runner.forward([r])[0])
+            except Exception as e:
+                log.exception("a row failed alone")
+                out.append(e)
+        return out, False
 
     # -- the thread count's cost curves ----------------------------------------------------------------
     def _cost_at(self, threads: int | None) -> Any:
@@ -385,7 +447,8 @@ class Scheduler:
         try:
             ev: StreamEvent | BaseException = handle.state.close()
         except Exception as e:
-            ev = e
+            log.exception("ending a request failed")
+            ev = failed("ending", e)
         self._remove(handle)
         handle.events.put(ev)
 
@@ -400,3 +463,9 @@ class Scheduler:
         else:
             self._release(handle)
         handle.events.put(err)
+
+
+def failed(stage: str, err: BaseException) -> BaseException:
+    """What a request that failed at ``stage`` ends with: a ``RequestFailed`` naming the stage, or its own
+    ``RequestError`` (its arguments refused: the caller's to fix, a 400 at the server) as it is."""
+    return err if isinstance(err, RequestError) else RequestFailed(stage, err)

@@ -182,10 +182,10 @@ class SuffixDraftModel(_Base):
         threads = max(int(getattr(params, "n_threads", 1) or 1), int(getattr(params, "n_threads_batch", 1) or 1))
         self.clock = time.thread_time if threads == 1 else time.process_time
         self._tokenize = lambda text: llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-        if lean_prompt:
-            lean_prompt_eval(llm, self)
         if calibrate:
             calibrate_cost(llm, self.cost, self.clock)
+        if lean_prompt:
+            lean_prompt_eval(llm, self)
         return self
 
     def forget(self) -> None:
@@ -449,18 +449,23 @@ def calibrate_cost(llm: Any, cost: PassCost, clock: Any = time.thread_time, cont
                    sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int | None = None) -> None:
     """Time ``llm``'s evaluation of ``sizes`` tokens after a ``context``-token prefix (``repeats`` times each,
     smallest first) into ``cost``; the model's state is reset after. A few hundred ms for a 135M model.
+    Each batch is evaluated as a verify pass is, by ``Llama.eval`` itself with every token's logits (a
+    ``logits_all`` model): never through :func:`lean_prompt_eval`'s shortcut on the instance, which takes
+    a calibration batch for a prompt and computes its last logits only (drafts would look cheaper than
+    their verification is).
     ``repeats`` defaults to ``Policy.cost_min_passes``: fewer passes of a size count at most as the prior
     slope says (``PassCost``), and the first requests would take every draft for nearly free."""
     repeats = repeats or cost.policy.cost_min_passes
     filler = llm.tokenize(b" the", add_bos=False, special=False)[:1] or [0]
+    evaluate = type(llm).eval.__get__(llm)  # the class's own, past any wrapper on the instance
     llm.reset()
-    llm.eval(filler * context)
+    evaluate(filler * context)
     for _ in range(repeats):
         for k in sizes:
             if context + k >= int(llm.n_ctx()):
                 break
             llm.n_tokens = context  # eval() drops the cache past n_tokens before it evaluates
             t = clock()
-            llm.eval(filler * k)
+            evaluate(filler * k)
             cost.observe(k, clock() - t)
     llm.reset()
