@@ -215,9 +215,9 @@ GAINS = [
          r"tokens per forward pass: ([\d.]+)", nth=1),
     Gain("README.md", "Rename x to total", r'`"mean_accepted_length": ([\d.]+)`', r'"mean_accepted_length":\s*([\d.]+)'),
     Gain("docs/cli.md", "--prediction examples/edit_before.py --drafters prediction",
-         r"each drafts it alone at least ([\d.]+) tokens per forward pass", _PER_STEP),
+         r"each drafter alone yields at least ([\d.]+) tokens per forward pass", _PER_STEP),
     Gain("docs/cli.md", "--reference examples/edit_before.py --drafters references",
-         r"each drafts it alone at least ([\d.]+) tokens per forward pass", _PER_STEP),
+         r"each drafter alone yields at least ([\d.]+) tokens per forward pass", _PER_STEP),
 ]
 
 
