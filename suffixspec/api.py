@@ -180,22 +180,22 @@ class SuffixSpec:
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:
-        """The suffix-index proposer (request, references, prediction, history, documents) and,
-        when a draft model is named, the draft-model proposer (bridged if its tokenizer differs)."""
-        from .proposers import make_proposer
+        """Every drafter whose needs this object has (``drafting.registry.build_available``): the suffix
+        index (request, references, prediction, history, documents) and, when a draft model is named, the
+        draft-model proposer (bridged if its tokenizer differs)."""
+        from .drafting.registry import build_available
 
         if self.db_path is not None:
             from suffixspec.index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
-        proposers: list[Any] = [make_proposer("suffix", db=self.store, tokenizer=target.tokenizer,
-                                              history=self.history)]
+        draft = None
         if draft_model:
             from .loading import load_model
 
             draft = load_model(draft_model, device=target.device, dtype=dtype)
-            proposers.append(make_proposer("draft_model", draft=draft, target=target))
-        return proposers
+        return build_available({"tokenizer": target.tokenizer, "target": target, "draft": draft,
+                                "store": self.store, "history": self.history})
 
     # -- tokenization -------------------------------------------------------------------------
 
@@ -212,23 +212,18 @@ class SuffixSpec:
 
     @property
     def drafters(self) -> list[str]:
-        """The drafters this object has, named as ``speculation.drafters`` names them (in ``DRAFTERS``
-        order): the suffix index's request sources, ``history`` when outputs are kept, ``documents``
-        with a store, ``draft_model`` when one is loaded. ``SuffixSpec(draft_model=None, db=False,
-        history=False).drafters == ["prompt", "references", "prediction"]``."""
-        from . import draft as d  # (local: keeps this change off the module's import lines)
+        """The drafters this object has, named as ``speculation.drafters`` names them (in the registry's
+        order, ``drafting.registry.source_names``): each proposer's ``live_sources`` (the suffix index's
+        request sources, ``history`` when outputs are kept, ``documents`` with a store; ``draft_model``
+        when one is loaded). ``SuffixSpec(draft_model=None, db=False, history=False).drafters ==
+        ["prompt", "references", "prediction"]``."""
+        from .drafting.registry import source_names
 
         have: set[str] = set()
         for p in self.proposers:
-            if getattr(p, "name", "") == "suffix":
-                have |= {d.SOURCE_PROMPT, d.SOURCE_REFERENCES, d.SOURCE_PREDICTION}
-                if getattr(p, "history", None) is not None:
-                    have.add(d.SOURCE_HISTORY)
-                if getattr(p, "store", None) is not None or getattr(p, "documents", None) is not None:
-                    have.add(d.SOURCE_DOCUMENTS)
-            elif getattr(p, "name", "") in d.DRAFTERS:  # draft_model (same or another tokenizer)
-                have.add(p.name)
-        return [name for name in d.DRAFTERS if name in have]
+            live = getattr(p, "live_sources", None)
+            have.update(live() if callable(live) else ())
+        return [name for name in source_names() if name in have]
 
     @property
     def has_chat_template(self) -> bool:

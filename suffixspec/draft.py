@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch stays out of import time for callers that only build drafts
     import torch
 
-# Where a node came from. Streaming chunks and statistics use these names.
+# Where a node came from. Streaming chunks and statistics use these names; every drafter declares the
+# sources its drafts carry (suffixspec.drafting.registry: source_names() lists them all, the names a request
+# may choose with `speculation.drafters`). The ones here are those other modules name.
 SOURCE_PROMPT = "prompt"
 SOURCE_HISTORY = "history"
 SOURCE_DOCUMENTS = "documents"
@@ -39,12 +41,8 @@ SOURCE_REFERENCES = "references"
 SOURCE_DRAFT_MODEL = "draft_model"
 SOURCE_PREDICTION = "prediction"  # the request's code-edit `prediction` (a reference, counted apart for usage)
 SOURCE_TARGET = "target"  # a token sampled by the target itself (bonus or correction), never drafted
-# The node provenance values a proposer may put in Draft.sources, which are also the drafter names a
-# request may choose with `speculation.drafters` (one name for a drafter and what it drafts). A request's
-# `prediction` drafts whenever the request gives one, whether the list names "prediction" or not (see
-# drafter_allows).
-DRAFTERS = (SOURCE_PROMPT, SOURCE_HISTORY, SOURCE_DOCUMENTS, SOURCE_REFERENCES, SOURCE_PREDICTION,
-            SOURCE_DRAFT_MODEL)
+# A request's `prediction` drafts whenever the request gives one, whether its `speculation.drafters`
+# names "prediction" or not (see drafter_allows).
 PREDICTION_RULE = "a request's prediction drafts whenever it is given, listed or not"
 
 
@@ -106,7 +104,7 @@ class Draft:
 
     tokens: list[int] = field(default_factory=list)  # target-vocabulary id per node
     parents: list[int] = field(default_factory=list)  # parent node index per node; -1 = child of the root
-    sources: list[str] = field(default_factory=list)  # one of DRAFTERS per node
+    sources: list[str] = field(default_factory=list)  # per node, a source its drafter declares
     q: torch.Tensor | None = None  # [num_nodes, vocab] float: distribution each node was drawn from, or None
     q_known: list[bool] | None = None  # per node: is q[i] meaningful? None means "all" when q is set
     score: float = 0.0  # expected accepted tokens, as estimated by the proposer (used to pick/merge);
@@ -156,7 +154,7 @@ class Draft:
 
     def gate_shape(self) -> tuple[int, int, int] | None:
         """(first branches, most children of a deeper node, depth) of a draft without ``q``, which a
-        gate may judge (``policy.DraftGate.ceiling``); None for an empty draft or one with ``q``, whose
+        gate may judge (``gates.DraftGate.ceiling``); None for an empty draft or one with ``q``, whose
         shape is what it sampled. Example: ``Draft.chain([5, 6, 7], "prompt").gate_shape() == (1, 1, 3)``."""
         if self.q is not None or not len(self):
             return None

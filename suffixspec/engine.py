@@ -3,7 +3,7 @@
 ``Engine.generate`` / ``Engine.stream`` check and tokenize a request (``sequence.prepare``) and run
 it in the :class:`~suffixspec.scheduler.Scheduler`, the one decode loop: one request alone is a
 batch of one, several concurrent callers (``max_num_seqs > 1``) share every target pass and each
-gets exactly the tokens it gets alone. Per step: propose -> choose (``policy.choose_drafts``) ->
+gets exactly the tokens it gets alone. Per step: propose -> choose (``gates.choose_drafts``) ->
 one pass over every row (``runner.Runner``) -> verify -> commit.
 
 Module map (imports point down this list; ``tests/test_imports.py`` fails on a circle)::
@@ -15,7 +15,7 @@ Module map (imports point down this list; ``tests/test_imports.py`` fails on a c
     threads.py     how many threads the target's passes run on (measured at start, re-checked)
     runner.py      the target: cache rows, the lean or padded pass, prefill, prefix reuse, the probe
     lean.py        lean forwards per architecture family (the target's passes and draft models)
-    policy.py      which drafts are verified, which proposers run, the draft budget, the cost model
+    drafting/      which drafts are verified, which proposers run, the draft budget, the cost model
     kv.py          the slot cache and ``tree_mask``
     verify.py      the lossless tree walk; sampling.py the target's distribution and randomness
 
@@ -32,14 +32,15 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .config import SamplingParams, SpeculationConfig
+from .drafting.gates import ProposerRecord
+from .drafting.policy import Policy
 from .loading import LoadedModel, max_context
-from .policy import Policy, ProposerRecord
 from .prefix import PrefixStore
 from .probe_cache import batch_problem
 from .proposers import Proposer, RequestContext
 from .runner import Runner
 from .scheduler import PassRecord, Scheduler
-from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare
+from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare, result_of
 from .threads import ThreadTuner
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,7 @@ class Engine:
                  speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                  prediction: str | None = None, cancel: threading.Event | None = None) -> GenerationResult:
         """Generate to completion and return the result."""
-        for event in self.stream(prompt, sampling, speculation, references, prediction, cancel):
-            if event.result is not None:
-                return event.result
-        raise RuntimeError("the request's stream ended without its result")  # the last event always carries it
+        return result_of(self.stream(prompt, sampling, speculation, references, prediction, cancel))
 
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,

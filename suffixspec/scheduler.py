@@ -8,7 +8,7 @@ A step, top to bottom (:meth:`Scheduler.step`):
    of the prompt now, in a pass of its own);
 2. **propose**: every decoding row plans its draft (its own proposers, budget and gates); a
    cancelled row, or one out of context, leaves;
-3. **choose**: ``policy.choose_drafts`` decides which drafts the pass verifies, from the cost of a
+3. **choose**: ``gates.choose_drafts`` decides which drafts the pass verifies, from the cost of a
    pass with this step's rows;
 4. **pass**: ONE forward over every decoding row's root and verified nodes, plus the prompts of the
    requests that joined since the last step (lean models pack them in), on the thread count
@@ -46,9 +46,11 @@ from typing import Any
 import torch
 
 from .draft import Draft
+from .drafting.costs import PassCost, StepCost, cpu_clock
+from .drafting.gates import choose_drafts
+from .drafting.policy import Policy
 from .errors import RequestError, RequestFailed
 from .lean import PassRow
-from .policy import PassCost, Policy, StepCost, choose_drafts, cpu_clock
 from .prefix import common_prefix
 from .proposers import Proposer
 from .runner import Runner
@@ -66,7 +68,7 @@ class PassRecord:
     rows: int  # requests whose drafts (or lone roots) the pass verified
     inputs: int  # their tokens: every such row's root plus its verified draft nodes
     prompt_tokens: int  # prompt tokens of joining requests fed in the same pass (a prefill: all of them)
-    cpu_seconds: float  # the pass's CPU time (policy.cpu_clock)
+    cpu_seconds: float  # the pass's CPU time (costs.cpu_clock)
 
 
 @dataclass
@@ -195,9 +197,9 @@ class Scheduler:
             self._admit()
             plans = self._propose()
             if plans:
-                choose_drafts([p.judged for _, p in plans], self.cost)
+                choose_drafts([p.row_draft for _, p in plans], self.cost)
                 for _, plan in plans:
-                    if not plan.judged.verified:
+                    if not plan.row_draft.verified:
                         plan.draft = Draft()  # not verified: its calls yielded nothing (ProposerGate)
             self._pass_and_commit(plans)
         except Exception as e:  # a failed pass fails its rows, never the callers stepping
@@ -209,7 +211,7 @@ class Scheduler:
         """Give waiting requests rows while there is room. A request whose join fails gets its error and
         leaves; the requests held back to share another joiner's prefill go back to the head of the line
         whatever happens (they would otherwise be in no queue, their callers waiting forever)."""
-        held: list[Handle] = []  # waiting for another joiner's prefill of the head they share
+        waiting_for_prefill: list[Handle] = []  # another joiner's prefill of the head they share
         try:
             while len(self._rows) < self.max_num_seqs:
                 with self._cond:
@@ -218,7 +220,7 @@ class Scheduler:
                     handle = self._waiting.popleft()
                 try:
                     if self._shares_a_prefill(handle):
-                        held.append(handle)
+                        waiting_for_prefill.append(handle)
                         continue
                 except Exception as e:
                     self._fail(handle, failed("joining the batch", e))
@@ -226,7 +228,7 @@ class Scheduler:
                 self._join(handle)
         finally:
             with self._cond:
-                self._waiting.extendleft(reversed(held))
+                self._waiting.extendleft(reversed(waiting_for_prefill))
 
     def _shares_a_prefill(self, handle: Handle) -> bool:
         """Whether a joiner whose prompt is not computed yet shares ``Policy.shared_prefill_min`` more

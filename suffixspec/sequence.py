@@ -1,6 +1,6 @@
 """One request's decode state: its drafters, sampler, randomness, stop rules, gates and output.
 
-Nothing here is shared with another request (except what ``policy.ProposerGate`` shares for
+Nothing here is shared with another request (except what ``gates.ProposerGate`` shares for
 proposers whose drafts carry no ``q``), so a request gives the same tokens alone and in a batch.
 The scheduler drives it: ``begin``, then per step :meth:`RequestState.plan` (propose) -> the
 policy's ``choose_drafts`` -> one pass -> ``verify_tree`` -> :meth:`RequestState.commit`, then
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,21 +24,16 @@ import torch
 from .config import SamplingParams, SpeculationConfig
 from .detok import TextTracker
 from .draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
+from .drafting.budget import draft_budget
+from .drafting.costs import StepCost, cpu_clock
+from .drafting.gates import ProposerGate, ProposerRecord, RowDraft
+from .drafting.policy import Policy
 from .errors import RequestError
 from .merge import merge_drafts
-from .policy import (
-    DraftGate,
-    Policy,
-    ProposerGate,
-    ProposerRecord,
-    RowDraft,
-    StepCost,
-    cpu_clock,
-    draft_budget,
-)
 from .proposers import Proposer, RequestContext
 from .sampling import LogitsProcessor, PositionRNG
 from .stats import RequestStats
+from .tracked import DraftRecord
 from .verify import VerifyOutcome
 
 
@@ -85,7 +80,7 @@ class Plan:
 
     draft: Draft  # the merged draft (emptied when the pass does not verify it)
     calls: list[Call]  # proposer calls
-    judged: RowDraft  # what the policy judges (choose_drafts fills verified / explored)
+    row_draft: RowDraft  # the draft as choose_drafts judges it (it fills verified / explored)
     propose_s: float  # wall seconds the row spent proposing
 
 
@@ -114,25 +109,24 @@ class RequestState:
         self.spec = spec
         self.sampling = sampling
         self.cancel = cancel  # set -> the request ends with finish "cancelled" at its next step
-        self.stats = RequestStats()
+        # what its drafts taught (statistics, the budget's momentum, the draft gate): kept as the llama.cpp
+        # drafter keeps it
+        self.record = DraftRecord(self.policy, spec.max_draft_tokens / 2)
+        self.stats, self.gate = self.record.stats, self.record.gate
         self.start = time.perf_counter()
         self.proposers = list(proposers) if spec.enabled and spec.max_draft_tokens > 0 else []
         self.processor = LogitsProcessor(sampling, target.vocab_size, target.device)
         self.rng = PositionRNG(sampling.seed)
-        self.tracker = TextTracker(target.tokenizer, sampling.stop)
-        self.stop_ids = set() if sampling.ignore_eos else target.eos_ids | set(sampling.stop_token_ids)
+        self.stops = StopRules(target.tokenizer, sampling, target.eos_ids)
+        self.tracker = self.stops.tracker
         self.output: list[int] = []
         self.sources: list[str] = []
         self.logprobs: list[dict] | None = [] if sampling.logprobs is not None else None
         self.finish: str | None = None
-        self.mean_accepted = spec.max_draft_tokens / 2  # running mean of accepted tokens per step (budget)
         # per-token acceptance along verified drafts (budget): moving averages of accepted nodes and of
         # tries (accepted nodes plus one for a rejection) per step, from the policy's prior
         self._hits, self._tries = self.policy.acceptance_prior, 1.0
         self.acceptance = self.policy.acceptance_prior
-        self.copy_run = 0  # accepted tokens of the last step when it accepted its whole draft path, else 0
-        self.copy_sources: set[str] = set()  # the sources of that path
-        self.gate = DraftGate(self.policy)
         # per proposer index: accepted tokens per token its drafts' node probabilities promised, over its
         # verified drafts (the weight merge_drafts ranks its nodes with against the other proposers')
         self.trust: dict[int, float] = {}
@@ -173,7 +167,8 @@ class RequestState:
         t = time.perf_counter()
         budget = min(spec.max_draft_tokens, self.sampling.max_tokens - len(self.output) - 1, room)
         if spec.adaptive:
-            budget = draft_budget(budget, self.mean_accepted, self.copy_run, self.acceptance, step, self.policy)
+            budget = draft_budget(budget, self.record.mean_accepted, self.record.copy_run, self.acceptance, step,
+                                  self.policy)
         # sampled requests: is the target too unsure for any deterministic draft to pay (DraftGate)?
         # Not known yet on the first step (``unsure``)
         sampled = spec.adaptive and not self.sampling.greedy and bool(self.proposers)
@@ -183,10 +178,10 @@ class RequestState:
         exploring = self.proposer_gate is not None and self.proposer_gate.exploring
         shape = self.gate.shape_of(draft) if len(draft) else None
         size = draft.gate_size() if len(draft) else 0
-        must = not spec.adaptive or exploring  # a re-measured proposer's draft is verified (its yield counts)
-        judged = RowDraft(size, self.gate.expected(draft.score, shape) if size else 0.0, must,
-                          None if must else self.gate, shape)
-        return Plan(draft, calls, judged, time.perf_counter() - t)
+        always_verify = not spec.adaptive or exploring  # a re-measured proposer's draft is verified (its yield counts)
+        row_draft = RowDraft(size, self.gate.expected(draft.score, shape) if size else 0.0, always_verify,
+                             None if always_verify else self.gate, shape)
+        return Plan(draft, calls, row_draft, time.perf_counter() - t)
 
     def _propose(self, budget: int, step: StepCost, hopeless: bool, unsure: bool) -> tuple[Draft, list[Call]]:
         """The merged draft of the proposers the gate calls, and the calls.
@@ -209,13 +204,14 @@ class RequestState:
         for i, p in enumerate(self.proposers):
             if not p.active():  # left out by the request's drafters: no call, nothing recorded
                 continue
-            held = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
-            own = p.judges_own_cost and self.spec.adaptive
-            if gate is not None and not gate.should_call(i, plain, self.copy_sources, promised, budget, held, own):
+            held_back = (hopeless or (unsure and p.setup_pending())) and not p.drafts_with_q()
+            judges_itself = p.judges_own_cost and self.spec.adaptive
+            if gate is not None and not gate.should_call(i, plain, self.record.copy_sources, promised, budget, held_back,
+                                                         judges_itself):
                 continue
             # every proposer is told the pass cost (the suffix proposer weighs its documents with it); one that
             # judges its own cost plans from it only when speculation adapts
-            p.observe_costs(None if p.judges_own_cost and not own else step)
+            p.observe_costs(None if p.judges_own_cost and not judges_itself else step)
             p.observe_lead(self._lead(drafts, weights))
             p.observe_promise(promised)
             wall, cpu = time.perf_counter(), cpu_clock()
@@ -261,12 +257,7 @@ class RequestState:
             self.sources.append(src)
             self.processor.observe(tok)
             committed += 1
-            if tok in self.stop_ids:
-                self.finish = "stop"
-            elif self.tracker.push(tok, src):
-                self.finish = "stop"
-            elif len(self.output) >= sampling.max_tokens:
-                self.finish = "length"
+            self.finish = self.stops.check(tok, src, len(self.output))
             if self.finish:
                 break
         step_logprobs = None
@@ -274,8 +265,8 @@ class RequestState:
             step_logprobs = [_logprob_entry(outcome.processed[k], new[k], sampling.logprobs or 0)
                              for k in range(committed)]
             self.logprobs.extend(step_logprobs)
-        kept = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
-        self._learn(plan, outcome, kept)
+        accepted_sources = [s for s in new_sources[:committed] if s != SOURCE_TARGET]
+        self._learn(plan, outcome, accepted_sources)
         for p in self.proposers:
             p.update(new[:committed])
         stats = self.stats
@@ -287,36 +278,30 @@ class RequestState:
         return StreamEvent("".join(s for s, _ in pieces), pieces, new[:committed], new_sources[:committed],
                            step_logprobs)
 
-    def _learn(self, plan: Plan, outcome: VerifyOutcome, kept: list[str]) -> None:
+    def _learn(self, plan: Plan, outcome: VerifyOutcome, accepted_sources: list[str]) -> None:
         """Statistics, the budget's running means, the gates (a skipped draft's calls yielded nothing)."""
         draft, rate = plan.draft, self.policy.accepted_rate
-        depths = draft.depths()
-        self.stats.record_step(draft.sources, depths, kept)
+        self.record.observe(draft, draft.depths(), accepted_sources)  # statistics, momentum, the draft gate
         for call in plan.calls:
             self.stats.record_call(call.name, call.wall_s)
-        self.mean_accepted = (1 - rate) * self.mean_accepted + rate * len(kept)
         if len(draft):  # per-token acceptance: the accepted nodes, and a miss unless the walk reached a leaf
             hits = len(outcome.accepted)
             missed = (outcome.accepted[-1] if outcome.accepted else -1) in draft.children()
             self._hits = (1 - rate) * self._hits + rate * hits
             self._tries = (1 - rate) * self._tries + rate * (hits + missed)
             self.acceptance = self._hits / self._tries if self._tries > 0 else self.acceptance
-        self.copy_run = len(kept) if len(draft) and len(kept) == max(depths) else 0
-        self.copy_sources = set(kept) if self.copy_run else set()
-        if len(draft):
-            self.gate.observe(draft.score, len(kept))
         for mass in outcome.top_mass:
             self.gate.observe_target(mass)
         for call in plan.calls:
-            own = sum(1 for src in kept if src in call.sources)
+            accepted_of_call = sum(1 for src in accepted_sources if src in call.sources)
             if self.proposer_gate is not None:
-                self.proposer_gate.observe(call.index, call.cpu_s, own, call.sources, call.setup_s)
+                self.proposer_gate.observe(call.index, call.cpu_s, accepted_of_call, call.sources, call.setup_s)
             if draft.probs is not None and len(self.proposers) > 1:  # what its nodes promised in the merged draft
                 promised = sum(p for p, src in zip(draft.probs, draft.sources, strict=True) if src in call.sources)
                 if promised > 0:
                     trust = self.trust.get(call.index, 1.0)
                     self.trust[call.index] = (1 - self.policy.calibration_rate) * trust + \
-                        self.policy.calibration_rate * min(self.policy.calibration_cap, own / promised)
+                        self.policy.calibration_rate * min(self.policy.calibration_cap, accepted_of_call / promised)
 
     # -- end -------------------------------------------------------------------------------------------
     def end_proposers(self) -> None:
@@ -364,6 +349,32 @@ def prepare(tokenizer: Any, max_context: int, default: SpeculationConfig, prompt
         drafters=speculation.drafters,
     )
     return request, speculation
+
+
+class StopRules:
+    """When an output stops, the same on every runtime (the engine's ``RequestState.commit``, the llama.cpp
+    engine's loop): an end-of-sequence or stop token, a stop string (whose text ``tracker`` holds back while
+    it could still start one), ``max_tokens``. Example: ``max_tokens=3``, tokens a b c -> None, None,
+    "length"; an EOS token -> "stop" (the stop strings never see it)."""
+
+    def __init__(self, tokenizer: Any, sampling: SamplingParams, eos_ids: set[int]) -> None:
+        self.tracker = TextTracker(tokenizer, sampling.stop)
+        self.stop_ids = set() if sampling.ignore_eos else eos_ids | set(sampling.stop_token_ids)
+        self.max_tokens = sampling.max_tokens
+
+    def check(self, token: int, source: str, produced: int) -> str | None:
+        """``token`` (drafted by ``source``) is the ``produced``-th output token: "stop", "length" or None."""
+        if token in self.stop_ids or self.tracker.push(token, source):
+            return "stop"
+        return "length" if produced >= self.max_tokens else None
+
+
+def result_of(events: Iterable[StreamEvent]) -> GenerationResult:
+    """The result a stream's last event carries (``generate`` of every engine: the stream, run to its end)."""
+    for event in events:
+        if event.result is not None:
+            return event.result
+    raise RuntimeError("the request's stream ended without its result")  # the last event always carries it
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

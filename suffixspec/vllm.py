@@ -1,4 +1,4 @@
-"""suffixspec's suffix drafter as a vLLM speculative proposer (``method="custom_class"``).
+"""suffixspec's drafters as a vLLM speculative proposer (``method="custom_class"``).
 
 vLLM builds ``SuffixSpecProposer(vllm_config)`` in every worker of the last pipeline stage and, after
 each step, calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``: one row per
@@ -6,9 +6,11 @@ batch slot, with the tokens sampled this step, the slot's token count and the sl
 + output so far). It returns one chain draft per slot; vLLM's rejection sampler verifies it, so the
 output is exactly vLLM's output without speculation (greedy and sampled).
 
-Drafts come from :class:`~suffixspec.proposers.suffix.SuffixProposer` (one per request: the
-request's own context, plus the output history and the document corpus that all requests share),
-configured for the single chain vLLM verifies: every source drafts its most likely path and the
+Drafts come from every registered drafter that needs no model (``drafting.registry.build_available``:
+the suffix index, and any drafter declared so), forked per request and driven through the request
+tracker the llama.cpp drafter uses too (:class:`~suffixspec.tracked.TrackedRequest`): the suffix index
+drafts from the request's own context, plus the output history and the document corpus that all requests
+share, configured for the single chain vLLM verifies: every source drafts its most likely path, and the
 path with the highest score (expected accepted tokens) wins.
 
 Request identity. The interface gives batch slots, not request ids, and vLLM moves requests between
@@ -40,7 +42,8 @@ Settings: ``SUFFIXSPEC_DB`` (the index database; unset = no documents, history i
 ``SUFFIXSPEC_VLLM_CONFIG`` (JSON object of :class:`~suffixspec.proposers.suffix.SuffixConfig`
 fields, e.g. ``{"max_depth": 32, "history_tokens": 200000}``), ``SUFFIXSPEC_VLLM_RELOAD_S`` (how
 often the watcher checks for new documents, seconds; default 5; 0 = never), ``SUFFIXSPEC_VLLM_SOURCES``
-(comma-separated subset of ``prompt,history,documents``; default all).
+(comma-separated subset of the drafters' sources but ``references`` and ``prediction``, which a vLLM
+request does not give: ``prompt,history,documents`` for the suffix index; default all).
 
 Imports stay light: numpy, sqlite, the index package and the proposer; no Flask, no draft models
 (``transformers`` only to fingerprint the tokenizer when a database is used; vLLM has loaded it).
@@ -65,8 +68,10 @@ import numpy as np
 
 from suffixspec.index.history import OutputHistory
 
-from .proposers import RequestContext
-from .proposers.suffix import SuffixConfig, SuffixProposer
+from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES
+from .drafting.registry import build_available, source_names
+from .proposers import Proposer, RequestContext
+from .proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
 from .tracked import ContextView, TrackedRequest
 
 log = logging.getLogger("suffixspec.vllm")
@@ -75,7 +80,7 @@ ENV_DB = "SUFFIXSPEC_DB"
 ENV_CONFIG = "SUFFIXSPEC_VLLM_CONFIG"
 ENV_RELOAD = "SUFFIXSPEC_VLLM_RELOAD_S"
 ENV_SOURCES = "SUFFIXSPEC_VLLM_SOURCES"
-SOURCES = ("prompt", "history", "documents")  # what a vLLM request can draft from
+REQUEST_ONLY = (SOURCE_REFERENCES, SOURCE_PREDICTION)  # sources of per-request texts, which vLLM never gives
 IDLE_S = 1.0  # no propose call for this long: the engine is idle, the live requests' outputs are saved
 
 
@@ -90,20 +95,24 @@ def _suffix_config() -> SuffixConfig:
     if not isinstance(given, dict) or set(given) - fields:
         bad = sorted(set(given) - fields) if isinstance(given, dict) else given
         raise ValueError(f"{ENV_CONFIG}: unknown setting(s) {bad}; choose from {sorted(fields)}")
-    # vLLM verifies one chain: each source drafts its best path, the best-scoring path is sent
-    base = {"tree": False, "merge": False}
-    return SuffixConfig(**{**base, **given})
+    return single_chain_config(**given)  # vLLM verifies one chain
+
+
+def vllm_sources() -> tuple[str, ...]:
+    """What a vLLM request can draft from: every drafter's sources but the per-request texts."""
+    return tuple(s for s in source_names() if s not in REQUEST_ONLY)
 
 
 def _sources() -> tuple[str, ...]:
     """The sources requests draft from: ``SUFFIXSPEC_VLLM_SOURCES`` or all."""
+    known = vllm_sources()
     raw = os.environ.get(ENV_SOURCES, "").strip()
     if not raw:
-        return SOURCES
+        return known
     given = tuple(s.strip() for s in raw.split(",") if s.strip())
-    bad = [s for s in given if s not in SOURCES]
+    bad = [s for s in given if s not in known]
     if bad or not given:
-        raise ValueError(f"{ENV_SOURCES}: unknown source(s) {bad}; give a comma-separated subset of {','.join(SOURCES)}")
+        raise ValueError(f"{ENV_SOURCES}: unknown source(s) {bad}; give a comma-separated subset of {','.join(known)}")
     return given
 
 
@@ -117,7 +126,8 @@ def _tp_rank() -> int:
 
 
 class SuffixSpecProposer:
-    """vLLM ``custom_class`` proposer: suffix drafts from the request, the output history and documents.
+    """vLLM ``custom_class`` proposer: drafts from the request, the output history and documents (the suffix
+    index), and from any other registered drafter that needs no model.
 
     ``LLM(model, speculative_config={"method": "custom_class", "model":
     "suffixspec.vllm.SuffixSpecProposer", "num_speculative_tokens": 8})``.
@@ -142,7 +152,6 @@ class SuffixSpecProposer:
         self._tokenizer = tokenizer
         self._documents = None  # SuffixArray shared by all requests, swapped whole by the watcher
         self._history = OutputHistory(self.config.history_tokens, None, None, max_candidates=self.config.max_candidates)
-        self._rates: dict | None = None  # continuation rates learned by every request of this worker (_new)
         self._slots: dict[int, TrackedRequest] = {}  # batch slot -> request seen there in the last call
         self._by_key: dict[bytes, list[TrackedRequest]] = {}  # live and parked requests by their first tokens
         self._key_lens: set[int] = set()  # token lengths of those keys (KEY_TOKENS, or less for short prompts)
@@ -157,6 +166,12 @@ class SuffixSpecProposer:
         self.calls = 0  # propose calls (tests, logs)
         if self.db is not None:
             self._open_store(model_cfg, write_history if write_history is not None else _tp_rank() == 0)
+        # the drafters every request forks (a fork shares their history, documents and learned rates); the
+        # suffix index's history is this worker's, which the writer persists. No tokenizer is offered: the
+        # index matches tokens here (text matching would build the vocabulary's bytes in every worker)
+        self.proposers: list[Proposer] = build_available(
+            {"history": self._history},
+            {"suffix": {"config": self.config, "documents": self._documents}})
         # outputs of requests still running are saved when the process exits normally
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
@@ -330,16 +345,16 @@ class SuffixSpecProposer:
                 continue
             row = token_ids_cpu[i]
             if n > req.n:
-                new = row[req.n:n]
-                req.append(new)
-                req.drafter.update(new.tolist())
+                req.append(row[req.n:n])
+                req.tell()
             budget = min(self.k, self.max_model_len - n - 1)
             if budget <= 0:
                 drafts.append([])
                 continue
-            req.drafter.documents = documents
-            draft = req.drafter.propose(ContextView(row, n), budget)
-            drafts.append(draft.tokens[:budget])
+            for p in req.proposers:  # documents added while serving reach the requests already running
+                if isinstance(p, SuffixProposer):
+                    p.documents = documents
+            drafts.append(req.propose(ContextView(row, n), budget).tokens)
         return drafts
 
     # ----- request bookkeeping -----------------------------------------------------------------------
@@ -353,15 +368,10 @@ class SuffixSpecProposer:
         return best
 
     def _new(self, row: np.ndarray, n: int, n_sampled: int) -> TrackedRequest:
-        prompt_len = n - n_sampled
-        drafter = SuffixProposer(config=self.config, documents=self._documents, history=False)
-        drafter.history = self._history  # shared by every request of this worker
-        if self._rates is None:
-            self._rates = drafter.rates
-        drafter.rates = self._rates  # likewise what each source's drafts are worth (SuffixProposer._learn)
-        drafter.begin(RequestContext(prompt_ids=row[:prompt_len].tolist(), drafters=self.sources))
-        drafter.update(row[prompt_len:n].tolist())
-        req = TrackedRequest.new(drafter, row, n, prompt_len)
+        """A request first seen now: forks of the drafters (sharing the history, the documents and what each
+        source's drafts are worth, ``SuffixProposer._learn``) begin with its prompt and learn its output."""
+        request = RequestContext(prompt_ids=row[:n - n_sampled].tolist(), drafters=self.sources)
+        req = TrackedRequest.new([p.fork() for p in self.proposers], row, n, request)
         self._by_key.setdefault(req.key, []).append(req)
         self._key_lens.add(req.key_len)
         return req
@@ -377,7 +387,7 @@ class SuffixSpecProposer:
         """Add the request's output not yet in the history (in memory now; SQLite by the writer)."""
         if req.n <= req.committed:
             return
-        out = req.output()
+        out = req.uncommitted()
         self._history.add(out)
         if self._persist and not self._stop.is_set():
             self._writes.put([out])

@@ -612,7 +612,7 @@ def test_bench_policy_script_runs_a_field_at_two_values_side_by_side(tmp_path, m
     the field does not touch once, every output the same, the field put back afterwards; an unknown field is
     refused by name."""
     from suffixspec.bench import arctic
-    from suffixspec.policy import DEFAULT
+    from suffixspec.drafting.policy import DEFAULT
 
     out = tmp_path / "new" / "policy.json"
     before = DEFAULT.accepted_rate

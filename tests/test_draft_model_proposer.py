@@ -15,8 +15,8 @@ import torch
 
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT
+from suffixspec.drafting.costs import PassCost
 from suffixspec.loading import load_model
-from suffixspec.policy import PassCost
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
@@ -449,7 +449,7 @@ def test_model_drafters_depend_one_way():
 def _costed(proposer, ids, step_s: float, slope: float):
     """``proposer`` begun on ``ids`` with its draft forward measured at ``step_s`` and a verify pass costing
     1 + slope x (inputs - 1) seconds (a plain step of 1 s)."""
-    from suffixspec.policy import StepCost
+    from suffixspec.drafting.costs import StepCost
 
     cost = PassCost()
     for n in range(1, 40):

@@ -9,11 +9,11 @@ from doubles import OracleProposer, RandomTreeProposer, WrongProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import Draft
+from suffixspec.drafting.costs import PassCost
 from suffixspec.engine import Engine
 from suffixspec.kv import tree_mask
 from suffixspec.lean import PassRow
 from suffixspec.loading import load_model
-from suffixspec.policy import PassCost
 from suffixspec.runner import Runner
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t"]

@@ -32,10 +32,10 @@ from test_prefix import HEAD, TASKS
 
 import suffixspec.kv as kv
 from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.drafting.policy import Policy
 from suffixspec.engine import Engine
 from suffixspec.errors import RequestFailed
 from suffixspec.loading import load_model
-from suffixspec.policy import Policy
 from suffixspec.proposers import make_proposer
 from suffixspec.proposers.suffix import SuffixProposer
 

@@ -103,7 +103,9 @@ def test_no_import_circle():
 
 @pytest.mark.parametrize("module,forbidden", [("suffixspec.runner", "suffixspec.engine"),
                                               ("suffixspec.lean", "suffixspec.proposers"),
-                                              ("suffixspec.policy", "suffixspec.scheduler")])
+                                              *((f"suffixspec.drafting.{m}", f"suffixspec.{up}")
+                                                for m in ("policy", "costs", "gates", "budget", "judge")
+                                                for up in ("scheduler", "sequence", "proposers"))])
 def test_the_loop_depends_one_way(module, forbidden):
     """The numerics and the policy know nothing of the loop or the proposers above them."""
     known = modules()

@@ -26,7 +26,8 @@ import pytest
 from tiny import start_server_process
 
 from suffixspec.draft import Draft
-from suffixspec.llama_cpp.draft import IDLE_MAX, SuffixDraftModel, chain_of
+from suffixspec.llama_cpp.draft import IDLE_MAX, SuffixDraftModel
+from suffixspec.tracked import chain_of
 
 ROOT = Path(__file__).resolve().parent.parent
 T1, SLOPE = 0.0083, 0.0055  # SmolLM2 Q4_1 in llama.cpp, one thread, here: t(n) = T1 + SLOPE * (n - 1) seconds
@@ -171,8 +172,8 @@ def test_the_documents_gate_weighs_llama_cpp_pass_costs():
     curve), on the same drafts: the measured costs reach the documents' gate (Proposer.observe_costs)."""
     from suffixspec.index.retrieval import RetrievalParams
     from suffixspec.index.suffix_array import SuffixArray
-    from suffixspec.llama_cpp.draft import RequestArgs, single_chain_config
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.llama_cpp.draft import RequestArgs
+    from suffixspec.proposers.suffix import SuffixProposer, single_chain_config
 
     truth = [t for i in range(60) for t in (60 + i % 5, 1, 2)]
 
@@ -400,9 +401,9 @@ def test_calibration_times_what_verification_computes(llamas, monkeypatch):
     evaluates computes every token's logits, whether or not the shortcut is installed."""
     import llama_cpp
 
+    from suffixspec.drafting.costs import PassCost
     from suffixspec.llama_cpp.draft import CALIBRATION_SIZES, calibrate_cost
     from suffixspec.llama_cpp.model import gguf_path
-    from suffixspec.policy import PassCost
 
     seen: list[tuple[int, bool]] = []  # (tokens, whether every token's logits were computed) per evaluation
     evaluate = llama_cpp.Llama.eval

@@ -32,9 +32,11 @@ from doubles import RandomTreeProposer
 import suffixspec.scheduler as scheduler_module
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.draft import SOURCE_PROMPT, Draft
+from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.gates import DraftGate
+from suffixspec.drafting.policy import Policy
 from suffixspec.engine import Engine
 from suffixspec.loading import LoadedModel
-from suffixspec.policy import DraftGate, PassCost, Policy, StepCost
 from suffixspec.proposers import Proposer
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer
@@ -155,7 +157,7 @@ def counting(monkeypatch, counts: dict, extra: Callable[..., None] | None = None
     def counted(rows, cost):
         choose(rows, cost)
         for r in rows:
-            if r.size and not r.must:
+            if r.size and not r.always_verify:
                 counts["passed" if r.verified else "skipped"] += 1
         if extra is not None:
             extra(rows, cost)
@@ -284,11 +286,11 @@ def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["same-vocabulary", "intersection"])
 def test_a_draft_models_own_judgement_keeps_the_target_law(toys, kind, monkeypatch):
-    """The draft model judging its own drafts (policy.ModelDraftJudge, as inside the engine by default):
+    """The draft model judging its own drafts (judge.ModelDraftJudge, as inside the engine by default):
     whether to draft from its first tokens' past acceptance, where to stop from the probabilities of the
     tokens it already sampled, its planned length from the measured costs. A pinned cost where it declines
     some steps, drafts others and cuts chains short; the law holds at every position."""
-    from suffixspec.policy import ModelDraftJudge
+    from suffixspec.drafting.judge import ModelDraftJudge
 
     seen = {"declined": 0, "drafting": 0, "cut": 0, "went on": 0}
     worth, further = ModelDraftJudge.worth, ModelDraftJudge.further
@@ -315,7 +317,7 @@ def test_a_draft_models_own_judgement_keeps_the_target_law(toys, kind, monkeypat
 def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
     """The gate verifies a skipped-looking draft once the skipped plain steps cost ``interval`` times
     what the draft adds, and doubles the interval after an exploration that accepted nothing
-    (policy.DraftGate): which drafts reach verification then depends on earlier steps' outcomes and
+    (gates.DraftGate): which drafts reach verification then depends on earlier steps' outcomes and
     costs, never on what this draft sampled. A cost steep enough that most drafts pass only as
     explorations (a 4-node draft adds 3 plain steps), intervals short enough that the doubling happens
     within a run."""
@@ -395,7 +397,7 @@ def test_merges_ranked_by_node_probability_keep_the_law_and_the_tokens(toys, pol
 
 
 def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toys, monkeypatch):
-    """The target's sharpness gates (policy.DraftGate ``ceiling`` and ``hopeless``, the engine's
+    """The target's sharpness gates (gates.DraftGate ``ceiling`` and ``hopeless``, the engine's
     hold on proposers without ``q``) judge a deterministic draft by its shape and by the target's
     distributions at positions already sampled. A pinned cost where both bite: some steps hold the
     drafter back, some drafts are skipped only because of the ceiling; the law of every position

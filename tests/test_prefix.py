@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams
+from suffixspec.drafting.policy import Policy
 from suffixspec.engine import Engine
 from suffixspec.loading import load_model
-from suffixspec.policy import Policy
 from suffixspec.prefix import PrefixStore
 
 HEAD = ("# Tools: read_file(path), write_file(path, text), run_tests()\n"

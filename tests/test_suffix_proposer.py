@@ -13,9 +13,9 @@ from suffixspec.draft import (
     SOURCE_PROMPT,
     SOURCE_REFERENCES,
 )
+from suffixspec.drafting.costs import StepCost
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
-from suffixspec.policy import StepCost
 from suffixspec.proposers import RequestContext
 from suffixspec.proposers.suffix import (
     SuffixConfig,
@@ -612,7 +612,7 @@ def test_gated_documents_keep_greedy_and_seeded_outputs(llama, tmp_path, monkeyp
     half a step: it measures, steps aside and shadows; greedy and seeded sampled outputs are plain
     decoding's, token for token (the gate only chooses deterministic drafts)."""
     from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.policy import PassCost
+    from suffixspec.drafting.costs import PassCost
     from suffixspec.proposers import source_gate
 
     class Pinned(PassCost):

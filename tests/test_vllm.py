@@ -174,7 +174,7 @@ def test_requests_learn_continuation_rates_together():
         b.step(p)
     b.add("b", [90, 91] + LOOP, LOOP * 2, slot=1)
     b.step(p)
-    first, second = p._slots[0].drafter, p._slots[1].drafter
+    first, second = p._slots[0].proposers[0], p._slots[1].proposers[0]
     assert first is not second and first.rates is second.rates
     assert sum(first.rates["prompt"].mass) > 0  # request a's accepted drafts were counted
 

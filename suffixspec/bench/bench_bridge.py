@@ -9,7 +9,7 @@ Same target, same draft (a different tokenizer), same prompts, greedy:
 - ``ours-text`` / ``ours-intersection``: the suffixspec engine with the bridged draft proposer,
   configured as a user gets it: the proposer's defaults (only ``--min-confidence`` is passed, its
   default is the proposer's) and the engine's default ``SpeculationConfig`` (adaptive: the cost
-  gates of ``suffixspec/policy.py``, ``DraftGate`` and ``ProposerGate``, skip a draft, or the
+  gates of ``suffixspec/drafting/gates.py``, ``DraftGate`` and ``ProposerGate``, skip a draft, or the
   drafter, whose accepted tokens do not pay for its time, so on a CPU a weak draft is not verified
   at every step);
 - with ``--always``, also ``ours-text-always`` / ``ours-intersection-always``: the same with

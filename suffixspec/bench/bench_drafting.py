@@ -9,9 +9,9 @@ and count forward passes and drafted tokens. With the model's measured verify co
 time (this thread's CPU time), and plain decoding ``t(1)`` per token: an estimated speedup free of
 machine load. Where the file also has the model's prefill per prompt token, each request pays it
 once in every system, plain decoding too, and a second estimate covers the whole request: the
-prompt's prefill is what no drafter shortens, so this is the figure a real run's ratios compare with. The budget is the engine's (``policy.draft_budget``: momentum, and with ``--costs`` the
+prompt's prefill is what no drafter shortens, so this is the figure a real run's ratios compare with. The budget is the engine's (``budget.draft_budget``: momentum, and with ``--costs`` the
 cost curve too). ``--gate`` (needs ``--costs``) puts the engine's own draft gate in the loop
-(``policy.choose_drafts`` with the request's ``policy.DraftGate``, judging each draft's score against
+(``gates.choose_drafts`` with the request's ``gates.DraftGate``, judging each draft's score against
 that curve, exploration included), as the engine runs it on one request.
 
 Worked example: output ``[5, 6, 7, 8]``, first draft ``[5, 6, 9]`` -> accept ``5 6``, the target
@@ -43,16 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from suffixspec.draft import Draft
-from suffixspec.policy import (
-    DEFAULT,
-    DraftGate,
-    PassCost,
-    Policy,
-    RowDraft,
-    StepCost,
-    choose_drafts,
-    draft_budget,
-)
+from suffixspec.drafting.budget import draft_budget
+from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.gates import DraftGate, RowDraft, choose_drafts
+from suffixspec.drafting.policy import DEFAULT, Policy
 from suffixspec.proposers import Proposer, RequestContext
 
 from .loops import loop_share
@@ -138,7 +132,7 @@ def accepted_path(draft: Draft, output: list[int]) -> int:
 
 
 class CurveCost:
-    """``policy.PassCost`` pinned to a measured curve (seconds by draft size k): the engine's budget and
+    """``costs.PassCost`` pinned to a measured curve (seconds by draft size k): the engine's budget and
     gate judge by it, deterministically. Made non-decreasing first, as ``PassCost`` makes its own (a
     larger pass never costs less: a noisy curve's dip would make a longer draft look free, or past the
     curve, its last slope negative); sizes past the curve extend its last slope."""
@@ -165,8 +159,8 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
            max_draft_tokens: int = 32, max_context: int = 1 << 30, curve: dict[int, float] | None = None,
            gate: bool = False, policy: Policy = DEFAULT, prefill: float | None = None) -> Replay:
     """Replay ``traces`` in order through ``proposer`` as the engine steps one greedy request
-    (``sequence.RequestState``): the budget of ``policy.draft_budget`` (its cost-curve bound with
-    ``curve``), and with ``gate`` the draft gate (``policy.choose_drafts`` with the request's
+    (``sequence.RequestState``): the budget of ``budget.draft_budget`` (its cost-curve bound with
+    ``curve``), and with ``gate`` the draft gate (``gates.choose_drafts`` with the request's
     ``DraftGate``) judging each draft by ``curve``; a draft it skips costs a plain step. ``prefill``:
     seconds per prompt token of the prefill (``bench_limits.load_prefill``), added to each request."""
     if gate and not curve:

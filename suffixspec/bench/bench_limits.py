@@ -71,10 +71,10 @@ def verify_pass(engine: Any, context_len: int = 400, cpu: bool = False) -> Calla
     target pass over a root and a chain draft of ``k`` nodes (k = 0: a plain step), as the scheduler
     runs a step of one request (``runner.Runner.forward``, on the forward the engine chose: lean, or
     the model's own where its probe turned the lean one off), drops the pass's keys and values again
-    and returns its seconds (``cpu``: CPU seconds, ``policy.cpu_clock``). The context is prefilled once, into a
+    and returns its seconds (``cpu``: CPU seconds, ``costs.cpu_clock``). The context is prefilled once, into a
     runner of its own."""
+    from suffixspec.drafting.costs import cpu_clock
     from suffixspec.lean import PassRow
-    from suffixspec.policy import cpu_clock
     from suffixspec.runner import Runner
 
     # CPU time, as the engine's own cost model measures passes: a busy machine's wall clock (load 10 on 2
@@ -121,7 +121,7 @@ def prefill_per_token(engine: Any, context_len: int = 400, rounds: int = 5, stat
                       cpu: bool = False) -> float:
     """Seconds per token of prefilling ``context_len`` tokens into an empty row (one pass, as the engine
     prefills a prompt), the median (or minimum) of ``rounds``."""
-    from suffixspec.policy import cpu_clock
+    from suffixspec.drafting.costs import cpu_clock
     from suffixspec.runner import Runner
 
     clock = cpu_clock if cpu else time.perf_counter

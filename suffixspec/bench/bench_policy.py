@@ -40,7 +40,7 @@ def _parse(value: str) -> Any:
 
 def _policies(bench: Any) -> list[Any]:
     """Every distinct ``Policy`` the engine and the proposers read."""
-    from suffixspec.policy import DEFAULT
+    from suffixspec.drafting.policy import DEFAULT
 
     found = [bench.engine.policy, DEFAULT, *(getattr(p, "policy", None) for p in bench.draft_proposers)]
     out: dict[int, Any] = {}
@@ -52,12 +52,12 @@ def _policies(bench: Any) -> list[Any]:
 
 def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
         values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
-    from suffixspec.policy import Policy
+    from suffixspec.drafting.policy import Policy
 
     from . import run as R
 
     if field not in {f.name for f in fields(Policy)}:
-        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/policy.py")
+        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")
     bench = R._load_bench(model, drafts, False, 1, log)
     pols = _policies(bench)
     before = getattr(pols[0], field)
@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="code_edit")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--field", required=True, help="a suffixspec.policy.Policy field")
+    ap.add_argument("--field", required=True, help="a suffixspec.drafting.policy.Policy field")
     ap.add_argument("--values", default="true,false", help="comma-separated: true/false or Python literals")
     ap.add_argument("--systems", default="ours_all", help="comma-separated systems of suffixspec bench")
     ap.add_argument("--every", action="store_true", help="run every system at every value (not only ours_*)")

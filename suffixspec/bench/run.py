@@ -71,9 +71,10 @@ def baseline(systems: tuple[str, ...]) -> str:
 
 
 def _no_documents() -> tuple[str, ...]:
-    from suffixspec.draft import DRAFTERS, SOURCE_DOCUMENTS
+    from suffixspec.draft import SOURCE_DOCUMENTS
+    from suffixspec.drafting.registry import source_names
 
-    return tuple(d for d in DRAFTERS if d != SOURCE_DOCUMENTS)
+    return tuple(d for d in source_names() if d != SOURCE_DOCUMENTS)
 
 
 # ``ours_no_documents``: every drafter but the documents (what the documents add is ours_all over it)
@@ -81,11 +82,11 @@ NO_DOCUMENTS = _no_documents()
 
 
 def our_systems() -> tuple[str, ...]:
-    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_suffix`` (every
-    suffix-index drafter, no draft model), ``ours_all``."""
-    from suffixspec.draft import DRAFTERS
+    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine (the registry's sources),
+    ``ours_suffix`` (every suffix-index drafter, no draft model), ``ours_all``."""
+    from suffixspec.drafting.registry import source_names
 
-    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_suffix", "ours_no_documents", "ours_all")
+    return ("ours_off", *(f"ours_{d}" for d in source_names()), "ours_suffix", "ours_no_documents", "ours_all")
 
 
 def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -128,6 +129,7 @@ class Bench:
     llama: Any = None  # bench.llama.LlamaBench when llama.cpp systems run (same GGUF, same prompt ids)
     drafts: list[Any] = field(default_factory=list)  # LoadedModel per draft model (the first is ``draft``)
     draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
+    other_proposers: list[Any] = field(default_factory=list)  # every other registered drafter the target allows
     proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
 
     def __post_init__(self) -> None:
@@ -142,7 +144,11 @@ class Bench:
             self.drafts = [self.draft]
         self.draft = self.drafts[0] if self.drafts else None
         if self.proposers:
+            from suffixspec.drafting.registry import build_available
+
             self.draft_proposers = [make_draft_proposer(d, self.target) for d in self.drafts]
+            self.other_proposers = build_available({"tokenizer": self.target.tokenizer, "target": self.target,
+                                                    "history": self.history}, exclude=("suffix", "draft_model"))
         self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
     def draft_index(self, system: str) -> int:
@@ -210,17 +216,17 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     elif system.startswith("arctic_"):
         bench.engine.proposers, spec = [suffix], SpeculationConfig()
     else:
-        from suffixspec.draft import DRAFTERS, SOURCE_DRAFT_MODEL
+        from suffixspec.drafting.registry import drafter as declared
 
         drafter = system.removeprefix("ours_").split(":", 1)[0]
         model = bench.draft_proposers[bench.draft_index(system)] if bench.draft_proposers else None
-        bench.engine.proposers = [suffix] + ([model] if model is not None else [])
+        bench.engine.proposers = [suffix] + ([model] if model is not None else []) + bench.other_proposers
         if drafter == "all":
             drafters = None
         elif drafter == "suffix":
-            drafters = tuple(d for d in DRAFTERS if d != SOURCE_DRAFT_MODEL)
+            drafters = declared("suffix").sources
         elif drafter == "no_documents":
-            drafters = NO_DOCUMENTS
+            drafters = _no_documents()
         else:
             drafters = (drafter,)
         spec = SpeculationConfig(drafters=drafters)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from .options import model_options
+from .options import DrafterList, model_options
 from .process import allow_fast_exit
 
 
@@ -82,8 +82,8 @@ def _draft_model_needed(speculation, max_tokens: int) -> bool:
               help="A file whose text the output may copy from (repeatable; RAG chunks).")
 @click.option("--prediction", type=click.Path(exists=True, dir_okay=False),
               help="A file holding the expected output (code edits).")
-@click.option("--drafters", default=None,
-              help="Comma-separated drafters to use: prompt,history,documents,references,prediction,draft_model "
+@click.option("--drafters", default=None, type=DrafterList(),
+              help="Comma-separated drafters to use "
                    "(a --prediction drafts whenever it is given, listed or not).")
 @click.option("--max-draft-tokens", default=None, type=click.IntRange(0, 256))
 @click.option("--no-speculation", is_flag=True, help="Plain decoding (one target token per step), for comparison.")
@@ -129,7 +129,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads
     elif drafters or max_draft_tokens is not None:
         speculation = {}
         if drafters:
-            speculation["drafters"] = tuple(d.strip() for d in drafters.split(",") if d.strip())
+            speculation["drafters"] = drafters
         if max_draft_tokens is not None:
             speculation["max_draft_tokens"] = max_draft_tokens
     else:

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from ..drafting.registry import source_names
 from ..models import DEFAULT_MODEL, KNOWN_MODELS
 
 # the names `--model` accepts besides paths and hub ids, from the registry (suffixspec/models.py), so a model
 # registered there is named in every command's help
 MODEL_NAMES = ", ".join(KNOWN_MODELS)
+
+
+class DrafterList(click.ParamType):
+    """Comma-separated drafter names (``--drafters prompt,references``), the registry's
+    (``drafting.registry.source_names``): checked when parsed, listed in ``--help`` as it is shown."""
+
+    name = "drafters"
+
+    def choices(self) -> tuple[str, ...]:
+        return source_names()
+
+    def get_metavar(self, param: Any, ctx: Any = None) -> str:
+        return "[" + ",".join(self.choices()) + "]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        names = tuple(d.strip() for d in str(value).split(",") if d.strip())
+        unknown = [d for d in names if d not in self.choices()]
+        if unknown:
+            self.fail(f"unknown drafter(s) {', '.join(unknown)}; choose from {','.join(self.choices())}", param, ctx)
+        return names
 
 _model_options = [
     click.option("--model", default=DEFAULT_MODEL, show_default=True,

@@ -3,24 +3,26 @@
 ``Llama(model_path=..., draft_model=SuffixDraftModel())``: llama-cpp-python calls the draft model
 once per step with the tokens so far (prompt + output, a numpy array) and appends the returned draft
 tokens to the next batch it evaluates; it keeps the longest prefix of the draft its sampler agrees
-with, plus the sampler's own token (``Llama.generate``). Drafts come from a
-:class:`~suffixspec.proposers.suffix.SuffixProposer`: the request's prompt and output, its
-references and prediction (:meth:`SuffixDraftModel.request`), the output history and the document
-store, configured for the single chain llama.cpp verifies (as :mod:`suffixspec.vllm`).
+with, plus the sampler's own token (``Llama.generate``). Drafts come from every registered drafter that
+needs nothing but the tokenizer, the store and the history (``drafting.registry.build_available``; a
+draft model is not one of them), through the request tracker vLLM uses too
+(:class:`~suffixspec.tracked.TrackedRequest`): the suffix index drafts from the request's prompt and
+output, its references and prediction (:meth:`SuffixDraftModel.request`), the output history and the
+document store, configured for the single chain llama.cpp verifies (as :mod:`suffixspec.vllm`).
 
 Request identity: the interface gives tokens, no request. A call whose tokens extend the last call's
 by the accepted part of the last draft plus one token continues that request; any other call starts
 a new one, whose prompt is all but its last token (llama.cpp calls the draft model first right after
 sampling the first output token). The request before it then ends: its output goes to the history.
 
-Sizing, from measured costs (:mod:`suffixspec.policy`, one row): a pass of ``n`` tokens costs ``t(n)``
-(:class:`~suffixspec.policy.PassCost`), measured here as the time between two calls of one request (the
+Sizing, from measured costs (:mod:`suffixspec.drafting`, one row): a pass of ``n`` tokens costs ``t(n)``
+(:class:`~suffixspec.drafting.costs.PassCost`), measured here as the time between two calls of one request (the
 evaluation of the batch this model's last draft was part of, and the sampling after it), plus a short
 calibration when bound to a ``Llama`` (:meth:`SuffixDraftModel.bind`). The index drafts up to the
-engine's momentum budget (:func:`~suffixspec.policy.momentum_budget`); the chain is cut to the prefix
-with the most tokens per second by its own node probabilities (:func:`~suffixspec.policy.best_chain_prefix`)
+engine's momentum budget (:func:`~suffixspec.drafting.budget.momentum_budget`); the chain is cut to the prefix
+with the most tokens per second by its own node probabilities (:func:`~suffixspec.drafting.budget.best_chain_prefix`)
 and sent only when it pays: ``(1 + expected) * t(1) >= t(1 + k)``
-(:func:`~suffixspec.policy.choose_drafts`, with its calibration and bounded exploration). While the
+(:func:`~suffixspec.drafting.gates.choose_drafts`, with its calibration and bounded exploration). While the
 index yields nothing worth sending it is asked less and less often, down to every :data:`IDLE_MAX`-th
 step, and at once when the last 4 tokens repeat the request's own text. On text with nothing to copy
 nothing is sent: llama.cpp evaluates one token per step, as without a draft model.
@@ -48,21 +50,16 @@ from typing import Any
 import numpy as np
 
 from ..draft import Draft
-from ..policy import (
-    DEFAULT,
-    DraftGate,
-    PassCost,
-    Policy,
-    RowDraft,
-    StepCost,
-    best_chain_prefix,
-    choose_drafts,
-    momentum_budget,
-)
-from ..proposers.base import RequestContext
-from ..proposers.suffix import SuffixConfig, SuffixProposer
+from ..drafting.budget import best_chain_prefix, momentum_budget
+from ..drafting.costs import PassCost, StepCost
+from ..drafting.gates import RowDraft, choose_drafts
+from ..drafting.policy import DEFAULT, Policy
+from ..drafting.registry import build_available
+from ..index.store import IndexStore
+from ..proposers.base import Proposer, RequestContext
+from ..proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
 from ..stats import RequestStats
-from ..tracked import ContextView
+from ..tracked import ContextView, DraftRecord, TrackedRequest
 
 try:  # the base class when llama-cpp-python is installed (it is an ABC with __call__ only)
     from llama_cpp.llama_speculative import LlamaDraftModel as _Base
@@ -84,12 +81,6 @@ _EMPTY = np.empty(0, dtype=np.intc)  # no draft (llama-cpp-python copies what it
 _NO_DRAFT = Draft()  # shared, never changed
 
 
-def single_chain_config(**overrides: Any) -> SuffixConfig:
-    """The suffix settings for a runtime that verifies one chain (llama.cpp, vLLM): every source drafts its
-    most likely path and the best-scoring path wins."""
-    return SuffixConfig(**{"tree": False, "merge": False, **overrides})
-
-
 @dataclass
 class RequestArgs:
     """What :meth:`SuffixDraftModel.request` tells the drafter about the next request."""
@@ -103,22 +94,15 @@ class RequestArgs:
 
 
 @dataclass(eq=False)
-class _Live:
-    """The request the draft model is serving."""
+class ServedRequest:
+    """The request the draft model is serving: its tokens and drafters, what its drafts taught, when to ask."""
 
     args: RequestArgs  # what was told about it
-    prompt_len: int  # tokens of its prompt
-    first: int  # its first token and the last one known (with the count, what recognises it: _continues)
-    last: int
-    output: list[int] = field(default_factory=list)  # output tokens so far
-    stats: RequestStats = field(default_factory=RequestStats)
-    gate: DraftGate = field(default_factory=DraftGate)  # calibration of its drafts' scores, exploration
+    tracked: TrackedRequest  # its tokens (what recognises it: _continues) and its drafters
+    record: DraftRecord  # its statistics, the budget's momentum and its draft gate
     draft: Draft = field(default_factory=Draft)  # the draft returned at the last call (empty: none)
-    mean_accepted: float = 0.0  # running mean of accepted tokens per step (the budget's momentum)
-    copy_run: int = 0  # accepted tokens of the last step when it accepted the whole draft, else 0
     last_call: float = 0.0  # clock at the start of the last call (the next call times the pass between)
-    pending: list[int] = field(default_factory=list)  # output tokens the suffix index has not been given yet
-    proposed: bool = False  # the last call asked the index (which learns from the very next tokens)
+    proposed: bool = False  # the last call asked the drafters (which learn from the very next tokens)
     idle: int = 0  # steps to skip between index queries while they yield nothing worth sending (backoff)
     wait: int = 0  # steps left to skip now
     seen: set[tuple[int, ...]] = field(default_factory=set)  # every 4 tokens in a row of its own texts so far
@@ -128,7 +112,8 @@ class _Live:
 
 
 class SuffixDraftModel(_Base):
-    """llama-cpp-python ``draft_model`` drafting from suffixspec's suffix index, sized by measured costs.
+    """llama-cpp-python ``draft_model`` drafting from suffixspec's drafters (the suffix index, and any
+    registered drafter that needs no model), sized by measured costs.
 
     Args:
         db: the document store (``suffixspec index add --db``) and persisted output history: an
@@ -140,7 +125,7 @@ class SuffixDraftModel(_Base):
         history: draft from earlier outputs (and keep them).
         max_draft_tokens: the longest draft.
         adaptive: size and gate drafts by cost (False: send every draft the index makes).
-        policy: the decision constants (``suffixspec.policy.Policy``).
+        policy: the decision constants (``suffixspec.drafting.policy.Policy``).
 
     Per call: ``with draft.request(references=[...], prediction="..."):`` around a completion tells the
     drafter that call's references and prediction; :meth:`bind` gives it the ``Llama``'s tokenizer
@@ -155,9 +140,10 @@ class SuffixDraftModel(_Base):
         if not 0 <= max_draft_tokens <= 256:
             raise ValueError(f"max_draft_tokens must be between 0 and 256, got {max_draft_tokens}")
         self.policy = policy or DEFAULT
-        self.suffix = SuffixProposer(db=db, tokenizer=tokenizer, config=config or single_chain_config(),
-                                     history=history)
-        self.tokenizer = tokenizer
+        self.db = db if db is None or isinstance(db, IndexStore) else IndexStore(db)  # (a path: opened here)
+        self.history, self.tokenizer = history, tokenizer
+        self.config = config or single_chain_config()  # the suffix index's settings
+        self.proposers = self._build()  # the drafters every request is served by (one request at a time)
         self.max_draft_tokens = max_draft_tokens
         self.adaptive = adaptive
         self.cost = PassCost(self.policy)  # llama.cpp's pass time by tokens evaluated (shared by requests)
@@ -165,7 +151,7 @@ class SuffixDraftModel(_Base):
         self.clock = time.thread_time  # CPU time of the calling thread (bind: the process's with more threads)
         self._tokenize: Any = None  # text -> ids, as the bound Llama tokenizes (else the tokenizer's)
         self._next = RequestArgs()  # for the next request that starts
-        self._live: _Live | None = None
+        self._live: ServedRequest | None = None
         self._lock = threading.Lock()  # one Llama drives this at a time; the lock makes misuse safe
         self.last_stats: RequestStats | None = None  # statistics of the last finished request
         self.on_pass: Any = None  # called with (tokens evaluated, seconds) for every pass timed (metrics)
@@ -188,14 +174,28 @@ class SuffixDraftModel(_Base):
             lean_prompt_eval(llm, self)
         return self
 
+    def _build(self, documents: Any = None) -> list[Proposer]:
+        """Every registered drafter this runtime can feed (``documents``: arrays the suffix index has loaded)."""
+        suffix = {"config": self.config, **({"documents": documents} if documents is not None else {})}
+        return build_available({"tokenizer": self.tokenizer, "store": self.db, "history": self.history},
+                               {"suffix": suffix})
+
+    @property
+    def suffix(self) -> SuffixProposer | None:
+        """The suffix-index drafter (the API reads its history and documents), or None."""
+        return next((p for p in self.proposers if isinstance(p, SuffixProposer)), None)
+
+    @suffix.setter
+    def suffix(self, proposer: SuffixProposer) -> None:
+        self.proposers = [proposer if isinstance(p, SuffixProposer) else p for p in self.proposers]
+
     def forget(self) -> None:
         """Drop what was learned from earlier requests (each source's continuation rates, the output history
         in memory; nothing stored is deleted); the measured costs stay. Benchmarks start each workload so."""
         with self._lock:
             self._end()
             old = self.suffix
-            self.suffix = SuffixProposer(db=old.store, tokenizer=old.tokenizer, config=old.config,
-                                         documents=old.documents, history=old.history is not None)
+            self.proposers = self._build(old.documents if old is not None else None)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a reference or prediction text (no BOS), as the bound ``Llama`` tokenizes it."""
@@ -243,7 +243,7 @@ class SuffixDraftModel(_Base):
         with self._lock:
             live = self._live
             if live is not None and output is not None:
-                tail = [int(t) for t in list(output)[len(live.output):]]
+                tail = [int(t) for t in list(output)[live.tracked.n - live.tracked.prompt_len:]]
                 if tail:
                     self._observe(live, tail, None)
             stats = self._end()
@@ -254,18 +254,18 @@ class SuffixDraftModel(_Base):
         live, self._live = self._live, None
         if live is None:
             return None
-        out = live.output
-        self.suffix.end(out)
-        live.stats.output_tokens = int(len(out))
-        live.stats.time_total_s = time.perf_counter() - live.started
-        self.last_stats = live.stats
-        return live.stats
+        out = live.tracked.end()
+        stats = live.record.stats
+        stats.output_tokens = len(out)
+        stats.time_total_s = time.perf_counter() - live.started
+        self.last_stats = stats
+        return stats
 
     @property
     def stats(self) -> RequestStats | None:
         """The current request's statistics, else the last finished one's."""
         live = self._live
-        return live.stats if live is not None else self.last_stats
+        return live.record.stats if live is not None else self.last_stats
 
     @property
     def current_draft(self) -> Draft:
@@ -284,84 +284,72 @@ class SuffixDraftModel(_Base):
             n = len(ids)
             live = self._live
             if live is not None and self._continues(live, ids, n):
-                self._observe(live, ids[live.prompt_len + len(live.output):n].tolist(), t0)
+                self._observe(live, ids[live.tracked.n:n].tolist(), t0)
             else:
                 self._end()
                 live = self._begin(ids, n)
             draft = self._draft(live, ids, n)
             live.draft = draft
-            live.stats.time_propose_s += time.perf_counter() - wall
+            live.record.stats.time_propose_s += time.perf_counter() - wall
             live.last_call = t0
             return np.asarray(draft.tokens, dtype=np.intc) if draft.tokens else _EMPTY
 
     # ----- requests ----------------------------------------------------------------------------------
     @staticmethod
-    def _continues(live: _Live, ids: np.ndarray, n: int) -> bool:
+    def _continues(live: ServedRequest, ids: np.ndarray, n: int) -> bool:
         """Whether ``ids[:n]`` is the live request one step on: its tokens, then an accepted prefix of its
         last draft and one sampled token (anything else is another request, or a new completion of a
         prompt that starts with this one)."""
-        m = live.prompt_len + len(live.output)  # tokens known
+        known = live.tracked
+        m = known.n  # tokens known
         new = n - m
-        if new < 1 or new > len(live.draft.tokens) + 1 or ids.item(m - 1) != live.last or ids.item(0) != live.first:
+        if (new < 1 or new > len(live.draft.tokens) + 1 or ids.item(m - 1) != known.tokens.item(m - 1)
+                or ids.item(0) != known.tokens.item(0)):
             return False  # (a few scalar reads: numpy calls are slow between two passes, the caches cold)
         return new == 1 or ids[m:n - 1].tolist() == live.draft.tokens[:new - 1]
 
-    def _begin(self, ids: np.ndarray, n: int) -> _Live:
+    def _begin(self, ids: np.ndarray, n: int) -> ServedRequest:
         """A new request: ``ids[:n-1]`` its prompt, ``ids[n-1]`` its first output token."""
         args, self._next = self._next, RequestArgs()
-        prompt = ids[:n - 1]
-        self.suffix.begin(RequestContext(prompt_ids=prompt.tolist(), reference_ids=args.reference_ids,
-                                         prediction_ids=args.prediction_ids, drafters=args.drafters))
-        self.suffix.update(ids[n - 1:n].tolist())
-        live = _Live(args, n - 1, int(ids[0]), int(ids[n - 1]), [int(ids[n - 1])], gate=DraftGate(self.policy))
+        request = RequestContext(prompt_ids=ids[:n - 1].tolist(), reference_ids=args.reference_ids,
+                                 prediction_ids=args.prediction_ids, drafters=args.drafters)
         cap = args.max_draft_tokens if args.max_draft_tokens is not None else self.max_draft_tokens
-        live.mean_accepted = cap / 2  # as the engine: start by trusting the index (sequence.RequestState)
+        # as the engine: start by trusting the index (sequence.RequestState)
+        live = ServedRequest(args, TrackedRequest.new(self.proposers, ids, n, request), DraftRecord(self.policy, cap / 2))
         for seq in (ids[:n].tolist(), *args.reference_ids, args.prediction_ids or ()):
             live.seen.update(zip(seq, seq[1:], seq[2:], seq[3:], strict=False))
         live.tail = tuple(ids[max(0, n - 4):n].tolist())
         self._live = live
         return live
 
-    def _observe(self, live: _Live, new: list[int], t0: float | None) -> None:
+    def _observe(self, live: ServedRequest, new: list[int], t0: float | None) -> None:
         """``new`` = the accepted part of the last draft + the sampler's own token: record the step (its
-        pass time when ``t0`` is given), feed the budget's means, the gate and the index."""
-        draft, rate = live.draft, self.policy.accepted_rate
+        pass time when ``t0`` is given), feed the budget's means, the gate and the drafters."""
+        draft, record = live.draft, live.record
         k = len(draft.tokens)
         if t0 is not None:  # the pass between two calls (and this drafter's own call, ~1% of it)
             seconds = max(0.0, t0 - live.last_call)
-            if k or not live.stats.steps % 4:  # one-token passes are most of them: every 4th is plenty
+            if k or not record.stats.steps % 4:  # one-token passes are most of them: every 4th is plenty
                 self.cost.observe(1 + k, seconds)
             if self.on_pass is not None:
                 self.on_pass(1 + k, seconds)
-        if not k:  # the usual step where nothing is copied: as little as possible between two passes
-            live.stats.steps += 1
-            live.stats.accepted_per_step.append(0)
-            live.mean_accepted *= 1 - rate
-            live.copy_run = 0
-        else:
-            accepted = 0
-            while accepted < min(k, len(new)) and new[accepted] == draft.tokens[accepted]:
-                accepted += 1
-            live.stats.record_step(draft.sources, list(range(1, k + 1)), draft.sources[:accepted])
-            live.mean_accepted = (1 - rate) * live.mean_accepted + rate * accepted
-            live.gate.observe(draft.score, accepted)
-            live.copy_run = accepted if accepted == k else 0
-            if accepted:
-                live.idle = live.wait = 0  # a copy is on: ask the index at every step
-        live.output += new
-        live.last = new[-1]
-        live.pending += new
+        accepted = 0
+        while accepted < min(k, len(new)) and new[accepted] == draft.tokens[accepted]:
+            accepted += 1
+        record.observe(draft, list(range(1, k + 1)), draft.sources[:accepted])
+        if accepted:
+            live.idle = live.wait = 0  # a copy is on: ask the drafters at every step
+        live.tracked.append(new)
         for tok in new:  # (a tuple and a set lookup per token: far cheaper than asking the index)
             live.tail = (*live.tail[1:], tok)
             live.repeat = live.tail in live.seen
             live.seen.add(live.tail)
-        if live.proposed:  # it learns what came of its draft from exactly the tokens that followed it
-            self.suffix.update(live.pending)
-            live.pending = []
+        if live.proposed:  # they learn what came of their drafts from exactly the tokens that followed them
+            live.tracked.tell()
 
-    def _draft(self, live: _Live, ids: np.ndarray, n: int) -> Draft:
-        """The chain to send: the index's best path within the budget, if the gate says it pays."""
-        args = live.args
+    def _draft(self, live: ServedRequest, ids: np.ndarray, n: int) -> Draft:
+        """The chain to send: the drafters' best path within the budget, if the gate says it pays."""
+        args, record = live.args, live.record
         cap = args.max_draft_tokens if args.max_draft_tokens is not None else self.max_draft_tokens
         if self.n_ctx is not None:
             cap = min(cap, self.n_ctx - n - 1)
@@ -371,27 +359,22 @@ class SuffixDraftModel(_Base):
         if live.wait > 0 and not live.repeat:
             live.wait -= 1
             return _NO_DRAFT
-        if live.pending:
-            self.suffix.update(live.pending)
-            live.pending = []
-        budget = momentum_budget(cap, live.mean_accepted, live.copy_run, self.policy) if args.adaptive else cap
-        if self.suffix.documents is not None:  # the documents' gate weighs their nodes and lookups in passes
-            self.suffix.observe_costs(self.step_cost())
-        t = time.perf_counter()
-        draft = chain_of(self.suffix.propose(ContextView(ids, n), budget)).truncated(budget)
-        live.stats.record_call(self.name, time.perf_counter() - t)
+        budget = momentum_budget(cap, record.mean_accepted, record.copy_run, self.policy) if args.adaptive else cap
+        # (the pass cost: the suffix index's documents gate weighs their nodes and lookups in passes)
+        draft = live.tracked.propose(ContextView(ids, n), budget, self.step_cost(), record.stats)
         live.proposed = True
         if not args.adaptive:
             return draft
-        if len(draft):  # its surest head, sized by its own probabilities against the cost curve
-            probs = self.suffix.last_probs[:len(draft)]
-            k = best_chain_prefix(probs, live.gate.calibration, self.cost)
-            draft = Draft(draft.tokens[:k], draft.parents[:k], draft.sources[:k], score=sum(probs[:k]))
-            row = RowDraft(k, live.gate.expected(draft.score), gate=live.gate)
+        if len(draft):
+            if draft.probs is not None:  # its surest head, sized by its own probabilities against the cost curve
+                probs = draft.probs
+                k = best_chain_prefix(probs, record.gate.calibration, self.cost)
+                draft = Draft(draft.tokens[:k], draft.parents[:k], draft.sources[:k], score=sum(probs[:k]))
+            row = RowDraft(len(draft), record.gate.expected(draft.score), gate=record.gate)
             choose_drafts([row], self.cost)
             if row.verified:
                 return draft
-        # nothing worth sending: query the index every 2nd, 4th, then 8th step until something is (IDLE_MAX)
+        # nothing worth sending: ask the drafters every 2nd, 4th, then 8th step until something is (IDLE_MAX)
         live.idle = min(IDLE_MAX, 2 * live.idle or 1)
         live.wait = live.idle
         return _NO_DRAFT
@@ -401,15 +384,6 @@ class SuffixDraftModel(_Base):
         (``Proposer.observe_costs``). Example: t(1) = 8.3 ms, t(9) = 52 ms -> at a budget of 8 a draft token
         adds 5.5 ms, 0.66 of a step, where the engine's batched passes on a CPU make it a few hundredths."""
         return StepCost(self.cost)
-
-
-def chain_of(draft: Draft) -> Draft:
-    """The draft's first path from the root (a chain: what llama.cpp verifies); the draft itself when it
-    is one. Example: parents ``[-1, 0, 0, 1]`` -> nodes 0, 1 (node 2 is a sibling of 1, and 3 comes after it)."""
-    k = 0
-    while k < len(draft) and draft.parents[k] == k - 1:
-        k += 1
-    return draft.truncated(k)
 
 
 def lean_prompt_eval(llm: Any, drafter: SuffixDraftModel) -> None:

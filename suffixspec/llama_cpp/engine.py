@@ -7,8 +7,8 @@ llama-cpp-python's ``Llama.generate`` as the decode loop and :class:`SuffixDraft
 (``sequence.prepare``: the same prompt ids, references and prediction), its references and prediction
 go to the drafter, and ``Llama.generate`` runs it: one sequence at a time (llama.cpp's own prefix
 cache keeps the keys and values of the previous prompt), each token's source told by the draft it
-was accepted from. Stop strings, EOS, ``max_tokens`` and cancellation are handled here, per token,
-exactly as in :mod:`suffixspec.sequence`.
+was accepted from. Stop strings, EOS and ``max_tokens`` are the engine's rules (``sequence.StopRules``),
+checked per token; the context's end and cancellation here.
 
 What is and is not lossless here: llama.cpp's sampler draws every output token whether or not a draft
 was there, and a draft token is kept only where it equals that draw (the one-hot rule of
@@ -51,7 +51,7 @@ class LlamaCppEngine:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.drafter = drafter
-        self.proposers = [drafter.suffix] if drafter is not None else []  # SuffixSpec reads them (drafters, stats)
+        self.proposers = list(drafter.proposers) if drafter is not None else []  # SuffixSpec reads them (drafters)
         self.default_speculation = SpeculationConfig(max_draft_tokens=max_draft_tokens)
         self.max_context = int(llm.n_ctx())
         self.eos_ids = {int(llm.token_eos())}
@@ -80,10 +80,9 @@ class LlamaCppEngine:
                  speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                  prediction: str | None = None, cancel: threading.Event | None = None) -> Any:
         """Generate to completion and return the GenerationResult."""
-        for event in self.stream(prompt, sampling, speculation, references, prediction, cancel):
-            if event.result is not None:
-                return event.result
-        raise RuntimeError("the request's stream ended without its result")
+        from ..sequence import result_of
+
+        return result_of(self.stream(prompt, sampling, speculation, references, prediction, cancel))
 
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
@@ -101,22 +100,21 @@ class LlamaCppEngine:
             yield from self._run(request, spec, cancel)
 
     def _run(self, request: Any, spec: SpeculationConfig, cancel: threading.Event | None) -> Iterator[Any]:
-        from ..detok import TextTracker
-        from ..sequence import GenerationResult, StreamEvent
+        from ..sequence import GenerationResult, StopRules, StreamEvent
 
         sampling, drafter, prompt = request.sampling, self.drafter, request.prompt_ids
         if drafter is not None:
             drafter.expect(RequestArgs(request.reference_ids, request.prediction_ids, request.drafters,
                                        spec.enabled and spec.max_draft_tokens > 0, spec.adaptive,
                                        spec.max_draft_tokens))
-        tracker = TextTracker(self.tokenizer, sampling.stop)
-        stop_ids = set() if sampling.ignore_eos else self.eos_ids | set(sampling.stop_token_ids)
+        stops = StopRules(self.tokenizer, sampling, self.eos_ids)
+        tracker = stops.tracker
         self.llm.set_seed(sampling.seed if sampling.seed is not None else secrets.randbits(31))
         started = time.perf_counter()
         output: list[int] = []
         sources: list[str] = []
         finish: str | None = None
-        steps = _Steps(drafter)
+        token_sources = TokenSources(drafter)
         gen = self.llm.generate(prompt, temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                                 min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
                                 presence_penalty=sampling.presence_penalty,
@@ -127,14 +125,13 @@ class LlamaCppEngine:
                 if first_at is None:  # the prompt's evaluation and the first token's sampling
                     first_at = time.perf_counter()
                 token = int(token)
-                source = steps.source(token)
+                source = token_sources.source(token)
                 output.append(token)
                 sources.append(source)
-                if token in stop_ids or tracker.push(token, source):
-                    finish = "stop"
-                elif len(output) >= sampling.max_tokens or len(prompt) + len(output) >= self.max_context:
+                finish = stops.check(token, source, len(output))
+                if finish is None and len(prompt) + len(output) >= self.max_context:
                     finish = "length"
-                elif cancel is not None and cancel.is_set():
+                elif finish is None and cancel is not None and cancel.is_set():
                     finish = "cancelled"
                 if finish is not None:  # its token goes with the final event
                     break
@@ -174,7 +171,7 @@ class LlamaThreads:
         return describe(self.to_dict())
 
 
-class _Steps:
+class TokenSources:
     """Which draft each generated token came from: tokens arrive one by one from ``Llama.generate``; a
     new draft call (the drafter's ``calls`` moved) starts a step, whose tokens match the draft up to
     the first that does not: that one, and every token of a step without a draft, is the target's."""

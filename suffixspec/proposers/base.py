@@ -24,7 +24,7 @@ from ..config import SamplingParams
 from ..draft import Draft
 
 if TYPE_CHECKING:
-    from ..policy import StepCost
+    from ..drafting.costs import StepCost
 
 
 @dataclass
@@ -46,6 +46,17 @@ class Proposer(ABC):
     # prompt): the engine's ProposerGate judges a proposer by its per-step cost, without it
     setup_s: float = 0.0
 
+    def live_sources(self) -> tuple[str, ...]:
+        """The node sources it can draft as built (what ``SuffixSpec.drafters`` and ``/v1/models`` list): its
+        drafter's declared sources (``DRAFTER.sources``); a drafter whose sources depend on what it was
+        given (the suffix index without a store has no documents) narrows them."""
+        from ..drafting.registry import drafter
+
+        try:
+            return drafter(self.name).sources
+        except ValueError:  # a proposer no drafter declares (a test's double): no source to list
+            return ()
+
     def begin(self, request: RequestContext) -> None:  # noqa: B027 - optional hook
         """A request starts; reset per-request state."""
 
@@ -58,16 +69,16 @@ class Proposer(ABC):
 
         Drafts without it are deterministic given the context (verified by the one-hot rule), so
         the engine's gates may judge them by their shape and hold the proposer back when the target
-        is too unsure for any of them to pay (``policy.DraftGate.hopeless``); drafts with ``q`` may
+        is too unsure for any of them to pay (``gates.DraftGate.hopeless``); drafts with ``q`` may
         be judged only by what was fixed before sampling. Called after ``begin``."""
         return False
 
     # whether the proposer weighs its own cost against its yield (a draft model, per drafted token:
-    # policy.ModelDraftJudge), so the engine's ProposerGate does not judge its calls' yields
+    # judge.ModelDraftJudge), so the engine's ProposerGate does not judge its calls' yields
     judges_own_cost: bool = False
 
     def observe_costs(self, step: StepCost | None) -> None:  # noqa: B027 - optional hook
-        """The pass cost as this request's row sees it this step (``policy.StepCost``: a plain step's CPU
+        """The pass cost as this request's row sees it this step (``costs.StepCost``: a plain step's CPU
         seconds, what more verified nodes add; None: the engine judges no costs), told before ``propose``,
         for a proposer that weighs what its drafts cost against what they yield (a draft model plans its
         draft from it, the suffix proposer its documents)."""
@@ -83,7 +94,7 @@ class Proposer(ABC):
     def active(self) -> bool:
         """Whether it may draft anything for this request (called after ``begin``): a proposer the request's
         ``speculation.drafters`` leave out is neither called nor timed, so the costs and yields the engine
-        remembers across requests (``policy.ProposerGate``'s shared records) are never those of a no-op call."""
+        remembers across requests (``gates.ProposerGate``'s shared records) are never those of a no-op call."""
         return True
 
     def setup_pending(self) -> bool:

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..draft import SOURCE_DRAFT_MODEL, Draft
-from ..policy import model_draft_length
+from ..drafting.judge import model_draft_length
+from ..drafting.registry import Drafter
 from .base import Proposer, RequestContext
 from .bridged_draft import BridgedDraftProposer
 from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs, fit_width
@@ -161,3 +162,13 @@ def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "au
     if mode == "same":
         return DraftModelProposer(draft, target_vocab_size=width, **kwargs)
     return BridgedDraftProposer(draft, target.tokenizer, target_vocab_size=width, mode=mode, **kwargs)
+
+
+# This drafter (suffixspec.drafting.registry): built where a draft model is named
+DRAFTER = Drafter(
+    name="draft_model",
+    sources=("draft_model",),
+    needs=("draft", "target"),
+    order=10,
+    build=make_draft_proposer,
+)

@@ -12,7 +12,7 @@ it one way.
   families it covers).
 - :class:`ModelDrafter` keeps what a drafter learns across requests (the CPU seconds of one draft
   forward, the acceptance of its first and later tokens) and, inside the engine, judges each draft
-  from those costs (:class:`~suffixspec.policy.ModelDraftJudge`: whether to draft, how far, which
+  from those costs (:class:`~suffixspec.drafting.judge.ModelDraftJudge`: whether to draft, how far, which
   runner-ups to branch on). Outside the engine (no costs told) :class:`AdaptiveLength` grows the draft
   length after a fully accepted draft and shrinks it after an early rejection.
 - A draft model of :data:`INT8_MIN_PARAMS` or more runs on int8 matrices (``lean.Int8Weight``).
@@ -36,10 +36,12 @@ import torch
 
 from ..config import SamplingParams
 from ..draft import SOURCE_DRAFT_MODEL
+from ..drafting.costs import StepCost, cpu_clock
+from ..drafting.judge import ModelDraftJudge
+from ..drafting.policy import DEFAULT, Policy
 from ..kv import SlotCache, new_cache
 from ..lean import PassRow, lean_forward
 from ..loading import max_context
-from ..policy import DEFAULT, ModelDraftJudge, Policy, StepCost, cpu_clock
 from ..prefix import common_prefix
 from ..sampling import warp
 from .base import Proposer, RequestContext
@@ -63,8 +65,8 @@ class DraftRunner:
     Models of a lean family (:mod:`suffixspec.lean`: Llama, Qwen2, Mistral, Gemma 3) run through the
     lean forward (``lean=True``, the default) over a one-row slot cache; others through their
     ``transformers`` forward with a ``DynamicCache``. A draft of a few million parameters spends most
-    of a ``transformers`` call in Python (about 2 ms per call on the embedded 2 x 96 draft against
-    ~0.3 ms lean), for a model called one to five times per step.
+    of a ``transformers`` call in Python, several times a lean call (docs/benchmarks.md, "Figures behind
+    the policy's defaults"), for a model called one to five times per step.
     """
 
     def __init__(self, loaded: LoadedModel, lean: bool = True, int8: bool = False) -> None:
@@ -187,7 +189,7 @@ class ModelDrafter(Proposer):
     """Shared bookkeeping of model drafters: request state, allowed sources, the draft's costs and yield.
 
     Inside the engine (``observe_costs`` tells it the pass cost each step) a model drafter judges its own
-    drafts from measured costs (:class:`~suffixspec.policy.ModelDraftJudge`): whether to draft this step,
+    drafts from measured costs (:class:`~suffixspec.drafting.judge.ModelDraftJudge`): whether to draft this step,
     how far (while the draft's own probability of its tokens so far pays for another forward), which
     runner-ups to add as branches. Called alone (no costs told: a test, a script), it drafts
     :class:`AdaptiveLength` tokens and stops after one it gives less than ``min_confidence``.
@@ -267,7 +269,7 @@ class ModelDrafter(Proposer):
         return self._hits / self._tries if self._tries > 0 else self.token_prior
 
     def observe_promise(self, tokens: float) -> None:
-        self.judge.others = tokens  # an accepted token of ours is worth a plain step over (1 + these)
+        self.judge.promised_before = tokens  # an accepted token of ours is worth a plain step over (1 + these)
 
     def costed(self) -> bool:
         """Whether this step's draft is judged from measured costs (inside the engine, once measured)."""

@@ -56,9 +56,7 @@ from suffixspec.index.store import IndexStore
 from suffixspec.index.suffix_array import SEP, SuffixArray
 
 from ..draft import (
-    DRAFTERS,
     SOURCE_DOCUMENTS,
-    SOURCE_DRAFT_MODEL,
     SOURCE_HISTORY,
     SOURCE_PREDICTION,
     SOURCE_PROMPT,
@@ -67,15 +65,13 @@ from ..draft import (
     drafter_allows,
     node_depths,
 )
+from ..drafting.registry import Drafter
 from ..merge import TreeUnion
 from .base import Proposer, RequestContext
 from .source_gate import SourceGate, SourceYield
 
 if TYPE_CHECKING:
-    from ..policy import StepCost
-
-# the sources this proposer drafts from (each learns its own continuation rates): all but the draft model's
-_SUFFIX_SOURCES = tuple(s for s in DRAFTERS if s != SOURCE_DRAFT_MODEL)
+    from ..drafting.costs import StepCost
 
 PROPOSER_NAME = "suffix"
 
@@ -168,7 +164,7 @@ class SuffixProposer(Proposer):
 
     def __init__(self, db: IndexStore | str | os.PathLike | None = None, fingerprint: str | None = None,
                  tokenizer: Any = None, config: SuffixConfig | None = None,
-                 documents: SuffixArray | None = None, history: bool = True) -> None:
+                 documents: SuffixArray | None = None, history: bool | OutputHistory = True) -> None:
         self.config = config or SuffixConfig()
         self.tokenizer = tokenizer
         # text matching needs a real tokenizer (some callers pass only enough of one for the fingerprint)
@@ -198,8 +194,11 @@ class SuffixProposer(Proposer):
         self._step: StepCost | None = None  # the pass cost the engine told for the next propose
         if self.store is not None and documents is None:
             self.reload_documents()
-        self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
-                                      max_candidates=self.config.max_candidates) if history else None)
+        if isinstance(history, OutputHistory):  # shared with other proposers (a runtime's, across requests)
+            self.history: OutputHistory | None = history
+        else:
+            self.history = (OutputHistory(self.config.history_tokens, self.store, self.fingerprint,
+                                          max_candidates=self.config.max_candidates) if history else None)
         self._request: IncrementalIndex | None = None
         self._references: IncrementalIndex | None = None
         self._prediction: IncrementalIndex | None = None
@@ -219,9 +218,9 @@ class SuffixProposer(Proposer):
         self._doc_hint: int | None = None
         self._last: Draft | None = None  # the draft of the last step, to see how much of it came true
         self._last_probs: list[float] = []  # its nodes' probabilities
-        self._last_ells: list[int] = []  # its nodes' match lengths (what predicted them: AcceptanceRates)
+        self._last_match_lengths: list[int] = []  # its nodes' match lengths (what predicted them: AcceptanceRates)
         # per source, learned across this proposer's requests (forks share them)
-        self.rates = ({**{src: AcceptanceRates() for src in _SUFFIX_SOURCES}, _TEXT: AcceptanceRates(),
+        self.rates = ({**{src: AcceptanceRates() for src in DRAFTER.sources}, _TEXT: AcceptanceRates(),
                        _RESUME: AcceptanceRates(_RESUME_PRIOR)} if self.config.learn_rates else {})
         self._last_keys: list[str] = []  # its nodes' keys into ``rates``
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
@@ -244,6 +243,15 @@ class SuffixProposer(Proposer):
             if self._docs_version != -1:  # a corpus that changed: its record across requests starts again
                 self.documents_yield.forget()
             self._docs_version = version
+
+    def live_sources(self) -> tuple[str, ...]:
+        """The request's own texts always; the history when it is kept, the documents with a store or arrays."""
+        have = {SOURCE_PROMPT, SOURCE_REFERENCES, SOURCE_PREDICTION}
+        if self.history is not None:
+            have.add(SOURCE_HISTORY)
+        if self.store is not None or self.documents is not None:
+            have.add(SOURCE_DOCUMENTS)
+        return tuple(s for s in DRAFTER.sources if s in have)
 
     def documents_pending(self) -> bool:
         """Whether documents were added or removed since the last load (they load at the next request)."""
@@ -337,9 +345,9 @@ class SuffixProposer(Proposer):
         results = self.speculate_all(context, params, documents=not gated or self._doc_gate.look_up())
         if self.config.resume and self._allows(SOURCE_PROMPT):
             resumed = self._copy.drafts(self._request, context, budget)
-            own = self._with_rates(params, _RESUME)
+            source_params = self._with_rates(params, _RESUME)
             for r in resumed:  # its own rates: how often a resumed copy came true (the first token) and went on
-                chain_probs(r, own, own.rate(_RESUME_MATCH) * r.probs[0] / 0.3)
+                chain_probs(r, source_params, source_params.rate(_RESUME_MATCH) * r.probs[0] / 0.3)
             results += [(SOURCE_PROMPT, r) for r in resumed if len(r)]
             for source, res in results:
                 if source == SOURCE_PROMPT:
@@ -357,7 +365,7 @@ class SuffixProposer(Proposer):
             self._doc_trial = (chosen[0], chosen[0], not self._doc_gate.on)
         else:
             chosen = self._combine(results, budget)
-        draft, self._last_probs, self._last_ells, self._last_keys = chosen
+        draft, self._last_probs, self._last_match_lengths, self._last_keys = chosen
         draft.probs = list(self._last_probs)  # what a merge with other proposers' drafts ranks its nodes by
         self._last = draft if len(draft) else None
         return draft
@@ -377,7 +385,7 @@ class SuffixProposer(Proposer):
             return merge_tree(results, budget, prefer=self._copy_source)
         source, best = max(results, key=lambda r: r[1].score)
         draft = Draft(best.token_ids, best.parents, [source] * len(best), score=best.score)
-        return draft, best.probs, node_ells(best), [best.kind or source] * len(best)
+        return draft, best.probs, node_match_lengths(best), [best.kind or source] * len(best)
 
     def _learn(self, draft: Draft, new_tokens: Sequence[int]) -> None:
         """Feed each source's continuation rates with what the output did at each level of the last
@@ -386,7 +394,7 @@ class SuffixProposer(Proposer):
         the node reached so far are one trial (their count ratios summed), a hit if the output took
         one of them. Example: draft ``5 -> 6 -> 7`` and new tokens ``5 6 9``: hits at the levels of
         5 and 6, a miss at 7's."""
-        probs, ells, tokens, keys = self._last_probs, self._last_ells, draft.tokens, self._last_keys
+        probs, matched_lengths, tokens, keys = self._last_probs, self._last_match_lengths, draft.tokens, self._last_keys
         kids: dict[int, list[int]] = {}
         for i, par in enumerate(draft.parents):
             kids.setdefault(par, []).append(i)
@@ -400,9 +408,9 @@ class SuffixProposer(Proposer):
             rates = self.rates.get(keys[ref])
             if rates is None:
                 return
-            rate = rates.table()[min(ells[ref], len(rates.table()) - 1)]
+            rate = rates.table()[min(matched_lengths[ref], len(rates.table()) - 1)]
             drafted = sum(probs[k] for k in level if keys[k] == keys[ref])
-            rates.observe(ells[ref], hit is not None, drafted / (cur_prob * rate) if rate > 0 else 1.0)
+            rates.observe(matched_lengths[ref], hit is not None, drafted / (cur_prob * rate) if rate > 0 else 1.0)
             if hit is None:
                 return
             cur, cur_prob = hit, probs[hit]
@@ -421,11 +429,11 @@ class SuffixProposer(Proposer):
                              max_spec_offset=max(params.max_spec_offset, self.config.reference_spec_offset))
         for source, idx in candidates:
             if idx is not None and self._allows(source):
-                own = self._with_rates(ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params,
+                source_params = self._with_rates(ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params,
                                        source)
-                res = idx.speculate(context, own, depth, lengths=self.config.match_lengths)
+                res = idx.speculate(context, source_params, depth, lengths=self.config.match_lengths)
                 if source == SOURCE_PROMPT and self.config.periodic:
-                    extend_periodic(context, res, own.limit(res.match_len), own)
+                    extend_periodic(context, res, source_params.limit(res.match_len), source_params)
                 if len(res):
                     out.append((source, res))
         if self.config.text_match and self._can_decode and max(
@@ -464,10 +472,10 @@ class SuffixProposer(Proposer):
         if rates is None:
             return params
         # a shallow copy by hand: dataclasses.replace and copy.copy took a third of a propose call (three sources)
-        own = SpecParams.__new__(SpecParams)
-        own.__dict__.update(params.__dict__)
-        own.rates = rates.table()  # valid by construction (AcceptanceRates), no check needed
-        return own
+        source_params = SpecParams.__new__(SpecParams)
+        source_params.__dict__.update(params.__dict__)
+        source_params.rates = rates.table()  # valid by construction (AcceptanceRates), no check needed
+        return source_params
 
     def _texts(self) -> list[tuple[str, bytes]]:
         """The request's own texts as bytes (each token's bytes joined; a special token is ``\\xff``, a
@@ -508,8 +516,8 @@ class SuffixProposer(Proposer):
             pos = text.rfind(tail, 0, stop)
             if pos < 0:
                 continue
-            own = ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params
-            limit = own.limit(_TEXT_TAIL)
+            source_params = ref_params if source in (SOURCE_REFERENCES, SOURCE_PREDICTION) else params
+            limit = source_params.limit(_TEXT_TAIL)
             start = pos + len(tail)
             cont = text[start:start + 8 * limit]  # tokens here average 3-4 bytes
             cut = start + len(cont) < len(text)
@@ -523,8 +531,8 @@ class SuffixProposer(Proposer):
             if ids:
                 res = SpecResult(ids, list(range(-1, len(ids) - 1)), [1.0] * len(ids), float(len(ids)), _TEXT_TAIL,
                                  _TEXT)
-                own = self._with_rates(own, _TEXT)
-                chain_probs(res, own, own.rate(_TEXT_TAIL))
+                source_params = self._with_rates(source_params, _TEXT)
+                chain_probs(res, source_params, source_params.rate(_TEXT_TAIL))
                 return (source, res) if len(res) else None
         return None
 
@@ -804,7 +812,7 @@ def chain_probs(res: SpecResult, params: SpecParams, first: float) -> None:
     res.score = sum(probs)
 
 
-def node_ells(res: SpecResult) -> list[int]:
+def node_match_lengths(res: SpecResult) -> list[int]:
     """The match length that predicts each node: ``match_len + depth - 1`` (depth 1 below the match)."""
     return [res.match_len + d - 1 for d in node_depths(res.parents)]
 
@@ -828,26 +836,26 @@ def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str |
     parents before their children.
 
     Returns the draft and, per node, its probability, the match length that predicted it
-    (:func:`node_ells`) and whose continuation rates it feeds (the result's ``kind``, else its source).
+    (:func:`node_match_lengths`) and whose continuation rates it feeds (the result's ``kind``, else its source).
     """
     union = TreeUnion()
     probs: list[float] = []
     sources: list[str] = []
     preferred: list[bool] = []  # the preferred source proposed this node (whichever source keeps it)
-    ells: list[int] = []  # the match length behind each node (of the source that gave its probability)
+    matched_lengths: list[int] = []  # the match length behind each node (of the source that gave its probability)
     keys: list[str] = []  # and whose rates it learns (the result's kind, else its source)
     for source, res in results:
-        key, res_ells = res.kind or source, node_ells(res)
+        key, res_match_lengths = res.kind or source, node_match_lengths(res)
         for i, node, created in union.add(res.token_ids, res.parents):
             p = res.probs[i]
             if created:
                 probs.append(p)
                 sources.append(source)
                 preferred.append(source == prefer)
-                ells.append(res_ells[i])
+                matched_lengths.append(res_match_lengths[i])
                 keys.append(key)
             elif p > probs[node]:
-                probs[node], sources[node], ells[node], keys[node] = p, source, res_ells[i], key
+                probs[node], sources[node], matched_lengths[node], keys[node] = p, source, res_match_lengths[i], key
             if source == prefer:
                 preferred[node] = True
     tokens, parents, depths = union.tokens, union.parents, node_depths(union.parents)
@@ -859,12 +867,32 @@ def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str |
     new_index = {old: new for new, old in enumerate(order)}
     draft = Draft([tokens[i] for i in order], [-1 if parents[i] < 0 else new_index[parents[i]] for i in order],
                   [sources[i] for i in order], score=sum(probs[i] for i in order))
-    return draft, [probs[i] for i in order], [ells[i] for i in order], [keys[i] for i in order]
+    return draft, [probs[i] for i in order], [matched_lengths[i] for i in order], [keys[i] for i in order]
+
+
+def single_chain_config(**overrides: Any) -> SuffixConfig:
+    """The settings for a runtime that verifies one chain (llama.cpp, vLLM): every source drafts its most
+    likely path and the best-scoring path wins (``overrides``: other SuffixConfig fields)."""
+    return SuffixConfig(**{"tree": False, "merge": False, **overrides})
 
 
 def make_suffix_proposer(db: IndexStore | str | os.PathLike | None = None, tokenizer: Any = None,
-                         fingerprint: str | None = None, **config: Any) -> SuffixProposer:
-    """Factory hook (``make_proposer("suffix", ...)``): keyword settings go to :class:`SuffixConfig`."""
-    history = config.pop("history", True)
-    return SuffixProposer(db=db, fingerprint=fingerprint, tokenizer=tokenizer, config=SuffixConfig(**config),
-                          history=history)
+                         fingerprint: str | None = None, store: IndexStore | None = None,
+                         history: bool | OutputHistory = True, config: SuffixConfig | None = None,
+                         documents: SuffixArray | None = None, **settings: Any) -> SuffixProposer:
+    """Factory hook (``make_proposer("suffix", ...)``): ``store`` is the registry's name for ``db``; a
+    whole ``config``, or keyword settings of :class:`SuffixConfig`."""
+    if config is not None and settings:
+        raise ValueError(f"give config= or SuffixConfig settings, not both ({sorted(settings)})")
+    return SuffixProposer(db=db if db is not None else store, fingerprint=fingerprint, tokenizer=tokenizer,
+                          config=config or SuffixConfig(**settings), documents=documents, history=history)
+
+
+# This drafter (suffixspec.drafting.registry): each of its sources learns its own continuation rates
+DRAFTER = Drafter(
+    name="suffix",
+    sources=("prompt", "history", "documents", "references", "prediction"),
+    uses=("tokenizer", "store", "history"),
+    order=0,  # first: its microsecond drafts tell a draft model what is already covered (observe_lead)
+    build=make_suffix_proposer,
+)
