@@ -97,6 +97,10 @@ def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
+# --quick: the four basic workloads (no corpus to index, no sessions), 2 requests x 96 tokens each, the quick
+# systems: a first run that checks the suite works here, in minutes (docs/cli.md states its time); its ratios
+# are not measurements
+QUICK_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
 
 
 @dataclass
@@ -639,7 +643,7 @@ DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 
 
 def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
-        workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
+        workloads: tuple[str, ...] | None = None, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
         threads: int | str = 1, separate: bool | None = None) -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
@@ -659,6 +663,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     from .llama import LlamaBench
     from .llama import available as llama_available
 
+    workloads = workloads or (QUICK_WORKLOADS if quick else WORKLOADS)
     drafts = _draft_names(draft_model)
     labels = [model_label(d) for d in drafts]
     every = all_systems(tuple(labels[1:]))

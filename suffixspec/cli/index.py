@@ -19,6 +19,8 @@ from typing import Any
 
 import click
 
+from .options import MODEL_NAMES
+
 MODEL_ENV = "SUFFIXSPEC_MODEL"  # the model `index add` indexes for when --model is not given
 _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffixspec/index.db, "
             "i.e. ~/.local/share/suffixspec/index.db)")
@@ -77,7 +79,7 @@ def index_group() -> None:
               help="Only index file names matching PATTERN (repeatable), e.g. '*.py'.")
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
 @click.option("--model", default=None, metavar="NAME_OR_PATH",
-              help="Index for this model's tokenizer: a model name (smollm2-135m-instruct, gemma-3-270m), a folder "
+              help=f"Index for this model's tokenizer: a model name ({MODEL_NAMES}), a folder "
                    f"or a hub id. Default: ${MODEL_ENV}, else the model this store was last served or indexed with, "
                    "else the default model.")
 @click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
@@ -292,12 +294,12 @@ class _NoBar:
 
 
 def _bar(hidden: bool, **kw: Any):
-    """A tqdm progress bar, or a :class:`_NoBar` when ``hidden``."""
+    """A progress bar on stderr (plain lines when it is no terminal), or a :class:`_NoBar` when ``hidden``."""
     if hidden:
         return _NoBar()
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(**kw)
+    return progress_bar(**kw)
 
 
 @index_group.command("merge")

@@ -175,6 +175,7 @@ def _wait(job: Job, disconnected: Callable[[], bool] | None, poll: float) -> Any
         while True:
             ev = _next_event(job, disconnected, poll)
             if ev is None:  # the client left; nobody will read an answer
+                job.client_left = True
                 raise APIError("client disconnected", 499, code="client_disconnected")
             if ev is DONE:
                 return job.result
@@ -193,7 +194,8 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             yield sse(first)
         while True:
             ev = _next_event(job, disconnected, poll)
-            if ev is None:
+            if ev is None:  # the client left (seen on its socket)
+                job.client_left = True
                 return
             if ev is DONE:
                 break
@@ -211,5 +213,8 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             elif ev.text or lp:
                 yield sse(builder.chunk(ev.text, ev.pieces, lp if builder.logprobs is not None else None))
         yield SSE_DONE
+    except GeneratorExit:  # the WSGI server closed the body before its end: the client went away
+        job.client_left = True
+        raise
     finally:
         job.cancel.set()
