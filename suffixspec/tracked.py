@@ -39,6 +39,14 @@ KEY_TOKENS = 16  # leading tokens that key a request (its prompt's start)
 EDGE_TOKENS = 8  # trailing tokens compared to confirm that a row still holds the same request
 
 
+def token_key(row: np.ndarray, n: int) -> bytes:
+    """The bytes of ``row[:n]`` as int32, whatever the row's own integer type: the one way requests are keyed
+    and compared, so that a runtime handing int64 rows finds the requests it keyed (a key of raw int64
+    bytes never equals an int32 one). Example: ``token_key(np.array([5, 6, 7]), 2) == np.array([5, 6],
+    dtype=np.int32).tobytes()``."""
+    return row[:n].astype(np.int32, copy=False).tobytes()
+
+
 class ContextView(Sequence):
     """Tokens ``row[:n]`` as a read-only sequence whose slices are lists of ints.
 
@@ -55,9 +63,8 @@ class ContextView(Sequence):
         return self.n
 
     def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            r = range(self.n)[i]
-            return self.row[r.start:r.stop:r.step].tolist() if len(r) else []
+        if isinstance(i, slice):  # a list's slice semantics, reversed and negative steps included
+            return self.row[:self.n][i].tolist()
         return int(self.row[range(self.n)[i]])
 
     def __iter__(self) -> Iterator[int]:
@@ -96,7 +103,7 @@ class TrackedRequest:
         tokens = np.empty(max(64, 2 * n), dtype=np.int32)
         tokens[:n] = row[:n]
         key_len = min(n, KEY_TOKENS)
-        req = cls(list(proposers), tokens, n, prompt_len, prompt_len, tokens[:key_len].tobytes(), key_len,
+        req = cls(list(proposers), tokens, n, prompt_len, prompt_len, token_key(tokens, key_len), key_len,
                   request.drafters)
         for p in req.proposers:
             p.begin(request)
@@ -108,10 +115,10 @@ class TrackedRequest:
     def holds(self, row: np.ndarray, n: int) -> bool:
         """Whether ``row[:n]`` still extends this request (cheap: start and end compared)."""
         m = self.n
-        if n < m or row[:self.key_len].astype(np.int32, copy=False).tobytes() != self.key:
+        if n < m or token_key(row, self.key_len) != self.key:
             return False
         lo = max(0, m - EDGE_TOKENS)  # bytes, not np.array_equal: 10x faster on 8 tokens (once per step)
-        return row[lo:m].astype(np.int32, copy=False).tobytes() == self.tokens[lo:m].tobytes()
+        return token_key(row[lo:m], m - lo) == self.tokens[lo:m].tobytes()
 
     def prefix_of(self, row: np.ndarray, n: int) -> bool:
         """Full check: this request's tokens are a prefix of ``row[:n]`` (its end first: cheap misses)."""

@@ -72,7 +72,7 @@ from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES
 from .drafting.registry import build_available, source_names
 from .proposers import Proposer, RequestContext
 from .proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
-from .tracked import ContextView, TrackedRequest
+from .tracked import ContextView, TrackedRequest, token_key
 
 log = logging.getLogger("suffixspec.vllm")
 
@@ -362,7 +362,7 @@ class SuffixSpecProposer:
         """The longest unclaimed known request whose tokens start ``row[:n]``."""
         best = None
         for length in self._key_lens:
-            for req in self._by_key.get(row[:min(n, length)].tobytes(), ()):
+            for req in self._by_key.get(token_key(row, min(n, length)), ()):
                 if id(req) not in claimed and (best is None or req.n > best.n) and req.prefix_of(row, n):
                     best = req
         return best

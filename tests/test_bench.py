@@ -629,3 +629,7 @@ def test_bench_policy_script_runs_a_field_at_two_values_side_by_side(tmp_path, m
     assert "| code_edit | 1 | ours_prompt@0.6 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no field"):
         _main(monkeypatch, "bench_policy", ["--model", "suffixspec/demo-target", "--field", "no_such_rule"])
+    with pytest.raises(ValueError, match="accepted_rate"):  # each value is a validated Policy, not a field set in place
+        _main(monkeypatch, "bench_policy", ["--model", "suffixspec/demo-target", "--field", "accepted_rate",
+                                            "--values", "0.3,1.5"])
+    assert DEFAULT.accepted_rate == before

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT
+from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT, Draft
 from suffixspec.drafting.costs import PassCost
 from suffixspec.loading import load_model
-from suffixspec.proposers import RequestContext
+from suffixspec.proposers import Proposer, RequestContext
 from suffixspec.proposers.bridged_draft import BridgedDraftProposer
 from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
 from suffixspec.proposers.model_drafter import AdaptiveLength, DraftRunner
@@ -579,3 +579,68 @@ def test_greedy_equals_plain_with_the_suffix_index_leading_the_draft_model(model
         finally:
             engine.proposers = []
         assert spec.token_ids == plain.token_ids, prompt
+
+
+class _Promising(Proposer):
+    """A deterministic drafter whose chain (a token the target never takes, say) promises ``score`` tokens."""
+
+    name = "promising"
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def propose(self, context, budget):
+        return Draft.chain([0], SOURCE_PROMPT, score=self.score)
+
+
+class _FixedStep(DraftModelProposer):
+    """The same-vocabulary draft model with its forward's cost pinned (``step_s``), so its judgement is a
+    function of the run alone: the wiring under test, not the machine's clock, decides."""
+
+    def learn_cost(self) -> None:
+        self._fwd_cpu, self._fwd_n = 0.0, 0
+        self.step_s = self.judge.step_s = 0.2
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-value", "plain-value"])
+def test_the_drafts_before_a_draft_model_lower_what_its_tokens_are_worth(models, shared, monkeypatch):
+    """The engine tells a draft model what the drafts before it promise this step (``observe_promise``: each
+    draft's score times its proposer's trust, or the request's calibration), and with
+    ``Policy.model_value_shared`` the model values its token at a plain step over (1 + that). Pinned costs:
+    a pass F = 1 s, a node 0.001 s, a draft forward 0.2 s; the draft model is the target itself (its greedy
+    tokens are accepted: its first-token acceptance starts at 0.6 and rises). Alone its draft pays
+    (0.6 >= 0.201); after a drafter promising 6 tokens times the request's calibration it does not while
+    that promise is above about 2 (0.6 / 3 < 0.201). Without the wiring (no promise told, or the policy not
+    read) it would never decline here."""
+    from suffixspec.drafting.judge import ModelDraftJudge
+    from suffixspec.drafting.policy import Policy
+    from suffixspec.engine import Engine
+
+    class Pinned(PassCost):
+        def observe(self, inputs, seconds):
+            pass
+
+        def estimate(self, inputs):
+            return 1.0 + 0.001 * (inputs - 1)
+
+    seen: list[tuple[float, bool]] = []  # (the promise the judge was told, its verdict) per step
+    worth = ModelDraftJudge.worth
+
+    def recording(self, step):
+        out = worth(self, step)
+        seen.append((self.promised_before, out))
+        return out
+
+    monkeypatch.setattr(ModelDraftJudge, "worth", recording)
+    engine = Engine(models["target"], policy=Policy(model_value_shared=shared))
+    engine.scheduler.cost = Pinned()
+    model = _FixedStep(models["target"])
+    model.step_s = 0.2
+    engine.proposers = [_Promising(6.0), model]
+    engine.generate("def add(a, b):", SamplingParams(max_tokens=16), SpeculationConfig(max_draft_tokens=16))
+    assert seen and all(0 < others <= 6.0 for others, _ in seen), seen  # told every step, at most the score
+    declined = [others for others, ok in seen if not ok]
+    if shared:
+        assert declined and min(declined) > 1.0, seen  # declined, where the promise was large
+    else:
+        assert not declined, seen

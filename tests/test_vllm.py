@@ -35,8 +35,8 @@ class Batch:
     prefix of the slot's last draft plus one target token, exactly as verification does.
     """
 
-    def __init__(self, slots: int = 4, max_len: int = 256) -> None:
-        self.token_ids = np.zeros((slots, max_len), dtype=np.int32)
+    def __init__(self, slots: int = 4, max_len: int = 256, dtype: type = np.int32) -> None:
+        self.token_ids = np.zeros((slots, max_len), dtype=dtype)
         self.num_tokens = np.zeros(slots, dtype=np.int32)
         self.rows: list[str | None] = [None] * slots  # request name per slot
         self.truth: dict[str, list[int]] = {}  # the target's full greedy text per request
@@ -108,8 +108,11 @@ def test_drafts_come_from_the_request_and_are_chains_of_at_most_k():
     assert b.accepted["a"] >= 20 and p.live_requests == 1
 
 
-def test_a_request_that_moves_to_another_slot_keeps_its_state():
-    p, b = _proposer(), Batch()
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_a_request_that_moves_to_another_slot_keeps_its_state(dtype):
+    """Found again by its tokens, whatever integer type the runtime's rows hold (int64 rows were keyed one
+    way and looked up another: the request lost its state)."""
+    p, b = _proposer(), Batch(dtype=dtype)
     b.add("a", [1, 2, 3], [4, 5, 6, 7], slot=0)
     b.add("b", LOOP + LOOP[:2], LOOP[2:] + LOOP, slot=1)
     b.step(p)

