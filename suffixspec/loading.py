@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models import DEFAULT_MODEL, embedded_path, gguf_source
+from suffixspec.models import DEFAULT_MODEL, embedded_path, gguf_source
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
            "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -39,7 +39,7 @@ def _resolve(name_or_path: str, progress: bool = True) -> tuple[str, bool]:
         return str(local), False
     src = gguf_source(name_or_path)
     if src is not None:
-        from .models import cached_folder
+        from suffixspec.models import cached_folder
 
         return str(cached_folder(src, progress=progress)), True
     return name_or_path, False
@@ -171,7 +171,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     id or an embedded name (``resolve_model_path``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .kv import attention_windows
+    from suffixspec.core.kv import attention_windows
 
     path, converted = _resolve(name_or_path)
     config = AutoConfig.from_pretrained(path)

@@ -519,7 +519,7 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool, weights: bool = Tr
     built from its config and given its weights (every key matches): the saved weights are exactly
     what ``from_pretrained(..., gguf_file=...)`` gives.
     """
-    from .progress import progress_bar
+    from suffixspec.progress import progress_bar
 
     label = src.model.name if src.model else src.path.name
     started, cpu_started = time.monotonic(), time.process_time()

@@ -65,11 +65,11 @@ def test_bad_arguments_raise_the_request_error(spec):
 
 def test_a_proposer_bug_is_no_request_error(tiny_model_dirs):
     from suffixspec import RequestError
-    from suffixspec.draft import Draft
+    from suffixspec.drafting.draft import Draft
+    from suffixspec.drafting.proposers import Proposer
     from suffixspec.errors import RequestFailed
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
-    from suffixspec.proposers import Proposer
+    from suffixspec.runtimes.engine import Engine
 
     class Broken(Proposer):
         name = "broken"

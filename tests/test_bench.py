@@ -274,8 +274,8 @@ def test_oracle_and_curve_cost_arithmetic():
 @pytest.mark.slow
 def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
     from suffixspec.bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
-    from suffixspec.draft import Draft
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.draft import Draft
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     # the module's worked example: draft [5, 6, 9] against output [5, 6, 7, 8] accepts 5 6
     assert accepted_path(Draft([5, 6, 9], [-1, 0, 1], ["prompt"] * 3), [5, 6, 7, 8]) == 2
@@ -296,7 +296,7 @@ def test_replay_gate_decides_as_the_engine_by_the_cost_curve():
     every draft free (verified: the same steps as without the gate); drafts costing ten plain steps a
     node are all skipped (no exploration comes due in 48 steps): a plain step per token."""
     from suffixspec.bench.bench_drafting import Trace, replay
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
 
@@ -317,7 +317,7 @@ def test_replay_with_the_prefill_estimates_the_whole_request():
     """With the prefill per prompt token, every request pays it once in plain decoding and with drafts:
     the whole-request estimate lies between 1 and the decode-only one, by the prompt's share."""
     from suffixspec.bench.bench_drafting import Trace, replay
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
     curve = {k: 0.070 * (1 + 0.02 * k) for k in range(65)}
@@ -421,8 +421,8 @@ def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, ti
     from suffixspec.bench.bench_sampled import on_off, proposers_for
     from suffixspec.bench.workloads import Request
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     target, draft = load_model(str(tiny_model_dirs["llama"])), load_model(str(tiny_draft_dir))
     engine = Engine(target)

@@ -8,13 +8,13 @@ import torch
 from doubles import OracleProposer, RandomTreeProposer, WrongProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import Draft
+from suffixspec.core.kv import tree_mask
+from suffixspec.core.lean import PassRow
+from suffixspec.core.runner import Runner
 from suffixspec.drafting.costs import PassCost
-from suffixspec.engine import Engine
-from suffixspec.kv import tree_mask
-from suffixspec.lean import PassRow
+from suffixspec.drafting.draft import Draft
 from suffixspec.loading import load_model
-from suffixspec.runner import Runner
+from suffixspec.runtimes.engine import Engine
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t"]
 # Tests that assert on acceptance statistics switch the engine's cost gates off (they depend on

@@ -29,18 +29,18 @@ import pytest
 import torch
 from doubles import RandomTreeProposer
 
-import suffixspec.scheduler as scheduler_module
+import suffixspec.core.scheduler as scheduler_module
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import SOURCE_PROMPT, Draft
+from suffixspec.core.sampling import warp
 from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.draft import SOURCE_PROMPT, Draft
 from suffixspec.drafting.gates import DraftGate
 from suffixspec.drafting.policy import Policy
-from suffixspec.engine import Engine
+from suffixspec.drafting.proposers import Proposer
+from suffixspec.drafting.proposers.bridged_draft import BridgedDraftProposer
+from suffixspec.drafting.proposers.draft_model import DraftModelProposer
 from suffixspec.loading import LoadedModel
-from suffixspec.proposers import Proposer
-from suffixspec.proposers.bridged_draft import BridgedDraftProposer
-from suffixspec.proposers.draft_model import DraftModelProposer
-from suffixspec.sampling import warp
+from suffixspec.runtimes.engine import Engine
 
 BINS = (0, 1, 2, 3, 4, 8)  # rank bins: [0], [1], [2], [3], [4, 8), [8, vocab)
 TOKENS = 5  # output positions per run
@@ -373,7 +373,7 @@ def test_merges_ranked_by_node_probability_keep_the_law_and_the_tokens(toys, pol
     and accepted) and a ranked tree merge node by node (weights from each
     proposer's trust, the cost floor, the model vetting the tree's surest chain), under the engine's gates:
     the law of every position holds, and seeded runs give plain sampling's tokens."""
-    import suffixspec.merge as merge_module
+    import suffixspec.drafting.merge as merge_module
 
     ranked = {"merges": 0}
     most_probable = merge_module._most_probable
@@ -496,7 +496,7 @@ def test_a_sampled_chain_merged_with_a_deterministic_draft_keeps_the_law(attenti
     gates verify most drafts). Chi-square of the first token over the vocabulary and of the second
     token's rank under its exact conditional law. The merge of issue 45 (nodes charged as sampled)
     failed at budgets 1 and 2 and, adaptive, at every budget (p-values in the issue's closing note)."""
-    from suffixspec.proposers.model_drafter import AdaptiveLength
+    from suffixspec.drafting.proposers.model_drafter import AdaptiveLength
 
     target, prompt = attentive["target"], attentive["prompt"]
     vocab = target.model.config.vocab_size
@@ -513,7 +513,7 @@ def test_a_sampled_chain_merged_with_a_deterministic_draft_keeps_the_law(attenti
     mass = _exact_bins(attentive["second"], attentive["ranks"]).numpy()  # [vocab, bins]
     both = {"merged": 0}
     with pytest.MonkeyPatch.context() as mp:
-        import suffixspec.sequence as sequence_module
+        import suffixspec.core.sequence as sequence_module
 
         merge = sequence_module.merge_drafts
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.draft import Draft
-from suffixspec.merge import merge_drafts
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.merge import merge_drafts
 
 
 @pytest.mark.parametrize(
@@ -156,8 +156,8 @@ def test_merged_sampled_and_deterministic_drafts_keep_p(budget, sampled_first):
     ``p`` at every budget, in either order. The merge of issue 45 gave [.149, .049, .169, .175, .210, .248]
     at budget 2 and [.110, .106, .221, .119, .223, .221] at budget 1 with the sampled draft first (20k trials)."""
     from suffixspec.config import SamplingParams
-    from suffixspec.sampling import LogitsProcessor, PositionRNG
-    from suffixspec.verify import verify_tree
+    from suffixspec.core.sampling import LogitsProcessor, PositionRNG
+    from suffixspec.core.verify import verify_tree
 
     p = torch.tensor(ISSUE_P, dtype=torch.float64)
     logits = torch.log(p).float().expand(4, 6).clone()  # every row: p (only the first token is counted)

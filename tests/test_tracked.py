@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from suffixspec.proposers import RequestContext
-from suffixspec.tracked import ContextView, TrackedRequest, token_key
+from suffixspec.drafting.proposers import RequestContext
+from suffixspec.drafting.tracked import ContextView, TrackedRequest, token_key
 
 
 @pytest.mark.parametrize("index", [slice(None), slice(-3, None), slice(1, 4), slice(None, None, -1), slice(4, 1, -1),

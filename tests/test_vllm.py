@@ -1,4 +1,4 @@
-"""suffixspec.vllm: the vLLM ``custom_class`` proposer.
+"""suffixspec.runtimes.vllm: the vLLM ``custom_class`` proposer.
 
 Two parts:
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from suffixspec.drafting.proposers.suffix import SuffixConfig
 from suffixspec.index.store import DocInput, IndexStore
-from suffixspec.proposers.suffix import SuffixConfig
-from suffixspec.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
+from suffixspec.runtimes.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -311,7 +311,7 @@ def test_sources_from_the_environment(monkeypatch):
 
 
 def test_import_stays_light():
-    code = ("import sys, suffixspec.vllm; bad = [m for m in ('torch', 'transformers', 'flask', 'ahocorasick') "
+    code = ("import sys, suffixspec.runtimes.vllm; bad = [m for m in ('torch', 'transformers', 'flask', 'ahocorasick') "
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

@@ -73,9 +73,9 @@ def verify_pass(engine: Any, context_len: int = 400, cpu: bool = False) -> Calla
     the model's own where its probe turned the lean one off), drops the pass's keys and values again
     and returns its seconds (``cpu``: CPU seconds, ``costs.cpu_clock``). The context is prefilled once, into a
     runner of its own."""
+    from suffixspec.core.lean import PassRow
+    from suffixspec.core.runner import Runner
     from suffixspec.drafting.costs import cpu_clock
-    from suffixspec.lean import PassRow
-    from suffixspec.runner import Runner
 
     # CPU time, as the engine's own cost model measures passes: a busy machine's wall clock (load 10 on 2
     # cores: most of it waiting for a core) says little about what a pass costs
@@ -121,8 +121,8 @@ def prefill_per_token(engine: Any, context_len: int = 400, rounds: int = 5, stat
                       cpu: bool = False) -> float:
     """Seconds per token of prefilling ``context_len`` tokens into an empty row (one pass, as the engine
     prefills a prompt), the median (or minimum) of ``rounds``."""
+    from suffixspec.core.runner import Runner
     from suffixspec.drafting.costs import cpu_clock
-    from suffixspec.runner import Runner
 
     clock = cpu_clock if cpu else time.perf_counter
     lean = engine.scheduler.runner.lean is not None
@@ -148,7 +148,7 @@ def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeat
     jump from ``t(1)`` to ``t(2)`` of ``F.linear``), which the packed weight avoids."""
     import torch.nn.functional as F
 
-    from suffixspec.lean import linear, packed
+    from suffixspec.core.lean import linear, packed
 
     layer = max((m for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel()
                 if m is not model.get_output_embeddings() else -1)
@@ -184,8 +184,8 @@ def oracle(curve: dict[int, float]) -> tuple[int, float]:
 
 def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
            stat: str = "median", cpu: bool = False) -> dict[str, Any]:
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     if threads:
         torch.set_num_threads(threads)

@@ -42,9 +42,8 @@ def _parse(value: str) -> Any:
 
 def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
         values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
+    from suffixspec.bench import run as R
     from suffixspec.drafting.policy import Policy
-
-    from . import run as R
 
     if field not in {f.name for f in fields(Policy)}:
         raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")

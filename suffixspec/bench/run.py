@@ -49,9 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .llama import LLAMA_SYSTEMS
-from .loops import distinct_ngrams, loop_share, loops
-from .workloads import WORKLOADS, Request, build, index_documents
+from suffixspec.bench.llama import LLAMA_SYSTEMS
+from suffixspec.bench.loops import distinct_ngrams, loop_share, loops
+from suffixspec.bench.workloads import WORKLOADS, Request, build, index_documents
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
@@ -71,7 +71,7 @@ def baseline(systems: tuple[str, ...]) -> str:
 
 
 def _no_documents() -> tuple[str, ...]:
-    from suffixspec.draft import SOURCE_DOCUMENTS
+    from suffixspec.drafting.draft import SOURCE_DOCUMENTS
     from suffixspec.drafting.registry import source_names
 
     return tuple(d for d in source_names() if d != SOURCE_DOCUMENTS)
@@ -133,10 +133,9 @@ class Bench:
     proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
 
     def __post_init__(self) -> None:
-        from suffixspec.engine import Engine
-        from suffixspec.proposers.draft_model import make_draft_proposer
-
-        from .bench_bridge import ForwardCounter
+        from suffixspec.bench.bench_bridge import ForwardCounter
+        from suffixspec.drafting.proposers.draft_model import make_draft_proposer
+        from suffixspec.runtimes.engine import Engine
 
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
@@ -168,10 +167,9 @@ def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple
     """The ``hf_assisted`` systems whose draft has another vocabulary (so ``transformers`` runs universal assisted
     generation) where the installed release breaks it (:func:`suffixspec.bench.uag.uag_defect`), and why; ``([], None)``
     on the others (then no tokenizer is loaded)."""
+    from suffixspec.bench.uag import uag_defect
     from suffixspec.loading import load_tokenizer
     from suffixspec.tokenizer_bridge import TokenBridge
-
-    from .uag import uag_defect
 
     why = uag_defect()
     assisted = [s for s in systems if s.split(":", 1)[0] == "hf_assisted"]
@@ -254,13 +252,13 @@ def suffix_proposer_for(bench: Bench, documents: Any, system: str = "ours_all") 
     if system in ARCTIC_SYSTEMS:
         from dataclasses import replace
 
-        from .arctic import ARCTIC_BEST, ARCTIC_DEFAULT, ArcticSuffixProposer
+        from suffixspec.bench.arctic import ARCTIC_BEST, ARCTIC_DEFAULT, ArcticSuffixProposer
 
         params = ARCTIC_BEST if system == "arctic_suffix_best" else ARCTIC_DEFAULT
         return ArcticSuffixProposer(replace(params, history=bench.history))
     if system == "ours_off":
         return None
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
 
     return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
@@ -319,10 +317,9 @@ def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | N
     import shutil
     from dataclasses import replace
 
+    from suffixspec.bench.arctic import ARCTIC_BEST, ArcticSuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
     from suffixspec.index.store import IndexStore
-    from suffixspec.proposers.suffix import SuffixProposer
-
-    from .arctic import ARCTIC_BEST, ArcticSuffixProposer
 
     systems = tuple(s for s in SESSION_SYSTEMS if arctic or not s.startswith("arctic"))
     restart = len(requests) // 2
@@ -649,7 +646,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
     ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
-    engine measures at start (``suffixspec.threads``), then held for every system, so the baselines and
+    engine measures at start (``suffixspec.core.threads``), then held for every system, so the baselines and
     ours run on the same count and the ratios stay side by side.
     ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
@@ -657,11 +654,10 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     count given (each process measuring its own would compare two counts)."""
     import torch
 
+    from suffixspec.bench.arctic import available
+    from suffixspec.bench.llama import LlamaBench
+    from suffixspec.bench.llama import available as llama_available
     from suffixspec.models import gguf_source
-
-    from .arctic import available
-    from .llama import LlamaBench
-    from .llama import available as llama_available
 
     workloads = workloads or (QUICK_WORKLOADS if quick else WORKLOADS)
     drafts = _draft_names(draft_model)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..models import DEFAULT_MODEL, default_draft
-from .options import MODEL_NAMES
+from suffixspec.cli.options import MODEL_NAMES
+from suffixspec.models import DEFAULT_MODEL, default_draft
 
 
 def default_out() -> Path:
@@ -66,8 +66,8 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
       suffixspec bench --systems llama_plain,llama_prompt_lookup,llama_ours --requests 16
       suffixspec bench --model qwen2.5-coder-1.5b-instruct --draft-model auto,smollm2-135m-instruct --workloads humaneval_chat
     """
-    from ..bench.run import run
-    from ..bench.workloads import WORKLOADS
+    from suffixspec.bench.run import run
+    from suffixspec.bench.workloads import WORKLOADS
 
     if threads != "auto" and not (threads.isdigit()):
         raise click.BadParameter(f"{threads!r} is neither a count (0, 1, 2, ...) nor 'auto'", param_hint="--threads")

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from .options import MODEL_NAMES
+from suffixspec.cli.options import MODEL_NAMES
 
 MODEL_ENV = "SUFFIXSPEC_MODEL"  # the model `index add` indexes for when --model is not given
 _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffixspec/index.db, "
@@ -230,7 +230,7 @@ def _tokenizer_loader(model: str | None, tokenizer: str | None, quiet: bool):
             if last is not None:  # not kept (a slow tokenizer): loaded from where it was loaded before
                 name, label, why = last.name, last.label, "the one this store was last served or indexed with"
         if not name:
-            from ..models import DEFAULT_MODEL
+            from suffixspec.models import DEFAULT_MODEL
 
             name, why = DEFAULT_MODEL, "the default model; --model to choose another"
         choice = _load(index, name, label or name)
@@ -245,8 +245,7 @@ def _load(index, name: str, label: str):
     loaded by transformers."""
     from suffixspec.index.document_index import TokenizerChoice
     from suffixspec.index.tokenizer_table import source_key
-
-    from ..loading import load_tokenizer, resolve_model_path
+    from suffixspec.loading import load_tokenizer, resolve_model_path
 
     try:
         folder = resolve_model_path(name)
@@ -297,7 +296,7 @@ def _bar(hidden: bool, **kw: Any):
     """A progress bar on stderr (plain lines when it is no terminal), or a :class:`_NoBar` when ``hidden``."""
     if hidden:
         return _NoBar()
-    from ..progress import progress_bar
+    from suffixspec.progress import progress_bar
 
     return progress_bar(**kw)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from ..drafting.registry import source_names
-from ..models import DEFAULT_MODEL, KNOWN_MODELS
+from suffixspec.drafting.registry import source_names
+from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS
 
 # the names `--model` accepts besides paths and hub ids, from the registry (suffixspec/models.py), so a model
 # registered there is named in every command's help

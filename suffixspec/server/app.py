@@ -21,11 +21,11 @@ from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from . import guards
-from .config import ServerConfig
-from .errors import EXCEPTIONS, APIError, to_api_error
-from .metrics import Metrics
-from .worker import EngineWorker, Job
+from suffixspec.server import guards
+from suffixspec.server.config import ServerConfig
+from suffixspec.server.errors import EXCEPTIONS, APIError, to_api_error
+from suffixspec.server.metrics import Metrics
+from suffixspec.server.worker import EngineWorker, Job
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("suffixspec.access")  # one line per request (``_install_access_log``)
@@ -69,7 +69,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     """The suffixspec Flask app. ``spec`` (a built SuffixSpec) skips model loading (tests, embedding)."""
     cfg = ServerConfig.from_any(config)
     if spec is None:
-        from ..api import SuffixSpec
+        from suffixspec.api import SuffixSpec
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
                           dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
@@ -98,9 +98,9 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     aliases = frozenset([*names, spec.model_name, "suffixspec"])
     app.extensions["suffixspec"] = ServerState(cfg, spec, worker, metrics, names[0], aliases)
 
-    from .openapi import bp as openapi_bp
-    from .routes_index import bp as index_bp
-    from .routes_openai import bp as openai_bp
+    from suffixspec.server.openapi import bp as openapi_bp
+    from suffixspec.server.routes_index import bp as index_bp
+    from suffixspec.server.routes_openai import bp as openai_bp
 
     app.register_blueprint(openai_bp)
     app.register_blueprint(index_bp)

@@ -11,10 +11,10 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from .errors import APIError
-from .responses import SSE_DONE, ResponseBuilder, sse
-from .validation import GenRequest, parse_chat, parse_completion
-from .worker import DONE, Job, JobFailed, QueueFull
+from suffixspec.server.errors import APIError
+from suffixspec.server.responses import SSE_DONE, ResponseBuilder, sse
+from suffixspec.server.validation import GenRequest, parse_chat, parse_completion
+from suffixspec.server.worker import DONE, Job, JobFailed, QueueFull
 
 bp = Blueprint("openai", __name__)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape somewhere in the body

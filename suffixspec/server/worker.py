@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RequestError, RequestFailed
+from suffixspec.errors import RequestError, RequestFailed
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kv import SlotCache, key_span, layer_types, tree_block
+from suffixspec.core.kv import SlotCache, key_span, layer_types, tree_block
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The speculative decode engine: the Python API over the decode loop.
 
 ``Engine.generate`` / ``Engine.stream`` check and tokenize a request (``sequence.prepare``) and run
-it in the :class:`~suffixspec.scheduler.Scheduler`, the one decode loop: one request alone is a
+it in the :class:`~suffixspec.core.scheduler.Scheduler`, the one decode loop: one request alone is a
 batch of one, several concurrent callers (``max_num_seqs > 1``) share every target pass and each
 gets what it gets alone: the same tokens for greedy requests and seeded requests with deterministic
 drafts, the same law for requests whose drafts carry ``q`` (``sequence`` says exactly why). Per step:
@@ -33,18 +33,26 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from .config import SamplingParams, SpeculationConfig
-from .drafting.gates import ProposerRecord
-from .drafting.policy import Policy
-from .loading import LoadedModel, max_context
-from .prefix import PrefixStore
-from .probe_cache import batch_problem
-from .proposers import Proposer, RequestContext
-from .proposers.model_drafter import ModelDrafter
-from .runner import Runner
-from .scheduler import PassRecord, Scheduler
-from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare, result_of
-from .threads import ThreadTuner
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core.prefix import PrefixStore
+from suffixspec.core.probe_cache import batch_problem
+from suffixspec.core.runner import Runner
+from suffixspec.core.scheduler import PassRecord, Scheduler
+from suffixspec.core.sequence import (
+    GenerationResult,
+    RequestState,
+    StreamEvent,
+    Target,
+    encode,
+    prepare,
+    result_of,
+)
+from suffixspec.core.threads import ThreadTuner
+from suffixspec.drafting.gates import ProposerRecord
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import Proposer, RequestContext
+from suffixspec.drafting.proposers.model_drafter import ModelDrafter
+from suffixspec.loading import LoadedModel, max_context
 
 log = logging.getLogger(__name__)
 

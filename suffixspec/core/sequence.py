@@ -27,20 +27,20 @@ from typing import Any
 
 import torch
 
-from .config import SamplingParams, SpeculationConfig
-from .detok import TextTracker
-from .draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
-from .drafting.budget import draft_budget
-from .drafting.costs import StepCost, cpu_clock
-from .drafting.gates import ProposerGate, ProposerRecord, RowDraft
-from .drafting.policy import Policy
-from .errors import RequestError
-from .merge import merge_drafts
-from .proposers import Proposer, RequestContext
-from .sampling import LogitsProcessor, PositionRNG
-from .stats import RequestStats
-from .tracked import DraftRecord
-from .verify import VerifyOutcome
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core.detok import TextTracker
+from suffixspec.core.sampling import LogitsProcessor, PositionRNG
+from suffixspec.core.stats import RequestStats
+from suffixspec.core.verify import VerifyOutcome
+from suffixspec.drafting.budget import draft_budget
+from suffixspec.drafting.costs import StepCost, cpu_clock
+from suffixspec.drafting.draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
+from suffixspec.drafting.gates import ProposerGate, ProposerRecord, RowDraft
+from suffixspec.drafting.merge import merge_drafts
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import Proposer, RequestContext
+from suffixspec.drafting.tracked import DraftRecord
+from suffixspec.errors import RequestError
 
 
 @dataclass

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .draft import Draft
+from suffixspec.drafting.draft import Draft
 
 _CUT = -2  # a tree's node the budget left out (and so all its descendants)
 

@@ -1,12 +1,12 @@
 """One request tracker for the runtimes that hand a drafter only tokens: vLLM and llama.cpp.
 
-vLLM's ``custom_class`` proposer (:mod:`suffixspec.vllm`) and llama-cpp-python's ``draft_model``
-(:mod:`suffixspec.llama_cpp`) are handed the tokens so far (prompt + output) at every step, never a
+vLLM's ``custom_class`` proposer (:mod:`suffixspec.runtimes.vllm`) and llama-cpp-python's ``draft_model``
+(:mod:`suffixspec.runtimes.llama_cpp`) are handed the tokens so far (prompt + output) at every step, never a
 request id. Both recognise a request by its tokens and keep a :class:`TrackedRequest`: a copy of its
 tokens, keyed by its first ones (:meth:`TrackedRequest.holds` tells in O(1) whether a new call's tokens
 still extend it: its first and last tokens compared), and its drafters: forks of the runtime's proposers
 (every registered drafter whose needs the runtime offers, ``drafting.registry.build_available``), driven
-through the :class:`~suffixspec.proposers.base.Proposer` interface as the engine drives them (``begin``,
+through the :class:`~suffixspec.drafting.proposers.base.Proposer` interface as the engine drives them (``begin``,
 ``update``, ``propose``, ``end``). So a new drafter reaches both runtimes with nothing written for either.
 :class:`DraftRecord` is what a request learned from its drafts, kept alike by the engine
 (``sequence.RequestState``) and the llama.cpp drafter. :class:`ContextView` hands the runtime's token array
@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from .draft import Draft, drafter_allows
-from .drafting.costs import StepCost
-from .drafting.gates import DraftGate
-from .drafting.policy import Policy
-from .proposers.base import Proposer, RequestContext
-from .stats import RequestStats
+from suffixspec.core.stats import RequestStats
+from suffixspec.drafting.costs import StepCost
+from suffixspec.drafting.draft import Draft, drafter_allows
+from suffixspec.drafting.gates import DraftGate
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
 
 KEY_TOKENS = 16  # leading tokens that key a request (its prompt's start)
 EDGE_TOKENS = 8  # trailing tokens compared to confirm that a row still holds the same request
