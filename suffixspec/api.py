@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import SamplingParams, SpeculationConfig
-from .errors import RequestError
-from .models import DEFAULT_MODEL, check_model_name, default_draft
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.errors import RequestError
+from suffixspec.models import DEFAULT_MODEL, check_model_name, default_draft
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,8 @@ class SuffixSpec:
 
     def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None,
                       max_num_seqs: int = 1, prefix_cache_mb: float = 256, threads: int | None = None) -> Any:
-        from .engine import Engine
-        from .loading import load_model
+        from suffixspec.loading import load_model
+        from suffixspec.runtimes.engine import Engine
 
         target = load_model(model, device=device, dtype=dtype, weights=self.weights)
         self.weights = target.weights
@@ -177,7 +177,7 @@ class SuffixSpec:
         if device not in (None, "cpu") or dtype is not None or self.weights not in ("auto", None):
             raise ValueError("device, dtype and weights are the transformers runtime's settings; llama.cpp runs the GGUF "
                              "as it is quantized, on the CPU")
-        from .llama_cpp.engine import build_engine
+        from suffixspec.runtimes.llama_cpp.engine import build_engine
 
         if self.db_path is not None:
             from suffixspec.index.store import IndexStore
@@ -192,7 +192,7 @@ class SuffixSpec:
         """Every drafter whose needs this object has (``drafting.registry.build_available``): the suffix
         index (request, references, prediction, history, documents) and, when a draft model is named, the
         draft-model proposer (bridged if its tokenizer differs)."""
-        from .drafting.registry import build_available
+        from suffixspec.drafting.registry import build_available
 
         if self.db_path is not None:
             from suffixspec.index.store import IndexStore
@@ -200,7 +200,7 @@ class SuffixSpec:
             self.store = IndexStore(self.db_path)
         draft = None
         if draft_model:
-            from .loading import load_model
+            from suffixspec.loading import load_model
 
             # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it; a
             # draft of a family without a lean forward stays in float32, as auto leaves it)
@@ -229,7 +229,7 @@ class SuffixSpec:
         request sources, ``history`` when outputs are kept, ``documents`` with a store; ``draft_model``
         when one is loaded). ``SuffixSpec(draft_model=None, db=False, history=False).drafters ==
         ["prompt", "references", "prediction"]``."""
-        from .drafting.registry import source_names
+        from suffixspec.drafting.registry import source_names
 
         have: set[str] = set()
         for p in self.proposers:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .draft import PREDICTION_RULE
-from .drafting.registry import source_names
-from .errors import RequestError
+from suffixspec.drafting.draft import PREDICTION_RULE
+from suffixspec.drafting.registry import source_names
+from suffixspec.errors import RequestError
 
 
 @dataclass

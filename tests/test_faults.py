@@ -30,14 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from test_prefix import HEAD, TASKS
 
-import suffixspec.kv as kv
+import suffixspec.core.kv as kv
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.drafting.policy import Policy
-from suffixspec.engine import Engine
+from suffixspec.drafting.proposers import make_proposer
+from suffixspec.drafting.proposers.suffix import SuffixProposer
 from suffixspec.errors import RequestFailed
 from suffixspec.loading import load_model
-from suffixspec.proposers import make_proposer
-from suffixspec.proposers.suffix import SuffixProposer
+from suffixspec.runtimes.engine import Engine
 
 CLI = [sys.executable, "-c", "from suffixspec.cli import main; main()"]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -454,7 +454,7 @@ def test_a_row_that_fails_the_pass_fails_alone(fault_targets, alone, monkeypatch
     """The victim's proposer drafts a token the model has no embedding for (mid-generation): the lean pass of
     every row fails; each row then runs alone, only the victim's fails, and the others commit the logits of
     their own passes (a row's logits are the same alone or in a batch): their tokens are the alone ones."""
-    from suffixspec.draft import Draft
+    from suffixspec.drafting.draft import Draft
 
     engine = _engine(fault_targets["llama"])
     ids, vocab = _ids(engine, 0), engine.vocab_size

@@ -1,4 +1,4 @@
-"""suffixspec.llama_cpp: the suffix drafter as llama-cpp-python's ``draft_model``, and the llama.cpp runtime.
+"""suffixspec.runtimes.llama_cpp: the suffix drafter as llama-cpp-python's ``draft_model``, and the llama.cpp runtime.
 
 Two parts:
 
@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 from tiny import start_server_process
 
-from suffixspec.draft import Draft
-from suffixspec.llama_cpp.draft import IDLE_MAX, SuffixDraftModel
-from suffixspec.tracked import chain_of
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.tracked import chain_of
+from suffixspec.runtimes.llama_cpp.draft import IDLE_MAX, SuffixDraftModel
 
 ROOT = Path(__file__).resolve().parent.parent
 T1, SLOPE = 0.0083, 0.0055  # SmolLM2 Q4_1 in llama.cpp, one thread, here: t(n) = T1 + SLOPE * (n - 1) seconds
@@ -170,10 +170,10 @@ def test_the_documents_gate_weighs_llama_cpp_pass_costs():
     ``2`` after ``1`` comes true, their ``3 4 ...`` after ``2`` never). Told llama.cpp's costs (a draft token
     0.66 of a step), the corpus' record ends far lower than where an extra token costs nothing (a flat
     curve), on the same drafts: the measured costs reach the documents' gate (Proposer.observe_costs)."""
+    from suffixspec.drafting.proposers.suffix import SuffixProposer, single_chain_config
     from suffixspec.index.retrieval import RetrievalParams
     from suffixspec.index.suffix_array import SuffixArray
-    from suffixspec.llama_cpp.draft import RequestArgs
-    from suffixspec.proposers.suffix import SuffixProposer, single_chain_config
+    from suffixspec.runtimes.llama_cpp.draft import RequestArgs
 
     truth = [t for i in range(60) for t in (60 + i % 5, 1, 2)]
 
@@ -203,7 +203,7 @@ def test_chain_of_keeps_the_first_path():
 
 
 def test_import_stays_light():
-    code = ("import sys, suffixspec.llama_cpp.draft; bad = [m for m in ('torch', 'transformers', 'flask') "
+    code = ("import sys, suffixspec.runtimes.llama_cpp.draft; bad = [m for m in ('torch', 'transformers', 'flask') "
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
@@ -250,7 +250,7 @@ def _need_llama_cpp() -> None:
 def llamas():
     """(plain llama.cpp, llama.cpp with our draft model, the transformers tokenizer), one thread each."""
     _need_llama_cpp()
-    from suffixspec.llama_cpp.model import gguf_tokenizer, load
+    from suffixspec.runtimes.llama_cpp.model import gguf_tokenizer, load
 
     tok = gguf_tokenizer(SMOLLM2)
     plain = load(SMOLLM2, n_ctx=2048, n_threads=1, draft=False)
@@ -402,8 +402,8 @@ def test_calibration_times_what_verification_computes(llamas, monkeypatch):
     import llama_cpp
 
     from suffixspec.drafting.costs import PassCost
-    from suffixspec.llama_cpp.draft import CALIBRATION_SIZES, calibrate_cost
-    from suffixspec.llama_cpp.model import gguf_path
+    from suffixspec.runtimes.llama_cpp.draft import CALIBRATION_SIZES, calibrate_cost
+    from suffixspec.runtimes.llama_cpp.model import gguf_path
 
     seen: list[tuple[int, bool]] = []  # (tokens, whether every token's logits were computed) per evaluation
     evaluate = llama_cpp.Llama.eval

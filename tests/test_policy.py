@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
 from suffixspec.drafting.budget import best_chain_prefix, draft_budget, momentum_budget
 from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
 from suffixspec.drafting.gates import DraftGate, ProposerGate, ProposerRecord, RowDraft, choose_drafts
 from suffixspec.drafting.judge import ModelDraftJudge, model_draft_length
 from suffixspec.drafting.policy import Policy

@@ -1,4 +1,4 @@
-"""Prompt-prefix reuse (suffixspec/prefix.py): outputs equal the prompt prefilled in full, on the
+"""Prompt-prefix reuse (suffixspec/core/prefix.py): outputs equal the prompt prefilled in full, on the
 batch-1 path and in a batch, and the store keeps whole blocks within its budget."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams
+from suffixspec.core.prefix import PrefixStore
 from suffixspec.drafting.policy import Policy
-from suffixspec.engine import Engine
 from suffixspec.loading import load_model
-from suffixspec.prefix import PrefixStore
+from suffixspec.runtimes.engine import Engine
 
 HEAD = ("# Tools: read_file(path), write_file(path, text), run_tests()\n"
         "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n")
@@ -115,7 +115,7 @@ def test_keys_are_counted_and_constant_in_size(monkeypatch):
     """A block's key is its parent's key and its own tokens: every hash reads one block's tokens, however
     deep the block (whole-prefix keys held 2.1M token references for an 8k-token prompt), and the budget
     counts the keys: an 8192-token prompt's 512 blocks cost exactly 512 times one block's tensors and key."""
-    import suffixspec.prefix as prefix
+    import suffixspec.core.prefix as prefix
 
     hashed: list[int] = []
 
@@ -139,7 +139,7 @@ def test_keys_are_counted_and_constant_in_size(monkeypatch):
 
 def test_a_hash_collision_is_a_miss_never_another_prompts_keys(monkeypatch):
     """Every key colliding: a block is found only under its own parent and tokens, else not at all."""
-    import suffixspec.prefix as prefix
+    import suffixspec.core.prefix as prefix
 
     monkeypatch.setattr(prefix, "block_key", lambda parent, tokens: 7)
     store = PrefixStore(block=4)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from doubles import OracleProposer
 
-from suffixspec.draft import Draft
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.proposers import Proposer, make_proposer, proposer_names, register_proposer
 from suffixspec.drafting.registry import unregister
-from suffixspec.proposers import Proposer, make_proposer, proposer_names, register_proposer
 
 
 def test_factory_builds_known_proposers_and_rejects_unknown(bpe_tokenizer_dir):

@@ -82,7 +82,7 @@ def test_the_toy_drafter_drafts_inside_the_llama_cpp_adapter(toy):
 
 
 def test_the_toy_drafter_drafts_inside_the_vllm_adapter(toy):
-    from suffixspec.vllm import SuffixSpecProposer
+    from suffixspec.runtimes.vllm import SuffixSpecProposer
 
     p = SuffixSpecProposer(num_speculative_tokens=6, max_model_len=256, max_num_seqs=4, sources=("toy",))
     assert [q.name for q in p.proposers] == ["suffix", "toy"]

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import pytest
 
 from suffixspec.api import SuffixSpec
-from suffixspec.draft import Draft
-from suffixspec.engine import Engine
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.proposers import Proposer
 from suffixspec.loading import load_model
-from suffixspec.proposers import Proposer
+from suffixspec.runtimes.engine import Engine
 from suffixspec.server import create_app
 from suffixspec.server.serve import BackgroundServer
 

@@ -1,4 +1,4 @@
-"""Weight formats (suffixspec/weights.py): the exact int8 product, the probe, the option, batch invariance.
+"""Weight formats (suffixspec/core/weights.py): the exact int8 product, the probe, the option, batch invariance.
 
 The int8 format is offered as exact: a token's logits must not depend on what else shares the pass. The
 tests below compare, bit for bit, one row's logits from a pass of its own (its tokens fed one at a time,
@@ -17,12 +17,12 @@ import pytest
 import torch
 from test_lean import VOCAB, _tiny
 
-import suffixspec.weights as W
+import suffixspec.core.weights as W
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.engine import Engine
-from suffixspec.kv import SlotCache
-from suffixspec.lean import LeanForward, PassRow, int8_works, lean_forward
+from suffixspec.core.kv import SlotCache
+from suffixspec.core.lean import LeanForward, PassRow, int8_works, lean_forward
 from suffixspec.loading import load_model
+from suffixspec.runtimes.engine import Engine
 
 FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
 
@@ -228,7 +228,7 @@ def test_a_quantized_model_releases_its_float_weights_and_refuses_its_own_forwar
 
 def test_a_failing_int8_build_leaves_the_float_lean_forward_on(monkeypatch):
     """Issue 45, item 5: a draft whose int8 build fails still runs the float lean forward."""
-    import suffixspec.lean as lean_mod
+    import suffixspec.core.lean as lean_mod
 
     model = _tiny("llama")
 
@@ -256,7 +256,7 @@ def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, 
     request's tokens equal plain decoding's, bit for bit by construction (no tolerance)."""
     from doubles import RandomTreeProposer
 
-    from suffixspec.proposers import make_proposer
+    from suffixspec.drafting.proposers import make_proposer
 
     engine = int8_engines[arch]
     assert engine.target.weights == "int8" and engine.batchable

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from suffixspec.draft import Draft
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.proposers import Proposer
 from suffixspec.drafting.registry import Drafter, register
-from suffixspec.proposers import Proposer
 
 LOOKBACK = 256  # context tokens searched for the last token's earlier occurrence
 

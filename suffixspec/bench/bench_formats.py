@@ -52,8 +52,8 @@ def prompts(n: int) -> list[str]:
 
 def _argmax_along(model_name: str, weights: str, sequences: list[tuple[list[int], list[int]]]) -> list[list[int]]:
     """The format's argmax after each prefix ``prompt + continuation[:j]``, j = 0 .. len - 1 (one pass each)."""
-    from suffixspec.kv import SlotCache
-    from suffixspec.lean import PassRow, lean_forward
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import PassRow, lean_forward
     from suffixspec.loading import load_model
 
     lm = load_model(model_name, weights=weights)
@@ -75,8 +75,8 @@ def _argmax_along(model_name: str, weights: str, sequences: list[tuple[list[int]
 def agreement(model_name: str, formats: list[str], n_prompts: int = 8, tokens: int = 96) -> dict[str, Any]:
     """Top-1 agreement of each format with float32 along float32's own greedy continuations."""
     from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     lm = load_model(model_name, weights="float32")
     engine = Engine(lm, prefix_cache_mb=0, threads=torch.get_num_threads())
@@ -110,8 +110,8 @@ def _rss_mb() -> float:
 def rss_child(model_name: str, weights: str, tokens: int) -> dict[str, Any]:
     """RSS (MB) after loading and warming up the engine, and after one greedy generation, at ``weights``."""
     from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     lm = load_model(model_name, weights=weights)
     engine = Engine(lm, prefix_cache_mb=0, threads=1)

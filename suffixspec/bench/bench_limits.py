@@ -78,9 +78,9 @@ def verify_pass(engine: Any, context_len: int = 400, cpu: bool = False) -> Calla
     the model's own where its probe turned the lean one off), drops the pass's keys and values again
     and returns its seconds (``cpu``: CPU seconds, ``costs.cpu_clock``). The context is prefilled once, into a
     runner of its own."""
+    from suffixspec.core.lean import PassRow
+    from suffixspec.core.runner import Runner
     from suffixspec.drafting.costs import cpu_clock
-    from suffixspec.lean import PassRow
-    from suffixspec.runner import Runner
 
     # CPU time, as the engine's own cost model measures passes: a busy machine's wall clock (load 10 on 2
     # cores: most of it waiting for a core) says little about what a pass costs
@@ -126,8 +126,8 @@ def prefill_per_token(engine: Any, context_len: int = 400, rounds: int = 5, stat
                       cpu: bool = False) -> float:
     """Seconds per token of prefilling ``context_len`` tokens into an empty row (one pass, as the engine
     prefills a prompt), the median (or minimum) of ``rounds``."""
+    from suffixspec.core.runner import Runner
     from suffixspec.drafting.costs import cpu_clock
-    from suffixspec.runner import Runner
 
     clock = cpu_clock if cpu else time.perf_counter
     lean = engine.scheduler.runner.lean is not None
@@ -153,7 +153,7 @@ def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeat
     jump from ``t(1)`` to ``t(2)`` of ``F.linear``), which the packed weight avoids."""
     import torch.nn.functional as F
 
-    from suffixspec.lean import linear, packed
+    from suffixspec.core.lean import linear, packed
 
     layer = max((m for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel()
                 if m is not model.get_output_embeddings() else -1)
@@ -184,7 +184,7 @@ def matmul_rows_lean(lean: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), re
                      ) -> dict[str, dict[int, float]]:
     """:func:`matmul_rows` for a quantized lean forward (its float weights released): its first layer's
     gate/up matrix and its LM head, as ``lean.linear`` runs them (best of ``repeats``)."""
-    from suffixspec.lean import linear
+    from suffixspec.core.lean import linear
 
     out: dict[str, dict[int, float]] = {}
     for name, w in (("first layer gate/up", lean.layers[0].w_gu), ("lm head", lean.head)):
@@ -212,8 +212,8 @@ def oracle(curve: dict[int, float]) -> tuple[int, float]:
 
 def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
            stat: str = "median", cpu: bool = False, weights: str | None = None) -> dict[str, Any]:
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     if threads:
         torch.set_num_threads(threads)
@@ -302,7 +302,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="time passes in CPU seconds (a busy machine), not wall")
     ap.add_argument("--json", type=Path, default=None, help="write (or update, per model) the figures here")
     ap.add_argument("--weights", action="append", default=None,
-                    help="weight format (suffixspec.weights.FORMATS; default float32); repeat for several, "
+                    help="weight format (suffixspec.core.weights.FORMATS; default float32); repeat for several, "
                          "measured one after the other")
     args = ap.parse_args()
     results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat, args.cpu, w)

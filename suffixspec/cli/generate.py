@@ -20,8 +20,8 @@ from pathlib import Path
 
 import click
 
-from .options import DrafterList, model_options
-from .process import allow_fast_exit
+from suffixspec.cli.options import DrafterList, model_options
+from suffixspec.cli.process import allow_fast_exit
 
 
 def _read(path: str) -> str:
@@ -116,7 +116,7 @@ def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime
       suffixspec generate "def f(x):" --no-speculation      # the same text, slower
       suffixspec generate --prompt-file examples/edit.txt --chat --compare   # both, side by side
     """
-    from ..api import SuffixSpec
+    from suffixspec.api import SuffixSpec
 
     if prompt_file:
         prompt = _read(prompt_file)
@@ -210,7 +210,7 @@ def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dic
     """Accepted/rejected prediction tokens, counted as the server's ``usage`` counts them."""
     if prediction is None:
         return None
-    from ..server.responses import usage
+    from suffixspec.server.responses import usage
 
     n = len(spec.tokenizer.encode(prediction, add_special_tokens=False))
     details = usage(result, n)["completion_tokens_details"]
@@ -272,7 +272,7 @@ def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, 
         lines.append(f"prediction: {pred['accepted_prediction_tokens']} tokens accepted, "
                      f"{pred['rejected_prediction_tokens']} rejected")
     if threads:
-        from ..threads import describe
+        from suffixspec.core.threads import describe
 
         lines.append(f"threads: {describe(threads)}")
     if weights:

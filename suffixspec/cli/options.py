@@ -6,8 +6,12 @@ from typing import Any
 
 import click
 
-from ..drafting.registry import source_names
-from ..models import DEFAULT_MODEL
+from suffixspec.drafting.registry import source_names
+from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS
+
+# the names `--model` accepts besides paths and hub ids, from the registry (suffixspec/models.py), so a model
+# registered there is named in every command's help
+MODEL_NAMES = ", ".join(KNOWN_MODELS)
 
 
 class DrafterList(click.ParamType):
@@ -33,7 +37,7 @@ class DrafterList(click.ParamType):
 
 _model_options = [
     click.option("--model", default=DEFAULT_MODEL, show_default=True,
-                 help="Target model: a name from `suffixspec models` (smollm2-135m-instruct, gemma-3-270m), "
+                 help=f"Target model: a name from `suffixspec models` ({MODEL_NAMES}), "
                       "a .gguf file, a local folder, a hub id, or the embedded test model suffixspec/demo-target."),
     click.option("--draft-model", default="auto", show_default=True,
                  help="Draft model (any tokenizer), named as --model. 'auto' = the draft model shipped for the "

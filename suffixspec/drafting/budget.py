@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .costs import StepCost
-from .policy import DEFAULT, Policy
+from suffixspec.drafting.costs import StepCost
+from suffixspec.drafting.policy import DEFAULT, Policy
 
 
 def momentum_budget(cap: int, mean_accepted: float, copy_run: int, policy: Policy = DEFAULT) -> int:

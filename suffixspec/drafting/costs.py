@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .policy import DEFAULT, Policy
+from suffixspec.drafting.policy import DEFAULT, Policy
 
 
 def cpu_clock() -> float:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .costs import StepCost
-from .policy import DEFAULT, Policy
+from suffixspec.drafting.costs import StepCost
+from suffixspec.drafting.policy import DEFAULT, Policy
 
 
 class DraftGate:

@@ -3,8 +3,8 @@ draft whose size must be fixed before sampling (:func:`model_draft_length`)."""
 
 from __future__ import annotations
 
-from .costs import StepCost
-from .policy import DEFAULT, Policy
+from suffixspec.drafting.costs import StepCost
+from suffixspec.drafting.policy import DEFAULT, Policy
 
 
 class ModelDraftJudge:

@@ -19,7 +19,7 @@ its declaration when its module is imported.
 
 The declarations are read from the files, not imported (:func:`_declared`): their ``name``, ``sources``,
 ``needs``, ``uses`` and ``order`` are literals, so listing the drafters costs a few milliseconds and no
-import of torch (a draft model's module needs it; ``import suffixspec.vllm`` and the CLI's start must
+import of torch (a draft model's module needs it; ``import suffixspec.runtimes.vllm`` and the CLI's start must
 stay light). A drafter's module is imported when it is built, and its ``DRAFTER`` must then say what its
 file said. Worked example::
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PACKAGE = "suffixspec.proposers"  # the package whose modules are the built-in drafters
+PACKAGE = "suffixspec.drafting.proposers"  # the package whose modules are the built-in drafters
 # What a runtime may offer a drafter (``needs`` and ``uses`` name these); a factory takes them as keywords
 RESOURCES = {
     "tokenizer": "the target's transformers tokenizer",

@@ -35,9 +35,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..draft import PREDICTION_RULE
-from ..drafting.registry import source_names
-from .errors import APIError, invalid
+from suffixspec.drafting.draft import PREDICTION_RULE
+from suffixspec.drafting.registry import source_names
+from suffixspec.server.errors import APIError, invalid
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_LOGPROBS = 20  # top-N log-probabilities a request may ask for

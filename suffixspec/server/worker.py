@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RequestError, RequestFailed
+from suffixspec.errors import RequestError, RequestFailed
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class Job:
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # when the worker picked it up
     result: Any = None  # the GenerationResult, once finished
+    # the client disconnected before its answer was complete, streaming or not: the access log says 499 for
+    # both (a stream's 200 went out with its first chunk, before the client left)
+    client_left: bool = False
 
 
 class EngineWorker:

@@ -1,10 +1,11 @@
 """The speculative decode engine: the Python API over the decode loop.
 
 ``Engine.generate`` / ``Engine.stream`` check and tokenize a request (``sequence.prepare``) and run
-it in the :class:`~suffixspec.scheduler.Scheduler`, the one decode loop: one request alone is a
+it in the :class:`~suffixspec.core.scheduler.Scheduler`, the one decode loop: one request alone is a
 batch of one, several concurrent callers (``max_num_seqs > 1``) share every target pass and each
-gets exactly the tokens it gets alone. Per step: propose -> choose (``gates.choose_drafts``) ->
-one pass over every row (``runner.Runner``) -> verify -> commit.
+gets what it gets alone: the same tokens for greedy requests and seeded requests with deterministic
+drafts, the same law for requests whose drafts carry ``q`` (``sequence`` says exactly why). Per step:
+propose -> choose (``gates.choose_drafts``) -> one pass over every row (``runner.Runner``) -> verify -> commit.
 
 Module map (imports point down this list; ``tests/test_imports.py`` fails on a circle)::
 
@@ -27,25 +28,69 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from .config import SamplingParams, SpeculationConfig
-from .drafting.gates import ProposerRecord
-from .drafting.policy import Policy
-from .loading import LoadedModel, max_context
-from .prefix import PrefixStore
-from .probe_cache import batch_problem
-from .proposers import Proposer, RequestContext
-from .runner import Runner
-from .scheduler import PassRecord, Scheduler
-from .sequence import GenerationResult, RequestState, StreamEvent, Target, encode, prepare, result_of
-from .threads import ThreadTuner
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core.prefix import PrefixStore
+from suffixspec.core.probe_cache import batch_problem
+from suffixspec.core.runner import Runner
+from suffixspec.core.scheduler import PassRecord, Scheduler
+from suffixspec.core.sequence import (
+    GenerationResult,
+    RequestState,
+    StreamEvent,
+    Target,
+    encode,
+    prepare,
+    result_of,
+)
+from suffixspec.core.threads import ThreadTuner
+from suffixspec.drafting.gates import ProposerRecord
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import Proposer, RequestContext
+from suffixspec.drafting.proposers.model_drafter import ModelDrafter
+from suffixspec.loading import LoadedModel, max_context
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Engine", "GenerationResult", "StreamEvent"]
+
+
+class SharedRecords:
+    """Proposer records (``drafting.gates.ProposerRecord`` by index) shared by an engine's requests, one set per
+    proposer set, keyed by the proposers themselves through weak references: a set's records go when one
+    of its proposers is dropped, so a new set never inherits them. Keyed by ``id()`` alone, a new proposer
+    that Python put at a dead one's address took its records (41 of 50 fresh suffix proposers did).
+
+    Example: ``records.of([a, b])`` -> ``{}``, filled by the requests; ``records.of([a, b])`` again -> the
+    same dict; ``records.of([b, a])`` -> another; once ``a`` is dropped, a new ``[a2, b]`` starts empty."""
+
+    def __init__(self) -> None:
+        # ids of a live set's proposers -> (weak references to them, the set's records); an entry leaves
+        # when one of its proposers dies, before its id can be reused
+        self._sets: dict[tuple[int, ...], tuple[tuple[weakref.ref, ...], dict[int, ProposerRecord]]] = {}
+
+    def of(self, proposers: Sequence[Proposer]) -> dict[int, ProposerRecord]:
+        """The records of the proposer set ``proposers`` (in this order), made empty on first use."""
+        key = tuple(id(p) for p in proposers)
+        entry = self._sets.get(key)
+        if entry is not None and all(ref() is p for ref, p in zip(entry[0], proposers, strict=True)):
+            return entry[1]
+        refs = tuple(weakref.ref(p, lambda ref, key=key: self._drop(key, ref)) for p in proposers)
+        records: dict[int, ProposerRecord] = {}
+        self._sets[key] = (refs, records)
+        return records
+
+    def _drop(self, key: tuple[int, ...], dead: weakref.ref) -> None:
+        entry = self._sets.get(key)
+        if entry is not None and any(ref is dead for ref in entry[0]):  # not a later set at the same ids
+            del self._sets[key]
+
+    def __len__(self) -> int:
+        return len(self._sets)
 
 
 class Engine:
@@ -78,10 +123,10 @@ class Engine:
         self.step_observer: Callable[[PassRecord], None] | None = None  # called with every target pass
         # keys/values of earlier prompts' prefixes; None: every prompt prefilled in full
         self.prefix_store = PrefixStore(max_bytes=int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
-        # proposer costs and yields shared across requests, per proposer set (ids of ``proposers`` when a request
+        # proposer costs and yields shared across requests, per proposer set (``proposers`` when a request
         # joins): a caller that swaps the set (the benchmark, one system after another) never lends one
-        # proposer's record to another that sits at the same index
-        self._shared: dict[tuple[int, ...], dict[int, ProposerRecord]] = {}
+        # proposer's record to another, nor a dropped set's records to a new one
+        self._shared = SharedRecords()
         self._scheduler: Scheduler | None = None
         self._lock = threading.Lock()  # making the scheduler
         self._target = Target(self.tokenizer, self.eos_ids, self.vocab_size, self.device, self.max_context,
@@ -113,8 +158,9 @@ class Engine:
                prediction: str | None = None, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
         """Generate step by step, yielding new text and tokens; the last event carries the result.
 
-        With ``max_num_seqs > 1`` concurrent callers share passes; each gets exactly the tokens it
-        would get alone. A caller may pause between events: the other requests go on meanwhile."""
+        With ``max_num_seqs > 1`` concurrent callers share passes; each gets what it would get alone
+        (the same tokens, or for drafts with ``q`` the same law: see ``sequence``). A caller may pause
+        between events: the other requests go on meanwhile."""
         request, spec = self.prepare(prompt, sampling, speculation, references, prediction)
         yield from self.scheduler.stream(self.state_maker(request, spec, cancel), cancel, request.prompt_ids)
 
@@ -128,8 +174,23 @@ class Engine:
     def state_maker(self, request: RequestContext, spec: SpeculationConfig, cancel: threading.Event | None
                     ) -> Callable[[list[Proposer]], RequestState]:
         """What the scheduler calls when the request joins, with the proposer set it lends it."""
-        return lambda proposers: RequestState(self._target, request, spec, cancel, proposers,
-                                              self._shared.setdefault(tuple(id(p) for p in self.proposers), {}))
+        def make(proposers: list[Proposer]) -> RequestState:
+            for p in proposers:  # a draft model judges its drafts by the engine's policy (ModelDraftJudge)
+                if isinstance(p, ModelDrafter):
+                    p.policy = self.policy
+            return RequestState(self._target, request, spec, cancel, proposers, self._shared.of(self.proposers))
+
+        return make
+
+    def use_policy(self, policy: Policy) -> None:
+        """Decide with ``policy`` from the next request on (``Policy`` is frozen: make one with
+        ``dataclasses.replace``, which validates it): the engine's gates and budget, its cost model, and the
+        draft models' own judgement, which every request joining is lent. The pass-cost curves already made
+        keep theirs (``cost_window``, ``prior_slope``, ``cost_min_passes``: what was measured stays).
+        Example: ``engine.use_policy(replace(engine.policy, model_value_shared=False))``."""
+        self.policy = self._target.policy = policy
+        if self._scheduler is not None:
+            self._scheduler.policy = policy
 
     def close(self) -> None:
         """Nothing to end: the engine runs no thread of its own (callers step the loop in turn)."""

@@ -45,18 +45,18 @@ from typing import Any
 
 import torch
 
-from .draft import Draft
-from .drafting.costs import PassCost, StepCost, cpu_clock
-from .drafting.gates import choose_drafts
-from .drafting.policy import Policy
-from .errors import RequestError, RequestFailed
-from .lean import PassRow
-from .prefix import common_prefix
-from .proposers import Proposer
-from .runner import Runner
-from .sequence import Plan, RequestState, StreamEvent
-from .threads import ThreadTuner
-from .verify import verify_tree
+from suffixspec.core.lean import PassRow
+from suffixspec.core.prefix import common_prefix
+from suffixspec.core.runner import Runner
+from suffixspec.core.sequence import Plan, RequestState, StreamEvent
+from suffixspec.core.threads import ThreadTuner
+from suffixspec.core.verify import verify_tree
+from suffixspec.drafting.costs import PassCost, StepCost, cpu_clock
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.gates import choose_drafts
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import Proposer
+from suffixspec.errors import RequestError, RequestFailed
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ output is exactly vLLM's output without speculation (greedy and sampled).
 
 Drafts come from every registered drafter that needs no model (``drafting.registry.build_available``:
 the suffix index, and any drafter declared so), forked per request and driven through the request
-tracker the llama.cpp drafter uses too (:class:`~suffixspec.tracked.TrackedRequest`): the suffix index
+tracker the llama.cpp drafter uses too (:class:`~suffixspec.drafting.tracked.TrackedRequest`): the suffix index
 drafts from the request's own context, plus the output history and the document corpus that all requests
 share, configured for the single chain vLLM verifies: every source drafts its most likely path, and the
 path with the highest score (expected accepted tokens) wins.
@@ -39,7 +39,7 @@ a writer thread persists outputs and a watcher thread picks up documents added w
 Only tensor-parallel rank 0 writes history (every rank sees the same requests).
 
 Settings: ``SUFFIXSPEC_DB`` (the index database; unset = no documents, history in memory only),
-``SUFFIXSPEC_VLLM_CONFIG`` (JSON object of :class:`~suffixspec.proposers.suffix.SuffixConfig`
+``SUFFIXSPEC_VLLM_CONFIG`` (JSON object of :class:`~suffixspec.drafting.proposers.suffix.SuffixConfig`
 fields, e.g. ``{"max_depth": 32, "history_tokens": 200000}``), ``SUFFIXSPEC_VLLM_RELOAD_S`` (how
 often the watcher checks for new documents, seconds; default 5; 0 = never), ``SUFFIXSPEC_VLLM_SOURCES``
 (comma-separated subset of the drafters' sources but ``references`` and ``prediction``, which a vLLM
@@ -66,15 +66,14 @@ from typing import Any
 
 import numpy as np
 
+from suffixspec.drafting.draft import SOURCE_PREDICTION, SOURCE_REFERENCES
+from suffixspec.drafting.proposers import Proposer, RequestContext
+from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
+from suffixspec.drafting.registry import build_available, source_names
+from suffixspec.drafting.tracked import ContextView, TrackedRequest, token_key
 from suffixspec.index.history import OutputHistory
 
-from .draft import SOURCE_PREDICTION, SOURCE_REFERENCES
-from .drafting.registry import build_available, source_names
-from .proposers import Proposer, RequestContext
-from .proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
-from .tracked import ContextView, TrackedRequest
-
-log = logging.getLogger("suffixspec.vllm")
+log = logging.getLogger("suffixspec.runtimes.vllm")
 
 ENV_DB = "SUFFIXSPEC_DB"
 ENV_CONFIG = "SUFFIXSPEC_VLLM_CONFIG"
@@ -130,7 +129,7 @@ class SuffixSpecProposer:
     index), and from any other registered drafter that needs no model.
 
     ``LLM(model, speculative_config={"method": "custom_class", "model":
-    "suffixspec.vllm.SuffixSpecProposer", "num_speculative_tokens": 8})``.
+    "suffixspec.runtimes.vllm.SuffixSpecProposer", "num_speculative_tokens": 8})``.
     """
 
     def __init__(self, vllm_config: Any = None, *, num_speculative_tokens: int | None = None,
@@ -362,7 +361,7 @@ class SuffixSpecProposer:
         """The longest unclaimed known request whose tokens start ``row[:n]``."""
         best = None
         for length in self._key_lens:
-            for req in self._by_key.get(row[:min(n, length)].tobytes(), ()):
+            for req in self._by_key.get(token_key(row, min(n, length)), ()):
                 if id(req) not in claimed and (best is None or req.n > best.n) and req.prefix_of(row, n):
                     best = req
         return best

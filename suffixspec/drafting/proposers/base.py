@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..config import SamplingParams
-from ..draft import Draft
+from suffixspec.config import SamplingParams
+from suffixspec.drafting.draft import Draft
 
 if TYPE_CHECKING:
-    from ..drafting.costs import StepCost
+    from suffixspec.drafting.costs import StepCost
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Proposer(ABC):
         """The node sources it can draft as built (what ``SuffixSpec.drafters`` and ``/v1/models`` list): its
         drafter's declared sources (``DRAFTER.sources``); a drafter whose sources depend on what it was
         given (the suffix index without a store has no documents) narrows them."""
-        from ..drafting.registry import drafter
+        from suffixspec.drafting.registry import drafter
 
         try:
             return drafter(self.name).sources

@@ -17,8 +17,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from ..models import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, file_lock, gguf_source, tokenizer_folder
-from .draft import INSTALL, SuffixDraftModel
+from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, file_lock, gguf_source, tokenizer_folder
+from suffixspec.runtimes.llama_cpp.draft import INSTALL, SuffixDraftModel
 
 
 def require_llama_cpp() -> Any:

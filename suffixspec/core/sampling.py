@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .config import SamplingParams
+from suffixspec.config import SamplingParams
 
 
 class PositionRNG:

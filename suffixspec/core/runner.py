@@ -1,10 +1,10 @@
 """The target model as the scheduler drives it: rows of keys and values, and one pass over them.
 
-A :class:`Runner` owns the target's :class:`~suffixspec.kv.SlotCache` (one row per running request)
-and runs a pass: a list of :class:`~suffixspec.lean.PassRow` (a row's root and draft nodes, or a
+A :class:`Runner` owns the target's :class:`~suffixspec.core.kv.SlotCache` (one row per running request)
+and runs a pass: a list of :class:`~suffixspec.core.lean.PassRow` (a row's root and draft nodes, or a
 joining request's prompt) -> logits per row. Two ways to run it:
 
-- **lean** (Llama, Qwen2, Mistral, Gemma 3: :mod:`suffixspec.lean`): every row packed into one
+- **lean** (Llama, Qwen2, Mistral, Gemma 3: :mod:`suffixspec.core.lean`): every row packed into one
   forward, prompts included, rows in any order;
 - **padded** (any other model): the model's own ``transformers`` forward over ``[B, W]`` inputs padded
   to the widest row with a 4D mask per layer type (built by ``kv.tree_mask``); it takes every cache
@@ -21,7 +21,7 @@ those of the row run alone up to float rounding of the batched matmuls. :meth:`b
 that once (two rows of different lengths, a tree in one) against the model's own forward, row by
 row; a model that fails it runs one request at a time (``rows = 1``), said in the log.
 
-Prompt-prefix reuse (:class:`~suffixspec.prefix.PrefixStore`): :meth:`reuse` copies the longest
+Prompt-prefix reuse (:class:`~suffixspec.core.prefix.PrefixStore`): :meth:`reuse` copies the longest
 stored run of a joining prompt's blocks into its row, so only the rest is fed; :meth:`remember`
 stores the blocks a prefill computed. Every path uses it.
 """
@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .draft import root_path
-from .kv import SlotCache, additive, layer_types, tree_mask
-from .lean import PassRow, lean_forward, paging_own_forward, unsupported
-from .prefix import PrefixStore
-from .weights import released
+from suffixspec.core.kv import SlotCache, additive, layer_types, tree_mask
+from suffixspec.core.lean import PassRow, lean_forward, paging_own_forward, unsupported
+from suffixspec.core.prefix import PrefixStore
+from suffixspec.core.weights import released
+from suffixspec.drafting.draft import root_path
 
 log = logging.getLogger(__name__)
 

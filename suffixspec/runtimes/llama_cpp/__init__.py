@@ -10,7 +10,7 @@
 
 Worked example::
 
-    from suffixspec.llama_cpp import load
+    from suffixspec.runtimes.llama_cpp import load
 
     llm = load("smollm2-135m-instruct", n_threads=1)
     with llm.draft_model.request(references=[chunk]):
@@ -30,15 +30,15 @@ __all__ = ["LlamaCppEngine", "SuffixDraftModel", "load"]
 
 def __getattr__(name: str) -> Any:
     if name == "SuffixDraftModel":
-        from .draft import SuffixDraftModel
+        from suffixspec.runtimes.llama_cpp.draft import SuffixDraftModel
 
         return SuffixDraftModel
     if name == "load":
-        from .model import load
+        from suffixspec.runtimes.llama_cpp.model import load
 
         return load
     if name == "LlamaCppEngine":
-        from .engine import LlamaCppEngine
+        from suffixspec.runtimes.llama_cpp.engine import LlamaCppEngine
 
         return LlamaCppEngine
-    raise AttributeError(f"module 'suffixspec.llama_cpp' has no attribute {name!r}")
+    raise AttributeError(f"module 'suffixspec.runtimes.llama_cpp' has no attribute {name!r}")

@@ -44,14 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.drafting.proposers.base import RequestContext
+from suffixspec.drafting.proposers.model_drafter import AdaptiveLength, ModelDrafter, draft_probs
 from suffixspec.tokenizer_bridge import BoundaryLattice, DraftContext, TokenBridge
 
-from ..draft import SOURCE_DRAFT_MODEL, Draft
-from .base import RequestContext
-from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs
-
 if TYPE_CHECKING:
-    from ..loading import LoadedModel
+    from suffixspec.loading import LoadedModel
 
 MODES = ("text", "intersection")
 

@@ -8,7 +8,7 @@ it one way.
 - :class:`DraftRunner` runs a small causal LM with its own KV cache. Given the ids the draft should
   have seen, it crops the cache to the longest common prefix with what it has already seen and
   feeds only the rest, so after the target rejects a draft suffix the cache is back in step with
-  one short forward pass (the lean forward of :mod:`suffixspec.lean` is its fast path for the
+  one short forward pass (the lean forward of :mod:`suffixspec.core.lean` is its fast path for the
   families it covers).
 - :class:`ModelDrafter` keeps what a drafter learns across requests (the CPU seconds of one draft
   forward, the acceptance of its first and later tokens) and, inside the engine, judges each draft
@@ -36,21 +36,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import SamplingParams
-from ..draft import SOURCE_DRAFT_MODEL
-from ..drafting.costs import StepCost, cpu_clock
-from ..drafting.judge import ModelDraftJudge
-from ..drafting.policy import DEFAULT, Policy
-from ..kv import SlotCache, new_cache
-from ..lean import PassRow, lean_forward
-from ..loading import max_context
-from ..prefix import common_prefix
-from ..sampling import warp
-from ..weights import draft_int8_kind
-from .base import Proposer, RequestContext
+from suffixspec.config import SamplingParams
+from suffixspec.core.kv import SlotCache, new_cache
+from suffixspec.core.lean import PassRow, lean_forward
+from suffixspec.core.prefix import common_prefix
+from suffixspec.core.sampling import warp
+from suffixspec.core.weights import draft_int8_kind
+from suffixspec.drafting.costs import StepCost, cpu_clock
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL
+from suffixspec.drafting.judge import ModelDraftJudge
+from suffixspec.drafting.policy import DEFAULT, Policy
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
+from suffixspec.loading import max_context
 
 if TYPE_CHECKING:
-    from ..loading import LoadedModel
+    from suffixspec.loading import LoadedModel
 
 
 # Draft models of at least this many parameters run on int8 matrices by default (``ModelDrafter(int8=None)``):
@@ -65,7 +65,7 @@ INT8_MIN_PARAMS = 100_000_000
 class DraftRunner:
     """A draft model with its own KV cache, kept in step with a token sequence that may be rewritten.
 
-    Models of a lean family (:mod:`suffixspec.lean`: Llama, Qwen2, Mistral, Gemma 3) run through the
+    Models of a lean family (:mod:`suffixspec.core.lean`: Llama, Qwen2, Mistral, Gemma 3) run through the
     lean forward (``lean=True``, the default) over a one-row slot cache; others through their
     ``transformers`` forward with a ``DynamicCache``. A draft of a few million parameters spends most
     of a ``transformers`` call in Python, several times a lean call (docs/benchmarks.md, "Figures behind
@@ -200,7 +200,7 @@ class ModelDrafter(Proposer):
     runner-ups to add as branches. Called alone (no costs told: a test, a script), it drafts
     :class:`AdaptiveLength` tokens and stops after one it gives less than ``min_confidence``.
 
-    ``int8``: run the draft on int8 matrices (:class:`suffixspec.lean.Int8Weight`; float32 where this
+    ``int8``: run the draft on int8 matrices (:class:`suffixspec.core.lean.Int8Weight`; float32 where this
     torch lacks them). ``max_length``: the most tokens a draft may have when the costs decide."""
 
     name = "draft_model"
@@ -396,7 +396,7 @@ class ModelDrafter(Proposer):
         ``p``) or a fresh draw from ``q_{i+1}``. What would not be lossless is a cut that looks at
         a node itself or at later ones, such as keeping a chain only when it is short: that keeps
         node 1 only when it was unlikely (``q(x_1) < min_confidence``). Hence the planned size
-        that :class:`~suffixspec.draft.Draft` carries for the engine's gate.
+        that :class:`~suffixspec.drafting.draft.Draft` carries for the engine's gate.
 
         Worked example: ``min_confidence = 0.3``, sampled ``x_1`` with ``q(x_1) = 0.2`` -> stop; the
         chain ``[x_1]`` still reaches verification (``planned = k``), whatever its length.

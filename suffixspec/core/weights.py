@@ -255,7 +255,7 @@ def smoothing(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = 
 def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight | RowInt8Weight, b: torch.Tensor | None = None
            ) -> torch.Tensor:
     """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; a
-    :class:`~suffixspec.weights.RowInt8Weight` through ``torch._int_mm`` (exact, row by row); an
+    :class:`~suffixspec.core.weights.RowInt8Weight` through ``torch._int_mm`` (exact, row by row); an
     :class:`Int8Weight` (a draft model's) through fbgemm's int8 product; any other as ``(w @ x.T).T``, the
     same product, which MKL runs faster than ``torch.nn.functional.linear`` for the few rows of a decode
     pass (measured on this machine's AMD EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33%

@@ -27,10 +27,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..config import SamplingParams, SpeculationConfig
-from ..draft import SOURCE_TARGET, Draft
-from ..stats import RequestStats
-from .draft import RequestArgs, SuffixDraftModel
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core.stats import RequestStats
+from suffixspec.drafting.draft import SOURCE_TARGET, Draft
+from suffixspec.runtimes.llama_cpp.draft import RequestArgs, SuffixDraftModel
 
 RUNTIME = "llama-cpp"  # the --runtime name
 
@@ -64,12 +64,12 @@ class LlamaCppEngine:
 
     def _observe(self, inputs: int, seconds: float) -> None:
         if self.step_observer is not None:
-            from ..scheduler import PassRecord
+            from suffixspec.core.scheduler import PassRecord
 
             self.step_observer(PassRecord(1, inputs, 0, seconds))
 
     def encode(self, text: str) -> list[int]:
-        from ..sequence import encode
+        from suffixspec.core.sequence import encode
 
         return encode(self.tokenizer, text)
 
@@ -80,7 +80,7 @@ class LlamaCppEngine:
                  speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                  prediction: str | None = None, cancel: threading.Event | None = None) -> Any:
         """Generate to completion and return the GenerationResult."""
-        from ..sequence import result_of
+        from suffixspec.core.sequence import result_of
 
         return result_of(self.stream(prompt, sampling, speculation, references, prediction, cancel))
 
@@ -88,7 +88,7 @@ class LlamaCppEngine:
                speculation: SpeculationConfig | bool | None = None, references: Sequence[str] | None = None,
                prediction: str | None = None, cancel: threading.Event | None = None) -> Iterator[Any]:
         """StreamEvents, one per generated token; the last carries the GenerationResult."""
-        from ..sequence import prepare
+        from suffixspec.core.sequence import prepare
 
         request, spec = prepare(self.tokenizer, self.max_context, self.default_speculation, prompt, sampling,
                                 speculation, references, prediction)
@@ -100,7 +100,7 @@ class LlamaCppEngine:
             yield from self._run(request, spec, cancel)
 
     def _run(self, request: Any, spec: SpeculationConfig, cancel: threading.Event | None) -> Iterator[Any]:
-        from ..sequence import GenerationResult, StopRules, StreamEvent
+        from suffixspec.core.sequence import GenerationResult, StopRules, StreamEvent
 
         sampling, drafter, prompt = request.sampling, self.drafter, request.prompt_ids
         if drafter is not None:
@@ -152,7 +152,7 @@ class LlamaCppEngine:
 
 
 class LlamaThreads:
-    """llama.cpp's thread count, in the form ``SuffixSpec.threads`` reports (``suffixspec.threads.describe``):
+    """llama.cpp's thread count, in the form ``SuffixSpec.threads`` reports (``suffixspec.core.threads.describe``):
     given (``--threads N``) or llama-cpp-python's default; llama.cpp keeps it for the engine's life."""
 
     def __init__(self, threads: int, given: bool) -> None:
@@ -160,13 +160,13 @@ class LlamaThreads:
         self.how = "given" if given else "llama.cpp default"
 
     def to_dict(self) -> dict:
-        from ..threads import wait_policy
+        from suffixspec.core.threads import wait_policy
 
         return {"threads": self.current, "how": self.how, "device": "cpu", "measured_ms": {},
                 "wait_policy": wait_policy(), "rechecks": 0, "switches": 0}
 
     def describe(self) -> str:
-        from ..threads import describe
+        from suffixspec.core.threads import describe
 
         return describe(self.to_dict())
 
@@ -197,7 +197,7 @@ def build_engine(model: str, store: Any = None, history: bool = True, max_draft_
                  n_ctx: int = 4096, n_threads: int | None = None, speculation: bool = True) -> LlamaCppEngine:
     """The llama.cpp engine for ``model`` (a name or a ``.gguf`` path): its GGUF in llama.cpp, its
     ``transformers`` tokenizer, and (``speculation``) the suffix draft model over ``store``."""
-    from .model import gguf_tokenizer, load
+    from suffixspec.runtimes.llama_cpp.model import gguf_tokenizer, load
 
     tokenizer = gguf_tokenizer(model)
     drafter = SuffixDraftModel(db=store, tokenizer=tokenizer, history=history,

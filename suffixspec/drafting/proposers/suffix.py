@@ -47,15 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from suffixspec.index.fingerprint import tokenizer_fingerprint
-from suffixspec.index.history import OutputHistory
-from suffixspec.index.incremental import IncrementalIndex
-from suffixspec.index.retrieval import DocumentRetrieval, RetrievalParams
-from suffixspec.index.speculate import AcceptanceRates, SpecParams, SpecResult
-from suffixspec.index.store import IndexStore
-from suffixspec.index.suffix_array import SEP, SuffixArray
-
-from ..draft import (
+from suffixspec.drafting.draft import (
     SOURCE_DOCUMENTS,
     SOURCE_HISTORY,
     SOURCE_PREDICTION,
@@ -65,13 +57,20 @@ from ..draft import (
     drafter_allows,
     node_depths,
 )
-from ..drafting.registry import Drafter
-from ..merge import TreeUnion
-from .base import Proposer, RequestContext
-from .source_gate import SourceGate, SourceYield
+from suffixspec.drafting.merge import TreeUnion
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
+from suffixspec.drafting.proposers.source_gate import SourceGate, SourceYield
+from suffixspec.drafting.registry import Drafter
+from suffixspec.index.fingerprint import tokenizer_fingerprint
+from suffixspec.index.history import OutputHistory
+from suffixspec.index.incremental import IncrementalIndex
+from suffixspec.index.retrieval import DocumentRetrieval, RetrievalParams
+from suffixspec.index.speculate import AcceptanceRates, SpecParams, SpecResult
+from suffixspec.index.store import IndexStore
+from suffixspec.index.suffix_array import SEP, SuffixArray
 
 if TYPE_CHECKING:
-    from ..drafting.costs import StepCost
+    from suffixspec.drafting.costs import StepCost
 
 PROPOSER_NAME = "suffix"
 

@@ -6,9 +6,9 @@ tokens to the next batch it evaluates; it keeps the longest prefix of the draft 
 with, plus the sampler's own token (``Llama.generate``). Drafts come from every registered drafter that
 needs nothing but the tokenizer, the store and the history (``drafting.registry.build_available``; a
 draft model is not one of them), through the request tracker vLLM uses too
-(:class:`~suffixspec.tracked.TrackedRequest`): the suffix index drafts from the request's prompt and
+(:class:`~suffixspec.drafting.tracked.TrackedRequest`): the suffix index drafts from the request's prompt and
 output, its references and prediction (:meth:`SuffixDraftModel.request`), the output history and the
-document store, configured for the single chain llama.cpp verifies (as :mod:`suffixspec.vllm`).
+document store, configured for the single chain llama.cpp verifies (as :mod:`suffixspec.runtimes.vllm`).
 
 Request identity: the interface gives tokens, no request. A call whose tokens extend the last call's
 by the accepted part of the last draft plus one token continues that request; any other call starts
@@ -49,17 +49,17 @@ from typing import Any
 
 import numpy as np
 
-from ..draft import Draft
-from ..drafting.budget import best_chain_prefix, momentum_budget
-from ..drafting.costs import PassCost, StepCost
-from ..drafting.gates import RowDraft, choose_drafts
-from ..drafting.policy import DEFAULT, Policy
-from ..drafting.registry import build_available
-from ..index.store import IndexStore
-from ..proposers.base import Proposer, RequestContext
-from ..proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
-from ..stats import RequestStats
-from ..tracked import ContextView, DraftRecord, TrackedRequest
+from suffixspec.core.stats import RequestStats
+from suffixspec.drafting.budget import best_chain_prefix, momentum_budget
+from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.gates import RowDraft, choose_drafts
+from suffixspec.drafting.policy import DEFAULT, Policy
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
+from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer, single_chain_config
+from suffixspec.drafting.registry import build_available
+from suffixspec.drafting.tracked import ContextView, DraftRecord, TrackedRequest
+from suffixspec.index.store import IndexStore
 
 try:  # the base class when llama-cpp-python is installed (it is an ABC with __call__ only)
     from llama_cpp.llama_speculative import LlamaDraftModel as _Base
@@ -129,7 +129,7 @@ class SuffixDraftModel(_Base):
 
     Per call: ``with draft.request(references=[...], prediction="..."):`` around a completion tells the
     drafter that call's references and prediction; :meth:`bind` gives it the ``Llama``'s tokenizer
-    and context size and calibrates the cost curve (:func:`suffixspec.llama_cpp.load` does both).
+    and context size and calibrates the cost curve (:func:`suffixspec.runtimes.llama_cpp.load` does both).
     """
 
     name = "suffix"
@@ -203,7 +203,7 @@ class SuffixDraftModel(_Base):
             return list(self._tokenize(text))
         if self.tokenizer is not None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        raise ValueError("text references need a tokenizer: call draft.bind(llm) (suffixspec.llama_cpp.load does), "
+        raise ValueError("text references need a tokenizer: call draft.bind(llm) (suffixspec.runtimes.llama_cpp.load does), "
                          "pass tokenizer= or give token ids")
 
     def _ids(self, text_or_ids: str | Sequence[int]) -> list[int]:

@@ -1,6 +1,6 @@
 """The batching probe's passing verdicts, remembered in the folder of a converted model.
 
-:meth:`~suffixspec.runner.Runner.batch_problem` checks with a few passes (two rows, a tree, three of the
+:meth:`~suffixspec.core.runner.Runner.batch_problem` checks with a few passes (two rows, a tree, three of the
 model's own ``transformers`` forwards) that the lean or padded forward gives every row the model's own
 logits. Its verdict depends on the model (weights and config), the device and dtype, the versions of
 torch and transformers and suffixspec's forward code, and on nothing a request brings; yet every start
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .runner import Runner
+from suffixspec.core.runner import Runner
 
 log = logging.getLogger(__name__)
 

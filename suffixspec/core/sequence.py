@@ -1,7 +1,13 @@
 """One request's decode state: its drafters, sampler, randomness, stop rules, gates and output.
 
 Nothing here is shared with another request (except what ``gates.ProposerGate`` shares for
-proposers whose drafts carry no ``q``), so a request gives the same tokens alone and in a batch.
+proposers whose drafts carry no ``q``), and every sampled position draws from the request's own seed
+and position. What holds alone and in a batch, exactly: a greedy request, and a seeded one whose drafts
+carry no ``q``, gives the same tokens (up to float rounding of ``p``); a request whose drafts carry ``q``
+(a sampling draft model) gives the target's law, but not always the same tokens: which of its drafts
+a pass verifies, and how long a draft model drafts, follow measured pass costs, which the other rows of
+a batch change (and which differ from one run to the next even alone), and a sampled draft's tokens and
+accept tests change the tokens that come out, never their distribution.
 The scheduler drives it: ``begin``, then per step :meth:`RequestState.plan` (propose) -> the
 policy's ``choose_drafts`` -> one pass -> ``verify_tree`` -> :meth:`RequestState.commit`, then
 :meth:`RequestState.close`, whose event carries the :class:`GenerationResult`.
@@ -21,20 +27,20 @@ from typing import Any
 
 import torch
 
-from .config import SamplingParams, SpeculationConfig
-from .detok import TextTracker
-from .draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
-from .drafting.budget import draft_budget
-from .drafting.costs import StepCost, cpu_clock
-from .drafting.gates import ProposerGate, ProposerRecord, RowDraft
-from .drafting.policy import Policy
-from .errors import RequestError
-from .merge import merge_drafts
-from .proposers import Proposer, RequestContext
-from .sampling import LogitsProcessor, PositionRNG
-from .stats import RequestStats
-from .tracked import DraftRecord
-from .verify import VerifyOutcome
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core.detok import TextTracker
+from suffixspec.core.sampling import LogitsProcessor, PositionRNG
+from suffixspec.core.stats import RequestStats
+from suffixspec.core.verify import VerifyOutcome
+from suffixspec.drafting.budget import draft_budget
+from suffixspec.drafting.costs import StepCost, cpu_clock
+from suffixspec.drafting.draft import SOURCE_TARGET, Draft, drafter_allows, surest_path
+from suffixspec.drafting.gates import ProposerGate, ProposerRecord, RowDraft
+from suffixspec.drafting.merge import merge_drafts
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import Proposer, RequestContext
+from suffixspec.drafting.tracked import DraftRecord
+from suffixspec.errors import RequestError
 
 
 @dataclass

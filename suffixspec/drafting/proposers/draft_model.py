@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..draft import SOURCE_DRAFT_MODEL, Draft
-from ..drafting.judge import model_draft_length
-from ..drafting.registry import Drafter
-from .base import Proposer, RequestContext
-from .bridged_draft import BridgedDraftProposer
-from .model_drafter import AdaptiveLength, ModelDrafter, draft_probs, fit_width
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.drafting.judge import model_draft_length
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
+from suffixspec.drafting.proposers.bridged_draft import BridgedDraftProposer
+from suffixspec.drafting.proposers.model_drafter import AdaptiveLength, ModelDrafter, draft_probs, fit_width
+from suffixspec.drafting.registry import Drafter
 
 if TYPE_CHECKING:
-    from ..loading import LoadedModel
+    from suffixspec.loading import LoadedModel
 
 
 class DraftModelProposer(ModelDrafter):
@@ -146,7 +146,7 @@ class DraftModelProposer(ModelDrafter):
 
 def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "auto", **kwargs: Any) -> Proposer:
     """A draft-model proposer for ``target``: same vocabulary -> :class:`DraftModelProposer`,
-    otherwise :class:`~suffixspec.proposers.bridged_draft.BridgedDraftProposer`.
+    otherwise :class:`~suffixspec.drafting.proposers.bridged_draft.BridgedDraftProposer`.
 
     ``mode``: ``"auto"``; ``"same"``; ``"text"`` (bridged, text level, one-hot rule) or
     ``"intersection"`` (bridged, token-level intersection with a known ``q``).

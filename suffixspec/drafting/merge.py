@@ -7,11 +7,16 @@ merged node keeps the source of the first draft that proposed it. The known-q ru
 where a node's children all come from one draft (they are then that draft's own samples); elsewhere
 ``q_known`` is cleared and the always-lossless one-hot rule applies.
 
-Nothing here may look at what a draft with ``q`` sampled (docs/design.md, "Gates and cuts"): drafts are
-ordered by their scores, which such drafts fix before sampling; the budget cut of a sampled chain
-then depends only on the nodes before the cut (a node shared with an earlier draft costs no budget,
-but it is shared, so it is verified one-hot); and the merged draft's ``planned`` size, which the
-engine's gate judges, adds the drafts' planned sizes, not what they sampled.
+Nothing here may look at what a draft with ``q`` sampled (docs/lossless.md, "Merged drafts"): before any
+node is placed, each draft gets its share of the budget, in score order (scores of such drafts are
+fixed before sampling): a draft with ``q`` is charged its planned size (``Draft.gate_size``), whatever it
+sampled, a deterministic draft the nodes it adds to the deterministic drafts before it. A draft keeps
+the nodes its share holds (a sampled chain: its first ``share`` nodes, a cut by position). Nodes then
+merge, and a node shared by two drafts is no refund: the shares never move with what was sampled. So
+whether another draft has a node beside a sampled node (which makes its parent's rule one-hot, shared
+or not) depends on the other draft and on the sampled node's ancestors only, never on the node's own
+token or on how far its chain went. The merged draft's ``planned`` size, which the engine's gate judges,
+adds the drafts' planned sizes, not what they sampled.
 
 Worked example: A = chain [5, 6, 7] (score 2), B = chain [5, 9] (score 1), budget 4
 -> tokens [5, 6, 7, 9], parents [-1, 0, 1, 0] (9 becomes a sibling of 6 under 5). With probabilities,
@@ -24,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .draft import Draft
+from suffixspec.drafting.draft import Draft
 
 _CUT = -2  # a tree's node the budget left out (and so all its descendants)
 
@@ -85,7 +90,8 @@ def merge_drafts(drafts: list[Draft], budget: int, weights: Sequence[float] | No
     whose best nodes are at 0.4 no longer fills the budget before a draft model's chain at 0.9 gets a
     node. Nodes ranked below ``min_prob`` (where a node costs the pass more than it is expected to
     save) are left out, but the most probable node is always kept, so the weights go on learning.
-    Otherwise whole drafts go in best score first, the budget cutting the last."""
+    Otherwise whole drafts go in best score first, each with its share of the budget (:func:`_shares`: a
+    draft with ``q`` is charged its planned size, not what it sampled)."""
     kept = [(d, 1.0 if weights is None else weights[i]) for i, d in enumerate(drafts) if len(d)]
     if not kept or budget <= 0:
         return Draft()
@@ -98,17 +104,18 @@ def merge_drafts(drafts: list[Draft], budget: int, weights: Sequence[float] | No
     sources: list[str] = []
     origin: list[tuple[int, int]] = []  # (draft index, node index) that created each merged node
     shared: list[bool] = []  # proposed by more than one draft
-    ranked = all(d.probs is not None for d in drafts)
-    # the nodes in the order they go in: by rank, or each draft whole, best score first (never cut by min_prob)
-    order = _most_probable(kept) if ranked else [(math.inf, di, i) for di, d in enumerate(drafts)
-                                                 for i in range(len(d))]
+    ranked = all(d.probs is not None for d in drafts)  # never with a sampled draft: it carries no probs
+    # the nodes in the order they go in: by rank (cut by the budget and min_prob as they come), or each draft's
+    # share of the budget, drafts best score first (the budget already applied)
+    order = _most_probable(kept) if ranked else _shares(drafts, budget)
     local: dict[tuple[int, int], int] = {}  # (draft index, node index) -> merged node, or _CUT
     for rank, di, i in order:
         if rank < min_prob and union.tokens:
             break
         d = drafts[di]
         par = d.parents[i]
-        node, created = union.add_node(-1 if par < 0 else local[(di, par)], d.tokens[i], budget)
+        node, created = union.add_node(-1 if par < 0 else local[(di, par)], d.tokens[i],
+                                       budget if ranked else None)
         local[(di, i)] = node
         if created:
             sources.append(d.sources[i])
@@ -118,13 +125,14 @@ def merge_drafts(drafts: list[Draft], budget: int, weights: Sequence[float] | No
             shared[node] = True
     tokens, parents = union.tokens, union.parents
     q_rows = [drafts[di].q[i] if drafts[di].has_q(i) else None for di, i in origin]
-    known = [row is not None and not shared[n] for n, row in enumerate(q_rows)]
-    by_parent: dict[int, set[int]] = {}
-    for n, par in enumerate(parents):
-        by_parent.setdefault(par, set()).add(origin[n][0])
-    for n, par in enumerate(parents):
-        if len(by_parent[par]) > 1:
-            known[n] = False
+    # a parent's children keep their q only when they are all one draft's own nodes (none shared with another
+    # draft) carrying q: siblings from two drafts, or a shared one, mean the one-hot rule at that parent
+    own = [row is not None and not shared[n] for n, row in enumerate(q_rows)]
+    known = [False] * len(tokens)
+    for kids in Draft(tokens, parents, sources).children().values():
+        if len({origin[n][0] for n in kids}) == 1 and all(own[n] for n in kids):
+            for n in kids:
+                known[n] = True
     q = None
     if any(known):
         import torch
@@ -149,3 +157,29 @@ def _most_probable(kept: list[tuple[Draft, float]]) -> list[tuple[float, int, in
             ranked.append((-rank[i], di, i))
     ranked.sort()
     return [(-r, di, i) for r, di, i in ranked]
+
+
+def _shares(drafts: list[Draft], budget: int) -> list[tuple[float, int, int]]:
+    """The nodes each draft's share of ``budget`` keeps, as ``(inf, draft index, node index)``, drafts in order
+    (best score first), each draft's nodes in its order.
+
+    Shares are fixed before anything a draft with ``q`` sampled is looked at: such a draft is charged its
+    planned size (``Draft.gate_size``) and keeps its first ``share`` nodes (a cut by position); a deterministic
+    draft is charged the nodes it adds to the deterministic drafts before it (a prefix they hold is free) and
+    keeps what fits. Example, budget 3: a sampled chain planned at 2 that stopped after one token, then a
+    deterministic chain [7, 8] -> the sampled node and 7; the sampled chain's unused second node is not
+    lent to 8, or whether 8 came in would depend on where the sampled chain stopped."""
+    deterministic = TreeUnion()
+    left = budget
+    out: list[tuple[float, int, int]] = []
+    for di, d in enumerate(drafts):
+        if d.q is not None:
+            share = min(d.gate_size(), left)
+            nodes: Sequence[int] = range(min(len(d), share))
+        else:
+            held = len(deterministic.tokens)
+            nodes = [i for i, _, _ in deterministic.add(d.tokens, d.parents, held + left)]
+            share = len(deterministic.tokens) - held
+        left -= share
+        out.extend((math.inf, di, i) for i in nodes)
+    return out

@@ -25,8 +25,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .draft import Draft, root_path
-from .sampling import LogitsProcessor, PositionRNG, greedy_token, sample_inverse_cdf, sample_race
+from suffixspec.core.sampling import (
+    LogitsProcessor,
+    PositionRNG,
+    greedy_token,
+    sample_inverse_cdf,
+    sample_race,
+)
+from suffixspec.drafting.draft import Draft, root_path
 
 TOP_MASS = 8  # how many of the likeliest tokens' masses a sampled outcome reports
 

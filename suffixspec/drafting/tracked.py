@@ -1,12 +1,12 @@
 """One request tracker for the runtimes that hand a drafter only tokens: vLLM and llama.cpp.
 
-vLLM's ``custom_class`` proposer (:mod:`suffixspec.vllm`) and llama-cpp-python's ``draft_model``
-(:mod:`suffixspec.llama_cpp`) are handed the tokens so far (prompt + output) at every step, never a
+vLLM's ``custom_class`` proposer (:mod:`suffixspec.runtimes.vllm`) and llama-cpp-python's ``draft_model``
+(:mod:`suffixspec.runtimes.llama_cpp`) are handed the tokens so far (prompt + output) at every step, never a
 request id. Both recognise a request by its tokens and keep a :class:`TrackedRequest`: a copy of its
 tokens, keyed by its first ones (:meth:`TrackedRequest.holds` tells in O(1) whether a new call's tokens
 still extend it: its first and last tokens compared), and its drafters: forks of the runtime's proposers
 (every registered drafter whose needs the runtime offers, ``drafting.registry.build_available``), driven
-through the :class:`~suffixspec.proposers.base.Proposer` interface as the engine drives them (``begin``,
+through the :class:`~suffixspec.drafting.proposers.base.Proposer` interface as the engine drives them (``begin``,
 ``update``, ``propose``, ``end``). So a new drafter reaches both runtimes with nothing written for either.
 :class:`DraftRecord` is what a request learned from its drafts, kept alike by the engine
 (``sequence.RequestState``) and the llama.cpp drafter. :class:`ContextView` hands the runtime's token array
@@ -28,15 +28,23 @@ from typing import Any
 
 import numpy as np
 
-from .draft import Draft, drafter_allows
-from .drafting.costs import StepCost
-from .drafting.gates import DraftGate
-from .drafting.policy import Policy
-from .proposers.base import Proposer, RequestContext
-from .stats import RequestStats
+from suffixspec.core.stats import RequestStats
+from suffixspec.drafting.costs import StepCost
+from suffixspec.drafting.draft import Draft, drafter_allows
+from suffixspec.drafting.gates import DraftGate
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
 
 KEY_TOKENS = 16  # leading tokens that key a request (its prompt's start)
 EDGE_TOKENS = 8  # trailing tokens compared to confirm that a row still holds the same request
+
+
+def token_key(row: np.ndarray, n: int) -> bytes:
+    """The bytes of ``row[:n]`` as int32, whatever the row's own integer type: the one way requests are keyed
+    and compared, so that a runtime handing int64 rows finds the requests it keyed (a key of raw int64
+    bytes never equals an int32 one). Example: ``token_key(np.array([5, 6, 7]), 2) == np.array([5, 6],
+    dtype=np.int32).tobytes()``."""
+    return row[:n].astype(np.int32, copy=False).tobytes()
 
 
 class ContextView(Sequence):
@@ -55,9 +63,8 @@ class ContextView(Sequence):
         return self.n
 
     def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            r = range(self.n)[i]
-            return self.row[r.start:r.stop:r.step].tolist() if len(r) else []
+        if isinstance(i, slice):  # a list's slice semantics, reversed and negative steps included
+            return self.row[:self.n][i].tolist()
         return int(self.row[range(self.n)[i]])
 
     def __iter__(self) -> Iterator[int]:
@@ -96,7 +103,7 @@ class TrackedRequest:
         tokens = np.empty(max(64, 2 * n), dtype=np.int32)
         tokens[:n] = row[:n]
         key_len = min(n, KEY_TOKENS)
-        req = cls(list(proposers), tokens, n, prompt_len, prompt_len, tokens[:key_len].tobytes(), key_len,
+        req = cls(list(proposers), tokens, n, prompt_len, prompt_len, token_key(tokens, key_len), key_len,
                   request.drafters)
         for p in req.proposers:
             p.begin(request)
@@ -108,10 +115,10 @@ class TrackedRequest:
     def holds(self, row: np.ndarray, n: int) -> bool:
         """Whether ``row[:n]`` still extends this request (cheap: start and end compared)."""
         m = self.n
-        if n < m or row[:self.key_len].astype(np.int32, copy=False).tobytes() != self.key:
+        if n < m or token_key(row, self.key_len) != self.key:
             return False
         lo = max(0, m - EDGE_TOKENS)  # bytes, not np.array_equal: 10x faster on 8 tokens (once per step)
-        return row[lo:m].astype(np.int32, copy=False).tobytes() == self.tokens[lo:m].tobytes()
+        return token_key(row[lo:m], m - lo) == self.tokens[lo:m].tobytes()
 
     def prefix_of(self, row: np.ndarray, n: int) -> bool:
         """Full check: this request's tokens are a prefix of ``row[:n]`` (its end first: cheap misses)."""

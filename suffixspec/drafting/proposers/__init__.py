@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..drafting.registry import Drafter, drafter_names, make, register
-from .base import Proposer, RequestContext
+from suffixspec.drafting.proposers.base import Proposer, RequestContext
+from suffixspec.drafting.registry import Drafter, drafter_names, make, register
 
 __all__ = ["Proposer", "RequestContext", "make_proposer", "proposer_names", "register_proposer"]
 
@@ -32,8 +32,8 @@ def proposer_names() -> tuple[str, ...]:
 def make_proposer(name: str, **kwargs: object) -> Proposer:
     """Build a proposer by name; keyword arguments go to that drafter's factory (its ``DRAFTER.build``).
 
-    ``suffix`` -> :func:`suffixspec.proposers.suffix.make_suffix_proposer` (db, tokenizer, settings);
-    ``draft_model`` -> :func:`suffixspec.proposers.draft_model.make_draft_proposer` (draft, target, mode);
+    ``suffix`` -> :func:`suffixspec.drafting.proposers.suffix.make_suffix_proposer` (db, tokenizer, settings);
+    ``draft_model`` -> :func:`suffixspec.drafting.proposers.draft_model.make_draft_proposer` (draft, target, mode);
     others as their declarations say. An unknown name raises ``ValueError``.
     """
     return make(name, **kwargs)

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kv import SlotCache, key_span, layer_types, tree_block
-from .weights import (  # noqa: F401 - Int8Weight, int8_works, linear, packed, packs: read from here too
+from suffixspec.core.kv import SlotCache, key_span, layer_types, tree_block
+from suffixspec.core.weights import (  # noqa: F401 - Int8Weight, int8_works, linear, packed, packs: read from here too
     PACK_ROWS,
     Int8Rows,
     Int8Weight,
