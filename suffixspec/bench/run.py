@@ -534,6 +534,15 @@ def model_label(model: str) -> str:
     return Path(model).name if os.sep in model and Path(model).exists() else model
 
 
+def _identical(row: dict[str, Any], r: dict[str, Any]) -> str:
+    """The identical column: ``yes`` (equal to the baseline's outputs); at a quantized format, where ours
+    equal our own plain outputs (the quantized model's) but not float32's, ``= ours_off``; else ``NO``."""
+    if r["identical"]:
+        return "yes"
+    quantized = row.get("weights") not in (None, "float32", "bfloat16", "float16")
+    return "= ours_off" if quantized and row.get("identical_to_ours_off") else "NO"
+
+
 def _table_rows(rows: list[dict[str, Any]], no_loop: bool, times: str = "") -> Any:
     """(row, its figures: all outputs or those that do not loop, a cell formatter) for each row with
     requests; the formatter's default format is ``{:.2f}`` followed by ``times``."""
@@ -560,7 +569,7 @@ def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
                      f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
                      f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
                      f"| {f('vs_best_baseline_median', '{:.2f}×')}; {f('vs_best_baseline_cpu_median', '{:.2f}×')} "
-                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
+                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {_identical(row, r)} |")
     return "\n".join(lines) + "\n"
 
 
