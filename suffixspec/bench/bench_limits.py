@@ -250,13 +250,19 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
     }
 
 
+def _label(r: dict[str, Any]) -> str:
+    """The model's cell: its name, and its weight format where that is not float32 (``smollm2 (int8)``)."""
+    weights = r.get("weights", "float32")
+    return r["model"] if weights == "float32" else f"{r['model']} ({weights})"
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| model | weights | bandwidth | weights read once | plain step | step / floor | t(1+8) | t(1+16) "
              "| t(1+32) | t(1+64) | oracle (best k) | prefill per token |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         rel = r["verify_relative"]
-        lines.append(f"| {r['model']} {r.get('weights', 'float32')} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
+        lines.append(f"| {_label(r)} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
                      f"| {r['weights_read_ms']:.1f} ms | {r['plain_step_ms']:.1f} ms | {r['plain_step_over_floor']:.2f}× "
                      + " ".join(f"| {rel[k]:.2f}×" if k in rel else "| –" for k in (8, 16, 32, 64))
                      + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) | "
@@ -265,7 +271,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for name, t in r.get("matmul_ms_by_rows", {}).items():
-            lines.append(f"| {r['model']} {r.get('weights', 'float32')} | {name} | " + " | ".join(f"{v:.2f} ms" for v in t.values()) + " |")
+            lines.append(f"| {_label(r)} | {name} | " + " | ".join(f"{v:.2f} ms" for v in t.values()) + " |")
     return "\n".join(lines) + "\n"
 
 
