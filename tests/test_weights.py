@@ -122,6 +122,8 @@ def test_the_option_names_and_the_older_dtype():
         W.resolve("int8", "cpu", dtype="bfloat16")
     with pytest.raises(ValueError, match="unknown weights format 'int4'"):
         W.resolve("int4", "cpu")
+    with pytest.raises(ValueError, match="a CPU format"):
+        W.resolve("int8", "cuda")
 
 
 # -- the lean forward: one row's logits whatever shares the pass ---------------------------------------------

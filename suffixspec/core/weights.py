@@ -71,6 +71,9 @@ def resolve(weights: str | None, device: str, dtype: str | None = None) -> str:
             return named
         if name != named:
             raise ValueError(f"dtype {dtype!r} and weights {weights!r} disagree; give only --weights")
+    if name in QUANTIZED and not device.startswith("cpu"):
+        raise ValueError(f"weights {name!r} is a CPU format (its kernels, fbgemm and torch._int_mm, are probed on the "
+                         f"CPU); on {device} use bfloat16, float16 or float32")
     if name != "auto":
         return name
     if device.startswith("cuda"):
