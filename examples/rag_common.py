@@ -122,7 +122,7 @@ def serve_in_process(spec, model: str):  # noqa: ANN001, ANN201 - a SuffixSpec; 
 
 def one_torch_thread() -> None:
     """Benchmarks on a shared machine: one thread, so the pipelines compared get the same share (and
-    suffixspec keeps it: OMP_NUM_THREADS fixes its thread count, ``suffixspec.threads``)."""
+    suffixspec keeps it: OMP_NUM_THREADS fixes its thread count, ``suffixspec.core.threads``)."""
     import torch
 
     os.environ["OMP_NUM_THREADS"] = "1"

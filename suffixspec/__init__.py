@@ -7,7 +7,7 @@ wheel alike, and ``suffixspec`` is the only top-level name a wheel adds; nothing
 (``tests``, ``examples``, ``tools``) is a part of the package.
 """
 
-from .errors import RequestError
+from suffixspec.errors import RequestError
 
 __version__ = "0.1.0"
 
@@ -17,7 +17,7 @@ __all__ = ["RequestError", "SuffixSpec", "__version__"]
 def __getattr__(name: str):
     # Lazy: `import suffixspec` stays light; the facade (and torch) load on first use.
     if name == "SuffixSpec":
-        from .api import SuffixSpec
+        from suffixspec.api import SuffixSpec
 
         return SuffixSpec
     raise AttributeError(f"module 'suffixspec' has no attribute {name!r}")

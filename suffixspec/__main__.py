@@ -1,5 +1,5 @@
 """``python -m suffixspec ...``: the same command line as the ``suffixspec`` console script."""
 
-from .cli import main
+from suffixspec.cli import main
 
 main()

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import SamplingParams, SpeculationConfig
-from .errors import RequestError
-from .models import DEFAULT_MODEL, check_model_name, default_draft
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.errors import RequestError
+from suffixspec.models import DEFAULT_MODEL, check_model_name, default_draft
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,8 @@ class SuffixSpec:
 
     def _build_engine(self, model: str, draft_model: str | None, device: str | None, dtype: str | None,
                       max_num_seqs: int = 1, prefix_cache_mb: float = 256, threads: int | None = None) -> Any:
-        from .engine import Engine
-        from .loading import load_model
+        from suffixspec.loading import load_model
+        from suffixspec.runtimes.engine import Engine
 
         target = load_model(model, device=device, dtype=dtype, weights=self.weights)
         self.weights = target.weights
@@ -177,7 +177,7 @@ class SuffixSpec:
         if device not in (None, "cpu") or dtype is not None or self.weights not in ("auto", None):
             raise ValueError("device, dtype and weights are the transformers runtime's settings; llama.cpp runs the GGUF "
                              "as it is quantized, on the CPU")
-        from .llama_cpp.engine import build_engine
+        from suffixspec.runtimes.llama_cpp.engine import build_engine
 
         if self.db_path is not None:
             from suffixspec.index.store import IndexStore
@@ -189,23 +189,25 @@ class SuffixSpec:
 
     def _build_proposers(self, target: Any, draft_model: str | None, device: str | None,
                          dtype: str | None) -> list[Any]:
-        """The suffix-index proposer (request, references, prediction, history, documents) and,
-        when a draft model is named, the draft-model proposer (bridged if its tokenizer differs)."""
-        from .proposers import make_proposer
+        """Every drafter whose needs this object has (``drafting.registry.build_available``): the suffix
+        index (request, references, prediction, history, documents) and, when a draft model is named, the
+        draft-model proposer (bridged if its tokenizer differs)."""
+        from suffixspec.drafting.registry import build_available
 
         if self.db_path is not None:
             from suffixspec.index.store import IndexStore
 
             self.store = IndexStore(self.db_path)
-        proposers: list[Any] = [make_proposer("suffix", db=self.store, tokenizer=target.tokenizer,
-                                              history=self.history)]
+        draft = None
         if draft_model:
-            from .loading import load_model
+            from suffixspec.loading import load_model
 
-            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it)
-            draft = load_model(draft_model, device=target.device, weights=target.weights)
-            proposers.append(make_proposer("draft_model", draft=draft, target=target))
-        return proposers
+            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it; a
+            # draft of a family without a lean forward stays in float32, as auto leaves it)
+            draft = load_model(draft_model, device=target.device,
+                               weights="auto" if target.weights == "int8" else target.weights)
+        return build_available({"tokenizer": target.tokenizer, "target": target, "draft": draft,
+                                "store": self.store, "history": self.history})
 
     # -- tokenization -------------------------------------------------------------------------
 
@@ -222,23 +224,18 @@ class SuffixSpec:
 
     @property
     def drafters(self) -> list[str]:
-        """The drafters this object has, named as ``speculation.drafters`` names them (in ``DRAFTERS``
-        order): the suffix index's request sources, ``history`` when outputs are kept, ``documents``
-        with a store, ``draft_model`` when one is loaded. ``SuffixSpec(draft_model=None, db=False,
-        history=False).drafters == ["prompt", "references", "prediction"]``."""
-        from . import draft as d  # (local: keeps this change off the module's import lines)
+        """The drafters this object has, named as ``speculation.drafters`` names them (in the registry's
+        order, ``drafting.registry.source_names``): each proposer's ``live_sources`` (the suffix index's
+        request sources, ``history`` when outputs are kept, ``documents`` with a store; ``draft_model``
+        when one is loaded). ``SuffixSpec(draft_model=None, db=False, history=False).drafters ==
+        ["prompt", "references", "prediction"]``."""
+        from suffixspec.drafting.registry import source_names
 
         have: set[str] = set()
         for p in self.proposers:
-            if getattr(p, "name", "") == "suffix":
-                have |= {d.SOURCE_PROMPT, d.SOURCE_REFERENCES, d.SOURCE_PREDICTION}
-                if getattr(p, "history", None) is not None:
-                    have.add(d.SOURCE_HISTORY)
-                if getattr(p, "store", None) is not None or getattr(p, "documents", None) is not None:
-                    have.add(d.SOURCE_DOCUMENTS)
-            elif getattr(p, "name", "") in d.DRAFTERS:  # draft_model (same or another tokenizer)
-                have.add(p.name)
-        return [name for name in d.DRAFTERS if name in have]
+            live = getattr(p, "live_sources", None)
+            have.update(live() if callable(live) else ())
+        return [name for name in source_names() if name in have]
 
     @property
     def has_chat_template(self) -> bool:

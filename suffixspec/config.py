@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .draft import DRAFTERS, PREDICTION_RULE
-from .errors import RequestError
+from suffixspec.drafting.draft import PREDICTION_RULE
+from suffixspec.drafting.registry import source_names
+from suffixspec.errors import RequestError
 
 
 @dataclass
@@ -59,7 +60,7 @@ class SpeculationConfig:
     """Which drafters run for a request and how large a draft tree may be."""
 
     enabled: bool = True  # False: plain decoding, one target token per step
-    # subset of DRAFTERS to use; None = every drafter loaded. A request's prediction drafts whenever it is
+    # subset of the drafters' sources (drafting.registry.source_names) to use; None = every drafter loaded. A request's prediction drafts whenever it is
     # given, named here or not (draft.drafter_allows): send no prediction to run without it
     drafters: tuple[str, ...] | None = None
     max_draft_tokens: int = 32  # node budget for the merged draft tree
@@ -68,9 +69,10 @@ class SpeculationConfig:
     def __post_init__(self) -> None:
         if self.drafters is not None:
             self.drafters = tuple(self.drafters)
-            unknown = [d for d in self.drafters if d not in DRAFTERS]
+            known = source_names()
+            unknown = [d for d in self.drafters if d not in known]
             if unknown:
-                raise RequestError(f"unknown drafter(s) {unknown}; choose from {list(DRAFTERS)} ({PREDICTION_RULE})",
+                raise RequestError(f"unknown drafter(s) {unknown}; choose from {list(known)} ({PREDICTION_RULE})",
                                    "drafters")
         if not 0 <= self.max_draft_tokens <= 256:
             raise RequestError(f"max_draft_tokens must be between 0 and 256, got {self.max_draft_tokens}",

@@ -24,3 +24,19 @@ class RequestError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param  # the argument (request field) to change, when one is to blame
+
+
+class RequestFailed(RuntimeError):
+    """One request failed while the engine served it; the other requests in its batch go on, unaffected.
+
+    ``stage`` names the step that failed (``joining the batch``, ``copying its reused prompt prefix``,
+    ``prefilling its prompt``, ``drafting``, ``the target's pass``, ``committing its tokens``, ``ending``);
+    the exception raised there is ``__cause__``. Example: a prefix copy that runs out of memory ->
+    ``RequestFailed("the request failed while copying its reused prompt prefix (MemoryError: ...); the
+    other requests go on")``; the HTTP server answers it with a 500 that names the stage only."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f"the request failed while {stage} ({type(cause).__name__}: {cause}); the other "
+                         "requests go on")
+        self.stage = stage  # the step that failed, in words
+        self.__cause__ = cause

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models import DEFAULT_MODEL, embedded_path, gguf_source
+from suffixspec.models import DEFAULT_MODEL, embedded_path, gguf_source
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
            "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -39,7 +39,7 @@ def _resolve(name_or_path: str, progress: bool = True) -> tuple[str, bool]:
         return str(local), False
     src = gguf_source(name_or_path)
     if src is not None:
-        from .models import cached_folder
+        from suffixspec.models import cached_folder
 
         return str(cached_folder(src, progress=progress)), True
     return name_or_path, False
@@ -79,7 +79,7 @@ class LoadedModel:
     # the conversion cache's folder the weights were read from (suffixspec's own, where the batching probe's
     # verdict is remembered: ``probe_cache``); None for any other source (a user's folder, a hub id, in memory)
     cache_folder: str | None = None
-    # the weight format (suffixspec.weights.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
+    # the weight format (suffixspec.core.weights.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
     # one is built by the lean forward when the engine or draft runner first runs the model
     weights: str = "float32"
 
@@ -179,7 +179,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     """Load a causal LM and its tokenizer from a model name, a ``.gguf`` file, a local folder, a hub
     id or an embedded name (``resolve_model_path``).
 
-    ``weights``: the weight format (``suffixspec.weights.FORMATS``); ``"auto"`` = the fastest exact format
+    ``weights``: the weight format (``suffixspec.core.weights.FORMATS``); ``"auto"`` = the fastest exact format
     measured on this machine (int8 on a CPU where ``torch._int_mm`` is exact and faster, see
     ``weights.resolve``); None (this function's default) = the floating format of ``dtype`` or the device,
     as before formats existed. An int8 model loads in float32 and is quantized by its lean forward when first
@@ -187,8 +187,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .kv import attention_windows
-    from .weights import LOAD_DTYPES, QUANTIZED, resolve
+    from suffixspec.core.kv import attention_windows
+    from suffixspec.core.weights import LOAD_DTYPES, QUANTIZED, resolve
 
     path, converted = _resolve(name_or_path)
     config = AutoConfig.from_pretrained(path)
@@ -206,7 +206,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
             model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype)  # config read once
     model.to(dev).eval()
     if fmt in QUANTIZED:
-        from .lean import unsupported
+        from suffixspec.core.lean import unsupported
 
         problem = unsupported(model)
         if problem is not None:
@@ -215,5 +215,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
                                  f"({problem}); use weights='float32'")
             fmt = "float32"  # auto: the fastest exact format this model can run
     tokenizer = _tokenizer_from(path)
+    if fmt in QUANTIZED:  # the calibration text's ids, for the int8 build's smoothing (weights.smoothing)
+        from suffixspec.core.weights import CALIBRATION_TEXT
+
+        model._suffixspec_calibration = list(tokenizer(CALIBRATION_TEXT)["input_ids"])
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
                        cache_folder=path if converted else None, weights=fmt)

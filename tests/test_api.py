@@ -65,10 +65,11 @@ def test_bad_arguments_raise_the_request_error(spec):
 
 def test_a_proposer_bug_is_no_request_error(tiny_model_dirs):
     from suffixspec import RequestError
-    from suffixspec.draft import Draft
-    from suffixspec.engine import Engine
+    from suffixspec.drafting.draft import Draft
+    from suffixspec.drafting.proposers import Proposer
+    from suffixspec.errors import RequestFailed
     from suffixspec.loading import load_model
-    from suffixspec.proposers import Proposer
+    from suffixspec.runtimes.engine import Engine
 
     class Broken(Proposer):
         name = "broken"
@@ -77,9 +78,10 @@ def test_a_proposer_bug_is_no_request_error(tiny_model_dirs):
             return Draft([1, 2], [-1], ["prompt", "prompt"])  # two tokens, one parent
 
     with SuffixSpec(engine=Engine(load_model(str(tiny_model_dirs["llama"])), [Broken()]), db=False) as s:
-        with pytest.raises(ValueError, match="Draft needs one parent") as err:
+        with pytest.raises(RequestFailed, match="while drafting") as err:
             s.generate("x", max_tokens=2)
-    assert not isinstance(err.value, RequestError)
+    assert not isinstance(err.value, RequestError)  # the server's 500, not a 400: the request was not at fault
+    assert isinstance(err.value.__cause__, ValueError) and "Draft needs one parent" in str(err.value.__cause__)
 
 
 def test_sampling_object_and_keywords_agree(spec):

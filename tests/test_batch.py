@@ -20,14 +20,14 @@ from doubles import OracleProposer, RandomTreeProposer
 from test_draft_model_proposer import _chi_square_z, _exact_pairs
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
-from suffixspec.engine import Engine
-from suffixspec.lean import PassRow
+from suffixspec.core.lean import PassRow
+from suffixspec.core.runner import Runner
+from suffixspec.core.scheduler import Scheduler
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.drafting.proposers import Proposer, RequestContext, make_proposer
+from suffixspec.drafting.proposers.draft_model import DraftModelProposer
 from suffixspec.loading import load_model
-from suffixspec.proposers import Proposer, RequestContext, make_proposer
-from suffixspec.proposers.draft_model import DraftModelProposer
-from suffixspec.runner import Runner
-from suffixspec.scheduler import Scheduler
+from suffixspec.runtimes.engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -281,7 +281,7 @@ def test_a_closed_batching_engine_exits_cleanly():
     an active exception": a thread still stepping while the interpreter finalizes). The embedded target:
     its passes are large enough for torch's intra-op threads, which the tiny fixtures' are not."""
     script = ("import sys, threading\n"
-              "from suffixspec.engine import Engine\n"
+              "from suffixspec.runtimes.engine import Engine\n"
               "from suffixspec.config import SamplingParams\n"
               "from suffixspec.loading import load_model\n"
               "engine = Engine(load_model(sys.argv[1]), max_num_seqs=2)\n"

@@ -151,13 +151,13 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
 
 @pytest.mark.slow
 def test_quick_smoke_run_on_every_workload(tiny_model_dirs, tiny_draft_dir, tmp_path):
-    """``suffixspec bench --quick``: the four quick systems on every workload, outputs identical."""
+    """``suffixspec bench --quick --workloads`` every one of them: the four quick systems, outputs identical."""
     from suffixspec.bench.run import QUICK_SYSTEMS
     from suffixspec.bench.workloads import WORKLOADS
 
     logged: list[str] = []
     result = run(str(tiny_model_dirs["llama"]), str(tiny_draft_dir), tmp_path, quick=True, requests=1, max_tokens=8,
-                 log=logged.append)
+                 log=logged.append, workloads=WORKLOADS)
     ran = [w for w in WORKLOADS if f"workload {w}" not in result["skipped"]]  # sources not installed: skipped
     systems = _ran_except_broken_uag(QUICK_SYSTEMS, result, logged)
     got = {(r["workload"], r["system"]) for r in result["rows"]}
@@ -166,6 +166,53 @@ def test_quick_smoke_run_on_every_workload(tiny_model_dirs, tiny_draft_dir, tmp_
     assert ("agent_sessions_after_restart", "ours_history_restart") in got  # its own systems
     assert all(r["identical"] for r in result["rows"])
 
+
+
+@pytest.mark.slow
+def test_quick_runs_what_the_docs_say(tiny_model_dirs, tiny_draft_dir, tmp_path):
+    """``suffixspec bench --quick`` as docs/cli.md and its --help describe it: the four basic workloads (no
+    corpus to index, no sessions), 2 requests x 96 tokens each, the quick systems; nothing else."""
+    import re
+
+    from click.testing import CliRunner
+
+    from suffixspec.bench.run import QUICK_SYSTEMS, QUICK_WORKLOADS
+    from suffixspec.cli import main
+
+    doc = next(line for line in (ROOT / "docs" / "cli.md").read_text().splitlines() if line.startswith("| `--quick`"))
+    help_text = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
+    for text in (doc, help_text):
+        assert all(w in text for w in QUICK_WORKLOADS) and "2 requests x 96 tokens" in text, text
+    assert re.search(r"finishes in about \d+ minutes", doc), doc  # its time is stated
+    logged: list[str] = []
+    result = run(str(tiny_model_dirs["llama"]), str(tiny_draft_dir), tmp_path, quick=True, log=logged.append)
+    systems = _ran_except_broken_uag(QUICK_SYSTEMS, result, logged)
+    rows = {(r["workload"], r["system"]): r for r in result["rows"]}
+    ran = tuple(w for w in QUICK_WORKLOADS if f"workload {w}" not in result["skipped"])  # rag: Node's docs
+    assert "code_edit" in ran and set(rows) == {(w, s) for w in ran for s in systems}
+    assert all(r["requests"] == 2 and r["max_tokens"] == 96 and r["identical"] for r in rows.values()), rows
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_quick_finishes_within_the_time_its_docs_state(tmp_path):
+    """``suffixspec bench --quick`` on the default model within the minutes docs/cli.md states for 2 idle cores,
+    counted in CPU time (it runs on one thread): on a busy machine its wall time is the other jobs' too."""
+    import os
+    import re
+    import resource
+    import subprocess
+
+    doc = next(line for line in (ROOT / "docs" / "cli.md").read_text().splitlines() if line.startswith("| `--quick`"))
+    minutes = int(re.search(r"finishes in about (\d+) minutes on 2 idle cores", doc).group(1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SUFFIXSPEC_DB": str(tmp_path / "index.db")}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = subprocess.run([sys.executable, "-m", "suffixspec", "bench", "--quick", "--out", str(tmp_path / "out")],
+                         env=env, capture_output=True, text=True, timeout=3600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert res.returncode == 0, res.stderr[-3000:]
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu_s <= minutes * 60, f"--quick took {cpu_s:.0f} s of CPU; docs/cli.md states about {minutes} minutes"
 
 def test_result_rows_of_other_models_are_kept(tmp_path):
     from suffixspec.bench.run import merge_rows
@@ -227,8 +274,8 @@ def test_oracle_and_curve_cost_arithmetic():
 @pytest.mark.slow
 def test_replay_counts_the_steps_greedy_verification_takes(tiny_model_dirs):
     from suffixspec.bench.bench_drafting import OracleDrafter, Trace, accepted_path, replay
-    from suffixspec.draft import Draft
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.draft import Draft
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     # the module's worked example: draft [5, 6, 9] against output [5, 6, 7, 8] accepts 5 6
     assert accepted_path(Draft([5, 6, 9], [-1, 0, 1], ["prompt"] * 3), [5, 6, 7, 8]) == 2
@@ -249,7 +296,7 @@ def test_replay_gate_decides_as_the_engine_by_the_cost_curve():
     every draft free (verified: the same steps as without the gate); drafts costing ten plain steps a
     node are all skipped (no exploration comes due in 48 steps): a plain step per token."""
     from suffixspec.bench.bench_drafting import Trace, replay
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
 
@@ -270,7 +317,7 @@ def test_replay_with_the_prefill_estimates_the_whole_request():
     """With the prefill per prompt token, every request pays it once in plain decoding and with drafts:
     the whole-request estimate lies between 1 and the decode-only one, by the prompt's share."""
     from suffixspec.bench.bench_drafting import Trace, replay
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     trace = Trace(prompt_ids=[9, 1, 2, 3, 4], output_ids=[1, 2, 3, 4] * 12, reference_ids=[], prediction_ids=None)
     curve = {k: 0.070 * (1 + 0.02 * k) for k in range(65)}
@@ -374,8 +421,8 @@ def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, ti
     from suffixspec.bench.bench_sampled import on_off, proposers_for
     from suffixspec.bench.workloads import Request
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     target, draft = load_model(str(tiny_model_dirs["llama"])), load_model(str(tiny_draft_dir))
     engine = Engine(target)
@@ -565,7 +612,7 @@ def test_bench_policy_script_runs_a_field_at_two_values_side_by_side(tmp_path, m
     the field does not touch once, every output the same, the field put back afterwards; an unknown field is
     refused by name."""
     from suffixspec.bench import arctic
-    from suffixspec.policy import DEFAULT
+    from suffixspec.drafting.policy import DEFAULT
 
     out = tmp_path / "new" / "policy.json"
     before = DEFAULT.accepted_rate
@@ -582,3 +629,7 @@ def test_bench_policy_script_runs_a_field_at_two_values_side_by_side(tmp_path, m
     assert "| code_edit | 1 | ours_prompt@0.6 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no field"):
         _main(monkeypatch, "bench_policy", ["--model", "suffixspec/demo-target", "--field", "no_such_rule"])
+    with pytest.raises(ValueError, match="accepted_rate"):  # each value is a validated Policy, not a field set in place
+        _main(monkeypatch, "bench_policy", ["--model", "suffixspec/demo-target", "--field", "accepted_rate",
+                                            "--values", "0.3,1.5"])
+    assert DEFAULT.accepted_rate == before

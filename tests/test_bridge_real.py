@@ -52,8 +52,8 @@ def pair():
 @pytest.mark.parametrize("mode", ["text", "intersection"])
 def test_smollm2_drafts_for_gemma_through_the_bridge(pair, mode, record_property):
     from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.engine import Engine
-    from suffixspec.proposers.draft_model import make_draft_proposer
+    from suffixspec.drafting.proposers.draft_model import make_draft_proposer
+    from suffixspec.runtimes.engine import Engine
 
     gemma, smol = pair
     proposer = make_draft_proposer(smol, gemma, mode=mode)

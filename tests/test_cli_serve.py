@@ -43,7 +43,7 @@ def test_generate_usage_errors(tiny_model_dirs, tmp_path):
     assert res.exit_code == 2 and "PROMPT" in res.output
     res = CliRunner().invoke(main, ["generate", "x", "--model", str(tiny_model_dirs["llama"]), "--draft-model",
                                     "none", "--db", str(tmp_path / "i.db"), "--drafters", "magic"])
-    assert res.exit_code == 1 and "magic" in res.output
+    assert res.exit_code == 2 and "magic" in res.output  # refused before the model loads
 
 
 def test_generate_reports_decode_speed_apart_from_prefill_and_first_step(tiny_model_dirs, tmp_path):

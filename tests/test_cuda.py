@@ -16,9 +16,9 @@ import torch
 from doubles import OracleProposer, RandomTreeProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
-from suffixspec.engine import Engine
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
 from suffixspec.loading import load_model
+from suffixspec.runtimes.engine import Engine
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m cuda runs these)")]
@@ -57,8 +57,8 @@ def _same(engine: Engine, dtype: str, runs: list[tuple[str, list[int], list[int]
 def test_sampling_helpers_follow_the_logits_device():
     """The race, the inverse CDF, penalties and bias, and the known-q rule on CUDA logits give the CPU's
     tokens (noise made on the CPU from the seed; the division and argmax are exact on both)."""
-    from suffixspec.sampling import LogitsProcessor, PositionRNG, sample_inverse_cdf, sample_race
-    from suffixspec.verify import verify_tree
+    from suffixspec.core.sampling import LogitsProcessor, PositionRNG, sample_inverse_cdf, sample_race
+    from suffixspec.core.verify import verify_tree
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(9, 300, generator=gen) * 3
@@ -130,7 +130,7 @@ def test_batched_rows_on_cuda_equal_each_alone(engines, arch, dtype):
 def test_draft_models_on_cuda(engines, tiny_model_dirs, tiny_draft_dir, mode):
     """A same-vocabulary draft (argmax, and sampling with q) and the bridged draft (text, intersection with
     q) on CUDA: greedy equals plain; a seeded request with a sampling draft gives the same tokens twice."""
-    from suffixspec.proposers.draft_model import make_draft_proposer
+    from suffixspec.drafting.proposers.draft_model import make_draft_proposer
 
     engine = engines[("llama", "float32")]
     draft_dir = tiny_model_dirs["qwen2"] if mode == "same" else tiny_draft_dir
@@ -153,8 +153,8 @@ def test_lean_forward_on_cuda_equals_transformers(model_type):
     """A prompt, then a tree after it, against the model's own forward over each node's path (float32)."""
     from test_lean import _path_logits, _tiny
 
-    from suffixspec.kv import SlotCache
-    from suffixspec.lean import LeanForward, PassRow
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import LeanForward, PassRow
 
     model = _tiny(model_type).to("cuda")
     lean = LeanForward(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from suffixspec.detok import TextTracker
+from suffixspec.core.detok import TextTracker
 
 
 @pytest.fixture(scope="module")

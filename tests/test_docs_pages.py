@@ -4,7 +4,7 @@ its rules: tests/test_readme.py)."""
 from __future__ import annotations
 
 import pytest
-from test_readme import ROOT, _skip_reason, run_page, units
+from test_readme import ROOT, _skip_reason, check_gains, run_page, units
 
 # the pages with commands or snippets (design.md and the like hold prose and tables only)
 DOCS = [p for p in sorted((ROOT / "docs").glob("*.md")) if units(p.read_text())]
@@ -23,8 +23,10 @@ def test_every_page_with_code_has_code_that_runs():
 @pytest.mark.real_model
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_page_runs_as_written(page, tmp_path):
-    ran, skipped = run_page(page, tmp_path)
+    outputs: dict[str, str] = {}
+    ran, skipped = run_page(page, tmp_path, outputs)
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
+    print("gains:", *check_gains(page, outputs), sep="\n  ")
     assert ran, f"{page.name}: nothing ran (skipped: {skipped})"
 
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT
+from suffixspec.drafting.costs import PassCost
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, SOURCE_PROMPT, Draft
+from suffixspec.drafting.proposers import Proposer, RequestContext
+from suffixspec.drafting.proposers.bridged_draft import BridgedDraftProposer
+from suffixspec.drafting.proposers.draft_model import DraftModelProposer, make_draft_proposer
+from suffixspec.drafting.proposers.model_drafter import AdaptiveLength, DraftRunner
 from suffixspec.loading import load_model
-from suffixspec.policy import PassCost
-from suffixspec.proposers import RequestContext
-from suffixspec.proposers.bridged_draft import BridgedDraftProposer
-from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
-from suffixspec.proposers.model_drafter import AdaptiveLength, DraftRunner
 
 PROMPTS = ["def add(a, b):\n", "The quick brown fox", "for i in range(10):\n\tprint(", "你好 🙂 wörld"]
 
@@ -37,7 +37,7 @@ def models(tiny_model_dirs, tiny_draft_dir):
 
 @pytest.fixture(scope="module")
 def engine(models):
-    from suffixspec.engine import Engine
+    from suffixspec.runtimes.engine import Engine
 
     return Engine(models["target"])
 
@@ -231,7 +231,7 @@ def _chi_square_z(observed: Counter, expected: dict, n: int) -> float:
 @torch.inference_mode()
 def _exact_pairs(target, ids: list[int], sp: SamplingParams) -> dict:
     """Exact distribution of the first two sampled tokens under the plain sampler."""
-    from suffixspec.sampling import LogitsProcessor
+    from suffixspec.core.sampling import LogitsProcessor
 
     model = target.model
     vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -434,11 +434,11 @@ def test_model_drafters_depend_one_way():
     import subprocess
     import sys
 
-    code = ("import sys; import suffixspec.proposers.bridged_draft; "
-            "print('suffixspec.proposers.draft_model' in sys.modules)")
+    code = ("import sys; import suffixspec.drafting.proposers.bridged_draft; "
+            "print('suffixspec.drafting.proposers.draft_model' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    from suffixspec.proposers import bridged_draft, draft_model, model_drafter
+    from suffixspec.drafting.proposers import bridged_draft, draft_model, model_drafter
 
     assert bridged_draft.ModelDrafter is model_drafter.ModelDrafter is draft_model.ModelDrafter
 
@@ -449,7 +449,7 @@ def test_model_drafters_depend_one_way():
 def _costed(proposer, ids, step_s: float, slope: float):
     """``proposer`` begun on ``ids`` with its draft forward measured at ``step_s`` and a verify pass costing
     1 + slope x (inputs - 1) seconds (a plain step of 1 s)."""
-    from suffixspec.policy import StepCost
+    from suffixspec.drafting.costs import StepCost
 
     cost = PassCost()
     for n in range(1, 40):
@@ -498,7 +498,7 @@ def test_greedy_equals_plain_with_the_drafts_own_judgement_and_int8(models, engi
 
 
 def test_an_int8_draft_runs_close_to_its_float_self(models):
-    from suffixspec.lean import Int8Weight, int8_works, linear
+    from suffixspec.core.lean import Int8Weight, int8_works, linear
 
     if not int8_works():
         pytest.skip("this torch has no int8 dynamic linear: drafts stay in float32")
@@ -566,7 +566,7 @@ def test_a_vetted_lead_drafts_what_the_draft_would_draft_alone(models):
 def test_greedy_equals_plain_with_the_suffix_index_leading_the_draft_model(models, engine):
     """Suffix drafts and a draft model in one engine (merged trees, the model vetting the suffix index's
     surest chain): every output is plain decoding's."""
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
 
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     for prompt in PROMPTS:
@@ -579,3 +579,68 @@ def test_greedy_equals_plain_with_the_suffix_index_leading_the_draft_model(model
         finally:
             engine.proposers = []
         assert spec.token_ids == plain.token_ids, prompt
+
+
+class _Promising(Proposer):
+    """A deterministic drafter whose chain (a token the target never takes, say) promises ``score`` tokens."""
+
+    name = "promising"
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def propose(self, context, budget):
+        return Draft.chain([0], SOURCE_PROMPT, score=self.score)
+
+
+class _FixedStep(DraftModelProposer):
+    """The same-vocabulary draft model with its forward's cost pinned (``step_s``), so its judgement is a
+    function of the run alone: the wiring under test, not the machine's clock, decides."""
+
+    def learn_cost(self) -> None:
+        self._fwd_cpu, self._fwd_n = 0.0, 0
+        self.step_s = self.judge.step_s = 0.2
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-value", "plain-value"])
+def test_the_drafts_before_a_draft_model_lower_what_its_tokens_are_worth(models, shared, monkeypatch):
+    """The engine tells a draft model what the drafts before it promise this step (``observe_promise``: each
+    draft's score times its proposer's trust, or the request's calibration), and with
+    ``Policy.model_value_shared`` the model values its token at a plain step over (1 + that). Pinned costs:
+    a pass F = 1 s, a node 0.001 s, a draft forward 0.2 s; the draft model is the target itself (its greedy
+    tokens are accepted: its first-token acceptance starts at 0.6 and rises). Alone its draft pays
+    (0.6 >= 0.201); after a drafter promising 6 tokens times the request's calibration it does not while
+    that promise is above about 2 (0.6 / 3 < 0.201). Without the wiring (no promise told, or the policy not
+    read) it would never decline here."""
+    from suffixspec.drafting.judge import ModelDraftJudge
+    from suffixspec.drafting.policy import Policy
+    from suffixspec.runtimes.engine import Engine
+
+    class Pinned(PassCost):
+        def observe(self, inputs, seconds):
+            pass
+
+        def estimate(self, inputs):
+            return 1.0 + 0.001 * (inputs - 1)
+
+    seen: list[tuple[float, bool]] = []  # (the promise the judge was told, its verdict) per step
+    worth = ModelDraftJudge.worth
+
+    def recording(self, step):
+        out = worth(self, step)
+        seen.append((self.promised_before, out))
+        return out
+
+    monkeypatch.setattr(ModelDraftJudge, "worth", recording)
+    engine = Engine(models["target"], policy=Policy(model_value_shared=shared))
+    engine.scheduler.cost = Pinned()
+    model = _FixedStep(models["target"])
+    model.step_s = 0.2
+    engine.proposers = [_Promising(6.0), model]
+    engine.generate("def add(a, b):", SamplingParams(max_tokens=16), SpeculationConfig(max_draft_tokens=16))
+    assert seen and all(0 < others <= 6.0 for others, _ in seen), seen  # told every step, at most the score
+    declined = [others for others, ok in seen if not ok]
+    if shared:
+        assert declined and min(declined) > 1.0, seen  # declined, where the promise was large
+    else:
+        assert not declined, seen

@@ -8,13 +8,13 @@ import torch
 from doubles import OracleProposer, RandomTreeProposer, WrongProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import Draft
-from suffixspec.engine import Engine
-from suffixspec.kv import tree_mask
-from suffixspec.lean import PassRow
+from suffixspec.core.kv import tree_mask
+from suffixspec.core.lean import PassRow
+from suffixspec.core.runner import Runner
+from suffixspec.drafting.costs import PassCost
+from suffixspec.drafting.draft import Draft
 from suffixspec.loading import load_model
-from suffixspec.policy import PassCost
-from suffixspec.runner import Runner
+from suffixspec.runtimes.engine import Engine
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t"]
 # Tests that assert on acceptance statistics switch the engine's cost gates off (they depend on
@@ -351,3 +351,34 @@ def test_the_models_observers_see_every_pass(engines, arch):
     finally:
         hook.remove()
     assert len(calls) == res.stats.steps + 1  # the prompt's pass, then one per step
+
+
+def test_a_new_proposer_set_starts_with_empty_records(engines):
+    """The records shared across requests belong to the proposer set itself: a set made after another was
+    dropped starts empty even when Python puts its proposers at the dead ones' addresses (keyed by ``id()``,
+    most of 50 fresh sets took a dead set's records), and a set still in use keeps its own."""
+    import gc
+
+    from suffixspec.drafting.gates import ProposerRecord
+
+    engine = engines["llama"]
+    request, spec = engine.prepare("def add(a, b):")
+    kept = [WrongProposer([1], 8)]
+    engine.proposers = kept
+    engine.state_maker(request, spec, None)(kept).shared[0] = ProposerRecord(seconds=9.0)
+    addresses: set[int] = set()
+    reused = 0
+    for _ in range(50):
+        engine.proposers = [WrongProposer([1], 8)]
+        reused += id(engine.proposers[0]) in addresses
+        addresses.add(id(engine.proposers[0]))
+        shared = engine.state_maker(request, spec, None)(engine.proposers).shared
+        assert shared == {}, shared  # nothing of a dead set's records
+        shared[0] = ProposerRecord(seconds=1.0)
+        engine.proposers = []
+        gc.collect()
+    assert reused > 0  # Python did put new proposers at dead ones' addresses: the test can fail on id() keys
+    engine.proposers = kept
+    assert engine.state_maker(request, spec, None)(kept).shared[0].seconds == 9.0
+    assert len(engine._shared) <= 2  # dropped sets' records went with them
+    engine.proposers = []

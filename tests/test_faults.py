@@ -1,6 +1,16 @@
-"""Faults: kill -9 of `suffixspec serve` during a document add and during a generation, a restart on the
-same store, the CLI adding documents while the server serves from the same database, and corrupt or
-foreign database files (a clear error and exit 1, never a traceback or a crash loop)."""
+"""Faults.
+
+One request's failure stays its own (``scheduler.Scheduler``): a request whose join, prompt prefill, prefix
+reuse or proposer (propose, update) fails, or whose row fails the target's pass, ends with a
+``RequestFailed`` naming that step, while the requests running beside it finish with exactly the tokens
+they get alone and no caller waits forever. Each failure is injected by wrapping one real method (the
+runner's, the cache's, the suffix proposer's) to raise for one request, with several requests in the batch;
+the step loop must end within a bounded number of steps with a final event on every handle, and the server
+worker's callers read their events with a bounded wait.
+
+The server process: kill -9 of `suffixspec serve` during a document add and during a generation, a
+restart on the same store, the CLI adding documents while the server serves from the same database, and
+corrupt or foreign database files (a clear error and exit 1, never a traceback or a crash loop)."""
 
 from __future__ import annotations
 
@@ -18,8 +28,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from test_prefix import HEAD, TASKS
 
-pytestmark = pytest.mark.slow  # subprocess servers, kill -9
+import suffixspec.core.kv as kv
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import make_proposer
+from suffixspec.drafting.proposers.suffix import SuffixProposer
+from suffixspec.errors import RequestFailed
+from suffixspec.loading import load_model
+from suffixspec.runtimes.engine import Engine
 
 CLI = [sys.executable, "-c", "from suffixspec.cli import main; main()"]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -92,6 +110,7 @@ def db_state(db) -> tuple[str, dict[str, str], int]:
         conn.close()
 
 
+@pytest.mark.slow  # subprocess servers, kill -9
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the writer process in /proc")
 def test_kill9_during_add_and_generation_then_restart(tiny_model_dirs, tmp_path):
     model, db = tiny_model_dirs["llama"], tmp_path / "index.db"
@@ -242,6 +261,7 @@ def bad_dbs(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # a CLI process each
 @pytest.mark.parametrize(("name", "cmd"), [("random.db", "list"), ("text.db", "stats"), ("foreign.db", "list"),
                                            ("clash.db", "stats"), ("corrupt.db", "list")])
 def test_bad_database_is_a_clear_error(bad_dbs, name, cmd):
@@ -254,6 +274,7 @@ def test_bad_database_is_a_clear_error(bad_dbs, name, cmd):
     assert (bad_dbs / name).read_bytes() == before  # another program's file is left untouched
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.parametrize("name", ["foreign.db"])
 def test_serve_on_a_bad_database_exits_with_a_clear_error(bad_dbs, tiny_model_dirs, name):
     res = subprocess.run([*CLI, "serve", "--model", str(tiny_model_dirs["llama"]), "--draft-model", "none",
@@ -261,3 +282,268 @@ def test_serve_on_a_bad_database_exits_with_a_clear_error(bad_dbs, tiny_model_di
                          timeout=180)
     assert res.returncode == 1, res.stderr[-1500:]
     assert "Traceback" not in res.stderr and "Error:" in res.stderr and "not" in res.stderr, res.stderr[-1500:]
+
+
+# ----- one request's failure stays its own ---------------------------------------------------------------
+OTHER = "import os\nimport sys\n\ndef main(argv):\n    return len(argv)\n"  # shares no head with HEAD
+FAULT_CASES = [dict(max_tokens=24, ignore_eos=True), dict(max_tokens=20, ignore_eos=True, temperature=1.0, seed=7),
+               dict(max_tokens=22, ignore_eos=True, temperature=0.8, top_k=30, seed=3),
+               dict(max_tokens=18, ignore_eos=True, presence_penalty=0.5)]
+# A and B share a head (B waits a step to copy it: held), C (the victim, unless a test says otherwise) shares
+# nothing and joins beside A, D shares the head too: the order in which _admit meets them
+FAULT_REQS = [(HEAD + TASKS[0], FAULT_CASES[0]), (HEAD + TASKS[1], FAULT_CASES[1]), (OTHER + TASKS[2], FAULT_CASES[2]),
+              (HEAD + TASKS[3], FAULT_CASES[3])]
+STEP_LIMIT = 400  # far more steps than four requests of at most 24 tokens take: reaching it is a caller stuck
+EVERY_DRAFT = SpeculationConfig(adaptive=False)  # every step asks the proposers (the gates would skip some calls)
+
+
+class Injected(Exception):
+    """The failure a test injects."""
+
+
+@pytest.fixture(scope="module")
+def fault_targets(tiny_model_dirs):
+    return {arch: load_model(str(tiny_model_dirs[arch])) for arch in ("llama", "gpt2")}
+
+
+@pytest.fixture(scope="module")
+def alone(fault_targets):
+    """Each request's tokens alone: plain decoding, its prompt prefilled in full."""
+    out = {}
+    for arch, target in fault_targets.items():
+        plain = Engine(target, prefix_cache_mb=0)
+        out[arch] = [plain.generate(p, SamplingParams(**c), speculation=False).token_ids for p, c in FAULT_REQS]
+    return out
+
+
+def _engine(target) -> Engine:
+    """Four rows, the suffix proposer, joiners that share a 16-token head staggered (held a step)."""
+    engine = Engine(target, [make_proposer("suffix", db=None, tokenizer=target.tokenizer)], max_num_seqs=4,
+                    policy=Policy(shared_prefill_min=16))
+    assert engine.batchable
+    return engine
+
+
+def _run_batch(engine: Engine, reqs=FAULT_REQS) -> list:
+    """Submit every request at once, step until none runs or waits (at most STEP_LIMIT steps), and return each
+    handle's final event: a StreamEvent with the result, or the exception it ended with. A handle with no
+    final event is a caller that would wait forever."""
+    sched = engine.scheduler
+    handles = []
+    for p, c in reqs:
+        request, spec = engine.prepare(p, SamplingParams(**c), EVERY_DRAFT)
+        handles.append(sched.submit(engine.state_maker(request, spec, None), None, request.prompt_ids))
+    steps = 0
+    while (sched.running or sched.waiting) and steps < STEP_LIMIT:
+        sched.step()
+        steps += 1
+    assert steps < STEP_LIMIT, "the batch never drained"
+    finals = []
+    for i, h in enumerate(handles):
+        events = []
+        while not h.events.empty():
+            events.append(h.events.get())
+        assert events, f"request {i} is in no queue and has no event: its caller would wait forever"
+        last = events[-1]
+        assert isinstance(last, BaseException) or last.result is not None, (i, last)
+        if not isinstance(last, BaseException):  # the stream carried every token once
+            assert [t for ev in events for t in ev.token_ids] == last.result.token_ids
+        finals.append(last)
+    return finals
+
+
+def _only_victim_failed(finals: list, want: list[list[int]], victim: int, stage: str) -> None:
+    for i, (ev, tokens) in enumerate(zip(finals, want, strict=True)):
+        if i == victim:
+            assert isinstance(ev, RequestFailed), ev
+            assert ev.stage == stage and isinstance(ev.__cause__, Injected), (ev, ev.__cause__)
+            assert str(ev).startswith(f"the request failed while {stage} (Injected: ") and "other requests go on" in str(ev)
+        else:
+            assert not isinstance(ev, BaseException), (i, ev)
+            assert ev.result.token_ids == tokens, (i, FAULT_REQS[i])
+
+
+def _ids(engine: Engine, i: int) -> list[int]:
+    return engine.encode(FAULT_REQS[i][0])
+
+
+def test_a_failing_prefix_reuse_fails_its_request_alone_and_keeps_the_held_ones(fault_targets, alone, monkeypatch):
+    """C's prefix copy raises in the same admission that holds B back to share A's prefill: C ends with its
+    error, A, B and D finish as alone (before: B was in no queue, its caller waiting forever, and A failed)."""
+    engine = _engine(fault_targets["llama"])
+    sched, victim = engine.scheduler, _ids(engine, 2)
+    reuse = sched.runner.reuse
+    held: list = []  # handles held back a step to share a joiner's prefill
+    shares = sched._shares_a_prefill
+
+    def recording(handle) -> bool:
+        out = shares(handle)
+        if out:
+            held.append(handle)
+        return out
+
+    monkeypatch.setattr(sched, "_shares_a_prefill", recording)
+
+    def failing(row, prompt):
+        if prompt == victim[:-1]:
+            raise Injected("out of memory growing the cache")
+        return reuse(row, prompt)
+
+    monkeypatch.setattr(sched.runner, "reuse", failing)
+    finals = _run_batch(engine)
+    assert held, "no request was held back to share a prefill: the case this test is about did not happen"
+    _only_victim_failed(finals, alone["llama"], 2, "copying its reused prompt prefix")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_failing_prefill_fails_its_request_alone(fault_targets, alone, monkeypatch, arch):
+    """C's prompt fails to compute. Lean (llama): it rides in A's pass, which fails; each row then runs alone
+    and only C's fails. Padded (gpt2): C's prefill is a pass of its own."""
+    engine = _engine(fault_targets[arch])
+    sched, victim = engine.scheduler, _ids(engine, 2)[:-1]
+    if sched.runner.packs_prompts:
+        forward = sched.runner.forward
+
+        def failing(rows):
+            if any(r.logits == "none" and victim[r.past:] == list(r.ids) for r in rows):
+                raise Injected("out of memory computing the prompt")
+            return forward(rows)
+
+        monkeypatch.setattr(sched.runner, "forward", failing)
+    else:
+        prefill = sched.runner.prefill
+
+        def failing(row, ids, start=0):
+            if victim[start:] == list(ids):
+                raise Injected("out of memory computing the prompt")
+            return prefill(row, ids, start)
+
+        monkeypatch.setattr(sched.runner, "prefill", failing)
+    assert sched.runner.packs_prompts == (arch == "llama")
+    _only_victim_failed(_run_batch(engine), alone[arch], 2, "prefilling its prompt")
+
+
+@pytest.mark.parametrize(("method", "stage"), [("propose", "drafting"), ("update", "committing its tokens")])
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_failing_proposer_fails_its_request_alone(fault_targets, alone, monkeypatch, method, stage, victim):
+    """The victim's suffix proposer raises on its third propose (or update), mid-generation, with the other
+    requests running: the victim ends with its error, the others finish as alone."""
+    engine = _engine(fault_targets["llama"])
+    ids = _ids(engine, victim)
+    begin, original = SuffixProposer.begin, getattr(SuffixProposer, method)
+    calls = []
+
+    def tagging(self, request):
+        self.victim = list(request.prompt_ids) == ids
+        return begin(self, request)
+
+    def failing(self, *args, **kwargs):
+        if getattr(self, "victim", False):
+            calls.append(method)
+            if len(calls) == 3:
+                raise Injected(f"a bug in {method}")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SuffixProposer, "begin", tagging)
+    monkeypatch.setattr(SuffixProposer, method, failing)
+    _only_victim_failed(_run_batch(engine), alone["llama"], victim, stage)
+    assert len(calls) == 3  # the victim stopped at its failure
+
+
+def test_a_row_that_fails_the_pass_fails_alone(fault_targets, alone, monkeypatch):
+    """The victim's proposer drafts a token the model has no embedding for (mid-generation): the lean pass of
+    every row fails; each row then runs alone, only the victim's fails, and the others commit the logits of
+    their own passes (a row's logits are the same alone or in a batch): their tokens are the alone ones."""
+    from suffixspec.drafting.draft import Draft
+
+    engine = _engine(fault_targets["llama"])
+    ids, vocab = _ids(engine, 0), engine.vocab_size
+    propose = SuffixProposer.propose
+    bad = []
+
+    def out_of_vocabulary(self, context, budget):
+        if list(context[:len(ids)]) == ids and len(context) == len(ids) + 5:
+            bad.append(len(context))
+            return Draft([vocab + 7], [-1], ["prompt"])
+        return propose(self, context, budget)
+
+    monkeypatch.setattr(SuffixProposer, "propose", out_of_vocabulary)
+    finals = _run_batch(engine)
+    assert bad and isinstance(finals[0], RequestFailed) and isinstance(finals[0].__cause__, IndexError)
+    assert finals[0].stage == "the target's pass"
+    for i in (1, 2, 3):
+        assert finals[i].result.token_ids == alone["llama"][i], i
+
+
+def test_a_cache_growth_that_runs_out_of_memory_fails_one_request_and_leaves_the_cache_usable(
+        fault_targets, alone, monkeypatch):
+    """C's prompt (over the cache's 256 positions) is stored by an earlier request; when C joins, copying it
+    grows every row's buffers, and the growth runs out of memory after one layer. C ends with its error;
+    A, B and D finish as alone; then C again (no failure now) gets its tokens alone: the half-grown cache
+    was left as it was for its users."""
+    long_other = OTHER * 11
+    reqs = [*FAULT_REQS[:2], (long_other, FAULT_CASES[2]), FAULT_REQS[3]]
+    target = fault_targets["llama"]
+    want = Engine(target, prefix_cache_mb=0).generate(long_other, SamplingParams(**FAULT_CASES[2]), speculation=False)
+    engine = _engine(target)
+    assert len(engine.encode(long_other)) > 300
+    warm = Engine(target, prefix_cache_mb=0)  # a cache of its own, filling the engine's store
+    warm.prefix_store = engine.prefix_store
+    assert warm.generate(long_other, SamplingParams(**FAULT_CASES[2]), speculation=False).token_ids == want.token_ids
+    sched = engine.scheduler
+    assert sched.runner.cache.capacity == 256 and engine.prefix_store.covered(engine.encode(long_other)) > 256
+    grown = kv._grown
+    growths = []
+
+    def failing(buf, rows, positions):
+        if positions > 256:
+            growths.append(positions)
+            if len(growths) == 3:  # keys and values of the first layer grew; the second layer's keys fail (once)
+                raise Injected("out of memory growing the cache")
+        return grown(buf, rows, positions)
+
+    monkeypatch.setattr(kv, "_grown", failing)
+    finals = _run_batch(engine, reqs)
+    _only_victim_failed(finals, [*alone["llama"][:2], want.token_ids, alone["llama"][3]], 2,
+                        "copying its reused prompt prefix")
+    cache = sched.runner.cache
+    assert cache.capacity == 256 and cache.keys[0].shape[2] == 512 and cache.keys[1].shape[2] == 256
+    again = _run_batch(engine, [reqs[2], reqs[0]])
+    assert [ev.result.token_ids for ev in again] == [want.token_ids, alone["llama"][0]]
+    assert cache.capacity == 512 and {k.shape[2] for k in (*cache.keys, *cache.values)} == {512}
+
+
+def test_the_server_worker_answers_the_failed_request_and_serves_the_others(fault_targets, alone, monkeypatch):
+    """Through the HTTP server's worker (four runner threads sharing the batch): the request whose proposer
+    fails gets a JobFailed naming the step, the others their alone tokens, every event read with a bounded
+    wait (a stuck caller fails the test instead of hanging it)."""
+    from suffixspec.server.worker import DONE, EngineWorker, Job, JobFailed
+
+    engine = _engine(fault_targets["llama"])
+    victim = _ids(engine, 1)
+    propose = SuffixProposer.propose
+
+    def failing(self, context, budget):
+        if list(context[:len(victim)]) == victim and len(context) > len(victim) + 3:
+            raise Injected("a bug in propose")
+        return propose(self, context, budget)
+
+    monkeypatch.setattr(SuffixProposer, "propose", failing)
+    worker = EngineWorker(engine, max_queue=8)
+    try:
+        assert worker.concurrency == 4
+        jobs = [worker.submit(Job(kwargs=dict(prompt=p, sampling=SamplingParams(**c), speculation=EVERY_DRAFT)))
+                for p, c in FAULT_REQS]
+        for i, job in enumerate(jobs):
+            while True:
+                ev = job.events.get(timeout=120)  # an upper bound for what takes a second: reaching it is a hang
+                if ev is DONE or isinstance(ev, JobFailed):
+                    break
+            if i == 1:
+                assert isinstance(ev, JobFailed) and isinstance(ev.exc, RequestFailed), ev
+                assert ev.message == ("the engine failed on this request while drafting (the other requests go "
+                                      "on); the server log has the details")
+            else:
+                assert ev is DONE and job.result.token_ids == alone["llama"][i], (i, ev)
+    finally:
+        worker.shutdown(timeout=60)

@@ -166,6 +166,51 @@ def test_non_streaming_client_disconnect_cancels_the_generation(server):
     assert metric(server, "suffixspec_completion_tokens_total") - tokens_before < 1000
 
 
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_is_logged_once_as_499_streaming_or_not(server, stream):
+    """One event, one status: a client that hangs up mid-generation is ``499 client disconnected`` in the access
+    log whether it streamed (its 200 went out with the first chunk) or not."""
+    import logging
+    import threading
+
+    st = server.app.extensions["suffixspec"]
+    logger = logging.getLogger("suffixspec.access")
+    lines: list[str] = []
+    logged = threading.Event()
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+            logged.set()
+
+    handler, before = Catch(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    body = json.dumps({"prompt": "x", "max_tokens": 1000, "ignore_eos": True, "temperature": 0,
+                       "stream": stream, "speculation": False}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    try:
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        if stream:
+            assert sock.recv(64).startswith(b"HTTP/1.1 200"), "the stream's status went out before the client left"
+        deadline = time.monotonic() + 60
+        while not st.worker.busy() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        sock.close()  # the client leaves while its request is being generated
+        while not any("/v1/completions" in line for line in lines) and time.monotonic() < deadline:
+            logged.wait(0.05)
+            logged.clear()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+    mine = [line for line in lines if "/v1/completions" in line]
+    assert len(mine) == 1, lines
+    assert mine[0].startswith("127.0.0.1 POST /v1/completions 499 client disconnected "), mine
+
+
 # -- 3. cross-site requests ------------------------------------------------------------------------------
 
 def test_a_cross_site_page_cannot_post(server):

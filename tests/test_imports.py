@@ -91,9 +91,9 @@ def test_find_cycle_finds_one_and_only_one():
 
 def test_no_import_circle():
     known = modules()
-    assert "suffixspec.engine" in known and "suffixspec.index.store" in known and "suffixspec.bench.run" in known
+    assert "suffixspec.runtimes.engine" in known and "suffixspec.index.store" in known and "suffixspec.bench.run" in known
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert "suffixspec.runner" in graph["suffixspec.scheduler"]  # the parse sees relative imports
+    assert "suffixspec.core.runner" in graph["suffixspec.core.scheduler"]  # the parse sees relative imports
     for importer, imported in KNOWN:
         assert imported in graph[importer], f"{importer} no longer imports {imported}: drop it from KNOWN"
         graph[importer].discard(imported)
@@ -101,9 +101,11 @@ def test_no_import_circle():
     assert cycle is None, " -> ".join(cycle)
 
 
-@pytest.mark.parametrize("module,forbidden", [("suffixspec.runner", "suffixspec.engine"),
-                                              ("suffixspec.lean", "suffixspec.proposers"),
-                                              ("suffixspec.policy", "suffixspec.scheduler")])
+@pytest.mark.parametrize("module,forbidden", [("suffixspec.core.runner", "suffixspec.runtimes.engine"),
+                                              ("suffixspec.core.lean", "suffixspec.drafting.proposers"),
+                                              *((f"suffixspec.drafting.{m}", f"suffixspec.{up}")
+                                                for m in ("policy", "costs", "gates", "budget", "judge")
+                                                for up in ("scheduler", "sequence", "proposers"))])
 def test_the_loop_depends_one_way(module, forbidden):
     """The numerics and the policy know nothing of the loop or the proposers above them."""
     known = modules()

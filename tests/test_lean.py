@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.kv import SlotCache
-from suffixspec.lean import (
+from suffixspec.core.kv import SlotCache
+from suffixspec.core.lean import (
     FAMILIES,
     LeanForward,
     PassRow,
@@ -116,7 +116,7 @@ def test_a_large_model_steps_on_packed_weights_and_pages_its_own_out(model_type,
     ``paging_own_forward`` too (its outputs untouched by the hooks)."""
     from safetensors.torch import load_file
 
-    import suffixspec.lean as lean_mod
+    import suffixspec.core.lean as lean_mod
 
     if not _onednn_packs("cpu", torch.float32):
         pytest.skip("this torch has no working oneDNN linear: nothing is packed, nothing paged out")
@@ -140,7 +140,7 @@ def test_a_large_model_steps_on_packed_weights_and_pages_its_own_out(model_type,
 
 
 def test_page_out_is_safe_on_memory_no_file_backs():
-    from suffixspec.lean import page_out
+    from suffixspec.core.lean import page_out
 
     w = torch.randn(4096, 64)
     before = w.clone()
@@ -190,7 +190,7 @@ def test_lean_equals_transformers_on_real_models(name, one_torch_thread):
 
     require(REAL[name])  # skips (fails in CI) with the install command when the model is not installed
     loaded = load_model(REAL[name], device="cpu")
-    text = (Path(__file__).resolve().parent.parent / "suffixspec" / "scheduler.py").read_text()
+    text = (Path(__file__).resolve().parent.parent / "suffixspec" / "core" / "scheduler.py").read_text()
     prompt = loaded.tokenizer.encode(text)[:600]
     assert len(prompt) == 600
     _compare(loaded.model, prompt, short=100, tol=2e-4)
@@ -200,7 +200,7 @@ def test_lean_equals_transformers_on_real_models(name, one_torch_thread):
 def test_the_batching_probe_catches_a_lean_forward_that_differs(node):
     """Runner.batch_problem checks the root and every tree node against the model's own forward: a lean
     forward off by a little at one position makes the runner refuse to batch, and say why."""
-    from suffixspec.runner import Runner
+    from suffixspec.core.runner import Runner
 
     runner = Runner(_tiny("llama"), rows=2)
     assert runner.batch_problem() is None
@@ -236,8 +236,8 @@ def test_a_start_with_a_renamed_internal_serves_the_same_tokens(tiny_model_dirs,
     from doubles import OracleProposer
 
     from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     path = str(tiny_model_dirs["llama"])
     params = [SamplingParams(max_tokens=24, ignore_eos=True),
@@ -265,8 +265,8 @@ def test_a_start_with_a_renamed_internal_serves_the_same_tokens(tiny_model_dirs,
 
 def test_a_draft_model_whose_lean_build_fails_drafts_with_its_own_forward(tiny_model_dirs, monkeypatch):
     """The draft model's runner falls back the same way: the same logits from its own forward and cache."""
+    from suffixspec.drafting.proposers.model_drafter import DraftRunner
     from suffixspec.loading import load_model
-    from suffixspec.proposers.model_drafter import DraftRunner
 
     path = str(tiny_model_dirs["llama"])
     intact, broken = load_model(path, device="cpu"), load_model(path, device="cpu")
@@ -298,7 +298,7 @@ def test_rows_grouped_in_one_attention_call_equal_each_row_alone(model_type, mon
     """Six rows (trees of one shape, chains, lone roots; contexts inside and past the windows) in one pass:
     every grouping (all in one call per layer, padded and masked; each alone; the cost rule's) gives each
     row the logits it gets alone and transformers' own."""
-    import suffixspec.lean as lean_module
+    import suffixspec.core.lean as lean_module
 
     model = _tiny(model_type)
     lean = LeanForward(model)
@@ -324,7 +324,7 @@ def test_rows_grouped_in_one_attention_call_equal_each_row_alone(model_type, mon
 def test_grouping_follows_the_cost_of_a_call(monkeypatch):
     """Rows share a call where padding them costs fewer scores than the calls saved (on a CPU: none, so rows of
     one shape only); a prompt over an empty cache stays alone; groups in cache-row order."""
-    import suffixspec.lean as lean_module
+    import suffixspec.core.lean as lean_module
 
     lean = LeanForward(_tiny("llama"))  # 4 heads
     one = (np.zeros(1, dtype=np.int64), np.ones((1, 1), bool))
@@ -345,7 +345,7 @@ def test_grouping_follows_the_cost_of_a_call(monkeypatch):
 @pytest.mark.parametrize("window", [None, 3, 8])
 def test_masks_built_on_the_device_equal_tree_masks(window):
     """LeanForward._masks (one row, and rows padded to a group's shape) against kv.tree_mask, random trees."""
-    from suffixspec.kv import additive, tree_block, tree_mask
+    from suffixspec.core.kv import additive, tree_block, tree_mask
 
     lean = LeanForward(_tiny("llama"))
     rng = np.random.RandomState(window or 0)

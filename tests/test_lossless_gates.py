@@ -29,16 +29,18 @@ import pytest
 import torch
 from doubles import RandomTreeProposer
 
-import suffixspec.scheduler as scheduler_module
+import suffixspec.core.scheduler as scheduler_module
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.draft import SOURCE_PROMPT, Draft
-from suffixspec.engine import Engine
+from suffixspec.core.sampling import warp
+from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.draft import SOURCE_PROMPT, Draft
+from suffixspec.drafting.gates import DraftGate
+from suffixspec.drafting.policy import Policy
+from suffixspec.drafting.proposers import Proposer
+from suffixspec.drafting.proposers.bridged_draft import BridgedDraftProposer
+from suffixspec.drafting.proposers.draft_model import DraftModelProposer
 from suffixspec.loading import LoadedModel
-from suffixspec.policy import DraftGate, PassCost, Policy, StepCost
-from suffixspec.proposers import Proposer
-from suffixspec.proposers.bridged_draft import BridgedDraftProposer
-from suffixspec.proposers.draft_model import DraftModelProposer
-from suffixspec.sampling import warp
+from suffixspec.runtimes.engine import Engine
 
 BINS = (0, 1, 2, 3, 4, 8)  # rank bins: [0], [1], [2], [3], [4, 8), [8, vocab)
 TOKENS = 5  # output positions per run
@@ -155,7 +157,7 @@ def counting(monkeypatch, counts: dict, extra: Callable[..., None] | None = None
     def counted(rows, cost):
         choose(rows, cost)
         for r in rows:
-            if r.size and not r.must:
+            if r.size and not r.always_verify:
                 counts["passed" if r.verified else "skipped"] += 1
         if extra is not None:
             extra(rows, cost)
@@ -284,11 +286,11 @@ def test_control_gate_on_the_sampled_length_is_caught(toys, kind, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["same-vocabulary", "intersection"])
 def test_a_draft_models_own_judgement_keeps_the_target_law(toys, kind, monkeypatch):
-    """The draft model judging its own drafts (policy.ModelDraftJudge, as inside the engine by default):
+    """The draft model judging its own drafts (judge.ModelDraftJudge, as inside the engine by default):
     whether to draft from its first tokens' past acceptance, where to stop from the probabilities of the
     tokens it already sampled, its planned length from the measured costs. A pinned cost where it declines
     some steps, drafts others and cuts chains short; the law holds at every position."""
-    from suffixspec.policy import ModelDraftJudge
+    from suffixspec.drafting.judge import ModelDraftJudge
 
     seen = {"declined": 0, "drafting": 0, "cut": 0, "went on": 0}
     worth, further = ModelDraftJudge.worth, ModelDraftJudge.further
@@ -315,7 +317,7 @@ def test_a_draft_models_own_judgement_keeps_the_target_law(toys, kind, monkeypat
 def test_exploration_backoff_keeps_the_target_law(toys, monkeypatch):
     """The gate verifies a skipped-looking draft once the skipped plain steps cost ``interval`` times
     what the draft adds, and doubles the interval after an exploration that accepted nothing
-    (policy.DraftGate): which drafts reach verification then depends on earlier steps' outcomes and
+    (gates.DraftGate): which drafts reach verification then depends on earlier steps' outcomes and
     costs, never on what this draft sampled. A cost steep enough that most drafts pass only as
     explorations (a 4-node draft adds 3 plain steps), intervals short enough that the doubling happens
     within a run."""
@@ -371,7 +373,7 @@ def test_merges_ranked_by_node_probability_keep_the_law_and_the_tokens(toys, pol
     and accepted) and a ranked tree merge node by node (weights from each
     proposer's trust, the cost floor, the model vetting the tree's surest chain), under the engine's gates:
     the law of every position holds, and seeded runs give plain sampling's tokens."""
-    import suffixspec.merge as merge_module
+    import suffixspec.drafting.merge as merge_module
 
     ranked = {"merges": 0}
     most_probable = merge_module._most_probable
@@ -395,7 +397,7 @@ def test_merges_ranked_by_node_probability_keep_the_law_and_the_tokens(toys, pol
 
 
 def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toys, monkeypatch):
-    """The target's sharpness gates (policy.DraftGate ``ceiling`` and ``hopeless``, the engine's
+    """The target's sharpness gates (gates.DraftGate ``ceiling`` and ``hopeless``, the engine's
     hold on proposers without ``q``) judge a deterministic draft by its shape and by the target's
     distributions at positions already sampled. A pinned cost where both bite: some steps hold the
     drafter back, some drafts are skipped only because of the ceiling; the law of every position
@@ -434,3 +436,102 @@ def test_sharpness_gates_on_deterministic_drafts_keep_the_law_and_the_tokens(toy
 
     for policy in (None, MOMENTUM):
         _assert_seeded_tokens(toys, lambda: [drafter], PinnedCost(0.6), policy, seeds=40)
+
+
+# -- merged sampled and deterministic drafts on a toy whose attention, cache and mask matter (issue 45) ---------
+
+
+class _OneToken(Proposer):
+    """A deterministic drafter proposing one fixed token (no ``q``), scored below the draft model's chain,
+    so the merge places it after the sampled chain, where the budget the chain leaves decides whether it
+    becomes the chain's sibling."""
+
+    name = "one-token"
+
+    def __init__(self, token: int, score: float = 0.5) -> None:
+        self.token, self.score = token, score
+
+    def propose(self, context, budget):
+        return Draft.chain([self.token], SOURCE_PROMPT, score=self.score)
+
+
+@pytest.fixture(scope="module")
+def attentive(bpe_tokenizer_dir, tmp_path_factory):
+    """A tiny random Llama with nothing zeroed (its logits depend on the whole context through attention,
+    cache and mask) and, as the draft, the same model with a sharper output layer: it is sure of the
+    target's first choice (q 0.70 against p 0.29 after the prompt) and unsure of everything else, so its
+    chain runs to its planned length after a sure token and stops after an unsure one. The exact law of
+    the first two output tokens: ``first`` [vocab] and ``second`` [vocab, vocab] (row: the first token)."""
+    from tiny import build_tiny_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_model("llama", bpe_tokenizer_dir, tmp_path_factory.mktemp("attentive"))
+    target = LoadedModel(AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path),
+                         "attentive", "cpu", torch.float32)
+    draft = LoadedModel(copy.deepcopy(target.model), target.tokenizer, "attentive-sharp", "cpu", torch.float32)
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.mul_(1.6)
+        draft.model.get_output_embeddings().weight.mul_(2.6)
+    prompt = target.tokenizer.encode("def add(a, b):\n    return a + b\n")
+    vocab = target.model.config.vocab_size
+    unit = SamplingParams(temperature=1.0)
+    with torch.no_grad():
+        first = warp(target.model(torch.tensor([prompt])).logits[0, -1].double(), unit)
+        pairs = torch.cat([torch.tensor([prompt]).expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
+        second = warp(target.model(pairs).logits[:, -1].double(), unit)  # [vocab, vocab]
+    ranks = torch.argsort(torch.argsort(second, dim=-1, descending=True), dim=-1)
+    return {"target": target, "draft": draft, "prompt": prompt, "first": first, "second": second, "ranks": ranks}
+
+
+PLANNED = 2  # the draft model's planned chain length (AdaptiveLength fixed at 2)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("budget", range(1, PLANNED + 3))
+def test_a_sampled_chain_merged_with_a_deterministic_draft_keeps_the_law(attentive, budget, adaptive):
+    """A sampling draft model (``q``; its chain planned at 2 tokens, stopping after an unsure one) and a
+    deterministic one-token drafter (the target's second choice), merged in one tree, on a target whose
+    attention, cache and mask matter; the budget swept across the planned length, adaptive off (the
+    budget is ``max_draft_tokens``) and on (a pinned cost whose curve sizes drafts to 2 at first; the
+    gates verify most drafts). Chi-square of the first token over the vocabulary and of the second
+    token's rank under its exact conditional law. The merge of issue 45 (nodes charged as sampled)
+    failed at budgets 1 and 2 and, adaptive, at every budget (p-values in the issue's closing note)."""
+    from suffixspec.drafting.proposers.model_drafter import AdaptiveLength
+
+    target, prompt = attentive["target"], attentive["prompt"]
+    vocab = target.model.config.vocab_size
+    engine = Engine(target)
+    if adaptive:
+        engine.scheduler.cost = PinnedCost(0.2)
+    model = DraftModelProposer(attentive["draft"], target_vocab_size=vocab, length=AdaptiveLength(PLANNED, 1, PLANNED))
+    model.judges_own_cost = False  # its planned length stays PLANNED (the costs would plan it otherwise)
+    engine.proposers = [model, _OneToken(int(torch.topk(attentive["first"], 2).indices[1]))]
+    seeds = 300
+    first = np.zeros(vocab)
+    second_bins = np.zeros(len(BINS))
+    second_expected = np.zeros(len(BINS))
+    mass = _exact_bins(attentive["second"], attentive["ranks"]).numpy()  # [vocab, bins]
+    both = {"merged": 0}
+    with pytest.MonkeyPatch.context() as mp:
+        import suffixspec.core.sequence as sequence_module
+
+        merge = sequence_module.merge_drafts
+
+        def counting_merge(drafts, *args, **kwargs):
+            both["merged"] += len(drafts) > 1
+            return merge(drafts, *args, **kwargs)
+
+        mp.setattr(sequence_module, "merge_drafts", counting_merge)
+        accepted = 0
+        for seed in range(seeds):
+            res = engine.generate(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=PLANNED + 3,
+                                                         ignore_eos=True),
+                                  SpeculationConfig(max_draft_tokens=budget, adaptive=adaptive))
+            a, b = res.token_ids[:2]
+            first[a] += 1
+            second_bins[_bin(int(attentive["ranks"][a, b]))] += 1
+            second_expected += mass[a]
+            accepted += res.stats.accepted_tokens
+    assert both["merged"] > seeds and accepted > seeds / 2, (both, accepted)
+    pvalues = (_first_token_pvalue(first, attentive["first"].numpy()), _pvalue(second_bins, second_expected))
+    assert min(pvalues) > 1e-3, (budget, adaptive, pvalues)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from suffixspec.draft import Draft
-from suffixspec.merge import merge_drafts
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.merge import merge_drafts
 
 
 @pytest.mark.parametrize(
@@ -100,3 +101,91 @@ def test_nodes_below_the_floor_are_left_out_but_the_best_stays():
     assert merged.tokens == [8, 9] and merged.sources == ["draft_model"] * 2
     weak = merge_drafts([suffix, Draft.chain([7], "draft_model", score=0.01, probs=[0.01])], 8, min_prob=0.07)
     assert weak.tokens == [5]  # nothing reaches the floor: the most probable node is still verified
+
+
+# The issue-45 case: a sampled chain planned at 2 nodes that stops after a token its draft gave under
+# 0.3 (a stopping time), merged with a one-token deterministic draft of token 3
+ISSUE_Q = (0.5, 0.25, 0.1, 0.1, 0.05, 0.0)
+ISSUE_P = (0.1, 0.1, 0.2, 0.2, 0.2, 0.2)
+
+
+def _issue_chain(tokens: list[int], score: float) -> Draft:
+    q = torch.tensor(ISSUE_Q, dtype=torch.float64)
+    return Draft.chain(tokens, "draft_model", q=q.expand(len(tokens), len(q)).clone(), score=score, planned=2)
+
+
+def _issue_chains() -> list[list[int]]:
+    """Every chain the issue's drafter can sample: one token under 0.3 of q, or two tokens."""
+    return [[x] if ISSUE_Q[x] < 0.3 else [x, y] for x in range(6) if ISSUE_Q[x] > 0
+            for y in (range(6) if ISSUE_Q[x] >= 0.3 else [None]) if y is None or ISSUE_Q[y] > 0]
+
+
+def _rule(draft: Draft, parent: int) -> str | None:
+    """How verification treats ``parent``'s children: "q" (the known-q rule), "one-hot", or None (no children)."""
+    kids = draft.children().get(parent)
+    return None if not kids else "q" if all(draft.has_q(c) for c in kids) else "one-hot"
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 4])
+@pytest.mark.parametrize("sampled_first", [True, False], ids=["sampled-first", "deterministic-first"])
+def test_a_sampled_nodes_rule_and_cut_do_not_depend_on_what_it_sampled(budget, sampled_first):
+    """Over every chain the sampled draft can draw: the rule at the root is one and the same, and the rule
+    and cut of the second node depend on the first token (its ancestor) only, never on the second token
+    (docs/lossless.md, "Merged drafts"). The merge of issue 45 gave the root the known-q rule when the
+    chain ran to its planned length and the one-hot rule when it stopped early (the deterministic node then
+    fitting in as a sibling), and at budget 1 the one-hot rule exactly when the sample equalled token 3."""
+    root: set[str | None] = set()
+    below: dict[int, set[tuple[str | None, int]]] = {}
+    for tokens in _issue_chains():
+        merged = merge_drafts([_issue_chain(tokens, 2.0 if sampled_first else 0.5),
+                               Draft.chain([3], "prompt", score=1.0)], budget)
+        assert len(merged) <= budget
+        root.add(_rule(merged, -1))
+        first = merged.child_with(merged.children().get(-1, []), tokens[0])
+        if first is not None:
+            below.setdefault(tokens[0], set()).add((_rule(merged, first), len(merged.children().get(first, []))))
+    assert len(root) == 1, (budget, sampled_first, root)
+    assert all(len(rules) == 1 for rules in below.values()), (budget, sampled_first, below)
+
+
+@pytest.mark.slow  # 2000 verified trials per case, about 2 s each
+@pytest.mark.parametrize("budget", [1, 2, 3, 4])
+@pytest.mark.parametrize("sampled_first", [True, False], ids=["sampled-first", "deterministic-first"])
+def test_merged_sampled_and_deterministic_drafts_keep_p(budget, sampled_first):
+    """The issue's numbers through the real merge and verification: the first token's distribution is
+    ``p`` at every budget, in either order. The merge of issue 45 gave [.149, .049, .169, .175, .210, .248]
+    at budget 2 and [.110, .106, .221, .119, .223, .221] at budget 1 with the sampled draft first (20k trials)."""
+    from suffixspec.config import SamplingParams
+    from suffixspec.core.sampling import LogitsProcessor, PositionRNG
+    from suffixspec.core.verify import verify_tree
+
+    p = torch.tensor(ISSUE_P, dtype=torch.float64)
+    logits = torch.log(p).float().expand(4, 6).clone()  # every row: p (only the first token is counted)
+    proc = LogitsProcessor(SamplingParams(temperature=1.0), 6)
+    draws = np.random.default_rng(budget * 10 + sampled_first)
+    counts = np.zeros(6)
+    trials = 2000
+    for trial in range(trials):
+        tokens = [int(draws.choice(6, p=ISSUE_Q))]
+        if ISSUE_Q[tokens[0]] >= 0.3:  # a sure token: the chain goes on to its planned 2
+            tokens.append(int(draws.choice(6, p=ISSUE_Q)))
+        merged = merge_drafts([_issue_chain(tokens, 2.0 if sampled_first else 0.5),
+                               Draft.chain([3], "prompt", score=1.0)], budget)
+        out = verify_tree(merged, logits[: len(merged) + 1], proc, PositionRNG(trial), 0)
+        counts[merged.tokens[out.accepted[0]] if out.accepted else out.token] += 1
+    expected = p.numpy() * trials
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    pvalue = float(torch.special.gammaincc(torch.tensor(2.5, dtype=torch.float64),
+                                           torch.tensor(stat / 2, dtype=torch.float64)))
+    assert pvalue > 1e-3, (budget, sampled_first, (counts / trials).round(3), pvalue)
+
+
+def test_a_sampled_draft_is_charged_its_planned_size_not_what_it_sampled():
+    """``_shares``' worked example: budget 3, a sampled chain planned at 2 that stopped after one token, then a
+    deterministic chain [7, 8]: the sampled node and 7 (its unused second node is not lent to 8); a shared
+    node is no refund either (the deterministic 5 under the root is charged though the sampled chain drew 5)."""
+    stopped = Draft.chain([5], "draft_model", q=torch.full((1, 10), 0.1), score=2, planned=2)
+    merged = merge_drafts([stopped, Draft.chain([7, 8], "prompt", score=1)], 3)
+    assert merged.tokens == [5, 7] and merged.parents == [-1, -1] and merged.gate_size() == 3
+    same = merge_drafts([stopped, Draft.chain([5, 8], "prompt", score=1)], 3)
+    assert same.tokens == [5] and not same.has_q(0)  # 5 shared (one-hot); 8 did not fit in the share left

@@ -1,26 +1,16 @@
-"""policy.py: the pass-cost model, the draft gate, the proposer gate, choose_drafts and the budget."""
+"""suffixspec/drafting (costs, gates, budget, judge): the pass-cost model, the draft gate, the proposer gate, choose_drafts and the budget."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from suffixspec.draft import SOURCE_DRAFT_MODEL, Draft
-from suffixspec.policy import (
-    DraftGate,
-    ModelDraftJudge,
-    PassCost,
-    Policy,
-    ProposerGate,
-    ProposerRecord,
-    RowDraft,
-    StepCost,
-    best_chain_prefix,
-    choose_drafts,
-    draft_budget,
-    model_draft_length,
-    momentum_budget,
-)
+from suffixspec.drafting.budget import best_chain_prefix, draft_budget, momentum_budget
+from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL, Draft
+from suffixspec.drafting.gates import DraftGate, ProposerGate, ProposerRecord, RowDraft, choose_drafts
+from suffixspec.drafting.judge import ModelDraftJudge, model_draft_length
+from suffixspec.drafting.policy import Policy
 
 
 def _cost(seconds: dict[int, float], times: int = 3) -> PassCost:
@@ -64,8 +54,8 @@ def test_cost_is_a_robust_monotone_curve():
     assert cost.estimate(2) == pytest.approx(0.074)
 
 
-def _row(size: int, expected: float, gate: DraftGate | None = None, must: bool = False) -> RowDraft:
-    return RowDraft(size, expected, must, None if must else (gate or DraftGate()))
+def _row(size: int, expected: float, gate: DraftGate | None = None, always_verify: bool = False) -> RowDraft:
+    return RowDraft(size, expected, always_verify, None if always_verify else (gate or DraftGate()))
 
 
 def test_choose_drafts_worked_example():
@@ -84,7 +74,7 @@ def test_choose_drafts_worked_example():
     choose_drafts(rows, _cost(dict.fromkeys((2, 6, 14), 0.010)))
     assert [r.verified for r in rows] == [True, True]
     # a draft that must be verified (a non-adaptive request) goes first; the others are judged after it
-    rows = [_row(8, 0.0, must=True), _row(2, 0.1), _row(0, 0.0), _row(0, 0.0)]
+    rows = [_row(8, 0.0, always_verify=True), _row(2, 0.1), _row(0, 0.0), _row(0, 0.0)]
     choose_drafts(rows, cost)
     assert [r.verified for r in rows] == [True, False, False, False]
     # a draft worth its nodes is verified even when another row's draft makes the step's tokens per
@@ -111,7 +101,7 @@ def test_one_row_is_the_one_request_rule(calibration, score, nodes, verified):
 
 
 def test_nothing_optional_is_verified_before_a_plain_pass_was_measured():
-    rows = [_row(4, 10.0), _row(4, 0.0, must=True)]
+    rows = [_row(4, 10.0), _row(4, 0.0, always_verify=True)]
     choose_drafts(rows, PassCost())
     assert [r.verified for r in rows] == [False, True]
 
@@ -313,9 +303,9 @@ def test_proposer_gate_skips_a_costly_proposer_when_earlier_drafts_fill_the_budg
 
 def test_proposer_gate_holds_back_a_held_proposer_even_when_cheap():
     gate = ProposerGate()
-    assert not gate.should_call(0, 0.010, held=True) and gate.should_call(0, 0.010)  # unmeasured
+    assert not gate.should_call(0, 0.010, held_back=True) and gate.should_call(0, 0.010)  # unmeasured
     _measured(gate, 0, 0.0001, 0, set())  # measured cheap
-    assert not gate.should_call(0, 0.010, held=True) and gate.should_call(0, 0.010)
+    assert not gate.should_call(0, 0.010, held_back=True) and gate.should_call(0, 0.010)
 
 
 def test_proposer_records_are_shared_across_requests_for_deterministic_drafts_only():
@@ -445,14 +435,14 @@ def test_model_draft_judge_values_its_tokens_by_what_the_drafts_before_it_promis
     (161 ms / 4 = 40 ms) still pays for a 30 ms forward, with 6 (23 ms) it does not, and the chain stops where
     its reach times F / 4 no longer covers a forward. Policy(model_value_shared=False): F everywhere."""
     judge = _judge()
-    judge.others = 0.0
+    judge.promised_before = 0.0
     assert judge.worth(QWEN) and judge.further(0.36, 3, QWEN)
-    judge.others = 3.0
+    judge.promised_before = 3.0
     assert judge.worth(QWEN) and judge.further(0.9, 3, QWEN) and not judge.further(0.36, 3, QWEN)
-    judge.others = 6.0
+    judge.promised_before = 6.0
     assert not judge.worth(QWEN)
     plain_valued = ModelDraftJudge(Policy(model_value_shared=False), first=0.7)
-    plain_valued.step_s, plain_valued.others = 0.03, 6.0
+    plain_valued.step_s, plain_valued.promised_before = 0.03, 6.0
     assert plain_valued.worth(QWEN) and plain_valued.further(0.36, 3, QWEN)
 
 
@@ -483,6 +473,6 @@ def test_proposer_gate_leaves_a_self_judging_proposer_to_itself():
     gate = _gate_with(0.05, 0.0)
     assert not gate.should_call(0, 0.01)
     assert gate.should_call(0, 0.01, own_judge=True)
-    assert not gate.should_call(0, 0.01, own_judge=True, held=True)
+    assert not gate.should_call(0, 0.01, own_judge=True, held_back=True)
     assert not gate.should_call(0, 0.01, promised=20.0, budget=32, own_judge=True)
     assert not gate.should_call(0, 0.01, copying={"prompt"}, own_judge=True)

@@ -26,11 +26,11 @@ from doubles import OracleProposer, RandomTreeProposer
 
 from suffixspec.bench.bench_precision import first_difference, gap, generate_hf
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.engine import Engine
-from suffixspec.lean import LeanForward, PassRow, packs
+from suffixspec.core.lean import LeanForward, PassRow, packs
+from suffixspec.core.runner import Runner
+from suffixspec.core.scheduler import Scheduler
 from suffixspec.loading import load_model
-from suffixspec.runner import Runner
-from suffixspec.scheduler import Scheduler
+from suffixspec.runtimes.engine import Engine
 
 pytestmark = [pytest.mark.bf16, pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -62,7 +62,7 @@ def test_lean_forward_in_reduced_precision_is_as_close_to_float32_as_transformer
     import numpy as np
     from test_lean import VOCAB
 
-    from suffixspec.kv import SlotCache
+    from suffixspec.core.kv import SlotCache
 
     assert not packs("cpu", dtype)
     prompt = [int(t) for t in np.random.RandomState(1).randint(3, VOCAB, size=20)]

@@ -1,4 +1,4 @@
-"""Prompt-prefix reuse (suffixspec/prefix.py): outputs equal the prompt prefilled in full, on the
+"""Prompt-prefix reuse (suffixspec/core/prefix.py): outputs equal the prompt prefilled in full, on the
 batch-1 path and in a batch, and the store keeps whole blocks within its budget."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams
-from suffixspec.engine import Engine
+from suffixspec.core.prefix import PrefixStore
+from suffixspec.drafting.policy import Policy
 from suffixspec.loading import load_model
-from suffixspec.policy import Policy
-from suffixspec.prefix import PrefixStore
+from suffixspec.runtimes.engine import Engine
 
 HEAD = ("# Tools: read_file(path), write_file(path, text), run_tests()\n"
         "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n")
@@ -22,26 +22,131 @@ CASES = [dict(max_tokens=24, ignore_eos=True), dict(max_tokens=20, ignore_eos=Tr
 
 
 def _block(n: int, fill: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    return [torch.full((2, n, 4), float(fill))], [torch.full((2, n, 4), -float(fill))]
+    """Per-layer keys and values (two layers) of ``n`` positions, filled with ``fill`` (and ``-fill``)."""
+    return [torch.full((2, n, 4), float(fill))] * 2, [torch.full((2, n, 4), -float(fill))] * 2
+
+
+def _marker(ids) -> float:
+    """A value naming a whole prefix: what its last block's tensors hold in these tests."""
+    return float(hash(tuple(ids)) % 100_003)
+
+
+def _fill(store: PrefixStore, ids) -> int:
+    """Store ``ids``'s missing blocks, each holding the marker of the prefix up to its end."""
+    return store.fill(ids, lambda start, end: _block(end - start, _marker(ids[:end])))
+
+
+def _found(store: PrefixStore, ids) -> int:
+    """Positions a lookup finds, checking each block is the one computed for this very prefix."""
+    n, blocks = store.lookup(ids)
+    for i, (keys, values) in enumerate(blocks):
+        end = (i + 1) * store.block
+        assert float(keys[0][0, 0, 0]) == _marker(ids[:end]) == -float(values[1][0, 0, 0])
+    return n
+
+
+def _block_bytes(block: int) -> int:
+    """What one stored block of ``_block`` costs the store, keys included."""
+    probe = PrefixStore(block=block)
+    _fill(probe, list(range(block)))
+    return probe.bytes
 
 
 def test_store_worked_example():
-    """The module docstring's example, and the budget: least recently used blocks leave first."""
-    store = PrefixStore(block=4, max_bytes=3 * 2 * 2 * 4 * 4 * 4)  # room for three blocks
+    """The module docstring's example: whole blocks found, the rest fed; a tail evicted, never a head."""
+    store = PrefixStore(block=4, max_bytes=2 * _block_bytes(4))  # room for two blocks
     a = list(range(10))
-    assert store.wanted(a, 0) == [4, 8]
-    for end in (4, 8):
-        store.put(a, end, *_block(4, end))
-    n, blocks = store.lookup(a[:8] + [50, 51])
-    assert n == 8 and [float(b[0][0][0, 0, 0]) for b in blocks] == [4.0, 8.0]
-    assert store.lookup([0, 1, 2, 3, 4, 5, 60])[0] == 4
-    assert store.lookup([9, 1, 2, 3, 4])[0] == 0
-    assert store.wanted(a[:8] + [50, 51, 52, 53], 0) == [12]
-    store.lookup(a[:4])  # block "0123" is now the most recently used
-    store.put([7] * 8, 4, *_block(4, 1))
-    store.put([7] * 8, 8, *_block(4, 2))  # a fourth block: "01234567" (least recently used) leaves
-    assert len(store) == 3 and store.lookup(a)[0] == 4
-    assert store.bytes == 3 * 2 * 2 * 4 * 4 * 4
+    assert _fill(store, a) == 2 and store.covered(a) == 8
+    assert _found(store, a[:8] + [50, 51]) == 8
+    assert _found(store, [0, 1, 2, 3, 4, 5, 60]) == 4
+    assert _found(store, [9, 1, 2, 3, 4]) == 0
+    assert _fill(store, a) == 0  # nothing missing
+    assert _fill(store, [20, 21, 22, 23]) == 1  # a third block: "4567" (the least recently used tail) leaves
+    assert len(store) == 2 and _found(store, a) == 4 and _found(store, [20, 21, 22, 23]) == 4
+    assert store.bytes == 2 * _block_bytes(4) <= store.max_bytes
+
+
+@pytest.mark.parametrize("touch", ["lookup", "covered", "none"])
+def test_a_chain_survives_one_block_over_budget(touch):
+    """A 128-token prompt's 8 blocks fill the budget; one more block from another prompt costs the chain its
+    tail block only: 112 of its 128 positions are still found (evicting its head, the least recently
+    touched block when a lookup touches head first, left 7 blocks stored and 0 positions reusable)."""
+    per = _block_bytes(16)
+    store = PrefixStore(block=16, max_bytes=8 * per)
+    chain = list(range(1000, 1128))
+    assert _fill(store, chain) == 8 and len(store) == 8
+    if touch == "lookup":
+        assert _found(store, chain) == 128
+    elif touch == "covered":
+        assert store.covered(chain) == 128
+    assert _fill(store, list(range(5000, 5016))) == 1
+    assert len(store) == 8 and store.bytes <= store.max_bytes
+    assert _found(store, chain) == 112
+    # more blocks: the other prompt's block goes first (the lookup just used the chain), then the chain
+    # shrinks from its end, a block each
+    for extra, left in ((2, 112), (3, 96), (4, 80)):
+        _fill(store, list(range(1000 * extra, 1000 * extra + 16)))
+        assert store.covered(chain) == left and len(store) == 8
+
+
+def test_eviction_keeps_every_stored_block_reachable():
+    """Prompts sharing heads (a tree of blocks), looked up and stored in a random order under a budget of 12
+    blocks: the store never exceeds its budget, never holds a block whose parent is gone (stored but
+    unreachable), and every lookup finds the blocks computed for that very prefix."""
+    import random
+
+    rng = random.Random(0)
+    per = _block_bytes(4)
+    store = PrefixStore(block=4, max_bytes=12 * per)
+    heads = [[rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))] for _ in range(5)]
+    for _ in range(400):
+        ids = rng.choice(heads) + [rng.randrange(50) for _ in range(4 * rng.randrange(0, 4) + rng.randrange(4))]
+        if rng.random() < 0.5:
+            _found(store, ids)
+        else:
+            _fill(store, ids)
+        blocks = store._blocks
+        assert store.bytes == sum(b.size for b in blocks.values()) == len(blocks) * per <= store.max_bytes
+        assert all(b.parent is None or b.parent in blocks for b in blocks.values())
+        assert all(b.children == sum(c.parent == k for c in blocks.values()) for k, b in blocks.items())
+
+
+def test_keys_are_counted_and_constant_in_size(monkeypatch):
+    """A block's key is its parent's key and its own tokens: every hash reads one block's tokens, however
+    deep the block (whole-prefix keys held 2.1M token references for an 8k-token prompt), and the budget
+    counts the keys: an 8192-token prompt's 512 blocks cost exactly 512 times one block's tensors and key."""
+    import suffixspec.core.prefix as prefix
+
+    hashed: list[int] = []
+
+    def counting(parent, tokens):
+        hashed.append(len(tokens))
+        return hash((parent, tokens))
+
+    monkeypatch.setattr(prefix, "block_key", counting)
+    store = PrefixStore(block=16)
+    ids = [(7919 * i) % 49152 for i in range(8192)]
+    assert store.lookup(ids)[0] == 0 and len(hashed) == 1  # an empty store: one block hashed, then a miss
+    assert store.covered(ids) == 0 and len(hashed) == 2
+    hashed.clear()
+    assert _fill(store, ids) == 512 and len(hashed) == 512  # each block hashed once
+    tensors = 2 * 2 * (2 * 16 * 4 * 4)  # keys and values, two layers of [2, 16, 4] float32
+    assert store.bytes == 512 * _block_bytes(16) and _block_bytes(16) - tensors < 512  # keys: a few hundred bytes
+    hashed.clear()
+    assert store.covered(ids) == 8192 and store.lookup(ids)[0] == 8192 and _fill(store, ids) == 0
+    assert len(hashed) == 3 * 512 and set(hashed) == {8 * 16}  # one block's tokens per hash, at every depth
+
+
+def test_a_hash_collision_is_a_miss_never_another_prompts_keys(monkeypatch):
+    """Every key colliding: a block is found only under its own parent and tokens, else not at all."""
+    import suffixspec.core.prefix as prefix
+
+    monkeypatch.setattr(prefix, "block_key", lambda parent, tokens: 7)
+    store = PrefixStore(block=4)
+    a, b = list(range(12)), list(range(100, 112))
+    assert _fill(store, a) == 1  # its second block's key is taken by its first: not stored
+    assert _found(store, a) == 4 and _found(store, b) == 0 and _fill(store, b) == 0
+    assert _found(store, a[:4] + b[4:]) == 4
 
 
 @pytest.fixture(scope="module")

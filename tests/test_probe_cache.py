@@ -1,4 +1,4 @@
-"""The batching probe's passing verdict, remembered in a converted model's folder (suffixspec/probe_cache.py).
+"""The batching probe's passing verdict, remembered in a converted model's folder (suffixspec/core/probe_cache.py).
 
 Real files in a temporary folder, tiny real models: the probe's passes are counted by wrapping the
 runner's real lean forward, so a test sees whether a start probed or read the file.
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from suffixspec import probe_cache
-from suffixspec.lean import packs
+from suffixspec.core import probe_cache
+from suffixspec.core.lean import packs
+from suffixspec.core.runner import Runner
 from suffixspec.loading import LoadedModel, load_model
-from suffixspec.runner import Runner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -125,7 +125,7 @@ def test_without_a_folder_every_start_probes(llama, tmp_path):
 def test_an_engine_on_a_converted_folder_remembers_and_generates_the_same(llama, tmp_path):
     """The engine reads and writes the file of its target's ``cache_folder``; a second engine on the same
     folder (no probe) generates exactly what an engine that probed generated."""
-    from suffixspec.engine import Engine
+    from suffixspec.runtimes.engine import Engine
 
     folder = tmp_path / "converted"
     folder.mkdir()

@@ -5,20 +5,24 @@ from __future__ import annotations
 import pytest
 from doubles import OracleProposer
 
-import suffixspec.proposers as proposers
-from suffixspec.draft import Draft
-from suffixspec.proposers import Proposer, make_proposer, proposer_names, register_proposer
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.proposers import Proposer, make_proposer, proposer_names, register_proposer
+from suffixspec.drafting.registry import unregister
 
 
-def test_factory_builds_known_proposers_and_rejects_unknown(bpe_tokenizer_dir, monkeypatch):
+def test_factory_builds_known_proposers_and_rejects_unknown(bpe_tokenizer_dir):
     from transformers import AutoTokenizer
 
     assert proposer_names() == ("suffix", "draft_model")  # no test double in the production factory
     with pytest.raises(ValueError, match="unknown proposer 'oracle'; choose one of suffix, draft_model"):
         make_proposer("oracle", expected=[1, 2, 3], vocab_size=10)
-    monkeypatch.setattr(proposers, "_FACTORIES", dict(proposers._FACTORIES))  # registered for this test only
     register_proposer("oracle", OracleProposer)
-    assert isinstance(make_proposer("oracle", expected=[1, 2, 3], vocab_size=10), OracleProposer)
+    try:
+        assert isinstance(make_proposer("oracle", expected=[1, 2, 3], vocab_size=10), OracleProposer)
+        assert "oracle" in proposer_names()
+    finally:
+        unregister("oracle")  # registered for this test only
+    assert proposer_names() == ("suffix", "draft_model")
     suffix = make_proposer("suffix", tokenizer=AutoTokenizer.from_pretrained(bpe_tokenizer_dir))
     assert isinstance(suffix, Proposer) and suffix.name == "suffix"
     with pytest.raises(ValueError, match="unknown proposer 'telepathy'"):

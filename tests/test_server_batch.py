@@ -11,9 +11,9 @@ from test_server_worker import WAIT, GateProposer, in_thread, metric, open_long_
 
 from suffixspec.api import SuffixSpec
 from suffixspec.config import SamplingParams
-from suffixspec.engine import Engine
+from suffixspec.drafting.proposers import make_proposer
 from suffixspec.loading import load_model
-from suffixspec.proposers import make_proposer
+from suffixspec.runtimes.engine import Engine
 from suffixspec.server import create_app
 from suffixspec.server.serve import BackgroundServer
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import pytest
 
 from suffixspec.api import SuffixSpec
-from suffixspec.draft import Draft
-from suffixspec.engine import Engine
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.proposers import Proposer
 from suffixspec.loading import load_model
-from suffixspec.proposers import Proposer
+from suffixspec.runtimes.engine import Engine
 from suffixspec.server import create_app
 from suffixspec.server.serve import BackgroundServer
 
@@ -276,14 +276,14 @@ def test_a_proposer_bug_is_a_500_that_names_nothing_and_logs_the_traceback(broke
         stream_status, _, stream = post(srv, "/v1/completions", {**body, "stream": True})
     err = json.loads(data)["error"]
     assert status == 500 and err["type"] == "server_error" and err["code"] == "engine_error", data
-    assert "server log" in err["message"]
+    assert "server log" in err["message"] and "while drafting" in err["message"]  # the stage, nothing more
     for leak in INTERNALS:
         assert leak not in data and leak not in stream, (leak, data, stream)
     # streaming: the headers were sent before the failure, so the error is an event, then [DONE]
     assert stream_status == 200 and '"engine_error"' in stream and stream.rstrip().endswith("[DONE]")
     logged = [r for r in caplog.records if r.name == "suffixspec.server.worker" and r.exc_info
               and "Draft needs one parent" in str(r.exc_info[1])]
-    assert len(logged) == 2 and isinstance(logged[0].exc_info[1], ValueError)  # the log has the traceback
+    assert len(logged) == 2 and isinstance(logged[0].exc_info[1].__cause__, ValueError)  # the log has the traceback
     proposer.broken = False  # the worker survived the bug
     status, _, data = post(srv, "/v1/completions", body)
     assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 4
@@ -305,7 +305,7 @@ def test_the_engines_request_checks_are_a_400_any_other_error_a_500(target, capl
     """The worker answers a RequestError raised before the first event (the engine's own request checks,
     here the prompt length) as a bad request, and any other exception as the engine's failure."""
     from suffixspec.config import SamplingParams
-    from suffixspec.server.worker import ENGINE_FAILED, EngineWorker, Job, JobFailed
+    from suffixspec.server.worker import EngineWorker, Job, JobFailed
 
     proposer = BrokenProposer()
     worker = EngineWorker(Engine(target, [proposer]), max_queue=4)
@@ -317,7 +317,9 @@ def test_the_engines_request_checks_are_a_400_any_other_error_a_500(target, capl
         with caplog.at_level("ERROR", logger="suffixspec.server.worker"):
             bug = worker.submit(Job(kwargs=dict(prompt=[5, 6, 7], sampling=SamplingParams(max_tokens=2))))
             failed = bug.events.get(timeout=WAIT)
-        assert isinstance(failed, JobFailed) and not failed.bad_request and failed.message == ENGINE_FAILED
+        assert isinstance(failed, JobFailed) and not failed.bad_request
+        assert failed.message == ("the engine failed on this request while drafting (the other requests go on); "
+                                  "the server log has the details")
         assert any(r.exc_info and "Draft needs one parent" in str(r.exc_info[1]) for r in caplog.records)
     finally:
         worker.shutdown(timeout=WAIT)

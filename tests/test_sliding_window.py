@@ -14,9 +14,9 @@ import torch
 from doubles import OracleProposer, RandomTreeProposer
 
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.engine import Engine
+from suffixspec.drafting.proposers.draft_model import DraftModelProposer
 from suffixspec.loading import load_model
-from suffixspec.proposers.draft_model import DraftModelProposer
+from suffixspec.runtimes.engine import Engine
 
 WINDOW = 16
 PROMPTS = ["def add(a, b):\n    return", "The quick brown fox jumps"]
@@ -141,7 +141,7 @@ def test_layer_types_read_without_transformers_helper_agree(name, monkeypatch):
     windows per layer, for every family with windows."""
     import transformers.cache_utils
 
-    from suffixspec.kv import layer_types
+    from suffixspec.core.kv import layer_types
 
     cfg = _configs()[name]
     with_helper = layer_types(cfg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from suffixspec.proposers.source_gate import SourceGate, SourceYield
+from suffixspec.drafting.proposers.source_gate import SourceGate, SourceYield
 
 
 def test_worked_example_values():

@@ -6,23 +6,23 @@ from dataclasses import replace
 
 import pytest
 
-from suffixspec.draft import (
+from suffixspec.drafting.costs import StepCost
+from suffixspec.drafting.draft import (
     SOURCE_DOCUMENTS,
     SOURCE_HISTORY,
     SOURCE_PREDICTION,
     SOURCE_PROMPT,
     SOURCE_REFERENCES,
 )
-from suffixspec.index.store import DocInput, IndexStore
-from suffixspec.index.suffix_array import SuffixArray
-from suffixspec.policy import StepCost
-from suffixspec.proposers import RequestContext
-from suffixspec.proposers.suffix import (
+from suffixspec.drafting.proposers import RequestContext
+from suffixspec.drafting.proposers.suffix import (
     SuffixConfig,
     SuffixProposer,
     make_suffix_proposer,
     merge_by_probability,
 )
+from suffixspec.index.store import DocInput, IndexStore
+from suffixspec.index.suffix_array import SuffixArray
 
 
 def docs_example() -> SuffixArray:
@@ -156,7 +156,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def llama(tiny_model_dirs):
-    engine_mod = pytest.importorskip("suffixspec.engine")
+    engine_mod = pytest.importorskip("suffixspec.runtimes.engine")
     from suffixspec.loading import load_model
 
     return engine_mod, load_model(str(tiny_model_dirs["llama"]), device="cpu", dtype="float32")
@@ -192,8 +192,8 @@ def test_engine_greedy_equality(llama, tmp_path, tree):
 
 
 def test_extend_periodic_worked_example_and_refusals():
+    from suffixspec.drafting.proposers.suffix import extend_periodic
     from suffixspec.index.speculate import SpecResult
-    from suffixspec.proposers.suffix import extend_periodic
 
     context = [1, 2, 3, 7, 8, 9, 7, 8]
     res = SpecResult([9, 7, 8], [-1, 0, 1], [1.0, 1.0, 1.0], 3.0, 2)
@@ -218,8 +218,8 @@ def test_looping_output_drafts_past_the_live_end(periodic, expected):
 @pytest.mark.parametrize("tokens,expected", [([12, 13, 14], (2, SOURCE_HISTORY)), ([12, 99], (0, None)),
                                              ([50], (0, None)), ([12], (1, SOURCE_PROMPT))])
 def test_confirmed_run(tokens, expected):
-    from suffixspec.draft import Draft
-    from suffixspec.proposers.suffix import confirmed_run
+    from suffixspec.drafting.draft import Draft
+    from suffixspec.drafting.proposers.suffix import confirmed_run
 
     # chain [12, 13]: confirmed to its leaf (2), missed (0), or a prefix that was all the output had (1)
     draft = Draft([12, 13], [-1, 0], [SOURCE_PROMPT, SOURCE_HISTORY])
@@ -612,8 +612,8 @@ def test_gated_documents_keep_greedy_and_seeded_outputs(llama, tmp_path, monkeyp
     half a step: it measures, steps aside and shadows; greedy and seeded sampled outputs are plain
     decoding's, token for token (the gate only chooses deterministic drafts)."""
     from suffixspec.config import SamplingParams, SpeculationConfig
-    from suffixspec.policy import PassCost
-    from suffixspec.proposers import source_gate
+    from suffixspec.drafting.costs import PassCost
+    from suffixspec.drafting.proposers import source_gate
 
     class Pinned(PassCost):
         def observe(self, inputs, seconds):
@@ -665,8 +665,8 @@ def test_a_rename_learned_once_is_drafted_wherever_the_identifier_recurs(monkeyp
     import re
 
     from suffixspec.bench.bench_drafting import Trace, replay
+    from suffixspec.drafting.proposers import suffix as S
     from suffixspec.loading import load_tokenizer
-    from suffixspec.proposers import suffix as S
 
     tok = load_tokenizer("suffixspec/demo-target")
     code = ("def draw(frame, scale):\n    size = measure(frame) * scale\n    if frame is None:\n"

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from suffixspec.threads import ThreadPolicy, ThreadTuner, describe
+from suffixspec.core.threads import ThreadPolicy, ThreadTuner, describe
 
 
 @pytest.fixture
@@ -201,7 +201,7 @@ def test_a_collapsing_count_ends_the_start_up_probe_early(measured, seconds_at, 
 ])
 def test_the_wait_policy_is_openmps_and_stated(env, expected):
     base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = ("import suffixspec, os; from suffixspec.threads import wait_policy; "
+    code = ("import suffixspec, os; from suffixspec.core.threads import wait_policy; "
             "print(os.environ.get('OMP_WAIT_POLICY'), wait_policy())")
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
                          check=True).stdout.strip()
@@ -214,8 +214,8 @@ def test_switching_counts_while_decoding_keeps_the_output(measured, tiny_model_d
     from doubles import OracleProposer
 
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model
+    from suffixspec.runtimes.engine import Engine
 
     target = load_model(str(tiny_model_dirs["llama"]))
     plain_engine = Engine(target, threads=1)

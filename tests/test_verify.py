@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from suffixspec.config import SamplingParams
-from suffixspec.draft import Draft
-from suffixspec.sampling import LogitsProcessor, PositionRNG, sample_inverse_cdf, sample_race
-from suffixspec.verify import verify_tree
+from suffixspec.core.sampling import LogitsProcessor, PositionRNG, sample_inverse_cdf, sample_race
+from suffixspec.core.verify import verify_tree
+from suffixspec.drafting.draft import Draft
 
 V = 5
 L0 = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
@@ -197,7 +197,7 @@ def test_greedy_ties_break_to_lowest_id():
                                     SamplingParams(presence_penalty=0.9, frequency_penalty=0.4)],
                          ids=["plain", "bias", "penalties"])
 def test_greedy_walk_equals_a_row_by_row_walk(params):
-    from suffixspec.sampling import greedy_token
+    from suffixspec.core.sampling import greedy_token
 
     rng = np.random.default_rng(3)
     vocab = 4  # few tokens and rounded logits: many ties and many accepted nodes

@@ -1,4 +1,4 @@
-"""suffixspec.vllm: the vLLM ``custom_class`` proposer.
+"""suffixspec.runtimes.vllm: the vLLM ``custom_class`` proposer.
 
 Two parts:
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from suffixspec.drafting.proposers.suffix import SuffixConfig
 from suffixspec.index.store import DocInput, IndexStore
-from suffixspec.proposers.suffix import SuffixConfig
-from suffixspec.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
+from suffixspec.runtimes.vllm import ENV_CONFIG, ENV_SOURCES, SuffixSpecProposer, _sources, _suffix_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,8 +35,8 @@ class Batch:
     prefix of the slot's last draft plus one target token, exactly as verification does.
     """
 
-    def __init__(self, slots: int = 4, max_len: int = 256) -> None:
-        self.token_ids = np.zeros((slots, max_len), dtype=np.int32)
+    def __init__(self, slots: int = 4, max_len: int = 256, dtype: type = np.int32) -> None:
+        self.token_ids = np.zeros((slots, max_len), dtype=dtype)
         self.num_tokens = np.zeros(slots, dtype=np.int32)
         self.rows: list[str | None] = [None] * slots  # request name per slot
         self.truth: dict[str, list[int]] = {}  # the target's full greedy text per request
@@ -108,8 +108,11 @@ def test_drafts_come_from_the_request_and_are_chains_of_at_most_k():
     assert b.accepted["a"] >= 20 and p.live_requests == 1
 
 
-def test_a_request_that_moves_to_another_slot_keeps_its_state():
-    p, b = _proposer(), Batch()
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_a_request_that_moves_to_another_slot_keeps_its_state(dtype):
+    """Found again by its tokens, whatever integer type the runtime's rows hold (int64 rows were keyed one
+    way and looked up another: the request lost its state)."""
+    p, b = _proposer(), Batch(dtype=dtype)
     b.add("a", [1, 2, 3], [4, 5, 6, 7], slot=0)
     b.add("b", LOOP + LOOP[:2], LOOP[2:] + LOOP, slot=1)
     b.step(p)
@@ -174,7 +177,7 @@ def test_requests_learn_continuation_rates_together():
         b.step(p)
     b.add("b", [90, 91] + LOOP, LOOP * 2, slot=1)
     b.step(p)
-    first, second = p._slots[0].drafter, p._slots[1].drafter
+    first, second = p._slots[0].proposers[0], p._slots[1].proposers[0]
     assert first is not second and first.rates is second.rates
     assert sum(first.rates["prompt"].mass) > 0  # request a's accepted drafts were counted
 
@@ -308,7 +311,7 @@ def test_sources_from_the_environment(monkeypatch):
 
 
 def test_import_stays_light():
-    code = ("import sys, suffixspec.vllm; bad = [m for m in ('torch', 'transformers', 'flask', 'ahocorasick') "
+    code = ("import sys, suffixspec.runtimes.vllm; bad = [m for m in ('torch', 'transformers', 'flask', 'ahocorasick') "
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

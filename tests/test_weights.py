@@ -1,4 +1,4 @@
-"""Weight formats (suffixspec/weights.py): the exact int8 product, the probe, the option, batch invariance.
+"""Weight formats (suffixspec/core/weights.py): the exact int8 product, the probe, the option, batch invariance.
 
 The int8 format is offered as exact: a token's logits must not depend on what else shares the pass. The
 tests below compare, bit for bit, one row's logits from a pass of its own (its tokens fed one at a time,
@@ -17,12 +17,12 @@ import pytest
 import torch
 from test_lean import VOCAB, _tiny
 
-import suffixspec.weights as W
+import suffixspec.core.weights as W
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.engine import Engine
-from suffixspec.kv import SlotCache
-from suffixspec.lean import LeanForward, PassRow, int8_works, lean_forward
+from suffixspec.core.kv import SlotCache
+from suffixspec.core.lean import LeanForward, PassRow, int8_works, lean_forward
 from suffixspec.loading import load_model
+from suffixspec.runtimes.engine import Engine
 
 FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
 
@@ -122,6 +122,8 @@ def test_the_option_names_and_the_older_dtype():
         W.resolve("int8", "cpu", dtype="bfloat16")
     with pytest.raises(ValueError, match="unknown weights format 'int4'"):
         W.resolve("int4", "cpu")
+    with pytest.raises(ValueError, match="a CPU format"):
+        W.resolve("int8", "cuda")
 
 
 # -- the lean forward: one row's logits whatever shares the pass ---------------------------------------------
@@ -228,7 +230,7 @@ def test_a_quantized_model_releases_its_float_weights_and_refuses_its_own_forwar
 
 def test_a_failing_int8_build_leaves_the_float_lean_forward_on(monkeypatch):
     """Issue 45, item 5: a draft whose int8 build fails still runs the float lean forward."""
-    import suffixspec.lean as lean_mod
+    import suffixspec.core.lean as lean_mod
 
     model = _tiny("llama")
 
@@ -256,7 +258,7 @@ def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, 
     request's tokens equal plain decoding's, bit for bit by construction (no tolerance)."""
     from doubles import RandomTreeProposer
 
-    from suffixspec.proposers import make_proposer
+    from suffixspec.drafting.proposers import make_proposer
 
     engine = int8_engines[arch]
     assert engine.target.weights == "int8" and engine.batchable
@@ -274,3 +276,35 @@ def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, 
                 for spec in (SpeculationConfig(), SpeculationConfig(adaptive=False)):
                     assert engine.generate(prompt, sp, speculation=spec).token_ids == plain, (prompt, sp, spec)
     engine.proposers = []
+
+
+# -- smoothing -----------------------------------------------------------------------------------------------
+def test_smoothing_factors_follow_the_worked_example():
+    s = W.smoothing(torch.tensor([60.0, 1.0]), [torch.tensor([[0.1, 0.1], [-0.05, 0.02]])])
+    assert torch.allclose(s, torch.tensor([60.0 ** 0.5 / 0.1 ** 0.5, 1.0 / 0.1 ** 0.5]))
+
+
+def test_smoothing_brings_an_outlier_channel_model_closer_to_float32():
+    """A model whose norms feed one channel 40x larger than the rest (the outliers real models have): the
+    int8 forward smoothed from a calibration forward is closer to float32 than the unsmoothed one."""
+    model = _tiny("llama")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[3] *= 40
+            layer.post_attention_layernorm.weight[5] *= 40
+    prompt = [int(t) for t in np.random.RandomState(4).randint(3, VOCAB, size=24)]
+    with torch.inference_mode():
+        ref = model(input_ids=torch.tensor([prompt])).logits[0].float()
+    errors = {}
+    for smoothed in (False, True):
+        copy = _tiny("llama")
+        copy.load_state_dict(model.state_dict())
+        if smoothed:
+            copy._suffixspec_calibration = [int(t) for t in np.random.RandomState(5).randint(3, VOCAB, size=64)]
+        lean = LeanForward(copy, weights="int8")
+        assert lean.smoothed == smoothed
+        cache = SlotCache(1, capacity=32)
+        row = cache.add_row()
+        got = lean([PassRow(row, prompt, None, 0, "all")], cache)[0]
+        errors[smoothed] = float((got - ref).abs().max())
+    assert errors[True] < errors[False], errors

@@ -3,7 +3,7 @@
 ``arctic_inference.suffix_decoding.SuffixDecodingCache`` is the engine behind vLLM's ``suffix``
 speculative method: a suffix tree per active request (its prompt, then its response as it grows)
 and one global tree of responses (earlier requests' and the live one's). ``speculate`` drafts from
-both and keeps the draft with the higher score. Wrapped as a :class:`~suffixspec.proposers.Proposer`
+both and keeps the draft with the higher score. Wrapped as a :class:`~suffixspec.drafting.proposers.Proposer`
 it runs inside our engine, so verification, KV handling and the adaptive budget are the same as for
 our suffix proposer and only the drafts differ.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from suffixspec.draft import SOURCE_PROMPT, Draft
-from suffixspec.proposers import Proposer, RequestContext
+from suffixspec.drafting.draft import SOURCE_PROMPT, Draft
+from suffixspec.drafting.proposers import Proposer, RequestContext
 
 
 def available() -> bool:

@@ -26,9 +26,9 @@ GROUPINGS = {"apart": 0, "one call": 10**15}
 
 
 def main() -> None:
-    import suffixspec.lean as lean_module
-    from suffixspec.kv import SlotCache
-    from suffixspec.lean import LeanForward, PassRow
+    import suffixspec.core.lean as lean_module
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import LeanForward, PassRow
     from suffixspec.loading import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

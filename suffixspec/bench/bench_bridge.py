@@ -9,7 +9,7 @@ Same target, same draft (a different tokenizer), same prompts, greedy:
 - ``ours-text`` / ``ours-intersection``: the suffixspec engine with the bridged draft proposer,
   configured as a user gets it: the proposer's defaults (only ``--min-confidence`` is passed, its
   default is the proposer's) and the engine's default ``SpeculationConfig`` (adaptive: the cost
-  gates of ``suffixspec/policy.py``, ``DraftGate`` and ``ProposerGate``, skip a draft, or the
+  gates of ``suffixspec/drafting/gates.py``, ``DraftGate`` and ``ProposerGate``, skip a draft, or the
   drafter, whose accepted tokens do not pay for its time, so on a CPU a weak draft is not verified
   at every step);
 - with ``--always``, also ``ours-text-always`` / ``ours-intersection-always``: the same with
@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from suffixspec.config import SpeculationConfig
-    from suffixspec.engine import Engine
+    from suffixspec.drafting.proposers.bridged_draft import BridgedDraftProposer
     from suffixspec.loading import load_model, resolve_model_path
-    from suffixspec.proposers.bridged_draft import BridgedDraftProposer
+    from suffixspec.runtimes.engine import Engine
 
     target_name, draft_name = args.target, args.draft
     smoke = args.tiny
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
             for m in modes:
                 engines[f"ours-{m}-always{tag}"] = ours(m, base)
                 specs[f"ours-{m}-always{tag}"] = SpeculationConfig(adaptive=False)
-    from .uag import uag_defect
+    from suffixspec.bench.uag import uag_defect
 
     broken = uag_defect()  # this transformers' universal assisted generation crashes or is no fair peer
     if broken:

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from .checkout import command
+from suffixspec.bench.checkout import command
 
 DRAFTERS_NO_HISTORY = ["prompt", "documents", "references", "draft_model"]
 
@@ -124,9 +124,8 @@ class Server:
 
 def requests_pool(model: str, n: int, max_tokens: int) -> list[dict]:
     """``n`` completion bodies, code-edit and agentic requests alternating (greedy, history off)."""
+    from suffixspec.bench.workloads import build
     from suffixspec.loading import load_tokenizer
-
-    from .workloads import build
 
     tok = load_tokenizer(model)
     if not getattr(tok, "chat_template", None):  # a base model (Gemma 3 270M): the requests as plain text

@@ -20,8 +20,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .bench_sampled import OnOffBench, summarize
-from .workloads import Request, chat, code_files, doc_chunks, doc_files
+from suffixspec.bench.bench_sampled import OnOffBench, summarize
+from suffixspec.bench.workloads import Request, chat, code_files, doc_chunks, doc_files
 
 CONTEXT_WORKLOADS = ("code_edit", "rag")
 

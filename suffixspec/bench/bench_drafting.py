@@ -9,9 +9,9 @@ and count forward passes and drafted tokens. With the model's measured verify co
 time (this thread's CPU time), and plain decoding ``t(1)`` per token: an estimated speedup free of
 machine load. Where the file also has the model's prefill per prompt token, each request pays it
 once in every system, plain decoding too, and a second estimate covers the whole request: the
-prompt's prefill is what no drafter shortens, so this is the figure a real run's ratios compare with. The budget is the engine's (``policy.draft_budget``: momentum, and with ``--costs`` the
+prompt's prefill is what no drafter shortens, so this is the figure a real run's ratios compare with. The budget is the engine's (``budget.draft_budget``: momentum, and with ``--costs`` the
 cost curve too). ``--gate`` (needs ``--costs``) puts the engine's own draft gate in the loop
-(``policy.choose_drafts`` with the request's ``policy.DraftGate``, judging each draft's score against
+(``gates.choose_drafts`` with the request's ``gates.DraftGate``, judging each draft's score against
 that curve, exploration included), as the engine runs it on one request.
 
 Worked example: output ``[5, 6, 7, 8]``, first draft ``[5, 6, 9]`` -> accept ``5 6``, the target
@@ -42,22 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from suffixspec.draft import Draft
-from suffixspec.policy import (
-    DEFAULT,
-    DraftGate,
-    PassCost,
-    Policy,
-    RowDraft,
-    StepCost,
-    choose_drafts,
-    draft_budget,
-)
-from suffixspec.proposers import Proposer, RequestContext
-
-from .loops import loop_share
-from .run import NO_DOCUMENTS
-from .workloads import WORKLOADS, build, index_documents
+from suffixspec.bench.loops import loop_share
+from suffixspec.bench.run import NO_DOCUMENTS
+from suffixspec.bench.workloads import WORKLOADS, build, index_documents
+from suffixspec.drafting.budget import draft_budget
+from suffixspec.drafting.costs import PassCost, StepCost
+from suffixspec.drafting.draft import Draft
+from suffixspec.drafting.gates import DraftGate, RowDraft, choose_drafts
+from suffixspec.drafting.policy import DEFAULT, Policy
+from suffixspec.drafting.proposers import Proposer, RequestContext
 
 
 @dataclass
@@ -138,7 +131,7 @@ def accepted_path(draft: Draft, output: list[int]) -> int:
 
 
 class CurveCost:
-    """``policy.PassCost`` pinned to a measured curve (seconds by draft size k): the engine's budget and
+    """``costs.PassCost`` pinned to a measured curve (seconds by draft size k): the engine's budget and
     gate judge by it, deterministically. Made non-decreasing first, as ``PassCost`` makes its own (a
     larger pass never costs less: a noisy curve's dip would make a longer draft look free, or past the
     curve, its last slope negative); sizes past the curve extend its last slope."""
@@ -165,13 +158,13 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
            max_draft_tokens: int = 32, max_context: int = 1 << 30, curve: dict[int, float] | None = None,
            gate: bool = False, policy: Policy = DEFAULT, prefill: float | None = None) -> Replay:
     """Replay ``traces`` in order through ``proposer`` as the engine steps one greedy request
-    (``sequence.RequestState``): the budget of ``policy.draft_budget`` (its cost-curve bound with
-    ``curve``), and with ``gate`` the draft gate (``policy.choose_drafts`` with the request's
+    (``sequence.RequestState``): the budget of ``budget.draft_budget`` (its cost-curve bound with
+    ``curve``), and with ``gate`` the draft gate (``gates.choose_drafts`` with the request's
     ``DraftGate``) judging each draft by ``curve``; a draft it skips costs a plain step. ``prefill``:
     seconds per prompt token of the prefill (``bench_limits.load_prefill``), added to each request."""
     if gate and not curve:
         raise ValueError("the draft gate judges drafts by a cost curve: pass curve (bench_drafting --costs)")
-    from suffixspec.merge import merge_drafts
+    from suffixspec.drafting.merge import merge_drafts
 
     cost = CurveCost(curve) if curve else PassCost(policy)  # an empty PassCost: momentum alone bounds the budget
     step = StepCost(cost, 1)
@@ -242,9 +235,9 @@ def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cach
     import torch
 
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
     from suffixspec.loading import load_model
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.runtimes.engine import Engine
 
     torch.set_num_threads(1)
     target = load_model(model)
@@ -304,10 +297,9 @@ def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | N
     """name -> (factory(documents) -> proposer, drafters)."""
     from dataclasses import replace
 
+    from suffixspec.bench import arctic
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
     from suffixspec.loading import load_tokenizer
-    from suffixspec.proposers.suffix import SuffixProposer
-
-    from . import arctic
 
     tok = load_tokenizer(model)
 
@@ -332,7 +324,7 @@ def search_arctic(traces: dict[str, list[Trace]], curve: dict[int, float] | None
                   ) -> list[tuple[float, Any]]:
     """Arctic settings of a grid, best first: by estimated time summed over the workloads with a cost
     curve (fewest verify steps without one). History off, as the benchmark runs it."""
-    from . import arctic
+    from suffixspec.bench import arctic
 
     results = []
     for factor, offset, min_prob, tree in itertools.product((1.0, 2.0, 4.0, 8.0), (0.0, 4.0), (0.05, 0.1, 0.2, 0.3),
@@ -350,10 +342,9 @@ def search_arctic(traces: dict[str, list[Trace]], curve: dict[int, float] | None
 def propose_cost(model: str, traces: dict[str, list[Trace]], rounds: int = 3) -> dict[str, dict[str, float]]:
     """Median propose CPU time per step (µs, this thread's CPU time) of our proposer with each single
     drafter and all, and of Arctic's best setting, interleaved round by round on the same replays."""
+    from suffixspec.bench import arctic
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
     from suffixspec.loading import load_tokenizer
-    from suffixspec.proposers.suffix import SuffixProposer
-
-    from . import arctic
 
     tok = load_tokenizer(model)
     makers: dict[str, tuple[Callable[[], Proposer], tuple[str, ...] | None]] = {
@@ -422,8 +413,8 @@ def main() -> None:
     if args.gate and not args.costs:  # before recording outputs: a model run for nothing
         ap.error("--gate judges drafts by the model's verify cost curve: give --costs (bench_limits --json)")
 
-    from . import arctic
-    from .bench_limits import load_curve, load_prefill
+    from suffixspec.bench import arctic
+    from suffixspec.bench.bench_limits import load_curve, load_prefill
 
     wl = tuple(args.workloads.split(","))
     if args.outputs == "written":

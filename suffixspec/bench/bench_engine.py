@@ -44,7 +44,7 @@ def _random_model_dir() -> str:
 def verify_cost(engine, context_len: int = 200, ks=(1, 2, 4, 8, 16, 24, 32), repeats: int = 20) -> dict:
     """Median seconds of a verify pass of ``1 + k`` tokens over ``repeats`` (``bench_limits.verify_pass``),
     relative to a plain step's."""
-    from .bench_limits import verify_pass
+    from suffixspec.bench.bench_limits import verify_pass
 
     once = verify_pass(engine, context_len)
 
@@ -90,9 +90,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
 
-    from suffixspec.engine import Engine
     from suffixspec.loading import load_model, resolve_model_path
     from suffixspec.models import DEMO_TARGET
+    from suffixspec.runtimes.engine import Engine
 
     name = args.model
     if name is None and not args.random:

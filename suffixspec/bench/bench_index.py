@@ -73,12 +73,11 @@ from pathlib import Path
 
 import numpy as np
 
+from suffixspec.bench.checkout import command
 from suffixspec.index.incremental import IncrementalIndex
 from suffixspec.index.speculate import SpecParams
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
-
-from .checkout import command
 
 # ArcticInference 0.3.0 on the micro section's corpus (depth 64), measured on a 2-core machine: printed
 # for comparison when it is not installed here
@@ -413,7 +412,7 @@ def templated_requests(tokenizer, n: int, seed: int = 0) -> list[tuple[list[int]
 
 def simulate(proposer, prompt: list[int], target: list[int], budget: int = 16) -> tuple[int, int]:
     """Greedy verification against a known output: returns (steps, accepted draft tokens)."""
-    from suffixspec.proposers import RequestContext
+    from suffixspec.drafting.proposers import RequestContext
 
     proposer.begin(RequestContext(prompt_ids=list(prompt)))
     out: list[int] = []
@@ -439,7 +438,7 @@ def simulate(proposer, prompt: list[int], target: list[int], budget: int = 16) -
 
 
 def bench_history(tokenizer, n_requests: int) -> dict:
-    from suffixspec.proposers.suffix import SuffixConfig, SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer
 
     proposer = SuffixProposer(config=SuffixConfig(max_spec_factor=2.0, min_token_prob=0.1))
     reqs = templated_requests(tokenizer, n_requests)

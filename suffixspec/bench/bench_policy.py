@@ -16,8 +16,10 @@ and 43.2 s: the merged tree at 0.98x its suffix part with the rule, 0.87x withou
         --workloads code_edit --requests 4 --max-tokens 400 --field model_value_shared --values true,false \\
         --systems ours_suffix,ours_all [--json out.json]
 
-The field is set in place on every ``Policy`` the engine and its proposers hold (the dataclass is frozen
-for everyone else), and put back at the end.
+Each value is a new ``Policy`` (``dataclasses.replace`` of the engine's, so it is validated) that the
+engine takes with ``Engine.use_policy`` and lends its draft models; the engine's own policy is put back
+at the end. Every run gets a fresh suffix proposer, and the engine keys the records it shares across
+requests by the proposer objects, so no run inherits another's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,34 +40,22 @@ def _parse(value: str) -> Any:
     return ast.literal_eval(value.strip())
 
 
-def _policies(bench: Any) -> list[Any]:
-    """Every distinct ``Policy`` the engine and the proposers read."""
-    from suffixspec.policy import DEFAULT
-
-    found = [bench.engine.policy, DEFAULT, *(getattr(p, "policy", None) for p in bench.draft_proposers)]
-    out: dict[int, Any] = {}
-    for pol in found:
-        if pol is not None:
-            out[id(pol)] = pol
-    return list(out.values())
-
-
 def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
         values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
-    from suffixspec.policy import Policy
-
-    from . import run as R
+    from suffixspec.bench import run as R
+    from suffixspec.drafting.policy import Policy
 
     if field not in {f.name for f in fields(Policy)}:
-        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/policy.py")
-    bench = R._load_bench(model, drafts, False, 1, log)
-    pols = _policies(bench)
-    before = getattr(pols[0], field)
+        raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")
+    bench = R.load_bench(model, drafts, False, 1, log)
+    base = bench.engine.policy
+    # one Policy per value (keyed by its repr: a literal may be a list), validated before any run
+    policies = {repr(v): replace(base, **{field: v}) for v in values}
     touched = {s for s in systems if every or s.startswith("ours_")}
     results: dict[str, Any] = {}
     try:
         for w in workloads:
-            reqs, _docs = R._requests(w, bench, n, max_tokens, log)
+            reqs, _docs = R.workload_requests(w, bench, n, max_tokens, log)
             runs = [(s, v) for s in systems for v in (values if s in touched else values[:1])]
             totals = {f"{s}@{v}": 0.0 for s, v in runs}
             identical = True
@@ -73,9 +63,8 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
                 order = runs if k % 2 == 0 else runs[::-1]
                 outs = {}
                 for s, v in order:
-                    for pol in pols:
-                        object.__setattr__(pol, field, v)
-                    r = R._ours(bench, s, req, R._suffix_proposer(bench, None, s))
+                    bench.engine.use_policy(policies[repr(v)])
+                    r = R.run_ours_request(bench, s, req, R.suffix_proposer_for(bench, None, s))
                     outs[f"{s}@{v}"] = r
                     totals[f"{s}@{v}"] += r.cpu_s
                 same = len({tuple(r.tokens) for r in outs.values()}) == 1
@@ -85,8 +74,7 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
             results[w] = {"requests": len(reqs), "cpu_s": {k: round(v, 3) for k, v in totals.items()},
                           "identical": identical}
     finally:
-        for pol in pols:
-            object.__setattr__(pol, field, before)
+        bench.engine.use_policy(base)
     return results
 
 
@@ -105,7 +93,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="code_edit")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--field", required=True, help="a suffixspec.policy.Policy field")
+    ap.add_argument("--field", required=True, help="a suffixspec.drafting.policy.Policy field")
     ap.add_argument("--values", default="true,false", help="comma-separated: true/false or Python literals")
     ap.add_argument("--systems", default="ours_all", help="comma-separated systems of suffixspec bench")
     ap.add_argument("--every", action="store_true", help="run every system at every value (not only ours_*)")

@@ -68,7 +68,7 @@ def gap(model: Any, prompt: list[int], out: list[int], other: list[int], at: int
         vocab: int) -> float:
     """How far apart ``out[at]`` and ``other[at]`` are after ``prompt + out[:at]`` in the model's own
     forward: logits (greedy) or race scores (seeded, temperature 1), over eps x largest |logit|."""
-    from suffixspec.sampling import PositionRNG
+    from suffixspec.core.sampling import PositionRNG
 
     if at >= len(out) or at >= len(other):
         return float("nan")  # one run ended (EOS or length): nothing to compare at that position
@@ -111,12 +111,11 @@ def generate_ours(engine: Any, prompt: list[int], sampling: Any, prediction: lis
 
 
 def measure(model_name: str, dtype: str, n: int, max_tokens: int, log=print) -> dict[str, Any]:
+    from suffixspec.bench.workloads import build
     from suffixspec.config import SamplingParams
-    from suffixspec.engine import Engine
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
     from suffixspec.loading import load_model
-    from suffixspec.proposers.suffix import SuffixProposer
-
-    from .workloads import build
+    from suffixspec.runtimes.engine import Engine
 
     lm = load_model(model_name, device="cpu", dtype=dtype)
     engine = Engine(lm, [SuffixProposer(tokenizer=lm.tokenizer, history=False)], prefix_cache_mb=0)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .workloads import Request, build, index_documents
+from suffixspec.bench.workloads import Request, build, index_documents
 
 TEMPERATURES = (0.7, 1.0)
 SAMPLED_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
@@ -54,8 +54,8 @@ class OnOff:
 def proposers_for(target: Any, draft: Any, documents: Any, history: bool = False, sample: bool = True) -> list[Any]:
     """Our drafters as ``ours_all`` runs them: the suffix proposer, then the draft model if any (``sample``:
     a same-vocabulary draft samples its tokens and reports ``q``; False: its argmax tokens, no ``q``)."""
-    from suffixspec.proposers.draft_model import DraftModelProposer, make_draft_proposer
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.drafting.proposers.draft_model import DraftModelProposer, make_draft_proposer
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
 
     out: list[Any] = [SuffixProposer(tokenizer=target.tokenizer, documents=documents, history=history)]
     if draft is not None:
@@ -108,8 +108,8 @@ class OnOffBench:
         import torch
 
         from suffixspec.config import SamplingParams
-        from suffixspec.engine import Engine
         from suffixspec.loading import load_model
+        from suffixspec.runtimes.engine import Engine
 
         self.target = load_model(model)
         self.draft = load_model(draft_model) if draft_model else None

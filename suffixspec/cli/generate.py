@@ -20,8 +20,8 @@ from pathlib import Path
 
 import click
 
-from .options import model_options
-from .process import allow_fast_exit
+from suffixspec.cli.options import DrafterList, model_options
+from suffixspec.cli.process import allow_fast_exit
 
 
 def _read(path: str) -> str:
@@ -82,8 +82,8 @@ def _draft_model_needed(speculation, max_tokens: int) -> bool:
               help="A file whose text the output may copy from (repeatable; RAG chunks).")
 @click.option("--prediction", type=click.Path(exists=True, dir_okay=False),
               help="A file holding the expected output (code edits).")
-@click.option("--drafters", default=None,
-              help="Comma-separated drafters to use: prompt,history,documents,references,prediction,draft_model "
+@click.option("--drafters", default=None, type=DrafterList(),
+              help="Comma-separated drafters to use "
                    "(a --prediction drafts whenever it is given, listed or not).")
 @click.option("--max-draft-tokens", default=None, type=click.IntRange(0, 256))
 @click.option("--no-speculation", is_flag=True, help="Plain decoding (one target token per step), for comparison.")
@@ -116,7 +116,7 @@ def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime
       suffixspec generate "def f(x):" --no-speculation      # the same text, slower
       suffixspec generate --prompt-file examples/edit.txt --chat --compare   # both, side by side
     """
-    from ..api import SuffixSpec
+    from suffixspec.api import SuffixSpec
 
     if prompt_file:
         prompt = _read(prompt_file)
@@ -129,7 +129,7 @@ def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime
     elif drafters or max_draft_tokens is not None:
         speculation = {}
         if drafters:
-            speculation["drafters"] = tuple(d.strip() for d in drafters.split(",") if d.strip())
+            speculation["drafters"] = drafters
         if max_draft_tokens is not None:
             speculation["max_draft_tokens"] = max_draft_tokens
     else:
@@ -152,6 +152,7 @@ def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime
         plain = _run(spec, source, {**kw, "speculation": SuffixSpec.speculation_config(False)}, 0.0,
                      echo=False) if compare else None
         threads_used = spec.threads
+        weights_used = spec.weights
         spec.close()
     except (ValueError, OSError) as e:  # OSError: a model or file that cannot be read (transformers says which)
         raise click.ClickException(str(e)) from None
@@ -161,7 +162,8 @@ def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime
     if as_json:
         out = {"text": result.text, "finish_reason": result.finish_reason,
                "prompt_tokens": len(result.prompt_token_ids), "completion_tokens": len(result.token_ids),
-               "timing": timing.to_dict(), "speculative_decoding": stats, "threads": threads_used}
+               "timing": timing.to_dict(), "speculative_decoding": stats, "threads": threads_used,
+               "weights": weights_used}
         if pred is not None:
             out["completion_tokens_details"] = pred
         if comparison is not None:
@@ -171,7 +173,8 @@ def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime
         return
     if not stream:
         click.echo(result.text)
-    _print_stats(result, stats, timing, pred, threads_used, comparison, sampled=temperature > 0 and seed is None)
+    _print_stats(result, stats, timing, pred, threads_used, comparison, sampled=temperature > 0 and seed is None,
+                 weights=weights_used)
     allow_fast_exit()  # the store is closed and the output printed: nothing is left to finalize
 
 
@@ -207,7 +210,7 @@ def _prediction_tokens(spec, result, stats: dict, prediction: str | None) -> dic
     """Accepted/rejected prediction tokens, counted as the server's ``usage`` counts them."""
     if prediction is None:
         return None
-    from ..server.responses import usage
+    from suffixspec.server.responses import usage
 
     n = len(spec.tokenizer.encode(prediction, add_special_tokens=False))
     details = usage(result, n)["completion_tokens_details"]
@@ -247,7 +250,7 @@ def _n(count: int, noun: str) -> str:
 
 
 def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, threads: dict | None = None,
-                 comparison: dict | None = None, sampled: bool = False) -> None:
+                 comparison: dict | None = None, sampled: bool = False, weights: str | None = None) -> None:
     per_source = ", ".join(f"{src} {d['accepted']}/{d['drafted']}" for src, d in stats["per_source"].items())
     rate = timing.decode_tokens_per_s
     decode = (f"decode: {rate:.1f} tokens/s ({timing.decode_tokens} tokens in {timing.decode_s:.2f}s, after "
@@ -269,9 +272,11 @@ def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, 
         lines.append(f"prediction: {pred['accepted_prediction_tokens']} tokens accepted, "
                      f"{pred['rejected_prediction_tokens']} rejected")
     if threads:
-        from ..threads import describe
+        from suffixspec.core.threads import describe
 
         lines.append(f"threads: {describe(threads)}")
+    if weights:
+        lines.append(f"weights: {weights} (--weights; docs/formats.md)")
     if comparison is not None:
         lines.append(_compare_line(comparison, sampled))
     click.echo("\n".join("-- " + line for line in lines), err=True)

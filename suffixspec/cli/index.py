@@ -19,6 +19,8 @@ from typing import Any
 
 import click
 
+from suffixspec.cli.options import MODEL_NAMES
+
 MODEL_ENV = "SUFFIXSPEC_MODEL"  # the model `index add` indexes for when --model is not given
 _DB_HELP = ("SQLite database (default: $SUFFIXSPEC_DB, else $XDG_DATA_HOME/suffixspec/index.db, "
             "i.e. ~/.local/share/suffixspec/index.db)")
@@ -77,7 +79,7 @@ def index_group() -> None:
               help="Only index file names matching PATTERN (repeatable), e.g. '*.py'.")
 @click.option("--db", default=None, metavar="FILE", help=_DB_HELP)
 @click.option("--model", default=None, metavar="NAME_OR_PATH",
-              help="Index for this model's tokenizer: a model name (smollm2-135m-instruct, gemma-3-270m), a folder "
+              help=f"Index for this model's tokenizer: a model name ({MODEL_NAMES}), a folder "
                    f"or a hub id. Default: ${MODEL_ENV}, else the model this store was last served or indexed with, "
                    "else the default model.")
 @click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
@@ -228,7 +230,7 @@ def _tokenizer_loader(model: str | None, tokenizer: str | None, quiet: bool):
             if last is not None:  # not kept (a slow tokenizer): loaded from where it was loaded before
                 name, label, why = last.name, last.label, "the one this store was last served or indexed with"
         if not name:
-            from ..models import DEFAULT_MODEL
+            from suffixspec.models import DEFAULT_MODEL
 
             name, why = DEFAULT_MODEL, "the default model; --model to choose another"
         choice = _load(index, name, label or name)
@@ -243,8 +245,7 @@ def _load(index, name: str, label: str):
     loaded by transformers."""
     from suffixspec.index.document_index import TokenizerChoice
     from suffixspec.index.tokenizer_table import source_key
-
-    from ..loading import load_tokenizer, resolve_model_path
+    from suffixspec.loading import load_tokenizer, resolve_model_path
 
     try:
         folder = resolve_model_path(name)
@@ -292,12 +293,12 @@ class _NoBar:
 
 
 def _bar(hidden: bool, **kw: Any):
-    """A tqdm progress bar, or a :class:`_NoBar` when ``hidden``."""
+    """A progress bar on stderr (plain lines when it is no terminal), or a :class:`_NoBar` when ``hidden``."""
     if hidden:
         return _NoBar()
-    from tqdm import tqdm
+    from suffixspec.progress import progress_bar
 
-    return tqdm(**kw)
+    return progress_bar(**kw)
 
 
 @index_group.command("merge")

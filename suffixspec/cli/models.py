@@ -35,13 +35,13 @@ def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
       suffixspec models --convert smollm2-135m-instruct
       suffixspec generate --model smollm2-135m-instruct --chat "What is a suffix tree?"
     """
-    from ..models import DEFAULT_MODEL, DEMO_TARGET, KNOWN_MODELS, cache_dir, describe
+    from suffixspec.models import DEFAULT_MODEL, DEMO_TARGET, KNOWN_MODELS, cache_dir, describe
 
     for name in convert:
         if name not in KNOWN_MODELS and not name.lower().endswith(".gguf"):
             raise click.BadParameter(f"{name!r} is neither a name from this list nor a .gguf file",
                                      param_hint="--convert")
-        from ..loading import resolve_model_path
+        from suffixspec.loading import resolve_model_path
 
         click.echo(f"{name}: {resolve_model_path(name)}", err=True)
 

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from ..models import DEFAULT_MODEL
+from suffixspec.drafting.registry import source_names
+from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS
+
+# the names `--model` accepts besides paths and hub ids, from the registry (suffixspec/models.py), so a model
+# registered there is named in every command's help
+MODEL_NAMES = ", ".join(KNOWN_MODELS)
+
+
+class DrafterList(click.ParamType):
+    """Comma-separated drafter names (``--drafters prompt,references``), the registry's
+    (``drafting.registry.source_names``): checked when parsed, listed in ``--help`` as it is shown."""
+
+    name = "drafters"
+
+    def choices(self) -> tuple[str, ...]:
+        return source_names()
+
+    def get_metavar(self, param: Any, ctx: Any = None) -> str:
+        return "[" + ",".join(self.choices()) + "]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        names = tuple(d.strip() for d in str(value).split(",") if d.strip())
+        unknown = [d for d in names if d not in self.choices()]
+        if unknown:
+            self.fail(f"unknown drafter(s) {', '.join(unknown)}; choose from {','.join(self.choices())}", param, ctx)
+        return names
 
 _model_options = [
     click.option("--model", default=DEFAULT_MODEL, show_default=True,
-                 help="Target model: a name from `suffixspec models` (smollm2-135m-instruct, gemma-3-270m), "
+                 help=f"Target model: a name from `suffixspec models` ({MODEL_NAMES}), "
                       "a .gguf file, a local folder, a hub id, or the embedded test model suffixspec/demo-target."),
     click.option("--draft-model", default="auto", show_default=True,
                  help="Draft model (any tokenizer), named as --model. 'auto' = the draft model shipped for the "

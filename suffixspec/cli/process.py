@@ -36,7 +36,7 @@ class Group(click.Group):
             raise
 
     def invoke(self, ctx: click.Context):
-        from ..models import ModelNotInstalledError, UnknownModelError
+        from suffixspec.models import ModelNotInstalledError, UnknownModelError
 
         try:
             return super().invoke(ctx)

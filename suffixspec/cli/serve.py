@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import click
 
-from ..server.config import ServerConfig
-from .options import model_options
+from suffixspec.cli.options import model_options
+from suffixspec.server.config import ServerConfig
 
 DEFAULTS = ServerConfig  # the dataclass' class attributes are its defaults: the limits are defined there once
 
@@ -68,14 +68,14 @@ def serve_cmd(model, draft_model, db, device, weights, dtype, runtime, threads, 
     """
     import logging
 
-    from ..server import create_app
-    from ..server.serve import serve
+    from suffixspec.server import create_app
+    from suffixspec.server.serve import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach the port can use it",
                    err=True)
-    from ..server.guards import is_loopback
+    from suffixspec.server.guards import is_loopback
 
     if allowed_hosts is None and not is_loopback(host.strip("[]")):
         allowed_hosts = "*" if host in ("0.0.0.0", "::", "") else host  # bound to a LAN address: clients use it

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..draft import SOURCE_REFERENCES
+from suffixspec.drafting.draft import SOURCE_REFERENCES
 
 # Sampling keywords the integrations pass through (SamplingParams' names, the server's JSON names).
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",

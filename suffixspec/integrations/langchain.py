@@ -45,7 +45,7 @@ from langchain_core.prompt_values import ChatPromptValue
 from langchain_core.runnables import Runnable, RunnableLambda
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from .backend import SAMPLING_KEYS, Delta, Reply, Request, backend_for
+from suffixspec.integrations.backend import SAMPLING_KEYS, Delta, Reply, Request, backend_for
 
 __all__ = ["ChatSuffixSpec", "prompt_with_references"]
 

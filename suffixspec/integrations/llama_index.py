@@ -72,7 +72,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.prompts import BasePromptTemplate
 
-from .backend import SAMPLING_KEYS, Delta, Reply, Request, accepted_tokens, backend_for
+from suffixspec.integrations.backend import SAMPLING_KEYS, Delta, Reply, Request, accepted_tokens, backend_for
 
 __all__ = ["SpeculationStats", "SuffixSpecLLM"]
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import ServerConfig
+from suffixspec.server.config import ServerConfig
 
 __all__ = ["ServerConfig", "ServerState", "create_app"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("ServerState", "create_app"):
-        from . import app
+        from suffixspec.server import app
 
         return getattr(app, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,11 +21,11 @@ from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from . import guards
-from .config import ServerConfig
-from .errors import EXCEPTIONS, APIError, to_api_error
-from .metrics import Metrics
-from .worker import EngineWorker, Job
+from suffixspec.server import guards
+from suffixspec.server.config import ServerConfig
+from suffixspec.server.errors import EXCEPTIONS, APIError, to_api_error
+from suffixspec.server.metrics import Metrics
+from suffixspec.server.worker import EngineWorker, Job
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("suffixspec.access")  # one line per request (``_install_access_log``)
@@ -69,7 +69,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     """The suffixspec Flask app. ``spec`` (a built SuffixSpec) skips model loading (tests, embedding)."""
     cfg = ServerConfig.from_any(config)
     if spec is None:
-        from ..api import SuffixSpec
+        from suffixspec.api import SuffixSpec
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
                           dtype=cfg.dtype, weights=cfg.weights, max_num_seqs=cfg.max_num_seqs,
@@ -98,9 +98,9 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
     aliases = frozenset([*names, spec.model_name, "suffixspec"])
     app.extensions["suffixspec"] = ServerState(cfg, spec, worker, metrics, names[0], aliases)
 
-    from .openapi import bp as openapi_bp
-    from .routes_index import bp as index_bp
-    from .routes_openai import bp as openai_bp
+    from suffixspec.server.openapi import bp as openapi_bp
+    from suffixspec.server.routes_index import bp as index_bp
+    from suffixspec.server.routes_openai import bp as openai_bp
 
     app.register_blueprint(openai_bp)
     app.register_blueprint(index_bp)
@@ -115,7 +115,8 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
 
 def _install_access_log(app: Flask) -> None:
     """One line per request once its response is sent (a stream: when it ends): client, method, path,
-    status, and for a generation its tokens, tokens per step and seconds. Example::
+    status (499 when the client left before the end, streaming or not), and for a generation its tokens,
+    tokens per step and seconds. Example::
 
         127.0.0.1 POST /v1/chat/completions 200 64 tokens (40 prompt) 3.20 tokens/step 0.84 s
 
@@ -129,21 +130,26 @@ def _install_access_log(app: Flask) -> None:
     def log_when_sent(resp: Response) -> Response:
         started = g.get("access_started") or time.perf_counter()
         job = g.get("job")  # a generation's worker job (routes_openai)
-        head = f"{request.remote_addr or '-'} {request.method} {request.path} {resp.status_code}"
+        path = f"{request.remote_addr or '-'} {request.method} {request.path}"
         level = logging.INFO if request.path.startswith("/v1") else logging.DEBUG
 
-        def emit() -> None:
-            access_log.log(level, "%s%s %.2f s", head, _generation_words(job), time.perf_counter() - started)
+        def emit() -> None:  # after the body: by then a stream knows whether its client stayed to the end
+            status = 499 if getattr(job, "client_left", False) else resp.status_code
+            access_log.log(level, "%s %d%s %.2f s", path, status, _generation_words(job),
+                           time.perf_counter() - started)
 
         resp.call_on_close(emit)
         return resp
 
 
 def _generation_words(job: Any) -> str:
-    """`` 64 tokens (40 prompt) 3.20 tokens/step`` for a finished generation; `` no result`` for one that
-    failed or was cancelled; empty for any other request."""
+    """`` 64 tokens (40 prompt) 3.20 tokens/step`` for a finished generation; `` client disconnected`` for
+    one whose client left (status 499, streaming or not); `` no result`` for one that failed; empty for any
+    other request."""
     if job is None:
         return ""
+    if getattr(job, "client_left", False):
+        return " client disconnected"
     result = getattr(job, "result", None)
     if result is None:
         return " no result"

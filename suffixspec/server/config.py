@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..models import DEFAULT_MODEL
+from suffixspec.models import DEFAULT_MODEL
 
 
 @dataclass
@@ -18,9 +18,9 @@ class ServerConfig:
     #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu
     dtype: str | None = None  # older name for a floating weight format (float32, bfloat16, float16)
-    weights: str = "auto"  # weight format (suffixspec.weights.FORMATS): auto = fastest exact here (int8 on most CPUs)
+    weights: str = "auto"  # weight format (suffixspec.core.weights.FORMATS): auto = fastest exact here (int8 on most CPUs)
     runtime: str = "transformers"  # "transformers" (our engine) or "llama-cpp" (the GGUF in llama.cpp, docs/llama_cpp.md)
-    threads: int | None = None  # torch threads for the model's passes (llama-cpp: its threads); None = measured (suffixspec.threads)
+    threads: int | None = None  # torch threads for the model's passes (llama-cpp: its threads); None = measured (suffixspec.core.threads)
     served_model_name: str | list[str] | None = None  # model id(s) clients may name; the first is the one
     #                                                  /v1/models reports; None = the model argument
     allowed_hosts: list[str] | None = None  # Host header values accepted (DNS-rebinding guard); None = loopback

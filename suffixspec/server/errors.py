@@ -20,9 +20,9 @@ from typing import Any
 
 from flask import Response, jsonify
 
-from ..errors import RequestError
-from ..index.errors import InvalidDocument, NoDocumentStore, ReadOnlyStore, StoreError, WriterDied
-from .worker import QueueFull, ShuttingDown
+from suffixspec.errors import RequestError
+from suffixspec.index.errors import InvalidDocument, NoDocumentStore, ReadOnlyStore, StoreError, WriterDied
+from suffixspec.server.worker import QueueFull, ShuttingDown
 
 # HTTP status -> OpenAI error type.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from flask import Flask, Response, request
 
-from .config import ServerConfig
-from .errors import APIError
+from suffixspec.server.config import ServerConfig
+from suffixspec.server.errors import APIError
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 from pydantic.json_schema import models_json_schema
 
-from .schema import Error, request_models
+from suffixspec.server.schema import Error, request_models
 
 bp = Blueprint("openapi", __name__)
 

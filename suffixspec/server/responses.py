@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..draft import SOURCE_PREDICTION
+from suffixspec.drafting.draft import SOURCE_PREDICTION
 
 # Engine finish reasons -> OpenAI finish reasons ("cancelled" only reaches clients on shutdown).
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
-from .errors import invalid
-from .routes_openai import read_json, state
-from .schema import parse, request_models
+from suffixspec.server.errors import invalid
+from suffixspec.server.routes_openai import read_json, state
+from suffixspec.server.schema import parse, request_models
 
 bp = Blueprint("index", __name__)
 

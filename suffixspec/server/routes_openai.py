@@ -11,10 +11,10 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from .errors import APIError
-from .responses import SSE_DONE, ResponseBuilder, sse
-from .validation import GenRequest, parse_chat, parse_completion
-from .worker import DONE, Job, JobFailed, QueueFull
+from suffixspec.server.errors import APIError
+from suffixspec.server.responses import SSE_DONE, ResponseBuilder, sse
+from suffixspec.server.validation import GenRequest, parse_chat, parse_completion
+from suffixspec.server.worker import DONE, Job, JobFailed, QueueFull
 
 bp = Blueprint("openai", __name__)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape somewhere in the body
@@ -175,6 +175,7 @@ def _wait(job: Job, disconnected: Callable[[], bool] | None, poll: float) -> Any
         while True:
             ev = _next_event(job, disconnected, poll)
             if ev is None:  # the client left; nobody will read an answer
+                job.client_left = True
                 raise APIError("client disconnected", 499, code="client_disconnected")
             if ev is DONE:
                 return job.result
@@ -193,7 +194,8 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             yield sse(first)
         while True:
             ev = _next_event(job, disconnected, poll)
-            if ev is None:
+            if ev is None:  # the client left (seen on its socket)
+                job.client_left = True
                 return
             if ev is DONE:
                 break
@@ -211,5 +213,8 @@ def _stream(job: Job, builder: ResponseBuilder, include_usage: bool,
             elif ev.text or lp:
                 yield sse(builder.chunk(ev.text, ev.pieces, lp if builder.logprobs is not None else None))
         yield SSE_DONE
+    except GeneratorExit:  # the WSGI server closed the body before its end: the client went away
+        job.client_left = True
+        raise
     finally:
         job.cancel.set()

@@ -35,8 +35,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..draft import DRAFTERS, PREDICTION_RULE
-from .errors import APIError, invalid
+from suffixspec.drafting.draft import PREDICTION_RULE
+from suffixspec.drafting.registry import source_names
+from suffixspec.server.errors import APIError, invalid
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_LOGPROBS = 20  # top-N log-probabilities a request may ask for
@@ -157,17 +158,26 @@ def _prediction_shape(v: Any) -> Any:
 def _drafters(v: Any) -> Any:
     if not isinstance(v, list) or not all(isinstance(d, str) for d in v):
         raise PydanticCustomError("invalid_type", "'speculation.drafters' must be a list of drafter names")
-    unknown = [d for d in v if d not in DRAFTERS]
+    known = source_names()
+    unknown = [d for d in v if d not in known]
     if unknown:
         raise PydanticCustomError("invalid_value", f"unknown drafter(s) {unknown} in 'speculation.drafters'; "
-                                  f"choose from {list(DRAFTERS)} ({PREDICTION_RULE})")
+                                  f"choose from {list(known)} ({PREDICTION_RULE})")
     return v
+
+
+class _DrafterName:
+    """A drafter name's JSON schema: an enum of the registered drafters' sources, read when the schema is
+    made (a drafter registered after this module was imported is in it)."""
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
+        return {"type": "string", "enum": list(source_names())}
 
 
 class Speculation(Strict):
     """Per-request speculation: which drafters, how many draft tokens (``false`` = plain decoding)."""
 
-    drafters: Annotated[list[Literal[DRAFTERS]], BeforeValidator(_drafters)] | None = Field(  # type: ignore[valid-type]
+    drafters: Annotated[list[Annotated[str, _DrafterName()]], BeforeValidator(_drafters)] | None = Field(
         None, description="drafters to use; default: every drafter the server loaded (GET /v1/models lists "
                           f"them); {PREDICTION_RULE}")
     max_draft_tokens: Int(0, MAX_DRAFT_TOKENS) = Field(None, description="draft tree node budget")

@@ -37,7 +37,7 @@ def _waitress_classes() -> tuple[type, type]:
     from waitress.task import ErrorTask
     from waitress.utilities import RequestEntityTooLarge
 
-    from .errors import APIError
+    from suffixspec.server.errors import APIError
 
     class DrainingParser(HTTPRequestParser):
         """Reads a Content-Length body that is over the limit to its end without keeping it."""

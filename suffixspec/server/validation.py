@@ -11,11 +11,11 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import SamplingParams, SpeculationConfig
-from ..errors import RequestError
-from .config import ServerConfig
-from .errors import APIError, invalid
-from .schema import parse, request_models, text_of
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.errors import RequestError
+from suffixspec.server.config import ServerConfig
+from suffixspec.server.errors import APIError, invalid
+from suffixspec.server.schema import parse, request_models, text_of
 
 
 @dataclass

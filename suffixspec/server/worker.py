@@ -25,13 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RequestError
+from suffixspec.errors import RequestError, RequestFailed
 
 log = logging.getLogger(__name__)
 
 DONE = object()  # sentinel: the job's last event has been delivered
 # what a client is told of a failure that is not its request's fault: nothing of the failure itself
 ENGINE_FAILED = "the engine failed while generating; the server log has the details"
+
+
+def engine_failed(e: BaseException) -> str:
+    """What a client is told of a fault: the step of its request that failed when the scheduler names it
+    (the other requests went on), nothing of the failure itself. Example: "the engine failed on this
+    request while drafting (the other requests go on); the server log has the details"."""
+    if isinstance(e, RequestFailed):
+        return f"the engine failed on this request while {e.stage} (the other requests go on); the server log has the details"
+    return ENGINE_FAILED
 
 
 class QueueFull(Exception):
@@ -64,6 +73,9 @@ class Job:
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # when the worker picked it up
     result: Any = None  # the GenerationResult, once finished
+    # the client disconnected before its answer was complete, streaming or not: the access log says 499 for
+    # both (a stream's 200 went out with its first chunk, before the client left)
+    client_left: bool = False
 
 
 class EngineWorker:
@@ -147,7 +159,7 @@ class EngineWorker:
                 job.events.put(JobFailed(str(e), e, bad_request=True, param=e.param))
             else:  # a bug or a fault, never the client's to fix: the traceback goes to the log only
                 log.exception("generation failed")
-                job.events.put(JobFailed(ENGINE_FAILED, e))
+                job.events.put(JobFailed(engine_failed(e), e))
             return
         if job.result is not None and self.on_result is not None:
             try:

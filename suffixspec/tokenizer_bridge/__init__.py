@@ -8,11 +8,17 @@
 - :class:`VocabIntersection` -- token-level intersection and mapping of draft q (``intersection.py``).
 """
 
-from .bridge import DraftContext, TokenBridge, Translation, vocab_table
-from .intersection import Coverage, VocabIntersection
-from .lattice import BoundaryLattice
-from .text import IncrementalEncoder, Retokenized, retokenize, translate_tail, window_start
-from .vocab import VocabTable, utf8_complete_prefix
+from suffixspec.tokenizer_bridge.bridge import DraftContext, TokenBridge, Translation, vocab_table
+from suffixspec.tokenizer_bridge.intersection import Coverage, VocabIntersection
+from suffixspec.tokenizer_bridge.lattice import BoundaryLattice
+from suffixspec.tokenizer_bridge.text import (
+    IncrementalEncoder,
+    Retokenized,
+    retokenize,
+    translate_tail,
+    window_start,
+)
+from suffixspec.tokenizer_bridge.vocab import VocabTable, utf8_complete_prefix
 
 __all__ = [
     "BoundaryLattice", "Coverage", "DraftContext", "IncrementalEncoder", "Retokenized", "TokenBridge",

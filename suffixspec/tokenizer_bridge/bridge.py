@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .intersection import Coverage, VocabIntersection
-from .lattice import BoundaryLattice
-from .text import DEFAULT_WINDOW, IncrementalEncoder, translate_tail
-from .vocab import VocabTable
+from suffixspec.tokenizer_bridge.intersection import Coverage, VocabIntersection
+from suffixspec.tokenizer_bridge.lattice import BoundaryLattice
+from suffixspec.tokenizer_bridge.text import DEFAULT_WINDOW, IncrementalEncoder, translate_tail
+from suffixspec.tokenizer_bridge.vocab import VocabTable
 
 _TABLES: dict[int, tuple[Any, VocabTable]] = {}  # id(tokenizer) -> (tokenizer kept alive, table)
 _BRIDGES: dict[tuple[int, int, int, int], TokenBridge] = {}

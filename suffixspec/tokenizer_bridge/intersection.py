@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .vocab import VocabTable
+from suffixspec.tokenizer_bridge.vocab import VocabTable
 
 _ROLES = ("eos_token_id",)  # BOS/PAD/UNK are never drafted, and a BOS may share its id with EOS
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import ahocorasick
 
-from .vocab import VocabTable
+from suffixspec.tokenizer_bridge.vocab import VocabTable
 
 _OFFSET = 0x100
 

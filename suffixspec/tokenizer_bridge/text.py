@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .vocab import VocabTable, utf8_complete_prefix
+from suffixspec.tokenizer_bridge.vocab import VocabTable, utf8_complete_prefix
 
 DEFAULT_WINDOW = 6  # look-behind tokens
 MIN_WINDOW_BYTES = 12  # ...and at least this many bytes, so the pre-tokenizer sees the word it splits
