@@ -148,7 +148,7 @@ def teacher_forced_argmax(spec: Any, prompt: list[int], continuation: list[int])
     """The target's argmax after ``prompt + continuation[:i]`` for every ``i``, in one pass of the engine's own
     runner (so at the engine's weight format: an int8 model's lean forward, not the float model it was
     loaded as), on a cache row of its own that is dropped afterwards. Call it between generations."""
-    from suffixspec.lean import PassRow
+    from suffixspec.core.lean import PassRow
 
     runner = spec.engine.scheduler.runner
     row = runner.add_row()

@@ -433,7 +433,7 @@ def run(model: str, systems: list[str], workloads: list[str], n: int, max_tokens
 def _default_weights() -> str | None:
     """What ``--weights auto`` (the default) resolves to on this machine's CPU; None before weight formats."""
     try:
-        from suffixspec.weights import resolve
+        from suffixspec.core.weights import resolve
     except ImportError:
         return None
     return resolve("auto", "cpu")
@@ -443,7 +443,7 @@ def _tokenizer(model: str) -> Any:
     """The model's tokenizer (for prompts that fit, and loop shares): a GGUF model's from its tokenizer alone
     (no float32 conversion of its weights when only llama-server runs it), any other model's own."""
     if _gguf_model(model) is not None:
-        from suffixspec.llama_cpp.model import gguf_tokenizer
+        from suffixspec.runtimes.llama_cpp.model import gguf_tokenizer
 
         return gguf_tokenizer(model, progress=False)
     from suffixspec.loading import load_tokenizer
