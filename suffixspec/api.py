@@ -66,6 +66,12 @@ class SuffixSpec:
             ``":memory:"`` uses a temporary store deleted on ``close()``; ``False`` runs without
             documents and without a persisted output history.
         device / dtype: as for ``suffixspec.loading.load_model`` (default: cuda if present, else cpu).
+        weights: the weight format of the target and the draft model: ``"auto"`` (default: on a CPU the
+            fastest exact format measured there, int8 where ``torch._int_mm`` is exact and faster; on a GPU
+            bfloat16/float16), ``"float32"`` (exactly ``transformers``' output), ``"bfloat16"``,
+            ``"float16"`` (not exact: a token may change with the batch), ``"int8"`` (the int8 model's own
+            output, identical with speculation on and off, batched or alone). docs/formats.md.
+            ``spec.weights`` says the format chosen.
         history: ``True`` (default) drafts from earlier outputs and saves every output in the store's
             history (so it persists across runs: prompts' completions are stored in ``db``);
             ``False`` neither reads nor writes the output history: nothing generated is stored, and
@@ -92,13 +98,15 @@ class SuffixSpec:
     def __init__(self, model: str = DEFAULT_MODEL, draft_model: str | None = AUTO,
                  db: str | Path | None | bool = None, device: str | None = None, dtype: str | None = None,
                  engine: Any = None, history: bool = True, max_num_seqs: int = 1,
-                 prefix_cache_mb: float = 256, threads: int | None = None, runtime: str = "transformers") -> None:
+                 prefix_cache_mb: float = 256, threads: int | None = None, runtime: str = "transformers",
+                 weights: str = "auto") -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
         self._lock = threading.RLock()  # close()
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
         self._closed = False
+        self.weights = weights  # the weight format asked for; after loading, the one chosen (weights.FORMATS)
         if draft_model == AUTO:
             draft_model = default_draft(model) if runtime == "transformers" else None
         if draft_model in ("none", ""):
@@ -154,7 +162,8 @@ class SuffixSpec:
         from suffixspec.loading import load_model
         from suffixspec.runtimes.engine import Engine
 
-        target = load_model(model, device=device, dtype=dtype)
+        target = load_model(model, device=device, dtype=dtype, weights=self.weights)
+        self.weights = target.weights
         self.proposers = self._build_proposers(target, draft_model, device, dtype)
         return Engine(target, self.proposers, max_num_seqs=max_num_seqs, prefix_cache_mb=prefix_cache_mb,
                       threads=threads)
@@ -165,8 +174,8 @@ class SuffixSpec:
         if draft_model:
             raise ValueError(f"the llama-cpp runtime drafts with the suffix index only; drop the draft model "
                              f"{draft_model!r} (--draft-model none)")
-        if device not in (None, "cpu") or dtype is not None:
-            raise ValueError("device and dtype are the transformers runtime's settings; llama.cpp runs the GGUF "
+        if device not in (None, "cpu") or dtype is not None or self.weights not in ("auto", None):
+            raise ValueError("device, dtype and weights are the transformers runtime's settings; llama.cpp runs the GGUF "
                              "as it is quantized, on the CPU")
         from suffixspec.runtimes.llama_cpp.engine import build_engine
 
@@ -193,7 +202,10 @@ class SuffixSpec:
         if draft_model:
             from suffixspec.loading import load_model
 
-            draft = load_model(draft_model, device=target.device, dtype=dtype)
+            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it; a
+            # draft of a family without a lean forward stays in float32, as auto leaves it)
+            draft = load_model(draft_model, device=target.device,
+                               weights="auto" if target.weights == "int8" else target.weights)
         return build_available({"tokenizer": target.tokenizer, "target": target, "draft": draft,
                                 "store": self.store, "history": self.history})
 

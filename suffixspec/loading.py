@@ -75,10 +75,18 @@ class LoadedModel:
     tokenizer: Any  # transformers PreTrainedTokenizerBase
     name: str  # the name or path it was loaded from
     device: str  # torch device string
-    dtype: Any  # torch dtype of the weights
+    dtype: Any  # torch dtype of the weights as loaded (and of the activations: float32 for int8)
     # the conversion cache's folder the weights were read from (suffixspec's own, where the batching probe's
     # verdict is remembered: ``probe_cache``); None for any other source (a user's folder, a hub id, in memory)
     cache_folder: str | None = None
+    # the weight format (suffixspec.core.weights.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
+    # one is built by the lean forward when the engine or draft runner first runs the model
+    weights: str = "float32"
+
+    @property
+    def lean_kind(self) -> str:
+        """The lean forward's weight kind for this format (``lean.KINDS``): ``int8`` or ``float``."""
+        return "int8" if self.weights == "int8" else "float"
 
 
 def max_context(config: Any) -> int:
@@ -166,23 +174,50 @@ def _load_converted(path: str, config: Any, torch_dtype: Any) -> Any | None:
     return model
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
+               weights: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from a model name, a ``.gguf`` file, a local folder, a hub
-    id or an embedded name (``resolve_model_path``)."""
+    id or an embedded name (``resolve_model_path``).
+
+    ``weights``: the weight format (``suffixspec.core.weights.FORMATS``); ``"auto"`` = the fastest exact format
+    measured on this machine (int8 on a CPU where ``torch._int_mm`` is exact and faster, see
+    ``weights.resolve``); None (this function's default) = the floating format of ``dtype`` or the device,
+    as before formats existed. An int8 model loads in float32 and is quantized by its lean forward when first
+    run (``Runner``, ``DraftRunner``), which then releases the float weights."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from suffixspec.core.kv import attention_windows
+    from suffixspec.core.weights import LOAD_DTYPES, QUANTIZED, resolve
 
     path, converted = _resolve(name_or_path)
     config = AutoConfig.from_pretrained(path)
     attention_windows(config)  # refuse, before loading weights, a cache we cannot rewind
     dev = pick_device(device)
-    torch_dtype = pick_dtype(dev, dtype)
+    if weights is None:
+        torch_dtype = pick_dtype(dev, dtype)
+        fmt = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[torch_dtype]
+    else:
+        fmt = resolve(weights, dev, dtype)
+        torch_dtype = LOAD_DTYPES[fmt]
     model = _load_converted(path, config, torch_dtype) if converted else None
     if model is None:
         with _quiet_loading():
             model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype)  # config read once
     model.to(dev).eval()
+    if fmt in QUANTIZED:
+        from suffixspec.core.lean import unsupported
+
+        problem = unsupported(model)
+        if problem is not None:
+            if weights != "auto":
+                raise ValueError(f"{name_or_path} cannot run with {fmt} weights: they need suffixspec's lean forward "
+                                 f"({problem}); use weights='float32'")
+            fmt = "float32"  # auto: the fastest exact format this model can run
     tokenizer = _tokenizer_from(path)
+    if fmt in QUANTIZED:  # the calibration text's ids, for the int8 build's smoothing (weights.smoothing)
+        from suffixspec.core.weights import CALIBRATION_TEXT
+
+        model._suffixspec_calibration = list(tokenizer(CALIBRATION_TEXT)["input_ids"])
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
-                       cache_folder=path if converted else None)
+                       cache_folder=path if converted else None, weights=fmt)

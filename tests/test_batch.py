@@ -37,7 +37,11 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t", "
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dirs) -> dict[str, Engine]:
-    return {arch: Engine(load_model(str(path))) for arch, path in tiny_model_dirs.items()}
+    """float32 per architecture, and the exact int8 format (``ARCH-int8``) of the lean families."""
+    out = {arch: Engine(load_model(str(path))) for arch, path in tiny_model_dirs.items()}
+    for arch in ("llama", "qwen2"):
+        out[f"{arch}-int8"] = Engine(load_model(str(tiny_model_dirs[arch]), weights="int8"))
+    return out
 
 
 class PromptOracle(OracleProposer):
@@ -59,7 +63,8 @@ def _alone(engine: Engine, prompt: str, sp: SamplingParams):
 
 def _scheduler(engine: Engine, rows: int) -> Scheduler:
     """A scheduler of ``rows`` rows over the engine's model and proposers (the engine's own runs one)."""
-    return Scheduler(Runner(engine.model, rows, engine.prefix_store), lambda: engine.proposers, rows, engine.policy)
+    return Scheduler(Runner(engine.model, rows, engine.prefix_store, weights=engine.target.lean_kind),
+                     lambda: engine.proposers, rows, engine.policy)
 
 
 def _submit(engine: Engine, sched: Scheduler, prompt: str, sp: SamplingParams, spec=None,
@@ -100,7 +105,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "llama-int8", "qwen2-int8"])
 @pytest.mark.parametrize("drafter", ["oracle-tree", "random-tree", "suffix", "suffix+model"])
 def test_batched_outputs_equal_alone(engines, arch, drafter):
     """Greedy and seeded requests, joining at different steps, equal their plain runs alone. ``suffix+model``:

@@ -134,7 +134,7 @@ def test_a_large_model_steps_on_packed_weights_and_pages_its_own_out(model_type,
     _compare(model, prompt, short=5, tol=1e-5)
     with torch.inference_mode():
         assert torch.equal(model(input_ids=torch.tensor([prompt])).logits[0].float(), ref)  # values never change
-        lean_mod._LEAN[model] = lean
+        lean_mod._LEAN["float"][model] = lean
         with lean_mod.paging_own_forward(model) as _:
             assert torch.equal(model(input_ids=torch.tensor([prompt])).logits[0].float(), ref)
 

@@ -200,7 +200,7 @@ def test_qwen_names_are_registered_with_their_parts_and_auto_draft(monkeypatch):
 def _greedy(name: str) -> list[int]:
     from suffixspec.api import SuffixSpec
 
-    with SuffixSpec(model=name, draft_model=None, db=False) as spec:
+    with SuffixSpec(model=name, draft_model=None, db=False, weights="float32") as spec:  # transformers exactly
         return spec.generate(PROMPT, max_tokens=8, temperature=0.0).token_ids
 
 

@@ -72,18 +72,21 @@ def require(name: str) -> None:
         pytest.skip(msg)
 
 
-@pytest.fixture(scope="module", params=[SMOLLM2, pytest.param(GEMMA, marks=pytest.mark.gemma)])
+@pytest.fixture(scope="module", params=[(SMOLLM2, "float32"), (SMOLLM2, "int8"),
+                                        pytest.param((GEMMA, "float32"), marks=pytest.mark.gemma)], ids=str)
 def model(request):
-    """(SuffixSpec on the named model, its converted folder loaded by plain ``transformers``)."""
+    """(SuffixSpec on the named model at a weight format, its converted folder loaded by plain ``transformers``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from suffixspec.api import SuffixSpec
     from suffixspec.loading import resolve_model_path
 
-    require(request.param)
-    with SuffixSpec(model=request.param, draft_model=None, db=False, history=False) as spec:
-        ref = AutoModelForCausalLM.from_pretrained(resolve_model_path(request.param), dtype=torch.float32).eval()
+    name, weights = request.param
+    require(name)
+    with SuffixSpec(model=name, draft_model=None, db=False, history=False, weights=weights) as spec:
+        assert spec.weights == weights
+        ref = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=torch.float32).eval()
         yield spec, ref
 
 
@@ -96,15 +99,19 @@ def cases_of(spec):
 
 
 def test_greedy_output_equals_transformers_generate(model):
+    """float32: transformers' own generate, token for token; int8: the int8 model's own plain decoding."""
     import torch
 
     spec, ref = model
     for case, prompt, kw, copies in cases_of(spec):
         ids = prompt_ids(spec, prompt)
-        with torch.no_grad():
-            out = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=kw["max_tokens"],
-                               pad_token_id=spec.tokenizer.eos_token_id)
-        expected = out[0, len(ids):].tolist()
+        if spec.weights == "float32":
+            with torch.no_grad():
+                out = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=kw["max_tokens"],
+                                   pad_token_id=spec.tokenizer.eos_token_id)
+            expected = out[0, len(ids):].tolist()
+        else:
+            expected = spec.generate(ids, temperature=0.0, speculation=False, **kw).token_ids
         res = spec.generate(ids, temperature=0.0, **kw)
         assert res.token_ids == expected, (case, spec.tokenizer.decode(res.token_ids), spec.tokenizer.decode(expected))
         if copies:  # the suffix drafters really drafted, and the target really accepted

@@ -24,6 +24,7 @@ oracle gets 16 / 2.0 = 8.0x at k = 15 and 32 / 3.6 = 8.9x at k = 31.
 
     python -m suffixspec.bench.bench_limits --model smollm2-135m-instruct [--context 400] [--rounds 5]
                                  [--stat median|min] [--cpu] [--json suffixspec/bench/published/limits.json]
+                                 [--weights float32|int8|bfloat16|...]   (repeat --weights: side by side)
 
 The curve is what :mod:`suffixspec.bench.bench_drafting` turns replayed drafts into time with (``--costs``).
 """
@@ -57,10 +58,14 @@ def memory_bandwidth(mib: int = 512, rounds: int = 5) -> float:
     return 2 * src.nbytes / best
 
 
-def weight_bytes(model: Any) -> int:
-    """Bytes a plain step reads: every parameter once (``parameters()`` yields a tied one once), less an
+def weight_bytes(model: Any, lean: Any = None) -> int:
+    """Bytes a plain step reads: of a quantized lean forward (``lean.int8``), its int8 matrices and LM head
+    (and their scales); else every parameter once (``parameters()`` yields a tied one once), less an
     input embedding that is not also the LM head (a step reads one row of it: Qwen2.5-Coder-1.5B's 0.93 GB
     embedding is untied, so 6.2 of its 7.1 GB are read)."""
+    if lean is not None and lean.int8:
+        mats = [w for L in lean.layers for w in (L.w_qkv, L.wo, L.w_gu, L.wd)] + [lean.head]
+        return sum(int(w.shape[0]) * (int(w.shape[1]) + 4) for w in mats)  # int8 entries, a float scale per row
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     return total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
@@ -84,7 +89,7 @@ def verify_pass(engine: Any, context_len: int = 400, cpu: bool = False) -> Calla
     if context_len < 1 or context_len >= engine.max_context:
         raise ValueError(f"context {context_len} does not fit the model's {engine.max_context} positions")
     lean = engine.scheduler.runner.lean is not None  # the engine's choice (its batching probe)
-    runner = Runner(engine.model, 1, None, lean=lean)
+    runner = Runner(engine.model, 1, None, lean=lean, weights=engine.target.lean_kind)
     row = runner.add_row()
     runner.prefill(row, [(7919 * i) % (vocab - 10) + 5 for i in range(context_len)])
 
@@ -129,7 +134,7 @@ def prefill_per_token(engine: Any, context_len: int = 400, rounds: int = 5, stat
     ids = [(7919 * i) % (engine.vocab_size - 10) + 5 for i in range(context_len)]
     times = []
     for _ in range(rounds + 1):  # the first is a warm-up
-        runner = Runner(engine.model, 1, None, lean=lean)
+        runner = Runner(engine.model, 1, None, lean=lean, weights=engine.target.lean_kind)
         row = runner.add_row()
         t = clock()
         runner.prefill(row, ids)
@@ -175,6 +180,29 @@ def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeat
     return out
 
 
+def matmul_rows_lean(lean: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 20
+                     ) -> dict[str, dict[int, float]]:
+    """:func:`matmul_rows` for a quantized lean forward (its float weights released): its first layer's
+    gate/up matrix and its LM head, as ``lean.linear`` runs them (best of ``repeats``)."""
+    from suffixspec.core.lean import linear
+
+    out: dict[str, dict[int, float]] = {}
+    for name, w in (("first layer gate/up", lean.layers[0].w_gu), ("lm head", lean.head)):
+        times = {}
+        with torch.inference_mode():
+            for m in rows:
+                x = torch.randn(m, w.shape[1])
+                linear(x, w)
+                best = float("inf")
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    linear(x, w)
+                    best = min(best, time.perf_counter() - t)
+                times[m] = best
+        out[f"{name} {tuple(w.shape)}, {type(w).__name__} {getattr(w, 'kernel', '')}".rstrip()] = times
+    return out
+
+
 def oracle(curve: dict[int, float]) -> tuple[int, float]:
     """(k, speed over plain) of the best chain length for a drafter whose every token is accepted."""
     t1 = curve[0]
@@ -183,25 +211,27 @@ def oracle(curve: dict[int, float]) -> tuple[int, float]:
 
 
 def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
-           stat: str = "median", cpu: bool = False) -> dict[str, Any]:
+           stat: str = "median", cpu: bool = False, weights: str | None = None) -> dict[str, Any]:
     from suffixspec.loading import load_model
     from suffixspec.runtimes.engine import Engine
 
     if threads:
         torch.set_num_threads(threads)
-    engine = Engine(load_model(model), prefix_cache_mb=0, threads=torch.get_num_threads())
+    engine = Engine(load_model(model, weights=weights), prefix_cache_mb=0, threads=torch.get_num_threads())
     bandwidth = memory_bandwidth()
-    wbytes = weight_bytes(engine.model)
+    lean = engine.scheduler.runner.lean
+    wbytes = weight_bytes(engine.model, lean)
     load = os.getloadavg()[0]
     curve = verify_curve(engine, context_len, max_k, rounds, stat, cpu)
     prefill = prefill_per_token(engine, context_len, rounds, stat, cpu)
-    products = matmul_rows(engine.model)
+    products = matmul_rows_lean(lean) if lean is not None and lean.int8 else matmul_rows(engine.model)
     bandwidth_after = memory_bandwidth()
     bw = max(bandwidth, bandwidth_after)
     k, speed = oracle(curve)
     floor = wbytes / bw
     return {
         "model": Path(model).name if os.path.isdir(model) else model,
+        "weights": engine.target.weights,
         "threads": torch.get_num_threads(),
         "context": context_len,
         "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
@@ -220,13 +250,19 @@ def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5,
     }
 
 
+def _label(r: dict[str, Any]) -> str:
+    """The model's cell: its name, and its weight format where that is not float32 (``smollm2 (int8)``)."""
+    weights = r.get("weights", "float32")
+    return r["model"] if weights == "float32" else f"{r['model']} ({weights})"
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| model | weights | bandwidth | weights read once | plain step | step / floor | t(1+8) | t(1+16) "
              "| t(1+32) | t(1+64) | oracle (best k) | prefill per token |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         rel = r["verify_relative"]
-        lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
+        lines.append(f"| {_label(r)} | {r['weight_bytes'] / 1e6:.0f} MB | {r['memory_bandwidth_gb_s']:.1f} GB/s "
                      f"| {r['weights_read_ms']:.1f} ms | {r['plain_step_ms']:.1f} ms | {r['plain_step_over_floor']:.2f}× "
                      + " ".join(f"| {rel[k]:.2f}×" if k in rel else "| –" for k in (8, 16, 32, 64))
                      + f" | {r['oracle_speedup']:.1f}× (k = {r['oracle_k']}) | "
@@ -235,7 +271,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for name, t in r.get("matmul_ms_by_rows", {}).items():
-            lines.append(f"| {r['model']} | {name} | " + " | ".join(f"{v:.2f} ms" for v in t.values()) + " |")
+            lines.append(f"| {_label(r)} | {name} | " + " | ".join(f"{v:.2f} ms" for v in t.values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -243,7 +279,7 @@ def _entry(path: Path, model: str) -> dict[str, Any]:
     data = json.loads(path.read_text())
     name = Path(model).name if os.path.isdir(model) else model
     for r in data if isinstance(data, list) else [data]:
-        if r["model"] == name:
+        if r["model"] == name and r.get("weights", "float32") == "float32":  # the engine's curve of reference
             return r
     raise ValueError(f"{path} has no verify curve for {name!r}; run python -m suffixspec.bench.bench_limits --model {model}")
 
@@ -271,14 +307,19 @@ def main() -> None:
                     help="per size: the median of the rounds, or the minimum (on a busy machine)")
     ap.add_argument("--cpu", action="store_true", help="time passes in CPU seconds (a busy machine), not wall")
     ap.add_argument("--json", type=Path, default=None, help="write (or update, per model) the figures here")
+    ap.add_argument("--weights", action="append", default=None,
+                    help="weight format (suffixspec.core.weights.FORMATS; default float32); repeat for several, "
+                         "measured one after the other")
     args = ap.parse_args()
-    results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat, args.cpu) for m in args.model]
+    results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat, args.cpu, w)
+               for m in args.model for w in (args.weights or ["float32"])]
     print(markdown(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         old = json.loads(args.json.read_text()) if args.json.exists() else []
-        names = {r["model"] for r in results}
-        args.json.write_text(json.dumps([r for r in old if r["model"] not in names] + results, indent=1))
+        names = {(r["model"], r.get("weights", "float32")) for r in results}
+        args.json.write_text(json.dumps([r for r in old if (r["model"], r.get("weights", "float32")) not in names]
+                                        + results, indent=1))
 
 
 if __name__ == "__main__":

@@ -131,6 +131,10 @@ class Bench:
     draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
     other_proposers: list[Any] = field(default_factory=list)  # every other registered drafter the target allows
     proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
+    # transformers' systems' own float32 copies of the target and drafts where ours run a quantized format (its
+    # float weights are released once quantized); None: they share ``target`` / ``drafts``
+    hf_target: Any | None = None
+    hf_drafts: list[Any] | None = None
 
     def __post_init__(self) -> None:
         from suffixspec.bench.bench_bridge import ForwardCounter
@@ -139,6 +143,7 @@ class Bench:
 
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
+        self.hf_forwards = ForwardCounter(self.hf_target.model) if self.hf_target is not None else self.forwards
         if self.draft is not None and not self.drafts:
             self.drafts = [self.draft]
         self.draft = self.drafts[0] if self.drafts else None
@@ -184,8 +189,9 @@ def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple
 def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     import torch
 
-    tok = bench.target.tokenizer
-    ids = torch.tensor([tok(req.prompt)["input_ids"]], device=bench.target.device)
+    target = bench.hf_target or bench.target
+    tok = target.tokenizer
+    ids = torch.tensor([tok(req.prompt)["input_ids"]], device=target.device)
     kwargs: dict[str, Any] = dict(do_sample=False, max_new_tokens=req.max_tokens,
                                   attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
     if system == "hf_prompt_lookup":
@@ -193,16 +199,16 @@ def _hf_generate(bench: Bench, system: str, req: Request) -> Run:
     elif system.startswith("hf_assisted"):
         from suffixspec.tokenizer_bridge import TokenBridge
 
-        draft = bench.drafts[bench.draft_index(system)]
+        draft = (bench.hf_drafts or bench.drafts)[bench.draft_index(system)]
         kwargs["assistant_model"] = draft.model
         if not TokenBridge.cached(tok, draft.tokenizer).same_vocabulary:  # universal assisted generation
             kwargs.update(tokenizer=tok, assistant_tokenizer=draft.tokenizer)
-    calls = bench.forwards.calls
+    calls = bench.hf_forwards.calls
     t, c = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
-        out = bench.target.model.generate(ids, **kwargs)
+        out = target.model.generate(ids, **kwargs)
     return Run(time.perf_counter() - t, time.thread_time() - c, out[0, ids.shape[1]:].tolist(),
-               bench.forwards.calls - calls)
+               bench.hf_forwards.calls - calls)
 
 
 def run_ours_request(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
@@ -505,6 +511,9 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
         for system, rs in runs.items():
             row = {"model": model, "workload": workload, "system": system, "baseline": base,
                    **summarize_system(plain, rs, every)}
+            if system.startswith("ours_") and "ours_off" in runs:  # at a quantized format, the reference
+                row["identical_to_ours_off"] = all(o.tokens == r.tokens for o, r in zip(runs["ours_off"], rs,
+                                                                                         strict=True))
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
                 row.update(vs_best_baseline(runs, every))
@@ -523,6 +532,15 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
 def model_label(model: str) -> str:
     """The model's name in the tables: a folder's last part (``models/gemma-3-270m`` -> ``gemma-3-270m``)."""
     return Path(model).name if os.sep in model and Path(model).exists() else model
+
+
+def _identical(row: dict[str, Any], r: dict[str, Any]) -> str:
+    """The identical column: ``yes`` (equal to the baseline's outputs); at a quantized format, where ours
+    equal our own plain outputs (the quantized model's) but not float32's, ``= ours_off``; else ``NO``."""
+    if r["identical"]:
+        return "yes"
+    quantized = row.get("weights") not in (None, "float32", "bfloat16", "float16")
+    return "= ours_off" if quantized and row.get("identical_to_ours_off") else "NO"
 
 
 def _table_rows(rows: list[dict[str, Any]], no_loop: bool, times: str = "") -> Any:
@@ -551,7 +569,7 @@ def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
                      f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
                      f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
                      f"| {f('vs_best_baseline_median', '{:.2f}×')}; {f('vs_best_baseline_cpu_median', '{:.2f}×')} "
-                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {'yes' if r['identical'] else 'NO'} |")
+                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {_identical(row, r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -642,7 +660,7 @@ DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
         workloads: tuple[str, ...] | None = None, systems: tuple[str, ...] | None = None,
         requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int | str = 1, separate: bool | None = None) -> dict[str, Any]:
+        threads: int | str = 1, separate: bool | None = None, weights: str = "float32") -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
     ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
@@ -651,7 +669,10 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     ``draft_model``: one draft model, or several (``"a,b"``: each gets its ``hf_assisted`` and
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
     (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
-    count given (each process measuring its own would compare two counts)."""
+    count given (each process measuring its own would compare two counts). ``weights``: the format our
+    systems run (``suffixspec.core.weights.FORMATS``; float32 by default, the format whose outputs equal
+    ``hf_plain``'s); at a quantized one transformers' systems run a float32 copy of their own, and each row of
+    ours says ``identical_to_ours_off`` (the quantized model's own plain output)."""
     import torch
 
     from suffixspec.bench.arctic import available
@@ -719,7 +740,8 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
                     got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n,
                                           max_tokens=_max_tokens(w, quick, max_tokens), history=history,
-                                          threads=threads, phase=phase, tmp=tmp), log)
+                                          threads=threads, phase=phase, tmp=tmp,
+                                          weights=weights if phase == "ours" else "float32"), log)
                     if got is None:
                         skipped.append(f"workload {w}")
                         break
@@ -729,7 +751,8 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     all_runs[w] = {s: runs[s] for s in systems}
         else:
             t = time.perf_counter()
-            bench = load_bench(model, drafts, history, threads, log)
+            bench = load_bench(model, drafts, history, threads, log, weights=weights,
+                               hf=any(s.startswith("hf_") for s in systems))
             warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
             if "hf_plain" in systems:
                 _hf_generate(bench, "hf_plain", warm)
@@ -753,6 +776,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
             "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
             "history": history, "temperature": 0.0, "interleaved": not separate, "phases": phases,
+            "weights": bench_weights(weights),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
@@ -782,20 +806,33 @@ def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
     return max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(workload, 128))
 
 
+def bench_weights(weights: str) -> str:
+    """The format ``weights`` resolves to on this machine's CPU (``auto`` -> int8 or float32)."""
+    from suffixspec.core.weights import resolve
+
+    return resolve(weights, "cpu")
+
+
 def load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
-                proposers: bool = True, engine: bool = True) -> Bench:
-    """The models loaded (the target, ``drafts``, and with ``proposers`` our draft proposer per draft model), and
+               proposers: bool = True, engine: bool = True, weights: str = "float32", hf: bool = True) -> Bench:
+    """The models loaded (the target at ``weights``, ``drafts``, and with ``proposers`` our draft proposer per
+    draft model; ``hf``: float32 copies for transformers' systems where ``weights`` is quantized), and
     (``engine``) our engine warmed up at its thread count, held from here for every system
     (``threads="auto"``: measured at start, as a user's engine; a count: as given). ``history``: our suffix
     proposers remember earlier outputs; ``log``: where progress lines go (``print``)."""
     import torch
 
+    from suffixspec.core.weights import QUANTIZED
     from suffixspec.loading import load_model
 
     if threads != "auto" and threads:
         torch.set_num_threads(int(threads))
-    bench = Bench(load_model(model), None, history, None if threads == "auto" else torch.get_num_threads(),
-                  drafts=[load_model(d) for d in drafts], proposers=proposers)
+    fmt = bench_weights(weights)
+    own = fmt in QUANTIZED and hf  # transformers' systems need float weights of their own
+    bench = Bench(load_model(model, weights=fmt), None, history, None if threads == "auto" else torch.get_num_threads(),
+                  drafts=[load_model(d, weights="auto" if fmt == "int8" else fmt) for d in drafts], proposers=proposers,
+                  hf_target=load_model(model) if own else None,
+                  hf_drafts=[load_model(d) for d in drafts] if own else None)
     if engine:
         bench.engine.warm_up()  # the lean forward packed (a large model's own weights paged out) now
         bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here
@@ -864,7 +901,8 @@ def _phase_main(spec_path: Path, out_path: Path) -> None:
     ours = spec["phase"] == "ours"
     drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
     # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
-    bench = load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours)
+    bench = load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours,
+                       weights=spec.get("weights", "float32"), hf=not ours)
     startup = time.perf_counter() - t
     reqs, docs = workload_requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
     runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],

@@ -50,11 +50,16 @@ def default_out() -> Path:
               help="torch threads for every system (llama.cpp's for the llama systems): N (0: torch's default), or "
                    "'auto': the count suffixspec's own default measures at start (one thread or every core), then "
                    "held for every system (not with separate processes).")
+@click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]), default="float32",
+              show_default=True,
+              help="Weight format of our systems (auto: the fastest exact format here, as `generate` and `serve` "
+                   "default to). transformers' systems always run float32 (a copy of their own where ours is "
+                   "quantized); rows of ours then say identical_to_ours_off.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for results.json (rows of other models already there are kept), results.md and "
                    "speedup.png. Default: $XDG_DATA_HOME/suffixspec/bench (~/.local/share/suffixspec/bench).")
 def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_tokens, separate, history, threads,
-              out) -> None:
+              weights, out) -> None:
     """Run the workloads against transformers' generate, prompt lookup, assisted generation and ArcticInference.
 
     \b
@@ -84,7 +89,7 @@ def bench_cmd(model, draft_model, quick, workloads, systems, requests, max_token
         result = run(model, drafts or None, out, quick=quick,
                      workloads=wl, systems=sy, requests=requests, max_tokens=max_tokens,
                      log=lambda msg: click.echo(msg, err=True), history=history,
-                     threads=threads if threads == "auto" else int(threads), separate=separate)
+                     threads=threads if threads == "auto" else int(threads), separate=separate, weights=weights)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(result["markdown"])

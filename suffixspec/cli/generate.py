@@ -95,7 +95,7 @@ def _draft_model_needed(speculation, max_tokens: int) -> bool:
 @click.option("--no-history", is_flag=True,
               help="Neither draft from nor save to the output history: nothing generated is stored, and "
                    "earlier runs do not change this one.")
-def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads, prompt_file, chat, max_tokens,
+def generate_cmd(prompt, model, draft_model, db, device, weights, dtype, runtime, threads, prompt_file, chat, max_tokens,
                  temperature, top_p, top_k, seed, stop, references, prediction, drafters, max_draft_tokens, no_speculation,
                  compare, stream, as_json, no_history):
     """Generate one completion and print the text, then the speculative-decoding statistics.
@@ -139,7 +139,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads
         if not _draft_model_needed(speculation, max_tokens):
             draft_model = None  # loading it would only delay the first token
         t = time.perf_counter()
-        spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype,
+        spec = SuffixSpec(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, weights=weights,
                           history=not no_history, threads=threads, runtime=runtime)
         load_s = time.perf_counter() - t
         kw = dict(speculation=speculation, references=[_read(p) for p in references] or None,
@@ -152,6 +152,7 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads
         plain = _run(spec, source, {**kw, "speculation": SuffixSpec.speculation_config(False)}, 0.0,
                      echo=False) if compare else None
         threads_used = spec.threads
+        weights_used = spec.weights
         spec.close()
     except (ValueError, OSError) as e:  # OSError: a model or file that cannot be read (transformers says which)
         raise click.ClickException(str(e)) from None
@@ -161,7 +162,8 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads
     if as_json:
         out = {"text": result.text, "finish_reason": result.finish_reason,
                "prompt_tokens": len(result.prompt_token_ids), "completion_tokens": len(result.token_ids),
-               "timing": timing.to_dict(), "speculative_decoding": stats, "threads": threads_used}
+               "timing": timing.to_dict(), "speculative_decoding": stats, "threads": threads_used,
+               "weights": weights_used}
         if pred is not None:
             out["completion_tokens_details"] = pred
         if comparison is not None:
@@ -171,7 +173,8 @@ def generate_cmd(prompt, model, draft_model, db, device, dtype, runtime, threads
         return
     if not stream:
         click.echo(result.text)
-    _print_stats(result, stats, timing, pred, threads_used, comparison, sampled=temperature > 0 and seed is None)
+    _print_stats(result, stats, timing, pred, threads_used, comparison, sampled=temperature > 0 and seed is None,
+                 weights=weights_used)
     allow_fast_exit()  # the store is closed and the output printed: nothing is left to finalize
 
 
@@ -247,7 +250,7 @@ def _n(count: int, noun: str) -> str:
 
 
 def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, threads: dict | None = None,
-                 comparison: dict | None = None, sampled: bool = False) -> None:
+                 comparison: dict | None = None, sampled: bool = False, weights: str | None = None) -> None:
     per_source = ", ".join(f"{src} {d['accepted']}/{d['drafted']}" for src, d in stats["per_source"].items())
     rate = timing.decode_tokens_per_s
     decode = (f"decode: {rate:.1f} tokens/s ({timing.decode_tokens} tokens in {timing.decode_s:.2f}s, after "
@@ -272,6 +275,8 @@ def _print_stats(result, stats: dict, timing: Timing, pred: dict | None = None, 
         from suffixspec.core.threads import describe
 
         lines.append(f"threads: {describe(threads)}")
+    if weights:
+        lines.append(f"weights: {weights} (--weights; docs/formats.md)")
     if comparison is not None:
         lines.append(_compare_line(comparison, sampled))
     click.echo("\n".join("-- " + line for line in lines), err=True)

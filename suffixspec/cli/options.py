@@ -46,7 +46,13 @@ _model_options = [
                  help="SQLite document store (as for `suffixspec index add --db`); default: $SUFFIXSPEC_DB, "
                       "else ~/.local/share/suffixspec/index.db."),
     click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
-    click.option("--dtype", default=None, help="Weights dtype: float32, bfloat16, float16 (default per device)."),
+    click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]), default="auto",
+                 show_default=True,
+                 help="Weight format of the target and draft model. auto: on a CPU the fastest exact format measured "
+                      "there (int8 where torch._int_mm is exact and faster), on a GPU bfloat16/float16. int8: the int8 "
+                      "model's own output, identical with speculation on and off; float32: exactly transformers' "
+                      "output; bfloat16/float16: not exact (docs/formats.md)."),
+    click.option("--dtype", default=None, help="Older name for a floating --weights: float32, bfloat16, float16."),
     click.option("--runtime", type=click.Choice(["transformers", "llama-cpp"]), default="transformers",
                  show_default=True,
                  help="What runs the model: our engine over transformers, or llama-cpp: the GGUF in llama.cpp "

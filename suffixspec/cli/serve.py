@@ -47,7 +47,7 @@ DEFAULTS = ServerConfig  # the dataclass' class attributes are its defaults: the
               help="Largest max_tokens a request may ask for.")
 @click.option("--max-body-mb", default=DEFAULTS.max_body_bytes / 2**20, show_default=True, type=click.FloatRange(0.01),
               help="Largest request body, in MiB.")
-def serve_cmd(model, draft_model, db, device, dtype, runtime, threads, host, port, api_key, served_model_name,
+def serve_cmd(model, draft_model, db, device, weights, dtype, runtime, threads, host, port, api_key, served_model_name,
               allowed_hosts, allowed_origins, http_threads, max_queue, max_num_seqs, prefix_cache_mb, max_tokens_limit,
               max_body_mb):
     """Serve the OpenAI-compatible API (and the web page at /) under waitress.
@@ -79,8 +79,8 @@ def serve_cmd(model, draft_model, db, device, dtype, runtime, threads, host, por
 
     if allowed_hosts is None and not is_loopback(host.strip("[]")):
         allowed_hosts = "*" if host in ("0.0.0.0", "::", "") else host  # bound to a LAN address: clients use it
-    cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, runtime=runtime,
-                       threads=threads,
+    cfg = ServerConfig(model=model, draft_model=draft_model, db=db, device=device, dtype=dtype, weights=weights,
+                       runtime=runtime, threads=threads,
                        api_key=api_key,
                        served_model_name=list(served_model_name) or None, allowed_hosts=allowed_hosts,
                        allowed_origins=allowed_origins, max_queue=max_queue, max_num_seqs=max_num_seqs,

@@ -38,10 +38,8 @@ query heads that share a key head as ``rep * n`` queries of that head (mask rows
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +48,22 @@ import numpy as np
 import torch
 
 from suffixspec.core.kv import SlotCache, key_span, layer_types, tree_block
+from suffixspec.core.weights import (  # noqa: F401 - Int8Weight, int8_works, linear, packed, packs: read from here too
+    PACK_ROWS,
+    Int8Rows,
+    Int8Weight,
+    RowInt8Weight,
+    _onednn_packs,
+    input_ranges,
+    int8_works,
+    linear,
+    packed,
+    packs,
+    refuse_own_forward,
+    release,
+    released,
+    smoothing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +93,22 @@ class PassRow:
         return {"all": len(self.ids), "last": 1, "none": 0}[self.logits]
 
 
-_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its LeanForward (fused weights once)
-_LEAN_INT8: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its int8 LeanForward (drafts)
-_BROKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its lean forward failed to build
+# the lean forward's weight kinds: "float" (the model's own dtype; float32 packed for oneDNN), "int8" (exact:
+# weights.RowInt8Weight, torch._int_mm, per-query attention), "fbgemm" (Int8Weight: fast for one row, a
+# row's result depends on the others': draft models only)
+KINDS = ("float", "int8", "fbgemm")
+_LEAN: dict[str, weakref.WeakKeyDictionary] = {k: weakref.WeakKeyDictionary() for k in KINDS}  # kind -> model -> forward
+# kind -> model -> why its lean forward of that kind failed to build (a failing int8 build leaves float alone)
+_BROKEN: dict[str, weakref.WeakKeyDictionary] = {k: weakref.WeakKeyDictionary() for k in KINDS}
 
 
-def lean_forward(model: Any, int8: bool = False) -> LeanForward | None:
-    """The lean forward of ``model`` (one per model, so its fused weights exist once however many
-    runners use it), or None when it runs through its own forward: its family has none
-    (:func:`unsupported` says why), or building it failed. ``int8``: its matrices quantized
-    (:class:`Int8Weight`, a draft model's; None where :func:`int8_works` is false).
+def lean_forward(model: Any, weights: str = "float") -> LeanForward | None:
+    """The lean forward of ``model`` with weights of kind ``weights`` (:data:`KINDS`; one per model and
+    kind, so its fused weights exist once however many runners use it), or None when it runs through its
+    own forward: its family has none (:func:`unsupported` says why), or building it failed (remembered per
+    kind: a failing int8 build does not turn the float lean forward off). ``"fbgemm"``: None where
+    :func:`int8_works` is false. A quantized kind releases the model's float weights once built
+    (``weights.release``); its own forward then refuses to run (``weights.refuse_own_forward``).
 
     Building reads ``transformers`` internals (the rotary module's ``inv_freq``, config fields, the
     module layout), which a release may rename. Then the model's own forward serves it, the same
@@ -97,129 +117,28 @@ def lean_forward(model: Any, int8: bool = False) -> LeanForward | None:
         lean forward of LlamaForCausalLM unavailable (AttributeError: 'LlamaConfig' object has no
         attribute 'rms_norm_eps'); running the model's own forward
     """
-    if model in _BROKEN or (int8 and not int8_works()):
+    if weights not in KINDS:
+        raise ValueError(f"unknown lean weight kind {weights!r}; one of {KINDS}")
+    gone = released(model)
+    if gone is not None and gone != weights:  # its float weights are gone: the quantized forward is the one left
+        return _LEAN[gone].get(model)
+    broken = _BROKEN[weights]
+    if model in broken or (weights == "fbgemm" and not int8_works()):
         return None
-    table = _LEAN_INT8 if int8 else _LEAN
+    table = _LEAN[weights]
     lean = table.get(model)
     if lean is not None:
         return lean
     try:
         if unsupported(model) is not None:
             return None
-        lean = table[model] = LeanForward(model, int8=int8)
+        lean = table[model] = LeanForward(model, weights=weights)
     except Exception as e:  # noqa: BLE001 - any failure to read the model: its own forward still runs
-        _BROKEN[model] = f"{type(e).__name__}: {e}"
-        log.warning("lean forward of %s unavailable (%s); running the model's own forward",
-                    type(model).__name__, _BROKEN[model])
+        broken[model] = f"{type(e).__name__}: {e}"
+        log.warning("lean forward of %s unavailable (%s); %s", type(model).__name__, broken[model],
+                    "running the model's own forward" if weights == "float" else f"no {weights} weights for it")
         return None
     return lean
-
-
-def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; an
-    :class:`Int8Weight` (a draft model's) through fbgemm's int8 product; any other as ``(w @ x.T).T``, the
-    same product, which MKL runs faster than ``torch.nn.functional.linear`` for the few rows of a decode
-    pass (measured on this machine's AMD EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33%
-    at 2-8). The result may be a transposed view: callers reshape (which copies) where they need rows."""
-    if isinstance(w, Int8Weight):
-        y = torch.ops.quantized.linear_dynamic(x.contiguous(), w.params, True)
-        return y if b is None else y + b
-    if w.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
-    y = torch.mm(w, x.t()).t()
-    return y if b is None else y + b
-
-
-class Int8Weight:
-    """A matrix ``w`` [out, in] quantized to int8 per output row, prepacked for fbgemm's dynamic linear
-    (``torch.ops.quantized.linear_dynamic``: the input is quantized per pass, int8 products summed in
-    int32, scaled back to float32). For draft models only (:func:`lean_forward` with ``int8=True``):
-    a draft's distribution is whatever its forward computes, so verification stays lossless, while a
-    one-token step reads a quarter of the bytes. Measured on this CPU (one thread, matrices cycled so
-    none stays in cache): Qwen2.5-Coder-0.5B's MLP matrices 0.39 / 0.17 ms against 1.13 / 0.60 ms packed
-    in float32, its LM head 7.7 against 20.7 ms; relative error of a product about 1.7% of its largest
-    entry (``reduce_range``: 7-bit inputs, as fbgemm needs on AVX2).
-
-    Example: ``Int8Weight(w).shape == tuple(w.shape)``; ``linear(x, Int8Weight(w))`` ~ ``x @ w.T``."""
-
-    is_mkldnn = False  # (read where weights are told apart)
-
-    def __init__(self, w: torch.Tensor) -> None:
-        w = w.detach().float()
-        scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # torch >= 2.12 calls quantized tensors deprecated: int8_works()
-            warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")  # says when they are gone
-            quantized = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-        self.params = torch.ops.quantized.linear_prepack(quantized, None)
-        self.shape = tuple(w.shape)
-
-
-@functools.cache
-def int8_works() -> bool:
-    """Whether this torch has fbgemm's int8 dynamic linear and it gives ``x @ w.T`` within 3% (checked
-    once on a small random matrix)."""
-    try:
-        engines = torch.backends.quantized.supported_engines
-        if not any(e in engines for e in ("x86", "fbgemm")):
-            return False
-        gen = torch.Generator().manual_seed(0)
-        w, x = torch.randn(48, 40, generator=gen), torch.randn(3, 40, generator=gen)
-        want = x @ w.t()
-        got = linear(x, Int8Weight(w))
-        return bool((got - want).abs().max() <= 0.03 * want.abs().max())
-    except (RuntimeError, AttributeError, TypeError):
-        return False
-
-
-PACK_ROWS = 4  # the row count oneDNN lays a packed weight out for (decode passes run 1 to a few dozen)
-
-
-def packed(w: torch.Tensor) -> torch.Tensor:
-    """``w`` [out, in] laid out in oneDNN's blocked format for :func:`linear`, or ``w`` itself where
-    that is not available (another device or dtype, a torch without oneDNN) or not wanted
-    (``SUFFIXSPEC_ONEDNN=0``, for the memory below).
-
-    Why: on a CPU the BLAS behind ``torch.mm`` picks slow kernels for 2-16 rows (on AMD CPUs, MKL's
-    generic path), which is exactly a verify pass. oneDNN's matmul on a pre-packed weight keeps a pass
-    over a few rows near the cost of one row: measured on SmolLM2-135M-Instruct's lean forward (one
-    thread, 400 tokens of context, CPU time), a pass over 1 + k tokens took the same time at k = 0
-    and 1.3-1.4x less at k = 1..32 than ``(w @ x.T).T``. The packed copy is made once per model
-    (:func:`lean_forward`); it replaces the fused q/k/v and gate/up copies and adds the size of the
-    other matrices (the output and down projections and the LM head: +260 MB for SmolLM2-135M, +1 GB
-    for Gemma 3 270M, whose head is 671 MB). Rounding differs from the unpacked product as any other
-    summation order does (about 1e-6 relative), within the tolerance the lean tests and the batching
-    probe hold every lean forward to."""
-    if not packs(w.device, w.dtype):
-        return w
-    with torch.inference_mode():
-        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
-
-
-def packs(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """Whether :func:`packed` packs ``dtype`` weights on ``device`` (else it returns them as they are)."""
-    kind = device if isinstance(device, str) else device.type
-    return os.environ.get("SUFFIXSPEC_ONEDNN", "1") != "0" and _onednn_packs(kind, dtype)
-
-
-@functools.cache
-def _onednn_packs(device: str, dtype: torch.dtype) -> bool:
-    """Whether oneDNN packs and multiplies ``dtype`` weights on ``device`` and gives the product
-    ``torch.mm`` gives (checked once on a small random matrix: the ops are torch's private ones, which
-    can change between versions, and only float32 on a CPU is measured to pay)."""
-    if device != "cpu" or dtype != torch.float32:
-        return False
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return False
-    try:
-        with torch.inference_mode():
-            gen = torch.Generator().manual_seed(0)
-            w, x, b = (torch.randn(*shape, generator=gen, dtype=dtype) for shape in ((48, 40), (3, 40), (48,)))
-            got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS), b,
-                                                     "none", [], "")
-        return bool(torch.allclose(got, x @ w.t() + b, rtol=1e-5, atol=1e-5))
-    except (RuntimeError, AttributeError, TypeError):
-        return False
 
 
 # Models up to this many parameters step one token on their own (unpacked) matrices when the others are
@@ -270,7 +189,7 @@ class paging_own_forward:
     back beside the packed copy. Does nothing for a model whose matrices were not paged out."""
 
     def __init__(self, model: Any) -> None:
-        paged = any(getattr(t.get(model), "paged_out", 0) for t in (_LEAN, _LEAN_INT8))
+        paged = any(getattr(t.get(model), "paged_out", 0) for t in _LEAN.values())
         self.modules = [*model.model.layers, model.get_output_embeddings()] if paged else []
         self.hooks: list[Any] = []
 
@@ -375,22 +294,38 @@ class _Group:
     spans: dict[int | None, tuple[int, int, torch.Tensor | None, bool]]  # window -> (first key, end, mask, causal)
 
 
+# prompt positions per attention call of an exact format (LeanForward._exact_plan); divides the prefix
+# store's block (16) so that a stored block is computed the same way in every prompt that holds it
+EXACT_CHUNK = 16
+
+
+@dataclass
+class _ExactRow:
+    """One row's attention plan at an exact format (:meth:`LeanForward._exact_plan`)."""
+
+    row: int  # cache row
+    past: int  # cached positions before the row's tokens
+    nodes: list[tuple[int, int, list[tuple[int, int]]]]  # (packed query, key end, slot writes (slot, packed src))
+    restores: list[tuple[int, int]]  # (slot, packed source) put back in node order after the row
+    chunks: list[tuple[int, int, int, dict]]  # prompt: (packed first query, first, end position, window -> mask)
+
+
 @dataclass
 class _Layer:
     """One decoder layer's weights, fused where the matmuls allow (q, k, v; gate and up)."""
 
     norm_in: torch.Tensor  # [hidden] input norm weight (as used: 1 + w for Gemma)
-    w_qkv: torch.Tensor | Int8Weight  # [(h_q + 2 h_kv) d, hidden] (packed, plain or int8: see linear)
+    w_qkv: torch.Tensor | Int8Weight | RowInt8Weight  # [(h_q + 2 h_kv) d, hidden] (packed, plain or int8: linear)
     b_qkv: torch.Tensor | None  # [(h_q + 2 h_kv) d] or None
     q_norm: torch.Tensor | None  # [d] per-head norm of queries (Gemma 3), as used
     k_norm: torch.Tensor | None  # [d] per-head norm of keys
-    wo: torch.Tensor | Int8Weight  # [hidden, h_q d]
+    wo: torch.Tensor | Int8Weight | RowInt8Weight  # [hidden, h_q d]
     bo: torch.Tensor | None
     norm_post_attn: torch.Tensor | None  # Gemma: norm of the attention output before the residual
     norm_mlp: torch.Tensor  # norm before the MLP (Llama: post_attention_layernorm; Gemma: pre_feedforward)
     norm_post_mlp: torch.Tensor | None  # Gemma: norm of the MLP output before the residual
-    w_gu: torch.Tensor | Int8Weight  # [2 intermediate, hidden]
-    wd: torch.Tensor | Int8Weight  # [hidden, intermediate]
+    w_gu: torch.Tensor | Int8Weight | RowInt8Weight  # [2 intermediate, hidden]
+    wd: torch.Tensor | Int8Weight | RowInt8Weight  # [hidden, intermediate]
     window: int | None  # sliding window of this layer, None: full attention
     rope: str  # key of the rotary table (layer type)
     # the model's own matrices, for a pass over one token when the ones above are packed for oneDNN
@@ -404,7 +339,7 @@ class _Layer:
 class LeanForward:
     """The lean forward of ``model`` (see the module docstring); ``__call__`` runs one packed pass."""
 
-    def __init__(self, model: Any, int8: bool = False) -> None:
+    def __init__(self, model: Any, weights: str = "float") -> None:
         problem = unsupported(model)
         if problem is not None:
             raise ValueError(f"no lean forward for this model: {problem}")
@@ -417,7 +352,7 @@ class LeanForward:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.scale = float(cfg.query_pre_attn_scalar) ** -0.5 if gemma else self.head_dim ** -0.5
         self.eps = float(cfg.rms_norm_eps)
-        self.embed = inner.embed_tokens.weight
+        self.embed: torch.Tensor | Int8Rows = inner.embed_tokens.weight
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
@@ -434,25 +369,41 @@ class LeanForward:
         norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
         self.layers: list[_Layer] = []
         cat = torch.cat
+        int8 = weights != "float"
         small = sum(p.numel() for p in model.parameters()) <= PLAIN_ONE_TOKEN_MAX_PARAMS and not int8
-        self.int8 = int8  # matrices quantized to int8 (a draft model's lean forward; Int8Weight)
-        pack = Int8Weight if int8 else packed
+        self.weights = weights  # the weight kind (KINDS)
+        self.int8 = int8  # matrices quantized to int8 (RowInt8Weight, or fbgemm's Int8Weight for a draft)
+        # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention)
+        self.exact = weights == "int8"
+        pack = {"float": packed, "int8": RowInt8Weight, "fbgemm": Int8Weight}[weights]
         self.paged_out = 0  # bytes of the model's own matrices paged out once packed (see page_out)
-        for layer, (kind, window) in zip(inner.layers, types, strict=True):
+        # the exact int8 format moves activation outliers into the weights first (weights.smoothing), from one
+        # float forward over a fixed calibration text (load_model leaves its ids on the model)
+        calibration = getattr(model, "_suffixspec_calibration", None) if self.exact else None
+        ranges = input_ranges(model, calibration) if calibration else None
+        self.smoothed = ranges is not None
+        for i, (layer, (kind, window)) in enumerate(zip(inner.layers, types, strict=True)):
             att, mlp = layer.self_attn, layer.mlp
             projs = (att.q_proj, att.k_proj, att.v_proj)
             bias = None
             if any(p.bias is not None for p in projs):
                 bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
                                                                             device=self.device) for p in projs])
+            m = {"norm_in": norm(layer.input_layernorm.weight), "w_qkv": cat([p.weight for p in projs]),
+                 "b_qkv": bias, "wo": att.o_proj.weight,
+                 "norm_mlp": norm(layer.pre_feedforward_layernorm.weight if gemma
+                                  else layer.post_attention_layernorm.weight),
+                 "w_gu": cat([mlp.gate_proj.weight, mlp.up_proj.weight]), "wd": mlp.down_proj.weight}
+            if ranges is not None:
+                m = self._smooth(m, ranges, f"model.layers.{i}.", mlp.up_proj.weight.shape[0])
             self.layers.append(_Layer(
-                norm_in=norm(layer.input_layernorm.weight), w_qkv=pack(cat([p.weight for p in projs])), b_qkv=bias,
+                norm_in=m["norm_in"], w_qkv=pack(m["w_qkv"]), b_qkv=m["b_qkv"],
                 q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
-                wo=pack(att.o_proj.weight), bo=att.o_proj.bias,
+                wo=pack(m["wo"]), bo=att.o_proj.bias,
                 norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
-                norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
+                norm_mlp=m["norm_mlp"],
                 norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
-                w_gu=pack(cat([mlp.gate_proj.weight, mlp.up_proj.weight])), wd=pack(mlp.down_proj.weight),
+                w_gu=pack(m["w_gu"]), wd=pack(m["wd"]),
                 window=window, rope=kind if gemma else "all"))
             own = (*(p.weight for p in projs), att.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
                    mlp.down_proj.weight)
@@ -463,7 +414,17 @@ class LeanForward:
             elif self.layers[-1].w_qkv.is_mkldnn or int8:  # layer by layer: two copies never coexist in full
                 self.paged_out += page_out([w.detach() for w in own])
         self.norm = norm(inner.norm.weight)
-        self.head = pack(model.get_output_embeddings().weight)
+        head = model.get_output_embeddings().weight
+        if ranges is not None and "lm_head" in ranges:
+            s_head = smoothing(ranges["lm_head"], [head])
+            self.norm = self.norm / s_head
+            self.head = pack(head.detach().float() * s_head)
+        else:
+            self.head = pack(head)
+        if int8:  # embeddings as int8 rows too (a tied head's own int8 copy where its kernel keeps one)
+            tied = head.data_ptr() == self.embed.data_ptr() and head.shape == self.embed.shape
+            self.embed = (self.head.as_rows() if tied and isinstance(self.head, RowInt8Weight) and not self.smoothed
+                          else Int8Rows(self.embed))
         if (self.head.is_mkldnn or int8) and not small:
             # the embedding lookups read a tied head's rows again (paged back in one by one, as used)
             self.paged_out += page_out([model.get_output_embeddings().weight.detach()])
@@ -472,6 +433,41 @@ class LeanForward:
         self.gemma = gemma
         # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)
         self.gelu = ("tanh" if cfg.hidden_activation == "gelu_pytorch_tanh" else "none") if gemma else None
+        self.released = 0  # bytes of the model's float weights released (a quantized kind, built whole)
+        if int8 and not any(model in _LEAN[k] for k in KINDS if k != weights):  # (no other forward reads them)
+            own = [*(p for layer in inner.layers for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
+                     if p.dim() == 2), inner.embed_tokens.weight, head]
+            self.released = release(own, keep=model)
+            refuse_own_forward(model, weights)
+
+    def _smooth(self, m: dict[str, Any], ranges: dict[str, torch.Tensor], prefix: str, inter: int) -> dict[str, Any]:
+        """One layer's norms and matrices with activation outliers moved into the weights (weights.smoothing):
+        the q/k/v and gate/up inputs through their norms, the output projection's through v's rows (one
+        factor per key-value head's channel, shared by the query heads that read it), the down
+        projection's through up's rows. The same products in exact arithmetic; int8 rounds them better."""
+        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
+        rep = h_q // h_kv
+        out = dict(m)
+        s_qkv = smoothing(ranges[prefix + "self_attn.q_proj"], [m["w_qkv"]])
+        out["norm_in"] = m["norm_in"] / s_qkv
+        w_qkv = m["w_qkv"].detach().float() * s_qkv
+        s_o = smoothing(ranges[prefix + "self_attn.o_proj"], [m["wo"]])
+        s_v = s_o.view(h_kv, rep, d).amax(dim=1).reshape(-1)  # [h_kv d]: query head h reads kv head h // rep
+        out["wo"] = m["wo"].detach().float() * s_v.view(h_kv, 1, d).expand(h_kv, rep, d).reshape(-1)
+        w_qkv[(h_q + h_kv) * d:] /= s_v[:, None]
+        out["w_qkv"] = w_qkv
+        if m["b_qkv"] is not None:
+            b = m["b_qkv"].detach().float().clone()
+            b[(h_q + h_kv) * d:] /= s_v
+            out["b_qkv"] = b
+        s_gu = smoothing(ranges[prefix + "mlp.gate_proj"], [m["w_gu"]])
+        out["norm_mlp"] = m["norm_mlp"] / s_gu
+        s_d = smoothing(ranges[prefix + "mlp.down_proj"], [m["wd"]])
+        w_gu = m["w_gu"].detach().float() * s_gu
+        w_gu[inter:] /= s_d[:, None]  # up's rows: the down projection's input is silu(gate) * up
+        out["w_gu"] = w_gu
+        out["wd"] = m["wd"].detach().float() * s_d
+        return out
 
     # -- pieces --------------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -533,9 +529,12 @@ class LeanForward:
         host = np.stack([np.asarray(ids, dtype=np.int64), np.concatenate(positions), np.concatenate(cache_rows),
                          np.concatenate(slots)])
         ids_t, pos_t, row_t, slot_t = torch.from_numpy(host).to(device)
-        groups = [self._group(rows, offsets, blocks, g) for g in self._grouping(rows, blocks)]
+        # an exact format attends query by query (_attend_exact); others in groups of rows
+        plan = self._exact_plan(rows, offsets) if self.exact else None
+        groups = [] if plan is not None else [self._group(rows, offsets, blocks, g)
+                                              for g in self._grouping(rows, blocks)]
         pick = self._pick(rows, offsets)
-        x = self.embed[ids_t]  # [T, hidden]
+        x = self.embed.rows(ids_t) if isinstance(self.embed, Int8Rows) else self.embed[ids_t]  # [T, hidden]
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rotary = self._rotary(pos_t)
@@ -556,6 +555,8 @@ class LeanForward:
             q_all = qk[:, :h_q].transpose(0, 1)  # [heads, T, d]
             for g in groups:
                 self._attend(g, L.window, q_all, kbuf, vbuf, attn)
+            if plan is not None:
+                self._attend_exact(plan, L.window, q_all, qk[:, h_q:], v, kbuf, vbuf, attn)
             o = lin(attn, L.wo if plain is None else plain[1], L.bo)
             x = x + (self._rms(o, L.norm_post_attn) if L.norm_post_attn is not None else o)
             h = self._rms(x, L.norm_mlp)
@@ -696,6 +697,104 @@ class LeanForward:
         out = a.view(batch, h_q, width, d).transpose(1, 2).reshape(batch * width, h_q * d)
         real, dest = g.scatter
         attn.index_copy_(0, dest, out.index_select(0, real))
+
+    # -- attention of an exact format: each query computed the same way whatever shares the pass -------------
+    def _exact_plan(self, rows: list[PassRow], offsets: list[int]) -> list[_ExactRow]:
+        """What :meth:`_attend_exact` does for each row at every layer (made once per pass).
+
+        A row of draft nodes (or a lone root): each node attends alone, over exactly the keys plain decoding
+        gives that token (the cached positions, then its ancestors in order, then itself), so its path's
+        keys must sit at ``past, past + 1, ...``: nodes are visited depth first and a node off the first
+        path writes its ancestors' keys/values into those slots (``writes``), the slots put back in node
+        order after the row (``restores``). Example: parents [-1, 0, -1] (nodes a b c, past 5): a at slot 5
+        sees 0..5, b (a's child) sees 0..6, c (a second child of the root) is written into slot 5 and sees
+        0..5, then slot 5 gets a back.
+        A prompt (a causal chain of several tokens): chunks of :data:`EXACT_CHUNK` queries at fixed
+        positions (multiples of the chunk), each over every key up to its end with a causal mask, so a
+        prompt prefix's keys/values do not depend on how long the prompt is (prefix reuse stays exact: the
+        prefix store's blocks are whole chunks)."""
+        plan = []
+        for r, o in zip(rows, offsets, strict=True):
+            n = len(r.ids)
+            if r.parents is None and n > 1:
+                chunks = []
+                a = r.past
+                while a < r.past + n:
+                    b = min(r.past + n, (a // EXACT_CHUNK + 1) * EXACT_CHUNK)
+                    chunks.append((o + a - r.past, a, b, {w: self._chunk_mask(a, b, w) for w in self.windows}))
+                    a = b
+                plan.append(_ExactRow(r.row, r.past, [], [], chunks))
+                continue
+            parents = r.parents or []
+            children: list[list[int]] = [[] for _ in range(n)]
+            for k, par in enumerate(parents):
+                children[par + 1].append(k + 1)  # node k + 1 of ids (0 is the root)
+            holds = list(range(n))  # which node's keys/values each slot past + s holds
+            nodes, path, stack = [], [], [(0, 0)]
+            while stack:  # depth first, children in order
+                i, t = stack.pop()
+                del path[t:]
+                path.append(i)
+                writes = []
+                for depth, node in enumerate(path):
+                    if holds[depth] != node:
+                        holds[depth] = node
+                        writes.append((r.past + depth, o + node))
+                nodes.append((o + i, r.past + t + 1, writes))
+                stack.extend((c, t + 1) for c in reversed(children[i]))
+            restores = [(r.past + k, o + k) for k in range(n) if holds[k] != k]
+            plan.append(_ExactRow(r.row, r.past, nodes, restores, []))
+        return plan
+
+    def _chunk_mask(self, a: int, b: int, window: int | None) -> tuple[int, torch.Tensor]:
+        """(first key, additive mask [b - a, b - first]) of the prompt positions ``a .. b - 1`` attending
+        causally (within ``window``) over every key before ``b``."""
+        start = 0 if window is None else max(0, a - window + 1)
+        pos = torch.arange(a, b, device=self.device)[:, None]
+        keys = torch.arange(start, b, device=self.device)[None, :]
+        ok = keys <= pos
+        if window is not None:
+            ok &= pos - keys < window
+        return start, torch.zeros(ok.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            ~ok, torch.finfo(self.dtype).min)
+
+    def _attend_exact(self, plan: list[_ExactRow], window: int | None, q_all: torch.Tensor, k_new: torch.Tensor,
+                      v_new: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor, attn: torch.Tensor) -> None:
+        """Attention of an exact format (:meth:`_exact_plan`): one SDPA call per query over its own keys (a
+        plain step's call exactly), or per prompt chunk, on one thread. Why: SDPA's CPU kernel rounds a
+        query's result differently when other queries share the call (a batch of rows, a masked block of
+        tree nodes: measured here, none of 16 tree queries equal to its lone call) and with another thread
+        count (one query, 1 vs 2 threads), so only the same call on the same thread count gives a row's
+        attention bit for bit whatever else the pass holds."""
+        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        gqa = h_q != h_kv
+        threads = torch.get_num_threads()
+        if threads != 1:
+            torch.set_num_threads(1)
+        try:
+            for e in plan:
+                keys, values = kbuf[e.row], vbuf[e.row]  # [h_kv, positions, d]
+                for at, end, writes in e.nodes:
+                    for slot, src in writes:
+                        keys[:, slot] = k_new[src]
+                        values[:, slot] = v_new[src]
+                    start = 0 if window is None else max(0, end - window)
+                    a = sdpa(q_all[None, :, at : at + 1], keys[None, :, start:end], values[None, :, start:end],
+                             scale=self.scale, enable_gqa=gqa)  # [1, h_q, 1, d]
+                    attn[at] = a.reshape(h_q * d)
+                for slot, src in e.restores:
+                    keys[:, slot] = k_new[src]
+                    values[:, slot] = v_new[src]
+                for at, a0, b0, masks in e.chunks:
+                    start, mask = masks[window]
+                    m = b0 - a0
+                    a = sdpa(q_all[None, :, at : at + m], keys[None, :, start:b0], values[None, :, start:b0],
+                             attn_mask=mask[None, None], scale=self.scale, enable_gqa=gqa)  # [1, h_q, m, d]
+                    attn[at : at + m] = a[0].transpose(0, 1).reshape(m, h_q * d)
+        finally:
+            if threads != 1:
+                torch.set_num_threads(threads)
 
     def _pick(self, rows: list[PassRow], offsets: list[int]) -> torch.Tensor | None:
         """The packed tokens whose logits the rows want, on the device (made before the layers run, so no

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 FILE = "probe.json"  # in a converted model's folder
 VERSION = 1  # of the probe and of this file's layout: bump when either changes meaning
 # the modules whose code decides the verdict: the probe itself, the lean forwards, the masks and the cache
-_CODE = ("runner.py", "lean.py", "kv.py")
+_CODE = ("runner.py", "lean.py", "kv.py", "weights.py")
 
 
 def batch_problem(runner: Runner, cache_folder: str | Path | None) -> str | None:
@@ -70,6 +70,9 @@ def probe_key(runner: Runner) -> tuple[str, dict]:
     forward = f"lean {runner.lean.family}" if runner.lean is not None else "padded"
     if runner.lean is not None and runner.lean.onednn:
         forward += " onednn"  # packed weights round differently (SUFFIXSPEC_ONEDNN=0 keeps them plain)
+    kind = getattr(runner.lean, "weights", "float")
+    if runner.lean is not None and kind != "float":
+        forward += f" {kind}"  # another weight format: another verdict (and another probe)
     device = str(runner.device)
     if runner.device.type == "cuda":  # another GPU model runs other kernels
         device += f" {torch.cuda.get_device_name(runner.device)}"

@@ -38,8 +38,9 @@ import numpy as np
 import torch
 
 from suffixspec.core.kv import SlotCache, additive, layer_types, tree_mask
-from suffixspec.core.lean import PassRow, lean_forward, paging_own_forward
+from suffixspec.core.lean import PassRow, lean_forward, paging_own_forward, unsupported
 from suffixspec.core.prefix import PrefixStore
+from suffixspec.core.weights import released
 from suffixspec.drafting.draft import root_path
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 class Runner:
     """The target's cache rows and passes (see the module docstring)."""
 
-    def __init__(self, model: Any, rows: int = 1, prefix_store: PrefixStore | None = None, lean: bool = True) -> None:
+    def __init__(self, model: Any, rows: int = 1, prefix_store: PrefixStore | None = None, lean: bool = True,
+                 weights: str = "float") -> None:
         self.model = model
         cfg = model.config
         self.device = next(model.parameters()).device
@@ -60,7 +62,12 @@ class Runner:
         # transformers 5.x renames ``past_key_values`` to ``cache``; accept both generations
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keeps_one = "logits_to_keep" in params
-        self.lean = lean_forward(model) if lean else None
+        # weights: the lean forward's weight kind (lean.KINDS); a quantized one has no other way to run
+        self.lean = lean_forward(model, weights) if lean else None
+        if self.lean is None and (weights != "float" or released(model)):
+            raise ValueError(f"{type(model).__name__} cannot run with {weights} weights: that needs suffixspec's lean "
+                             f"forward (Llama, Qwen2, Mistral, Gemma 3 families; {unsupported(model) or 'its build failed'}"
+                             f"); load it with weights='float32'")
         self.prefix_store = prefix_store
         self.rows = rows  # the most rows a pass may hold
         self.cache = SlotCache(rows)
@@ -233,6 +240,8 @@ class Runner:
         row's tokens alone: a model whose attention ignores the 4D mask or the per-row positions, or a
         lean forward that does not match its model, fails it. Run on a scratch cache."""
         vocab = self.vocab_size
+        if getattr(self.lean, "exact", False):
+            return self.invariance_problem()
         # how far a row's logits may be from the model's own, relative to their largest: 1e-3 in float32;
         # four rounding steps of a reduced precision (bf16 3.1e-2, fp16 3.9e-3), where any two kernels
         # differ by more than 1e-3 (measured on the tiny test models, lean against transformers' forward,
@@ -246,6 +255,40 @@ class Runner:
                 return self._batch_problem(prompts, drafts, vocab, tol)
         except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
             return f"a batched pass failed: {type(e).__name__}: {e}"
+
+    def invariance_problem(self) -> str | None:
+        """For an exact format (``lean.exact``): why a row's logits would depend on the pass's other rows, or
+        None when they do not. Each probe row's logits in one packed pass (prompts of different lengths, a
+        tree draft, a chain, a lone root) must equal, bit for bit, its logits from passes of its own in which
+        every token is fed one at a time, as plain decoding feeds them (the model's own forward cannot serve
+        as the reference: its float weights are released)."""
+        vocab = self.vocab_size
+        prompts = [[(7 * i + 3) % vocab for i in range(9)], [(5 * i + 1) % vocab for i in range(4)],
+                   [(3 * i + 2) % vocab for i in range(6)]]
+        drafts = [([11 % vocab, 12 % vocab, 13 % vocab, 14 % vocab], [-1, 0, 0, 1]), ([], []),
+                  ([21 % vocab, 22 % vocab], [-1, 0])]
+        try:
+            with self._scratch(len(prompts), 16):
+                rows = [self.cache.add_row() for _ in prompts]
+                for r, ids in zip(rows, prompts, strict=True):
+                    self.prefill(r, ids[:-1])
+                batched = self.forward([PassRow(r, [ids[-1], *tokens], parents, len(ids) - 1)
+                                        for r, ids, (tokens, parents) in zip(rows, prompts, drafts, strict=True)])
+            for b, (ids, (tokens, parents)) in enumerate(zip(prompts, drafts, strict=True)):
+                for k in range(-1, len(tokens)):  # each node's path fed token by token on a cache of its own
+                    path = [tokens[n] for n in root_path(parents, k)] if k >= 0 else []
+                    with self._scratch(1, 16):
+                        row = self.cache.add_row()
+                        self.prefill(row, ids[:-1])
+                        for j, t in enumerate([ids[-1], *path]):
+                            alone = self.forward([PassRow(row, [t], None, len(ids) - 1 + j)])[0][0]
+                            self.cache.lengths[row] = len(ids) + j
+                    if not torch.equal(alone, batched[b][k + 1]):
+                        diff = float((alone - batched[b][k + 1]).abs().max())
+                        return f"a row's logits change with the pass's other rows (by {diff:.3g})"
+        except Exception as e:  # noqa: BLE001 - any failure means "not batchable", said in the log
+            return f"a batched pass failed: {type(e).__name__}: {e}"
+        return None
 
     def _batch_problem(self, prompts: list[list[int]], drafts: list[tuple[list[int], list[int]]], vocab: int,
                        tol: float) -> str | None:

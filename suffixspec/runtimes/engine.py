@@ -226,9 +226,9 @@ class Engine:
         the model's own forward; one row at a time when even that fails the probe (said in the log). A
         converted model's passing verdict is remembered for the next start (``probe_cache``)."""
         folder = self.target.cache_folder  # a converted model's: a passing verdict is remembered there
-        runner = Runner(self.model, self.max_num_seqs, self.prefix_store)
+        runner = Runner(self.model, self.max_num_seqs, self.prefix_store, weights=self.target.lean_kind)
         problem = batch_problem(runner, folder)
-        if problem is not None and runner.lean is not None:
+        if problem is not None and runner.lean is not None and self.target.lean_kind == "float":
             log.warning("the lean forward is off for %s (%s)", self.model_name, problem)
             runner = Runner(self.model, self.max_num_seqs, self.prefix_store, lean=False)
             problem = batch_problem(runner, folder)

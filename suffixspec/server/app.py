@@ -72,7 +72,7 @@ def create_app(config: ServerConfig | dict | None = None, *, spec: Any = None) -
         from suffixspec.api import SuffixSpec
 
         spec = SuffixSpec(model=cfg.model, draft_model=cfg.draft_model, db=cfg.db, device=cfg.device,
-                          dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
+                          dtype=cfg.dtype, weights=cfg.weights, max_num_seqs=cfg.max_num_seqs,
                           prefix_cache_mb=cfg.prefix_cache_mb, threads=cfg.threads, runtime=cfg.runtime)
     holder: dict[str, EngineWorker] = {}
     metrics = Metrics(queue_length=lambda: holder["w"].queue_length() if "w" in holder else 0)

@@ -15,7 +15,9 @@ it one way.
   from those costs (:class:`~suffixspec.drafting.judge.ModelDraftJudge`: whether to draft, how far, which
   runner-ups to branch on). Outside the engine (no costs told) :class:`AdaptiveLength` grows the draft
   length after a fully accepted draft and shrinks it after an early rejection.
-- A draft model of :data:`INT8_MIN_PARAMS` or more runs on int8 matrices (``lean.Int8Weight``).
+- A draft model on a CPU runs on int8 matrices when it was loaded with ``weights="int8"`` (or ``auto``
+  resolved to it), or has :data:`INT8_MIN_PARAMS` or more parameters; the int8 kernel is the one measured
+  faster for one row here (``weights.draft_int8_kind``: fbgemm's, else the exact rows).
 
 Worked example (runner)::
 
@@ -39,6 +41,7 @@ from suffixspec.core.kv import SlotCache, new_cache
 from suffixspec.core.lean import PassRow, lean_forward
 from suffixspec.core.prefix import common_prefix
 from suffixspec.core.sampling import warp
+from suffixspec.core.weights import draft_int8_kind
 from suffixspec.drafting.costs import StepCost, cpu_clock
 from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL
 from suffixspec.drafting.judge import ModelDraftJudge
@@ -70,6 +73,8 @@ class DraftRunner:
     """
 
     def __init__(self, loaded: LoadedModel, lean: bool = True, int8: bool = False) -> None:
+        """``int8``: run on int8 matrices (the kind ``weights.draft_int8_kind`` measures faster), falling back
+        to the float lean forward where that cannot be built (a failure isolated to the int8 kind)."""
         self.model = loaded.model
         self.device = torch.device(loaded.device)
         self.max_context = max_context(self.model.config)
@@ -77,8 +82,9 @@ class DraftRunner:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_one = "logits_to_keep" in params
-        # int8: the lean forward on int8 matrices (lean.Int8Weight), where this torch has them, else float
-        self.lean = (lean_forward(self.model, int8=True) if int8 and lean else None) or (
+        # int8: the lean forward on int8 matrices, where this torch has them, else float
+        kind = draft_int8_kind() if int8 and lean and self.device.type == "cpu" else "float"
+        self.lean = (lean_forward(self.model, kind) if kind != "float" else None) or (
             lean_forward(self.model) if lean else None)
         self.int8 = self.lean is not None and self.lean.int8
         self.reset()
@@ -208,8 +214,9 @@ class ModelDrafter(Proposer):
         if context_window is not None and context_window < 16:
             raise ValueError(f"context_window must be at least 16 tokens, got {context_window}")
         self.draft = draft
-        if int8 is None:
-            int8 = sum(p.numel() for p in draft.model.parameters()) >= INT8_MIN_PARAMS
+        if int8 is None:  # by the format it was loaded with, else by size (int8 runs on a CPU only: DraftRunner)
+            int8 = draft.weights == "int8" or (draft.weights == "float32" and sum(
+                p.numel() for p in draft.model.parameters()) >= INT8_MIN_PARAMS)
         self.runner = DraftRunner(draft, int8=int8)
         self.length = length or AdaptiveLength()
         # stop drafting after a token the draft itself gives less than this probability (each

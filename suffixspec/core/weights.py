@@ -1,0 +1,571 @@
+"""Weight formats: how a model's matrices are stored and multiplied, chosen with one option (``weights``).
+
+A CPU decode step is bound by reading the weights, so bytes per weight decide plain speed. Formats
+(:data:`FORMATS`; ``auto`` picks one, :func:`resolve`):
+
+- ``float32``: the model as ``transformers`` computes it (the lean forward packs it for oneDNN). The
+  output is exactly ``transformers``' ``generate``'s.
+- ``bfloat16``, ``float16``: half the bytes, rounded floating products whose summation order depends on
+  how many rows share a pass; offered, documented as not exact (docs/formats.md), never a default on a CPU.
+- ``int8``: every matrix (projections, MLP, LM head, embeddings) stored as int8 per output row with a
+  float32 scale per row (:class:`RowInt8Weight`); at each product the activations are quantized to int8
+  per token row (scale = the row's largest magnitude / 127), multiplied by ``torch._int_mm`` with int32
+  accumulation and scaled back. Integer sums have no rounding, so a row's result depends on that row
+  alone: with the lean forward's per-query attention (``lean.LeanForward``, exact formats) a token's
+  logits are the same whatever else shares the pass, and speculation on and off give the same tokens.
+  The output is the int8 model's own, not float32's.
+
+Worked example (one product, 1 token row, a 2 x 3 weight)::
+
+    w = [[0.5, -1.0, 0.25], [2.0, 0.0, -2.0]]   row scales 1/127, 2/127 -> w_q = [[64, -127, 32], [127, 0, -127]]
+    x = [[1.0, 2.0, -4.0]]                      row scale 4/127         -> x_q = [[32, 64, -127]]
+    x_q @ w_q.T = [[2048 - 8128 - 4064, 4064 + 16129]] = [[-10144, 20193]]  (exact int32)
+    y = [[-10144 * 4/127 * 1/127, 20193 * 4/127 * 2/127]] = [[-2.516, 10.017]]   (float: -2.5, 10.0)
+
+The ``auto`` default on a CPU is the fastest exact format measured on the machine (:func:`int8_verdict`:
+does ``torch._int_mm`` run here, is its result the exact integer product, and is it faster than float32
+on a decode-sized product; remembered per machine and torch version); on a GPU, today's floating default.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "float32", "bfloat16", "float16", "int8")  # the ``weights`` option's values
+EXACT = ("float32", "int8")  # formats whose tokens do not depend on the pass's other rows (float32: up to rounding)
+QUANTIZED = ("int8",)  # formats whose matrices are integers (the model's float weights are released)
+# what each format loads the model's weights as (the quantized ones quantize from float32)
+LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def resolve(weights: str | None, device: str, dtype: str | None = None) -> str:
+    """The concrete format (``float32``, ``bfloat16``, ``float16`` or ``int8``) of the option ``weights`` on
+    ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
+
+    ``auto`` (or None): on a CPU the fastest exact format measured here (:func:`int8_verdict`), on a GPU
+    bfloat16 where supported, else float16. Examples: ``resolve("auto", "cpu")`` -> ``"int8"`` where
+    ``torch._int_mm`` is exact and faster; ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
+    name = _ALIASES.get(weights or "auto", weights or "auto")
+    if name not in FORMATS:
+        raise ValueError(f"unknown weights format {weights!r}; choose one of {', '.join(FORMATS)}")
+    if dtype is not None:
+        named = _ALIASES.get(dtype, dtype)
+        if named not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of float32, bfloat16, float16 "
+                             f"(or --weights {'|'.join(FORMATS)})")
+        if name == "auto":
+            return named
+        if name != named:
+            raise ValueError(f"dtype {dtype!r} and weights {weights!r} disagree; give only --weights")
+    if name in QUANTIZED and not device.startswith("cpu"):
+        raise ValueError(f"weights {name!r} is a CPU format (its kernels, fbgemm and torch._int_mm, are probed on the "
+                         f"CPU); on {device} use bfloat16, float16 or float32")
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device == "cpu":
+        verdict = int8_verdict()
+        if verdict["use"]:
+            return "int8"
+        log.info("weights auto -> float32 (%s)", verdict["why"])
+    return "float32"
+
+
+# -- the int8 format ------------------------------------------------------------------------------------
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], float32 scale [N]) of ``w`` [N, K]: each row symmetric, scale = its largest |w| / 127
+    (an all-zero row gets scale 1: its int8 entries are 0 either way). ``w ~ q * scale[:, None]``."""
+    w = w.detach().float()
+    scale = w.abs().amax(dim=1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [M, K], float32 scale [M, 1]) of activations ``x`` [M, K], one scale per token row (its largest
+    |x| / 127). Every step is elementwise or a max along the row, so a row's int8 values depend on that row
+    alone (a max has no rounding)."""
+    x = x.float()
+    scale = x.abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
+class Int8Rows:
+    """An embedding table as int8 rows with a float32 scale per row (:func:`quantize_rows`): a lookup
+    dequantizes the rows it reads. SmolLM2-135M's 49152 x 576 table: 28 MB against 113 MB in float32."""
+
+    def __init__(self, w: torch.Tensor | None = None, q: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None) -> None:
+        if w is not None:
+            q, scale = quantize_rows(w)
+        assert q is not None and scale is not None
+        self.q, self.scale = q, scale
+        self.shape = tuple(q.shape)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The dequantized rows ``ids`` [T] -> [T, in] float32."""
+        return self.q[ids].float() * self.scale[ids][:, None]
+
+
+KERNELS = ("int_mm", "fbgemm")  # the exact int8 products (RowInt8Weight), chosen by int8_verdict
+PIN = 16  # fbgemm kernel: columns appended to each activation row (+1, -1, zeros), a multiple of 8 in all
+
+
+class RowInt8Weight:
+    """A matrix ``w`` [out, in] as int8 per output row, multiplied with activations quantized per token row,
+    integer products summed in int32 (exact), then scaled back: a row of the result depends only on that
+    row of ``x`` (the format's batch invariance). Two kernels (:data:`KERNELS`, ``int8_verdict`` picks the
+    faster here):
+
+    - ``int_mm``: ``torch._int_mm`` on int8 activations (scale = the row's largest |x| / 127), weights
+      stored N x K and passed transposed (``w_q.t()``), the layout it runs fastest on: on a CPU with
+      AVX512-VNNI, Qwen2.5-Coder-1.5B's 8960 x 1536 matrix took 1.07 / 1.39 / 2.13 / 3.26 ms for 1 / 8 / 16 /
+      32 rows (one thread) against float32's 2.84 / 7.42 / 9.82 / 14.01; on an AVX2-only CPU (this project's
+      AMD EPYC) it is several times slower than float32.
+    - ``fbgemm``: fbgemm's dynamic int8 linear (AVX2), which quantizes its input with ONE scale and zero
+      point for the whole tensor (from its min and max), so a row's result would depend on the other
+      rows. Pinned: each row is divided by its own largest |x| and gets two more columns, +1 and -1 (the
+      weight's are zero), so every tensor's min and max are exactly -1 and +1 whatever its rows: the
+      tensor's scale is every row's, the integer sums are exact (7-bit activations, ``reduce_range``, so
+      no 16-bit saturation), and the result times the row's |x| max is the row's alone.
+      Worked example: rows [2, -4] and [0.5, 0.25] -> [0.5, -1, 1, -1] and [1, 0.5, 1, -1]: min -1, max 1
+      in any batch.
+
+    Example: ``RowInt8Weight(w).mm(x)`` ~ ``x @ w.T`` within about 2% of its largest entry."""
+
+    is_mkldnn = False  # (read where weights are told apart)
+
+    def __init__(self, w: torch.Tensor, kernel: str | None = None) -> None:
+        self.kernel = kernel or int8_kernel()
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown int8 kernel {self.kernel!r}; one of {KERNELS}")
+        self.shape = tuple(w.shape)
+        self.q: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
+        if self.kernel == "int_mm":
+            self.q, self.scale = quantize_rows(w)
+        else:
+
+            wide = torch.cat([w.detach().float(), torch.zeros(w.shape[0], PIN, dtype=torch.float32,
+                                                                device=w.device)], dim=1)
+            scale = (wide.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()
+            zero = torch.zeros(w.shape[0], dtype=torch.long)
+            with warnings.catch_warnings():  # torch >= 2.12 calls quantized tensors deprecated
+                warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+                quantized = torch.quantize_per_channel(wide, scale, zero, 0, torch.qint8)
+            self.params = torch.ops.quantized.linear_prepack(quantized, None)
+            self._pins: dict[int, torch.Tensor] = {}
+
+    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [M, in] -> x @ w.T + b`` (float32), row by row exactly as for ``x``'s rows alone."""
+        if self.kernel == "int_mm":
+            xq, sx = quantize_activations(x)
+            y = torch._int_mm(xq, self.q.t()).float() * sx * self.scale  # [M, out] exact integer sums, scaled
+        else:
+            x = x.float()
+            sx = x.abs().amax(dim=1, keepdim=True)
+            sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+            y = torch.ops.quantized.linear_dynamic(torch.cat((x / sx, self._pin(x.shape[0])), dim=1),
+                                                   self.params, True) * sx
+        return y if b is None else y + b
+
+    def _pin(self, m: int) -> torch.Tensor:
+        """[m, PIN] columns +1, -1, then zeros (kept per row count)."""
+        pin = self._pins.get(m)
+        if pin is None:
+            pin = torch.zeros(m, PIN)
+            pin[:, 0], pin[:, 1] = 1.0, -1.0
+            if len(self._pins) < 64:
+                self._pins[m] = pin
+        return pin
+
+    def as_rows(self) -> Int8Rows:
+        """The same matrix as an embedding table (shares the int8 copy where the kernel keeps one)."""
+        if self.q is not None and self.scale is not None:
+            return Int8Rows(q=self.q, scale=self.scale)
+        w = torch.ops.quantized.linear_unpack(self.params)[0].dequantize()[:, : self.shape[1]]
+        return Int8Rows(w)
+
+
+# -- smoothing: activation outliers moved into the weights before quantizing -------------------------------
+SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength: s_j = amax|x_j|^a / amax|w_j|^(1 - a)
+# a fixed calibration text (code and prose, as the benchmarks' workloads): its tokens feed one float forward
+# whose per-channel input ranges decide the smoothing (the same text, so the same int8 model, at every start)
+CALIBRATION_TEXT = (
+    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
+    '    """Merge two sorted lists into one sorted list."""\n'
+    "    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
+    "            out.append(a[i])\n            i += 1\n        else:\n            out.append(b[j])\n"
+    "            j += 1\n    return out + a[i:] + b[j:]\n\n"
+    "The report summarizes the quarterly results. Revenue grew by 12 percent, driven by strong demand in "
+    "Europe and Asia, while operating costs stayed flat. The board approved a new dividend policy and "
+    "announced plans to expand the research team in the coming year.\n"
+    "User: How do I reverse a string in Python?\nAssistant: Use slicing: `text[::-1]` returns the string "
+    "reversed. For a list, `items.reverse()` reverses it in place.\n"
+    "SELECT customer_id, SUM(total) AS spent FROM orders GROUP BY customer_id ORDER BY spent DESC LIMIT 10;\n"
+)
+
+
+def input_ranges(model: Any, ids: list[int]) -> dict[str, torch.Tensor]:
+    """Per-channel largest |input| [in] of every ``nn.Linear`` of ``model`` over one float forward of ``ids``
+    (module name -> tensor): what :func:`smoothing` balances against the weights."""
+    ranges: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            def hook(_m: Any, args: tuple, name: str = name) -> None:
+                amax = args[0].detach().float().abs().reshape(-1, args[0].shape[-1]).amax(dim=0)
+                ranges[name] = torch.maximum(ranges[name], amax) if name in ranges else amax
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([ids], device=next(model.parameters()).device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return ranges
+
+
+def smoothing(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factors ``s`` [in] for matrices ``weights`` sharing one input: the
+    input divided by ``s`` and the matrices' columns multiplied by it compute the same product, with the
+    activations' outlier channels shrunk so that a per-row int8 scale resolves the others (``x / s`` is
+    folded into the norm or matrix before, so nothing runs at decode time). Example: channel ranges
+    [60, 1] against weight ranges [0.1, 0.1] -> s = [24.5, 3.2]: x / s ranges [2.4, 0.3]."""
+    w_amax = torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)
+    s = x_amax.float().clamp_min(1e-5).pow(alpha) / w_amax.clamp_min(1e-5).pow(1 - alpha)
+    return s.clamp(1e-2, 1e3)
+
+
+# -- products: the float packed for oneDNN, fbgemm's dynamic int8 (drafts) ------------------------------
+def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight | RowInt8Weight, b: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; a
+    :class:`~suffixspec.core.weights.RowInt8Weight` through ``torch._int_mm`` (exact, row by row); an
+    :class:`Int8Weight` (a draft model's) through fbgemm's int8 product; any other as ``(w @ x.T).T``, the
+    same product, which MKL runs faster than ``torch.nn.functional.linear`` for the few rows of a decode
+    pass (measured on this machine's AMD EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33%
+    at 2-8). The result may be a transposed view: callers reshape (which copies) where they need rows."""
+    if isinstance(w, RowInt8Weight):
+        return w.mm(x, b)
+    if isinstance(w, Int8Weight):
+        y = torch.ops.quantized.linear_dynamic(x.contiguous(), w.params, True)
+        return y if b is None else y + b
+    if w.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
+    y = torch.mm(w, x.t()).t()
+    return y if b is None else y + b
+
+
+class Int8Weight:
+    """A matrix ``w`` [out, in] quantized to int8 per output row, prepacked for fbgemm's dynamic linear
+    (``torch.ops.quantized.linear_dynamic``: the input is quantized per pass, int8 products summed in
+    int32, scaled back to float32). For draft models only (:func:`lean_forward` with ``weights="fbgemm"``):
+    a draft's distribution is whatever its forward computes, so verification stays lossless, while a
+    one-token step reads a quarter of the bytes. Measured on this CPU (one thread, matrices cycled so
+    none stays in cache): Qwen2.5-Coder-0.5B's MLP matrices 0.39 / 0.17 ms against 1.13 / 0.60 ms packed
+    in float32, its LM head 7.7 against 20.7 ms; relative error of a product about 1.7% of its largest
+    entry (``reduce_range``: 7-bit inputs, as fbgemm needs on AVX2).
+
+    Example: ``Int8Weight(w).shape == tuple(w.shape)``; ``linear(x, Int8Weight(w))`` ~ ``x @ w.T``."""
+
+    is_mkldnn = False  # (read where weights are told apart)
+
+    def __init__(self, w: torch.Tensor) -> None:
+        w = w.detach().float()
+        scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # torch >= 2.12 calls quantized tensors deprecated: int8_works()
+            warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")  # says when they are gone
+            quantized = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        self.params = torch.ops.quantized.linear_prepack(quantized, None)
+        self.shape = tuple(w.shape)
+
+
+@functools.cache
+def int8_works() -> bool:
+    """Whether this torch has fbgemm's int8 dynamic linear and it gives ``x @ w.T`` within 3% (checked
+    once on a small random matrix)."""
+    try:
+        engines = torch.backends.quantized.supported_engines
+        if not any(e in engines for e in ("x86", "fbgemm")):
+            return False
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(48, 40, generator=gen), torch.randn(3, 40, generator=gen)
+        want = x @ w.t()
+        got = linear(x, Int8Weight(w))
+        return bool((got - want).abs().max() <= 0.03 * want.abs().max())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+PACK_ROWS = 4  # the row count oneDNN lays a packed weight out for (decode passes run 1 to a few dozen)
+
+
+def packed(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [out, in] laid out in oneDNN's blocked format for :func:`linear`, or ``w`` itself where
+    that is not available (another device or dtype, a torch without oneDNN) or not wanted
+    (``SUFFIXSPEC_ONEDNN=0``, for the memory below).
+
+    Why: on a CPU the BLAS behind ``torch.mm`` picks slow kernels for 2-16 rows (on AMD CPUs, MKL's
+    generic path), which is exactly a verify pass. oneDNN's matmul on a pre-packed weight keeps a pass
+    over a few rows near the cost of one row: measured on SmolLM2-135M-Instruct's lean forward (one
+    thread, 400 tokens of context, CPU time), a pass over 1 + k tokens took the same time at k = 0
+    and 1.3-1.4x less at k = 1..32 than ``(w @ x.T).T``. The packed copy is made once per model
+    (:func:`lean_forward`); it replaces the fused q/k/v and gate/up copies and adds the size of the
+    other matrices (the output and down projections and the LM head: +260 MB for SmolLM2-135M, +1 GB
+    for Gemma 3 270M, whose head is 671 MB). Rounding differs from the unpacked product as any other
+    summation order does (about 1e-6 relative), within the tolerance the lean tests and the batching
+    probe hold every lean forward to."""
+    if not packs(w.device, w.dtype):
+        return w
+    with torch.inference_mode():
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+
+
+def packs(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether :func:`packed` packs ``dtype`` weights on ``device`` (else it returns them as they are)."""
+    kind = device if isinstance(device, str) else device.type
+    return os.environ.get("SUFFIXSPEC_ONEDNN", "1") != "0" and _onednn_packs(kind, dtype)
+
+
+@functools.cache
+def _onednn_packs(device: str, dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and multiplies ``dtype`` weights on ``device`` and gives the product
+    ``torch.mm`` gives (checked once on a small random matrix: the ops are torch's private ones, which
+    can change between versions, and only float32 on a CPU is measured to pay)."""
+    if device != "cpu" or dtype != torch.float32:
+        return False
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        with torch.inference_mode():
+            gen = torch.Generator().manual_seed(0)
+            w, x, b = (torch.randn(*shape, generator=gen, dtype=dtype) for shape in ((48, 40), (3, 40), (48,)))
+            got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS), b,
+                                                     "none", [], "")
+        return bool(torch.allclose(got, x @ w.t() + b, rtol=1e-5, atol=1e-5))
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+
+# -- the probe: does the exact int8 product work here, and does it pay ------------------------------------
+PROBE_VERSION = 2  # bump when the probe's meaning changes
+PROBE_SHAPE = (1536, 576)  # a decode-sized product: SmolLM2-135M's MLP matrix (out, in)
+PROBE_ROWS = (1, 2, 8, 17)  # row counts checked for exactness
+
+
+def _probe_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "suffixspec" / "formats.json"
+
+
+def _machine_key() -> str:
+    """What the verdict holds for: torch's version, the CPU model and a hash of its instruction set flags."""
+    cpu, flags = platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = hashlib.sha256(line.encode()).hexdigest()[:16]
+                break
+    except OSError:
+        pass
+    return f"v{PROBE_VERSION} torch {torch.__version__} {cpu} {flags}"
+
+
+@functools.cache
+def int8_verdict() -> dict:
+    """Whether ``auto`` on this CPU is int8: ``{"use": bool, "why": str, "int8_ms", "float32_ms"}``.
+
+    The probe: ``torch._int_mm`` must run, equal the exact int64 product at several row counts, and be faster
+    than the float32 product the lean forward would run (median of a few timed products, 1 and 8 rows). The
+    verdict is remembered in ``~/.cache/suffixspec/formats.json`` under the torch version and CPU (a torch
+    upgrade or another machine probes again); ``SUFFIXSPEC_INT8=0`` or ``=1`` decides without probing."""
+    forced = os.environ.get("SUFFIXSPEC_INT8")
+    if forced in ("0", "1"):
+        return {"use": forced == "1", "why": f"SUFFIXSPEC_INT8={forced}"}
+    key = _machine_key()
+    path = _probe_file()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), dict) and "use" in known[key]:
+        return known[key]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a decode pass's count on a busy CPU; two threads' timings swing with the load
+    try:
+        verdict = _probe()
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: verdict}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("could not remember the int8 probe's verdict in %s: %s", path, e)
+    return verdict
+
+
+def int8_kernel() -> str:
+    """The exact int8 kernel measured faster here (``int8_verdict()["kernel"]``)."""
+    return int8_verdict().get("kernel") or "int_mm"
+
+
+def _probe() -> dict:
+    gen = torch.Generator().manual_seed(0)
+    n, k = PROBE_SHAPE
+    works: dict[str, str] = {}  # kernel -> why it is not usable ("" where it is)
+    try:
+        wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        works["int_mm"] = ""
+        for m in PROBE_ROWS:
+            xq = torch.randint(-127, 128, (m, k), generator=gen, dtype=torch.int8)
+            if not torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t()):
+                works["int_mm"] = f"torch._int_mm is not the exact integer product at {m} rows"
+                break
+    except (RuntimeError, AttributeError, TypeError, NotImplementedError) as e:
+        works["int_mm"] = f"torch._int_mm does not run here ({type(e).__name__}: {e})"
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(max(PROBE_ROWS), k, generator=gen) * torch.rand(max(PROBE_ROWS), 1, generator=gen)
+    weights: dict[str, Any] = {"float32": packed(w)}
+    if not works["int_mm"]:
+        weights["int_mm"] = RowInt8Weight(w, "int_mm")
+    works["fbgemm"] = "" if int8_works() else "fbgemm's int8 dynamic linear is not in this torch"
+    if not works["fbgemm"]:
+        try:
+            weights["fbgemm"] = fb = RowInt8Weight(w, "fbgemm")
+            whole = fb.mm(x)
+            if not all(torch.equal(fb.mm(x[i : i + 1])[0], whole[i]) for i in range(x.shape[0])):
+                works["fbgemm"] = "fbgemm's pinned product changes a row with the others"
+        except (RuntimeError, AttributeError, TypeError) as e:
+            works["fbgemm"] = f"fbgemm's pinned product failed ({type(e).__name__}: {e})"
+        if works["fbgemm"]:
+            weights.pop("fbgemm", None)
+    times: dict[str, float] = {}
+    for rows in (1, 8):
+        for name, weight in weights.items():
+            samples = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    linear(x[:rows], weight)
+                samples.append(time.perf_counter() - t0)
+            ms = sorted(samples)[len(samples) // 2] / 4 * 1e3
+            times[name] = times.get(name, 0.0) + ms
+            times[f"{name}_1row"] = times.get(f"{name}_1row", ms)
+    exact = [name for name in KERNELS if name in weights]
+    kernel = min(exact, key=lambda name: times[name]) if exact else None
+    use = kernel is not None and times[kernel] < times["float32"]
+    figures = ", ".join(f"{name} {times[name]:.3f} ms" for name in weights)
+    why = (f"1 + 8 rows of {n} x {k}: {figures}"
+           + "".join(f"; {name}: {reason}" for name, reason in works.items() if reason))
+    return {"use": use, "kernel": kernel, "why": why,
+            **{f"{name}_ms": round(t, 4) for name, t in times.items()}}
+
+
+def draft_int8_kind() -> str:
+    """The lean weight kind an int8 draft model runs on here: ``"fbgemm"`` (fbgemm's dynamic int8 linear:
+    per-tensor activation scale, so a row's result depends on the others', which a draft may: verification
+    stays lossless whatever the draft computes) or ``"int8"`` (this module's exact rows), whichever multiplies
+    one row faster on the probe's matrix (:func:`int8_verdict`; a draft steps one token at a time). fbgemm
+    is CPU-only and absent from some builds: then ``"int8"``, or ``"float"`` where neither runs."""
+    verdict = int8_verdict()
+    kernel = verdict.get("kernel")
+    if int8_works():
+        plain = _fbgemm_1row_ms()
+        exact = verdict.get(f"{kernel}_1row_ms") if kernel else None
+        if exact is None or plain <= exact:
+            return "fbgemm"
+    return "int8" if kernel else "float"
+
+
+@functools.cache
+def _fbgemm_1row_ms() -> float:
+    """fbgemm's plain dynamic int8 product (lean.Int8Weight) of one row on the probe's matrix, in ms."""
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(*PROBE_SHAPE, generator=gen), torch.randn(1, PROBE_SHAPE[1], generator=gen)
+    fb = Int8Weight(w)
+    samples = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            linear(x, fb)
+        samples.append(time.perf_counter() - t0)
+    return sorted(samples)[len(samples) // 2] / 4 * 1e3
+
+
+# -- releasing the float weights once quantized -----------------------------------------------------------
+def release(params: list[torch.Tensor], keep: Any = None) -> int:
+    """Replace each parameter's data by one element broadcast to its shape (shape, dtype and device kept, so
+    code that reads ``.shape`` still works; 4 bytes held): the float copy of a quantized matrix no longer
+    stays resident. Returns the bytes released. The model's own forward then computes nonsense, so
+    :func:`refuse_own_forward` makes it raise instead.
+
+    ``keep``: the model, whose other parameters (norms, biases) get memory of their own: a converted
+    model's weights are views of its memory-mapped safetensors file, which any one of them keeps mapped,
+    with every page the quantization read still resident (SmolLM2 at int8: 632 MB of file pages after the
+    build). Then freed heap memory goes back to the system (glibc's ``malloc_trim``)."""
+    done = 0
+    for p in params:
+        if p.numel() > 1 and p.stride() != (0,) * p.dim():
+            done += p.numel() * p.element_size()
+            p.data = torch.zeros((), dtype=p.dtype, device=p.device).expand(p.shape)
+    if keep is not None:
+        gone = {id(p) for p in params}
+        for p in keep.parameters():
+            if id(p) not in gone and p.numel() > 1 and p.stride() != (0,) * p.dim():
+                p.data = p.data.clone()
+    _trim()
+    return done
+
+
+def _trim() -> None:
+    """Return freed heap memory to the system (glibc's ``malloc_trim``; nothing elsewhere)."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+def refuse_own_forward(model: Any, fmt: str) -> None:
+    """Make ``model``'s ``transformers`` forward (and so ``generate``) raise a clear error: its float weights
+    were released when its lean forward quantized them to ``fmt`` (a lean weight kind)."""
+    def forward(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"this model's weights are {fmt} (held by suffixspec's lean forward) and its float "
+                           f"weights were released, so its transformers forward cannot run; load it with "
+                           f"weights='float32' (--weights float32) to use transformers' own forward or generate")
+
+    model.forward = forward
+    model._suffixspec_weights = fmt  # read by released()
+
+
+def released(model: Any) -> str | None:
+    """The lean weight kind (``lean.KINDS``) whose forward holds ``model``'s weights (its float weights
+    released), or None."""
+    return getattr(model, "_suffixspec_weights", None)

@@ -1,0 +1,310 @@
+"""Weight formats (suffixspec/core/weights.py): the exact int8 product, the probe, the option, batch invariance.
+
+The int8 format is offered as exact: a token's logits must not depend on what else shares the pass. The
+tests below compare, bit for bit, one row's logits from a pass of its own (its tokens fed one at a time,
+as plain decoding feeds them) with the same row inside packed passes of 1, 2, 8, 17 and 32 tokens next
+to other rows, tree drafts and prompts, on every lean family; then whole generations with speculation on
+and off, alone and batched, greedy and seeded. A control runs the same comparison on the float32 lean
+forward, which is not batch-invariant (its grouped SDPA rounds differently), so the check is shown to bite.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_lean import VOCAB, _tiny
+
+import suffixspec.core.weights as W
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core.kv import SlotCache
+from suffixspec.core.lean import LeanForward, PassRow, int8_works, lean_forward
+from suffixspec.loading import load_model
+from suffixspec.runtimes.engine import Engine
+
+FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
+
+
+def _kernels() -> list[str]:
+    out = []
+    if int8_works():
+        out.append("fbgemm")
+    try:
+        torch._int_mm(torch.ones(1, 8, dtype=torch.int8), torch.ones(8, 8, dtype=torch.int8))
+        out.append("int_mm")
+    except (RuntimeError, AttributeError):
+        pass
+    return out
+
+
+# -- the product ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", _kernels())
+def test_a_row_of_the_int8_product_is_the_same_alone_and_among_any_rows(kernel):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 72, generator=gen)
+    x = torch.randn(33, 72, generator=gen) * torch.rand(33, 1, generator=gen) * 10  # rows of very different sizes
+    x[5] = 0.0  # an all-zero row (scale 1, not a division by zero)
+    weight = W.RowInt8Weight(w, kernel)
+    b = torch.randn(96, generator=gen)
+    whole = weight.mm(x, b)
+    for rows in ([0], [5], [3, 4], list(range(8)), list(range(9, 26)), list(range(1, 33))):
+        part = weight.mm(x[rows], b)
+        for j, i in enumerate(rows):
+            assert torch.equal(part[j], whole[i]), (kernel, rows, i)
+    want = x @ w.t() + b
+    assert float((whole - want).abs().max()) <= 0.04 * float(want.abs().max())  # close to float32
+    assert torch.equal(whole[5], b.expand(1, -1)[0])
+
+
+def test_the_int_mm_kernel_is_the_integer_product_scaled():
+    if "int_mm" not in _kernels():
+        pytest.skip("torch._int_mm does not run here")
+    w = torch.tensor([[0.5, -1.0, 0.25], [2.0, 0.0, -2.0]])
+    x = torch.tensor([[1.0, 2.0, -4.0]])
+    weight = W.RowInt8Weight(w, "int_mm")
+    assert weight.q.tolist() == [[64, -127, 32], [127, 0, -127]]  # the module docstring's worked example
+    got = weight.mm(x)
+    assert torch.allclose(got, torch.tensor([[-10144 * 4 / 127 / 127, 20193 * 4 / 127 * 2 / 127]]), rtol=1e-6)
+
+
+def test_int8_rows_dequantize_a_lookup_and_a_tied_head_shares_them():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(50, 24, generator=gen)
+    rows = W.Int8Rows(w)
+    got = rows.rows(torch.tensor([3, 3, 49]))
+    assert got.shape == (3, 24) and torch.equal(got[0], got[1])
+    assert float((got[2] - w[49]).abs().max()) <= float(w[49].abs().max()) / 127
+    for kernel in _kernels():
+        shared = W.RowInt8Weight(w, kernel).as_rows()
+        assert float((shared.rows(torch.tensor([7]))[0] - w[7]).abs().max()) <= 2 * float(w[7].abs().max()) / 127
+
+
+# -- the probe and the option --------------------------------------------------------------------------------
+def test_the_probe_verdict_is_remembered_per_machine_and_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("SUFFIXSPEC_INT8", raising=False)
+    W.int8_verdict.cache_clear()
+    try:
+        verdict = W.int8_verdict()
+        assert set(verdict) >= {"use", "kernel", "why", "float32_ms"}
+        assert verdict["kernel"] in (*W.KERNELS, None) and (verdict["kernel"] is not None or not verdict["use"])
+        stored = json.loads((tmp_path / "suffixspec" / "formats.json").read_text())
+        (key, entry), = stored.items()
+        assert "torch" in key and entry == verdict
+        # a remembered verdict is read, not probed again (here: one written by hand)
+        stored[key] = {**entry, "use": not entry["use"], "why": "remembered"}
+        (tmp_path / "suffixspec" / "formats.json").write_text(json.dumps(stored))
+        W.int8_verdict.cache_clear()
+        assert W.int8_verdict()["why"] == "remembered"
+    finally:
+        W.int8_verdict.cache_clear()
+
+
+@pytest.mark.parametrize("forced, want", [("1", "int8"), ("0", "float32")])
+def test_auto_is_int8_on_a_cpu_where_the_probe_says_so(monkeypatch, forced, want):
+    monkeypatch.setenv("SUFFIXSPEC_INT8", forced)
+    W.int8_verdict.cache_clear()
+    try:
+        assert W.resolve("auto", "cpu") == want
+        assert W.resolve(None, "cpu") == want
+    finally:
+        W.int8_verdict.cache_clear()
+
+
+def test_the_option_names_and_the_older_dtype():
+    assert W.resolve("int8", "cpu") == "int8"
+    assert W.resolve("bf16", "cpu") == "bfloat16"
+    assert W.resolve("auto", "cpu", dtype="float16") == "float16"  # --dtype alone still chooses
+    assert W.resolve("float32", "cpu", dtype="fp32") == "float32"
+    with pytest.raises(ValueError, match="disagree"):
+        W.resolve("int8", "cpu", dtype="bfloat16")
+    with pytest.raises(ValueError, match="unknown weights format 'int4'"):
+        W.resolve("int4", "cpu")
+    with pytest.raises(ValueError, match="a CPU format"):
+        W.resolve("int8", "cuda")
+
+
+# -- the lean forward: one row's logits whatever shares the pass ---------------------------------------------
+def _alone(lean: LeanForward, prompt: list[int], path: list[int]) -> torch.Tensor:
+    """Logits after ``prompt + path``: the prompt prefilled, then every token fed alone (plain decoding)."""
+    cache = SlotCache(1, capacity=64)
+    row = cache.add_row()
+    lean([PassRow(row, prompt[:-1], None, 0, "none")], cache)
+    out = None
+    for j, t in enumerate([prompt[-1], *path]):
+        out = lean([PassRow(row, [t], None, len(prompt) - 1 + j)], cache)[0][0]
+    return out
+
+
+def _compositions(rng: np.random.RandomState) -> list[list[tuple[list[int], list[int], list[int]]]]:
+    """Passes of 1, 2, 8, 17 and 32 tokens: rows of (prompt, draft tokens, parents)."""
+    def row(prompt_len: int, nodes: int, tree: bool) -> tuple[list[int], list[int], list[int]]:
+        prompt = [int(t) for t in rng.randint(3, VOCAB, size=prompt_len)]
+        tokens = [int(t) for t in rng.randint(3, VOCAB, size=nodes)]
+        parents = [int(rng.randint(-1, k)) if tree else k - 1 for k in range(nodes)]
+        return prompt, tokens, parents
+
+    return [
+        [row(7, 0, False)],  # 1 token
+        [row(5, 0, False), row(11, 0, False)],  # 2 lone roots
+        [row(9, 3, True), row(4, 0, False), row(12, 2, False)],  # 8 tokens: a tree, a root, a chain
+        [row(6, 7, True), row(10, 8, False)],  # 17
+        [row(13, 15, True), row(8, 9, False), row(3, 0, False), row(20, 4, True)],  # 32
+    ]
+
+
+def _row_dependence(lean: LeanForward, seed: int = 0) -> list[str]:
+    """Where a node's logits in a packed pass differ from its path fed alone (empty: nowhere)."""
+    rng = np.random.RandomState(seed)
+    found = []
+    for rows in _compositions(rng):
+        cache = SlotCache(len(rows), capacity=64)
+        slots = [cache.add_row() for _ in rows]
+        for r, (prompt, _, _) in zip(slots, rows, strict=True):
+            lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
+        got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
+                    for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
+        total = sum(1 + len(t) for _, t, _ in rows)
+        for b, (prompt, tokens, parents) in enumerate(rows):
+            for k in range(-1, len(tokens)):
+                path, node = [], k
+                while node >= 0:
+                    path.append(tokens[node])
+                    node = parents[node]
+                alone = _alone(lean, prompt, path[::-1])
+                if not torch.equal(alone, got[b][k + 1]):
+                    found.append(f"{total} tokens, row {b}, node {k}: {float((alone - got[b][k + 1]).abs().max()):.3g}")
+    return found
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_int8_logits_of_a_row_do_not_depend_on_the_pass(model_type):
+    """Bitwise: a node's logits in packed passes of 1, 2, 8, 17, 32 tokens (other rows, trees, chains,
+    prompts of other lengths; sliding windows for Mistral and Gemma 3) equal its path fed alone, token by
+    token; at one and at two torch threads (attention runs on one either way)."""
+    lean = LeanForward(_tiny(model_type), weights="int8")
+    assert lean.exact and lean.released > 0
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert _row_dependence(lean) == [], (model_type, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_check_bites_on_a_forward_that_is_not_batch_invariant():
+    """The same comparison on the float32 lean forward (grouped attention, oneDNN matmuls) finds rows whose
+    logits change with the pass: the test above could fail."""
+    assert _row_dependence(LeanForward(_tiny("llama"))) != []
+
+
+def test_a_prompt_prefix_computes_the_same_keys_in_any_longer_prompt():
+    """Prompt chunks sit at fixed positions (EXACT_CHUNK), so a prefix's keys/values are the same whatever
+    the prompt's length: prefix reuse stays exact."""
+    lean = LeanForward(_tiny("llama"), weights="int8")
+    prompt = [int(t) for t in np.random.RandomState(3).randint(3, VOCAB, size=40)]
+    keys = []
+    for n in (16, 33, 40):
+        cache = SlotCache(1, capacity=64)
+        row = cache.add_row()
+        lean([PassRow(row, prompt[:n], None, 0, "none")], cache)
+        keys.append([k[row, :, :16].clone() for k in cache.keys])
+    assert all(torch.equal(a, b) for other in keys[1:] for a, b in zip(keys[0], other, strict=True))
+
+
+# -- memory and failures -------------------------------------------------------------------------------------
+def test_a_quantized_model_releases_its_float_weights_and_refuses_its_own_forward():
+    model = _tiny("qwen2")
+    lean = lean_forward(model, "int8")
+    assert lean is not None and lean.released > 0
+    assert all(p.untyped_storage().nbytes() <= 8 for n, p in model.named_parameters()
+               if p.dim() == 2)  # the matrices and embeddings: one element each
+    assert model.get_output_embeddings().weight.shape[0] == VOCAB  # shapes kept for whoever reads them
+    with pytest.raises(RuntimeError, match="weights='float32'"):
+        model(input_ids=torch.tensor([[5, 6]]))
+    assert lean_forward(model, "float") is lean  # the float weights are gone: the int8 forward is the one left
+
+
+def test_a_failing_int8_build_leaves_the_float_lean_forward_on(monkeypatch):
+    """Issue 45, item 5: a draft whose int8 build fails still runs the float lean forward."""
+    import suffixspec.core.lean as lean_mod
+
+    model = _tiny("llama")
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no int8 kernel")
+
+    monkeypatch.setattr(lean_mod, "RowInt8Weight", broken)
+    monkeypatch.setattr(lean_mod, "Int8Weight", broken)
+    assert lean_forward(model, "int8") is None and lean_forward(model, "fbgemm") is None
+    float_lean = lean_forward(model, "float")
+    assert float_lean is not None and not float_lean.int8
+    model(input_ids=torch.tensor([[5, 6]]))  # its own forward still has its weights
+
+
+# -- the engine: speculation on and off, alone and batched, at int8 ------------------------------------------
+@pytest.fixture(scope="module")
+def int8_engines(tiny_model_dirs) -> dict[str, Engine]:
+    return {arch: Engine(load_model(str(tiny_model_dirs[arch]), weights="int8")) for arch in ("llama", "qwen2")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, arch):
+    """Greedy and seeded, with the suffix drafter and a random tree, gates on (adaptive) and off: each
+    request's tokens equal plain decoding's, bit for bit by construction (no tolerance)."""
+    from doubles import RandomTreeProposer
+
+    from suffixspec.drafting.proposers import make_proposer
+
+    engine = int8_engines[arch]
+    assert engine.target.weights == "int8" and engine.batchable
+    cases = [SamplingParams(max_tokens=40, ignore_eos=True),
+             SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=3),
+             SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, top_p=0.9, seed=5)]
+    prompts = ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox", "for i in range(10):\n\t"]
+    for prompt in prompts:
+        for sp in cases:
+            engine.proposers = []
+            plain = engine.generate(prompt, sp, speculation=False).token_ids
+            for proposers in ([make_proposer("suffix", db=None, tokenizer=engine.tokenizer)],
+                              [RandomTreeProposer(list(range(3, 60)), seed=7)]):
+                engine.proposers = proposers
+                for spec in (SpeculationConfig(), SpeculationConfig(adaptive=False)):
+                    assert engine.generate(prompt, sp, speculation=spec).token_ids == plain, (prompt, sp, spec)
+    engine.proposers = []
+
+
+# -- smoothing -----------------------------------------------------------------------------------------------
+def test_smoothing_factors_follow_the_worked_example():
+    s = W.smoothing(torch.tensor([60.0, 1.0]), [torch.tensor([[0.1, 0.1], [-0.05, 0.02]])])
+    assert torch.allclose(s, torch.tensor([60.0 ** 0.5 / 0.1 ** 0.5, 1.0 / 0.1 ** 0.5]))
+
+
+def test_smoothing_brings_an_outlier_channel_model_closer_to_float32():
+    """A model whose norms feed one channel 40x larger than the rest (the outliers real models have): the
+    int8 forward smoothed from a calibration forward is closer to float32 than the unsmoothed one."""
+    model = _tiny("llama")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[3] *= 40
+            layer.post_attention_layernorm.weight[5] *= 40
+    prompt = [int(t) for t in np.random.RandomState(4).randint(3, VOCAB, size=24)]
+    with torch.inference_mode():
+        ref = model(input_ids=torch.tensor([prompt])).logits[0].float()
+    errors = {}
+    for smoothed in (False, True):
+        copy = _tiny("llama")
+        copy.load_state_dict(model.state_dict())
+        if smoothed:
+            copy._suffixspec_calibration = [int(t) for t in np.random.RandomState(5).randint(3, VOCAB, size=64)]
+        lean = LeanForward(copy, weights="int8")
+        assert lean.smoothed == smoothed
+        cache = SlotCache(1, capacity=32)
+        row = cache.add_row()
+        got = lean([PassRow(row, prompt, None, 0, "all")], cache)[0]
+        errors[smoothed] = float((got - ref).abs().max())
+    assert errors[True] < errors[False], errors
