@@ -81,6 +81,9 @@ class Request:
     prediction: str | None = None  # code-edit prediction (OpenAI predicted outputs)
     references: list[str] = field(default_factory=list)  # per-request RAG chunks
     answer: str = ""  # what a person would answer (the replay's fixed output)
+    # the chat messages ``prompt`` was rendered from (None for a completion prompt): what a client sends to
+    # an OpenAI chat endpoint, which applies the template itself (``bench_servers``)
+    messages: list[dict[str, str]] | None = None
 
 
 # ----- sources -------------------------------------------------------------------------------------
@@ -300,9 +303,11 @@ def _code_edit(tokenizer, n: int, max_tokens: int, prediction: bool, max_prompt_
         user = (f"Here is `{fn.name}` from `{fn.path}`:\n\n{_fence(fn.code)}\n\nRename `{old}` to `{new}` and "
                 f"change nothing else. Reply with the whole edited function in one Python code block.")
         answer = _fence(edited)
-        prompt = chat(tokenizer, [{"role": "user", "content": user}])
+        messages = [{"role": "user", "content": user}]
+        prompt = chat(tokenizer, messages)
         if _fits(tokenizer, prompt, max_prompt_tokens):
-            reqs.append(Request(prompt, max_tokens, prediction=answer if prediction else None, answer=answer))
+            reqs.append(Request(prompt, max_tokens, prediction=answer if prediction else None, answer=answer,
+                                messages=messages))
     return reqs
 
 
@@ -399,7 +404,8 @@ def _open_ended(tokenizer, n: int, max_tokens: int) -> list[Request]:
     for name, summary in items[:n]:
         user = f"{name}: {summary}\n\nIn a few paragraphs, what problem does this solve, and who would use it?"
         answer = metadata(name).get_payload() or summary
-        reqs.append(Request(chat(tokenizer, [{"role": "user", "content": user}]), max_tokens, answer=answer))
+        messages = [{"role": "user", "content": user}]
+        reqs.append(Request(chat(tokenizer, messages), max_tokens, answer=answer, messages=messages))
     return reqs
 
 
@@ -443,9 +449,11 @@ def _humaneval_chat(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int |
         if len(reqs) == n:
             break
         user = f"Complete the following Python function.\n\n```python\n{problem['prompt']}```"
-        prompt = chat(tokenizer, [{"role": "user", "content": user}])
+        messages = [{"role": "user", "content": user}]
+        prompt = chat(tokenizer, messages)
         if _fits(tokenizer, prompt, max_prompt_tokens):
-            reqs.append(Request(prompt, max_tokens, answer=_fence(problem["prompt"] + problem["canonical_solution"])))
+            reqs.append(Request(prompt, max_tokens, answer=_fence(problem["prompt"] + problem["canonical_solution"]),
+                                messages=messages))
     return reqs
 
 
