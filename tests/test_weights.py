@@ -308,3 +308,19 @@ def test_smoothing_brings_an_outlier_channel_model_closer_to_float32():
         got = lean([PassRow(row, prompt, None, 0, "all")], cache)[0]
         errors[smoothed] = float((got - ref).abs().max())
     assert errors[True] < errors[False], errors
+
+
+def test_auto_keeps_a_model_in_float32_whose_int8_is_measured_to_lose_agreement():
+    """``auto`` is the fastest exact format, unless the named model's int8 is measured to agree with float32
+    below INT8_MIN_AGREEMENT (SmolLM2: 93.2%): then float32. An explicit int8 is honoured; a model without a
+    measurement follows the machine's probe like any folder."""
+    from suffixspec.core.weights import INT8_MIN_AGREEMENT, resolve
+    from suffixspec.models import KNOWN_MODELS
+
+    smol = KNOWN_MODELS["smollm2-135m-instruct"]
+    assert smol.int8_agreement is not None and smol.int8_agreement < INT8_MIN_AGREEMENT
+    assert resolve("auto", "cpu", model=smol.name) == "float32"
+    assert resolve(None, "cpu", model=smol.name) == "float32"
+    assert resolve("int8", "cpu", model=smol.name) == "int8"
+    assert resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct") == resolve("auto", "cpu")
+    assert all(m.int8_agreement is None or 0 < m.int8_agreement <= 1 for m in KNOWN_MODELS.values())

@@ -52,13 +52,22 @@ LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def resolve(weights: str | None, device: str, dtype: str | None = None) -> str:
+# ``auto`` keeps a model in float32 whose int8 format is measured to agree with float32's greedy tokens
+# less often than this (``models.KnownModel.int8_agreement``): SmolLM2-135M's int8 agrees on 93.2% of
+# them, and its answers change (the README's edit gains a trailing sentence that nothing drafts)
+INT8_MIN_AGREEMENT = 0.99
+
+
+def resolve(weights: str | None, device: str, dtype: str | None = None, model: str | None = None) -> str:
     """The concrete format (``float32``, ``bfloat16``, ``float16`` or ``int8``) of the option ``weights`` on
     ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
 
-    ``auto`` (or None): on a CPU the fastest exact format measured here (:func:`int8_verdict`), on a GPU
-    bfloat16 where supported, else float16. Examples: ``resolve("auto", "cpu")`` -> ``"int8"`` where
-    ``torch._int_mm`` is exact and faster; ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
+    ``auto`` (or None): on a CPU the fastest exact format measured here (:func:`int8_verdict`), unless
+    ``model`` is a named model whose int8 is measured to agree with float32 below
+    :data:`INT8_MIN_AGREEMENT`; on a GPU bfloat16 where supported, else float16. Examples:
+    ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
+    ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"float32"`` (93.2% agreement);
+    ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
     name = _ALIASES.get(weights or "auto", weights or "auto")
     if name not in FORMATS:
         raise ValueError(f"unknown weights format {weights!r}; choose one of {', '.join(FORMATS)}")
@@ -79,6 +88,13 @@ def resolve(weights: str | None, device: str, dtype: str | None = None) -> str:
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if device == "cpu":
+        from suffixspec.models import KNOWN_MODELS
+
+        known = KNOWN_MODELS.get(model or "")
+        if known is not None and known.int8_agreement is not None and known.int8_agreement < INT8_MIN_AGREEMENT:
+            log.info("weights auto -> float32 (%s's int8 agrees with float32 on %.1f%% of greedy tokens; "
+                     "--weights int8 to use it)", known.name, 100 * known.int8_agreement)
+            return "float32"
         verdict = int8_verdict()
         if verdict["use"]:
             return "int8"
