@@ -533,16 +533,20 @@ class PeakMemory:
 
 
 def main_index_module(main_root: str | None, name: str):
-    """Module ``index.<name>`` of the checkout at ``main_root`` (another version's code, imported as the
-    package ``main_index`` beside this one), or None when it has no such file."""
+    """Module ``suffixspec.index.<name>`` of the checkout at ``main_root`` (another version's code, imported
+    as the package ``main_index`` beside this one; ``index/`` at the root in checkouts before the folder tree
+    became the package tree), or None when it has no such file. The index's modules import each other
+    relatively, so the other version's modules use each other, not this version's."""
     import importlib.util
     import types
 
-    if not main_root or not (Path(main_root) / "index" / f"{name}.py").exists():
+    folders = [Path(main_root) / "suffixspec" / "index", Path(main_root) / "index"] if main_root else []
+    folder = next((f for f in folders if (f / f"{name}.py").exists()), None)
+    if folder is None:
         return None
     if "main_index" not in sys.modules:
         pkg = types.ModuleType("main_index")
-        pkg.__path__ = [str(Path(main_root) / "index")]
+        pkg.__path__ = [str(folder)]
         sys.modules["main_index"] = pkg
     return importlib.import_module(f"main_index.{name}")
 

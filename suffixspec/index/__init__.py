@@ -23,8 +23,8 @@ The store (one job per module):
   :mod:`~suffixspec.index.files`: documents in and summaries out, the exceptions, tokenizers, files to add.
 """
 
-from suffixspec.index.document_index import DocumentIndex
-from suffixspec.index.errors import (
+from .document_index import DocumentIndex
+from .errors import (
            InvalidDocument,
            NoDocumentStore,
            ReadOnlyStore,
@@ -32,9 +32,9 @@ from suffixspec.index.errors import (
            UnusableDatabase,
            WriterDied,
 )
-from suffixspec.index.incremental import IncrementalIndex
-from suffixspec.index.speculate import SpecParams, SpecResult
-from suffixspec.index.suffix_array import SEP, SuffixArray
+from .incremental import IncrementalIndex
+from .speculate import SpecParams, SpecResult
+from .suffix_array import SEP, SuffixArray
 
 __all__ = ["SEP", "DocumentIndex", "IncrementalIndex", "InvalidDocument", "NoDocumentStore", "ReadOnlyStore",
            "SpecParams", "SpecResult", "StoreError", "SuffixArray", "UnusableDatabase", "WriterDied"]

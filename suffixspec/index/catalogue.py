@@ -35,9 +35,9 @@ try:
 except ImportError:  # Windows: no flock; garbage collection then trusts that writers do not overlap
     fcntl = None  # type: ignore[assignment]
 
-from suffixspec.index.database import bump_docs_version, checkpoint, write_txn
-from suffixspec.index.segments import SegmentInfo, SegmentSet, SegmentWriter, sequence_bounds, tombstone_ranks
-from suffixspec.index.suffix_array import SuffixArray
+from .database import bump_docs_version, checkpoint, write_txn
+from .segments import SegmentInfo, SegmentSet, SegmentWriter, sequence_bounds, tombstone_ranks
+from .suffix_array import SuffixArray
 
 SEGMENT_FILES = (".tok", ".sa", ".starts.npy", ".buckets.npy", ".docids.npy")
 

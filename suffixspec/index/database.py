@@ -28,7 +28,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from suffixspec.index.errors import UnusableDatabase
+from .errors import UnusableDatabase
 
 DB_ENV = "SUFFIXSPEC_DB"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another one's transaction

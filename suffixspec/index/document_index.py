@@ -39,21 +39,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from suffixspec.index.database import busy_timeout, default_db_path, refused_write
-from suffixspec.index.documents import FLUSH_TOKENS
-from suffixspec.index.errors import InvalidDocument, ReadOnlyStore
-from suffixspec.index.files import DEFAULT_MAX_BYTES, FileCandidate, read_text, walk
-from suffixspec.index.fingerprint import BackendTokenizer
-from suffixspec.index.records import AddSummary, DocInput, ProgressFn
-from suffixspec.index.segments import MergePolicy
-from suffixspec.index.store import IndexStore
-from suffixspec.index.suffix_array import DEFAULT_SORT_DEPTH
-from suffixspec.index.tokenizer_table import TokenizerInfo, by_source, last_used, source_key
-from suffixspec.index.tokenizer_table import load as load_kept_tokenizer
-from suffixspec.index.writer import WRITER_NICE, WRITER_PROCESS_CHARS
-from suffixspec.index.writer import add_documents as add_in_writer
-from suffixspec.index.writer import available as writer_available
-from suffixspec.index.writer import merge as merge_in_writer
+from .database import busy_timeout, default_db_path, refused_write
+from .documents import FLUSH_TOKENS
+from .errors import InvalidDocument, ReadOnlyStore
+from .files import DEFAULT_MAX_BYTES, FileCandidate, read_text, walk
+from .fingerprint import BackendTokenizer
+from .records import AddSummary, DocInput, ProgressFn
+from .segments import MergePolicy
+from .store import IndexStore
+from .suffix_array import DEFAULT_SORT_DEPTH
+from .tokenizer_table import TokenizerInfo, by_source, last_used, source_key
+from .tokenizer_table import load as load_kept_tokenizer
+from .writer import WRITER_NICE, WRITER_PROCESS_CHARS
+from .writer import add_documents as add_in_writer
+from .writer import available as writer_available
+from .writer import merge as merge_in_writer
 
 CHARS_PER_TOKEN = 4  # about this much text per token: a merge's size in the units of an add's
 MARK_TIMEOUT_S = 0.5  # recording the served tokenizer waits at most this long for another writer

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
-from suffixspec.index.catalogue import SegmentCatalogue
-from suffixspec.index.database import bump_docs_version, write_txn
-from suffixspec.index.errors import InvalidDocument
-from suffixspec.index.fingerprint import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, encode_batched
-from suffixspec.index.records import (
+from .catalogue import SegmentCatalogue
+from .database import bump_docs_version, write_txn
+from .errors import InvalidDocument
+from .fingerprint import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, encode_batched
+from .records import (
     ADDED,
     UNCHANGED,
     UPDATED,
@@ -45,9 +45,9 @@ from suffixspec.index.records import (
     content_hash,
     text_bytes,
 )
-from suffixspec.index.segments import SegmentWriter
-from suffixspec.index.tokenizer_table import known as tokenizer_known
-from suffixspec.index.tokenizer_table import register as register_tokenizer
+from .segments import SegmentWriter
+from .tokenizer_table import known as tokenizer_known
+from .tokenizer_table import register as register_tokenizer
 
 FLUSH_TOKENS = 16 << 20  # an add commits a segment at least every this many tokens (~10 bytes/token to sort)
 PREVIEW_CHARS = 160  # the start of a document's text that a listing shows

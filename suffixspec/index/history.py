@@ -27,9 +27,9 @@ from typing import Protocol
 import numpy as np
 import sqlite_utils
 
-from suffixspec.index.database import busy_timeout, write_txn
-from suffixspec.index.incremental import IncrementalIndex
-from suffixspec.index.speculate import SpecParams, SpecResult
+from .database import busy_timeout, write_txn
+from .incremental import IncrementalIndex
+from .speculate import SpecParams, SpecResult
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import sqlite_utils
 
-from suffixspec.index.catalogue import SegmentCatalogue
-from suffixspec.index.segments import MergePolicy, SegmentInfo, SegmentWriter, sequence_bounds
+from .catalogue import SegmentCatalogue
+from .segments import MergePolicy, SegmentInfo, SegmentWriter, sequence_bounds
 
 
 class _Conflict(Exception):

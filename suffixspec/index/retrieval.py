@@ -39,7 +39,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from suffixspec.index.speculate import MatchNode, RestOfRun, SpecParams, SpecResult, speculate_from
+from .speculate import MatchNode, RestOfRun, SpecParams, SpecResult, speculate_from
 
 # Information per token of source code and prose under a large corpus' own statistics, in bits: an L-token
 # stretch is expected by chance about once in 2 ** (L * BITS_PER_TOKEN) tokens. Fitted on the measurement in

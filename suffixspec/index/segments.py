@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from suffixspec.index.speculate import LongestMatchLookups
-from suffixspec.index.suffix_array import (
+from .speculate import LongestMatchLookups
+from .suffix_array import (
     DEFAULT_SORT_DEPTH,
     SEP,
     SEP16,

@@ -33,17 +33,17 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from suffixspec.index.catalogue import SegmentCatalogue
-from suffixspec.index.database import bump_docs_version, connect, default_db_path, docs_version, write_txn
-from suffixspec.index.documents import FLUSH_TOKENS, DocumentTable
-from suffixspec.index.errors import ReadOnlyStore, StoreError
-from suffixspec.index.fingerprint import FingerprintCache
-from suffixspec.index.history import HistoryTable
-from suffixspec.index.maintenance import Merges
-from suffixspec.index.records import AddSummary, DocInput, ProgressFn
-from suffixspec.index.segments import MergePolicy, SegmentInfo, SegmentSet
-from suffixspec.index.suffix_array import DEFAULT_SORT_DEPTH
-from suffixspec.index.tokenizer_table import TokenizerInfo, infos, known, register
+from .catalogue import SegmentCatalogue
+from .database import bump_docs_version, connect, default_db_path, docs_version, write_txn
+from .documents import FLUSH_TOKENS, DocumentTable
+from .errors import ReadOnlyStore, StoreError
+from .fingerprint import FingerprintCache
+from .history import HistoryTable
+from .maintenance import Merges
+from .records import AddSummary, DocInput, ProgressFn
+from .segments import MergePolicy, SegmentInfo, SegmentSet
+from .suffix_array import DEFAULT_SORT_DEPTH
+from .tokenizer_table import TokenizerInfo, infos, known, register
 
 __all__ = ["AddSummary", "DocInput", "IndexStore", "StoreError"]
 log = logging.getLogger("suffixspec.index")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from suffixspec.index.speculate import LongestMatchLookups
+from .speculate import LongestMatchLookups
 
 SEP = 0xFFFFFFFF  # sequence separator of 32-bit arrays; never a real token id
 SEP16 = 0xFFFF  # the separator of 16-bit arrays (vocabularies of fewer than 65535 ids)

@@ -23,8 +23,8 @@ from typing import Any
 
 import sqlite_utils
 
-from suffixspec.index.database import has_column
-from suffixspec.index.fingerprint import BackendTokenizer, backend_only, tokenizer_name
+from .database import has_column
+from .fingerprint import BackendTokenizer, backend_only, tokenizer_name
 
 # the files transformers reads a tokenizer from: a change to any of them may change the ids
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

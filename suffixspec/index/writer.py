@@ -29,7 +29,7 @@ busy machine it may wait seconds for a core: small adds stay in-process, at the 
 
 Example::
 
-    from suffixspec.index.writer import add_documents
+    from .writer import add_documents
     summary = add_documents("index.db", docs, tokenizer, progress=lambda d, t, b: None)
 """
 
@@ -47,9 +47,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from suffixspec.index.errors import WriterDied
-from suffixspec.index.fingerprint import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, backend_only
-from suffixspec.index.records import AddSummary, DocInput, ProgressFn
+from .errors import WriterDied
+from .fingerprint import TOKENIZE_BATCH_CHARS, TOKENIZE_BATCH_DOCS, backend_only
+from .records import AddSummary, DocInput, ProgressFn
 
 WRITER_NICE = 19  # the child's niceness (and its autogroup's): it runs on what nothing else wants
 WRITER_PROCESS_CHARS = 1 << 20  # adds of less text than this run in the caller's process

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from suffixspec.index.errors import StoreError
-from suffixspec.index.records import DocInput
-from suffixspec.index.store import IndexStore
+from .errors import StoreError
+from .records import DocInput
+from .store import IndexStore
 
 
 def _lower_priority(nice: int, autogroup: bool, idle: bool) -> None:
