@@ -200,12 +200,11 @@ class SuffixSpec:
             self.store = IndexStore(self.db_path)
         draft = None
         if draft_model:
+            from suffixspec.core.weights import draft_weights
             from suffixspec.loading import load_model
 
-            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it; a
-            # draft of a family without a lean forward stays in float32, as auto leaves it)
-            draft = load_model(draft_model, device=target.device,
-                               weights="auto" if target.weights == "int8" else target.weights)
+            # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it)
+            draft = load_model(draft_model, device=target.device, weights=draft_weights(target.weights), draft=True)
         return build_available({"tokenizer": target.tokenizer, "target": target, "draft": draft,
                                 "store": self.store, "history": self.history})
 

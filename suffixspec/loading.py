@@ -175,7 +175,7 @@ def _load_converted(path: str, config: Any, torch_dtype: Any) -> Any | None:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
-               weights: str | None = None) -> LoadedModel:
+               weights: str | None = None, draft: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer from a model name, a ``.gguf`` file, a local folder, a hub
     id or an embedded name (``resolve_model_path``).
 
@@ -183,7 +183,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     measured on this machine (int8 on a CPU where ``torch._int_mm`` is exact and faster, see
     ``weights.resolve``); None (this function's default) = the floating format of ``dtype`` or the device,
     as before formats existed. An int8 model loads in float32 and is quantized by its lean forward when first
-    run (``Runner``, ``DraftRunner``), which then releases the float weights."""
+    run (``Runner``, ``DraftRunner``), which then releases the float weights. ``draft``: a draft model, whose
+    tokens are only proposals: ``auto`` does not weigh how well its int8 agrees with its float32."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -198,7 +199,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         torch_dtype = pick_dtype(dev, dtype)
         fmt = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[torch_dtype]
     else:
-        fmt = resolve(weights, dev, dtype, model=name_or_path)
+        fmt = resolve(weights, dev, dtype, model=None if draft else name_or_path)
         torch_dtype = LOAD_DTYPES[fmt]
     model = _load_converted(path, config, torch_dtype) if converted else None
     if model is None:

@@ -324,3 +324,8 @@ def test_auto_keeps_a_model_in_float32_whose_int8_is_measured_to_lose_agreement(
     assert resolve("int8", "cpu", model=smol.name) == "int8"
     assert resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct") == resolve("auto", "cpu")
     assert all(m.int8_agreement is None or 0 < m.int8_agreement <= 1 for m in KNOWN_MODELS.values())
+    # a draft follows its target's format: its tokens are proposals, so no agreement is weighed for it
+    from suffixspec.core.weights import draft_weights
+
+    assert draft_weights("int8") == "auto" and draft_weights("float32") == "float32"
+    assert resolve(draft_weights("int8"), "cpu", model=None) == resolve("auto", "cpu")

@@ -425,18 +425,16 @@ def run(model: str, systems: list[str], workloads: list[str], n: int, max_tokens
             "llama_threads": llama_threads, "llama_context": LLAMA_CONTEXT, "rounds": rounds, "requests": n,
             "max_tokens": max_tokens, "workloads": workloads, "weights": weights, "temperature": 0.0,
             "history": False, "seconds": round(time.perf_counter() - started, 1), "cpus": os.cpu_count(),
-            "default_weights": _default_weights(),
+            "default_weights": _default_weights(model),
             "date": time.strftime("%Y-%m-%d %H:%M")}
     return {"meta": meta, "skipped": skipped, "rows": rows, "runs": [asdict(r) for r in runs]}
 
 
-def _default_weights() -> str | None:
-    """What ``--weights auto`` (the default) resolves to on this machine's CPU; None before weight formats."""
-    try:
-        from suffixspec.core.weights import resolve
-    except ImportError:
-        return None
-    return resolve("auto", "cpu")
+def _default_weights(model: str) -> str:
+    """What ``--weights auto`` (the default) resolves to for ``model`` on this machine's CPU."""
+    from suffixspec.core.weights import resolve
+
+    return resolve("auto", "cpu", model=model)
 
 
 def _tokenizer(model: str) -> Any:

@@ -776,7 +776,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
             "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
             "history": history, "temperature": 0.0, "interleaved": not separate, "phases": phases,
-            "weights": bench_weights(weights),
+            "weights": bench_weights(weights, model),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d")}
     rows = summarize(all_runs, model_label(model), meta)
@@ -806,11 +806,12 @@ def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
     return max_tokens or (96 if quick else DEFAULT_MAX_TOKENS.get(workload, 128))
 
 
-def bench_weights(weights: str) -> str:
-    """The format ``weights`` resolves to on this machine's CPU (``auto`` -> int8 or float32)."""
+def bench_weights(weights: str, model: str) -> str:
+    """The format ``weights`` resolves to for ``model`` on this machine's CPU (``auto`` -> int8 or float32, as a
+    user's ``auto`` resolves: a named model whose int8 loses agreement stays float32)."""
     from suffixspec.core.weights import resolve
 
-    return resolve(weights, "cpu")
+    return resolve(weights, "cpu", model=model)
 
 
 def load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
@@ -822,15 +823,15 @@ def load_bench(model: str, drafts: list[str], history: bool, threads: int | str,
     proposers remember earlier outputs; ``log``: where progress lines go (``print``)."""
     import torch
 
-    from suffixspec.core.weights import QUANTIZED
+    from suffixspec.core.weights import QUANTIZED, draft_weights
     from suffixspec.loading import load_model
 
     if threads != "auto" and threads:
         torch.set_num_threads(int(threads))
-    fmt = bench_weights(weights)
+    fmt = bench_weights(weights, model)
     own = fmt in QUANTIZED and hf  # transformers' systems need float weights of their own
     bench = Bench(load_model(model, weights=fmt), None, history, None if threads == "auto" else torch.get_num_threads(),
-                  drafts=[load_model(d, weights="auto" if fmt == "int8" else fmt) for d in drafts], proposers=proposers,
+                  drafts=[load_model(d, weights=draft_weights(fmt), draft=True) for d in drafts], proposers=proposers,
                   hf_target=load_model(model) if own else None,
                   hf_drafts=[load_model(d) for d in drafts] if own else None)
     if engine:

@@ -102,6 +102,14 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
     return "float32"
 
 
+def draft_weights(target_format: str) -> str:
+    """The ``weights`` a draft model loads with (``load_model(..., draft=True)``): the target's format, except
+    that at ``int8`` it is ``auto``, so a draft of a family without a lean forward stays float32 where an
+    explicit int8 would be refused. Example: ``draft_weights("int8") == "auto"``, ``draft_weights("bfloat16")
+    == "bfloat16"``."""
+    return "auto" if target_format == "int8" else target_format
+
+
 # -- the int8 format ------------------------------------------------------------------------------------
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 [N, K], float32 scale [N]) of ``w`` [N, K]: each row symmetric, scale = its largest |w| / 127
