@@ -15,12 +15,8 @@ from suffixspec.drafting.draft import (
     SOURCE_REFERENCES,
 )
 from suffixspec.drafting.proposers import RequestContext
-from suffixspec.drafting.proposers.suffix import (
-    SuffixConfig,
-    SuffixProposer,
-    make_suffix_proposer,
-    merge_by_probability,
-)
+from suffixspec.drafting.proposers.suffix import SuffixConfig, SuffixProposer, make_suffix_proposer
+from suffixspec.drafting.proposers.suffix_drafts import merge_by_probability
 from suffixspec.index.store import DocInput, IndexStore
 from suffixspec.index.suffix_array import SuffixArray
 
@@ -192,7 +188,7 @@ def test_engine_greedy_equality(llama, tmp_path, tree):
 
 
 def test_extend_periodic_worked_example_and_refusals():
-    from suffixspec.drafting.proposers.suffix import extend_periodic
+    from suffixspec.drafting.proposers.suffix_drafts import extend_periodic
     from suffixspec.index.speculate import SpecResult
 
     context = [1, 2, 3, 7, 8, 9, 7, 8]
@@ -219,7 +215,7 @@ def test_looping_output_drafts_past_the_live_end(periodic, expected):
                                              ([50], (0, None)), ([12], (1, SOURCE_PROMPT))])
 def test_confirmed_run(tokens, expected):
     from suffixspec.drafting.draft import Draft
-    from suffixspec.drafting.proposers.suffix import confirmed_run
+    from suffixspec.drafting.proposers.suffix_drafts import confirmed_run
 
     # chain [12, 13]: confirmed to its leaf (2), missed (0), or a prefix that was all the output had (1)
     draft = Draft([12, 13], [-1, 0], [SOURCE_PROMPT, SOURCE_HISTORY])
@@ -665,7 +661,7 @@ def test_a_rename_learned_once_is_drafted_wherever_the_identifier_recurs(monkeyp
     import re
 
     from suffixspec.bench.bench_drafting import Trace, replay
-    from suffixspec.drafting.proposers import suffix as S
+    from suffixspec.drafting.proposers import copy_tracker as S
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer("suffixspec/demo-target")
@@ -686,6 +682,6 @@ def test_a_rename_learned_once_is_drafted_wherever_the_identifier_recurs(monkeyp
 
     assert steps(True) < steps(False)
     # the rule itself: a whole identifier, an attribute only where the learned one was one
-    assert S._ends_with_word(b"render(frame", b"frame") and S._ends_with_word(b"if frame", b"frame")
-    assert not S._ends_with_word(b"obj.frame", b"frame") and not S._ends_with_word(b"subframe", b"frame")
-    assert S._ends_with_word(b"obj.frame", b".frame") and not S._ends_with_word(b"x = frame", b".frame")
+    assert S.ends_with_word(b"render(frame", b"frame") and S.ends_with_word(b"if frame", b"frame")
+    assert not S.ends_with_word(b"obj.frame", b"frame") and not S.ends_with_word(b"subframe", b"frame")
+    assert S.ends_with_word(b"obj.frame", b".frame") and not S.ends_with_word(b"x = frame", b".frame")

@@ -15,10 +15,10 @@ documents      the corpus added with ``index add``      persistent (SQLite + mem
 Every allowed source speculates from the longest suffix of the context it contains (path or tree,
 SuffixDecoding's rules, see :mod:`index.speculate`); the request, reference and history indexes
 also try a few shorter match lengths and keep the best-scoring draft (``match_lengths``); when the
-output copies the request's own text and departs from it (an edit), :class:`CopyTracker` adds
+output copies the request's own text and departs from it (an edit), :class:`~.copy_tracker.CopyTracker` adds
 drafts that resume the copy and re-applies the edits it learned (``resume``). The drafts are then either *merged* (default): one tree keyed by token paths, each node keeping its
-best probability and the source that gave it, cut to the budget best-first; or *picked*: the
-single draft with the highest score (expected accepted tokens).
+best probability and the source that gave it, cut to the budget best-first (:func:`~.suffix_drafts.merge_tree`); or
+*picked*: the single draft with the highest score (expected accepted tokens).
 
 A node's probability is its count ratio times the continuation rates of its source (see
 :mod:`index.speculate`), which the proposer learns from what the output did with its drafts
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -55,11 +54,23 @@ from suffixspec.drafting.draft import (
     SOURCE_REFERENCES,
     Draft,
     drafter_allows,
-    node_depths,
 )
-from suffixspec.drafting.merge import TreeUnion
 from suffixspec.drafting.proposers.base import Proposer, RequestContext
+from suffixspec.drafting.proposers.copy_tracker import (
+    RESUME,
+    RESUME_MATCH,
+    RESUME_PRIOR,
+    CopyTracker,
+    token_text,
+)
 from suffixspec.drafting.proposers.source_gate import SourceGate, SourceYield
+from suffixspec.drafting.proposers.suffix_drafts import (
+    chain_probs,
+    confirmed_run,
+    extend_periodic,
+    merge_tree,
+    node_match_lengths,
+)
 from suffixspec.drafting.registry import Drafter
 from suffixspec.index.fingerprint import tokenizer_fingerprint
 from suffixspec.index.history import OutputHistory
@@ -67,7 +78,7 @@ from suffixspec.index.incremental import IncrementalIndex
 from suffixspec.index.retrieval import DocumentRetrieval, RetrievalParams
 from suffixspec.index.speculate import AcceptanceRates, SpecParams, SpecResult
 from suffixspec.index.store import IndexStore
-from suffixspec.index.suffix_array import SEP, SuffixArray
+from suffixspec.index.suffix_array import SuffixArray
 
 if TYPE_CHECKING:
     from suffixspec.drafting.costs import StepCost
@@ -220,7 +231,7 @@ class SuffixProposer(Proposer):
         self._last_match_lengths: list[int] = []  # its nodes' match lengths (what predicted them: AcceptanceRates)
         # per source, learned across this proposer's requests (forks share them)
         self.rates = ({**{src: AcceptanceRates() for src in DRAFTER.sources}, _TEXT: AcceptanceRates(),
-                       _RESUME: AcceptanceRates(_RESUME_PRIOR)} if self.config.learn_rates else {})
+                       RESUME: AcceptanceRates(RESUME_PRIOR)} if self.config.learn_rates else {})
         self._last_keys: list[str] = []  # its nodes' keys into ``rates``
         self._copy_run = 0  # tokens of the last draft the output confirmed to its end (0: no copy regime)
         self._copy_source: str | None = None  # the source of that confirmed path: it leads the next merge
@@ -344,9 +355,9 @@ class SuffixProposer(Proposer):
         results = self.speculate_all(context, params, documents=not gated or self._doc_gate.look_up())
         if self.config.resume and self._allows(SOURCE_PROMPT):
             resumed = self._copy.drafts(self._request, context, budget)
-            source_params = self._with_rates(params, _RESUME)
+            source_params = self._with_rates(params, RESUME)
             for r in resumed:  # its own rates: how often a resumed copy came true (the first token) and went on
-                chain_probs(r, source_params, source_params.rate(_RESUME_MATCH) * r.probs[0] / 0.3)
+                chain_probs(r, source_params, source_params.rate(RESUME_MATCH) * r.probs[0] / 0.3)
             results += [(SOURCE_PROMPT, r) for r in resumed if len(r)]
             for source, res in results:
                 if source == SOURCE_PROMPT:
@@ -536,337 +547,13 @@ class SuffixProposer(Proposer):
         return None
 
 
-# Kinds of draft with continuation rates of their own (SpecResult.kind): a text match's, a resumed copy's.
-_TEXT, _RESUME = "text", "resume"
-# The match length a resumed copy's tokens count as (CopyTracker.drafts: the copy ran before the edit),
-# and the prior of its rates: its first token (the guess where the copy picks up) is right about one
-# time in ten on SmolLM2's own code edits (16 of 100 replayed; the model rewrites more than it
-# renames), and past it the copy goes on less surely than a long match. Replayed with the verify cost
-# curve, a prior of 0.3 for the first token lost 4% on SmolLM2's code edits against no resume at
-# all; 0.1 loses nothing there and gains 28% on the edits written as asked (the rename applied).
-_RESUME_MATCH = 8
-_RESUME_PRIOR = (0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.75, 0.8, 0.85, 0.9, 0.92, 0.94)
+# Kind of a text match's drafts (SpecResult.kind): it learns continuation rates of its own.
+_TEXT = "text"
 # Text matching (SuffixProposer._text_draft): tried when no token-level match of the request's own
 # sources is this long; matches the last _TEXT_TAIL tokens, when they hold this many non-space bytes.
 _TEXT_MATCH_BELOW = 4
 _TEXT_TAIL = 8
 _TEXT_MIN_CHARS = 12
-
-
-class CopyTracker:
-    """Follows where the output copies the request's own text, and drafts where a copy interrupted
-    by an edit picks up again.
-
-    While every new token equals the text at the tracked position ``at``, the copy goes on. When one
-    differs, the copy was interrupted at ``resume`` (an inserted or replaced word). From then on, for
-    up to ``window`` new tokens, :meth:`drafts` proposes chains that resume the copy: from the next
-    position after an occurrence of the last written token within ``window`` tokens of ``resume``
-    (the edit is over and the copy went on with that token) and from ``resume`` itself (the edit ends
-    now). A copy is picked up after a step that added 4 or more tokens (a draft was accepted), at the
-    newest occurrence of the longest match of at least 4 tokens.
-
-    Worked example: the prompt holds ``def f(local): return local + 1`` and the output has copied
-    ``def f(local`` (``at`` points at ``)``); the target writes ``_v2`` instead: ``resume`` = the
-    position of ``)``. After the output ``... local_v2``, a draft ``) : return local + 1`` starting
-    at ``resume`` is proposed; it is accepted to the next rename.
-
-    When the copy picks up again, the edit is learned (the text it skipped and what was written
-    instead, after the token that preceded it: here "after ``local``, insert ``_v2``") and applied
-    to later drafts copied from the request (:meth:`apply`): the next ``local`` of the copy is
-    drafted as ``local_v2``, so a rename applied all over a file costs one miss, not one per place.
-    With the tokens' texts (``token_bytes``), an insertion at the end of an identifier is learned as
-    that word's: the tokenizer splits ``frame`` as `` frame`` after a space and ``frame`` after ``(``,
-    so "after the token `` frame``, insert ``_value``" would miss ``derive_context(frame)``; "after the
-    word ``frame`` (a whole identifier: no letter, digit or ``_`` before or after it), insert
-    ``_value``" drafts it.
-    """
-
-    def __init__(self, window: int = 16, token_bytes: Sequence[bytes | None] | None = None) -> None:
-        self.window = window
-        self.token_bytes = token_bytes  # each token's text (VocabTable.token_bytes): edits learned as words
-        self.at: int | None = None  # position in the request index the next output token should copy
-        self.resume: int | None = None  # where an interrupted copy stood
-        self.starts: list[int] = []  # the resume positions drafted at the last step
-        self.written: list[int] = []  # the tokens written since the interruption
-        self.edits: list[tuple[int, list[int], list[int]]] = []  # learned (after token, removed, inserted)
-        self.applied: list[tuple[list[int], int, tuple[int, list[int], list[int]]]] = []  # (draft, at, edit)
-        # an insertion at the end of an identifier, by the identifier's text: "frame" -> "frame_value" is drafted
-        # wherever the copy holds the word "frame", whichever token ends it (" frame", "(frame", "frame")
-        # (an attribute, ".frame", only where the renamed one was one: a local's rename leaves obj.frame alone)
-        self.words: dict[tuple[int, tuple[int, ...], tuple[int, ...]], bytes] = {}
-
-    @staticmethod
-    def _follow(index: IncrementalIndex, pos: int, new: list[int], end: int) -> int:
-        """How many of ``new`` equal the text from ``pos`` on (before ``end``)."""
-        text = index.tokens(pos, min(end, pos + len(new)))
-        k = 0
-        while k < len(text) and text[k] == new[k]:
-            k += 1
-        return k
-
-    def update(self, index: IncrementalIndex, n: int, new: list[int], depth: int) -> None:
-        """``new`` tokens are about to be appended to ``index``, which holds ``n`` tokens."""
-        if not new:
-            return
-        starts = [self.at] if self.at is not None else (self.starts if self.resume is not None else [])
-        k, j = max(((self._follow(index, s, new, n), s) for s in starts), default=(0, None))
-        if j is not None and k and self.at is None:
-            self._learn(index, j)  # an interrupted copy picked up again at j
-        for toks, at, edit in self.applied:  # an edit the output did not repeat is forgotten (newest evidence)
-            hit = 0
-            while hit < min(len(toks), len(new)) and toks[hit] == new[hit]:
-                hit += 1
-            if at <= hit < min(len(new), at + len(edit[2]) + 1) and edit in self.edits:
-                self.edits.remove(edit)
-                self.words.pop(_edit_key(edit), None)
-        self.applied = []
-        if j is not None and k == len(new):
-            self.at, self.resume = j + k, None  # the copy goes on (or picked up again)
-        elif j is not None and (k or self.at is not None):
-            self.at, self.resume, self.written = None, j + k, new[k:]  # interrupted after k tokens
-        elif self.resume is not None:
-            self.written += new
-            if len(self.written) > self.window:
-                self.resume = None
-        self.starts = []
-        if self.at is None and self.resume is None and len(new) >= 4:
-            context = index.tokens(max(0, n - depth), n) + new
-            length, ends = index.match(context, depth)
-            if length >= 4 and ends and ends[0] < n:
-                self.at = ends[0]
-
-    def drafts(self, index: IncrementalIndex, context: Sequence[int], budget: int) -> list[SpecResult]:
-        """Chains resuming an interrupted copy (see the class docstring); none while copying."""
-        if self.resume is None or budget <= 0:
-            self.starts = []
-            return []
-        r, n = self.resume, len(index)
-        end = max(r, n - len(self.written))  # the interruption's own tokens are no source
-        after = [j + 1 for j, tok in enumerate(index.tokens(r, min(end, r + self.window)), r)
-                 if tok == context[-1]][:2]
-        self.starts = [j for j in after if j < end] + [r]
-        out = []
-        for start, prob in zip(self.starts, (0.3, 0.2, 0.1), strict=False):
-            run = index.tokens(start, min(end, start + budget))
-            if SEP in run:
-                run = run[:run.index(SEP)]
-            if run:
-                out.append(SpecResult(run, list(range(-1, len(run) - 1)), [prob] * len(run), prob * len(run),
-                                      _RESUME_MATCH, _RESUME))
-        return out
-
-    def _learn(self, index: IncrementalIndex, start: int) -> None:
-        """The copy interrupted at ``resume`` went on at ``start``: remember the edit (what of the text
-        between them was replaced by what was written), keyed by the token before the interruption."""
-        if self.resume is None or self.resume == 0:
-            return
-        src, out = index.tokens(self.resume, start), list(self.written)
-        while src and out and src[-1] == out[-1]:  # the resumed copy's first tokens are no part of the edit
-            src.pop()
-            out.pop()
-        edit = (index.tokens(self.resume - 1, self.resume)[0], src, out)
-        if (src or out) and len(src) + len(out) <= self.window and edit not in self.edits:
-            self.edits = [*self.edits[-3:], edit]
-            word = self._word_before(index, self.resume) if not src and out else None
-            if word and _is_word_byte(self._text(out)[:1]):
-                self.words[_edit_key(edit)] = word
-
-    def _text(self, tokens: Sequence[int]) -> bytes:
-        return token_text(self.token_bytes or (), tokens)
-
-    def _word_before(self, index: IncrementalIndex, pos: int) -> bytes | None:
-        """The identifier the request's text ends with before ``pos``, if one ends there (None without the
-        tokens' texts, or where the text at ``pos`` goes on with the same identifier)."""
-        if not self.token_bytes:
-            return None
-        before = self._text(index.tokens(max(0, pos - 8), pos))
-        after = self._text(index.tokens(pos, pos + 1))
-        m = _WORD_END.search(before)
-        if m is None or _is_word_byte(after[:1]) or m.start() == 0 and pos > 8:
-            return None  # no identifier ends here, or it may begin before the 8 tokens read
-        dotted = m.start() > 0 and before[m.start() - 1:m.start()] == b"."
-        return b"." + m.group() if dotted else m.group()
-
-    def apply(self, res: SpecResult, context: Sequence[int]) -> None:
-        """Apply the learned edits to a chain draft copied from the request (in place, same length)."""
-        if not self.edits or any(par != i - 1 for i, par in enumerate(res.parents)):
-            return
-        src, probs = res.token_ids, res.probs
-        toks: list[int] = []
-        new_probs: list[float] = []
-        words = self.words if self.token_bytes else {}
-        text = self._text(context[-8:]) if words else b""  # what the draft continues, as text (word edits)
-        i = -1  # -1: the context's last token, after which the draft starts
-        while i < len(src) and len(toks) < len(src):
-            if i >= 0:
-                toks.append(src[i])
-                new_probs.append(probs[i])
-                if words:
-                    text += self._text(src[i:i + 1])
-            key = src[i] if i >= 0 else context[-1]
-            prob = probs[max(0, i)]
-            rest = src[i + 1:]
-            for after, removed, inserted in self.edits:
-                if rest[len(removed):len(removed) + len(inserted)] == inserted or rest[:len(removed)] != removed:
-                    continue
-                word = words.get(_edit_key((after, removed, inserted)))
-                if (key == after if word is None else  # a word's edit: wherever the identifier ends, only there
-                        rest and _ends_with_word(text, word) and not _is_word_byte(self._text(rest[:1])[:1])):
-                    self.applied.append((toks, len(toks), (after, removed, inserted)))
-                    toks.extend(inserted)
-                    new_probs.extend([prob] * len(inserted))
-                    if words:
-                        text += self._text(inserted)
-                    i += len(removed)
-                    break
-            i += 1
-        n = len(src)
-        res.token_ids, res.probs = toks[:n], new_probs[:n]
-        res.parents = list(range(-1, len(res.token_ids) - 1))
-        res.score = sum(res.probs)
-
-
-def token_text(token_bytes: Sequence[bytes | None], ids: Sequence[int]) -> bytes:
-    """The tokens' texts joined (``VocabTable.token_bytes``); a special or unknown token is ``\\xff``, a byte
-    no UTF-8 text holds."""
-    return b"".join((token_bytes[t] if 0 <= t < len(token_bytes) else None) or b"\xff" for t in ids)
-
-
-_WORD_END = re.compile(rb"[A-Za-z0-9_]+\Z")  # the identifier a text ends with (ASCII: code's names)
-
-
-def _is_word_byte(b: bytes) -> bool:
-    """Whether ``b`` (one byte, or empty) is a letter, digit or underscore."""
-    return len(b) == 1 and (b.isalnum() or b == b"_")
-
-
-def _ends_with_word(text: bytes, word: bytes) -> bool:
-    """Whether ``text`` ends with the identifier ``word`` as a whole (no letter, digit or ``_`` before it);
-    a ``word`` that starts with ``.`` is an attribute, and one that does not is never an attribute."""
-    if word[:1] == b".":
-        return text.endswith(word)
-    before = text[-len(word) - 1:-len(word)]
-    return text.endswith(word) and not _is_word_byte(before) and before != b"."
-
-
-def _edit_key(edit: tuple[int, list[int], list[int]]) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    return edit[0], tuple(edit[1]), tuple(edit[2])
-
-
-def confirmed_run(draft: Draft, new_tokens: Sequence[int]) -> tuple[int, str | None]:
-    """How many tokens of ``draft`` the output confirmed, if it confirmed a whole path, and the source
-    of the path's last node; else ``(0, None)``.
-
-    The path is followed by token from the root. It counts as confirmed to its end when it reached a
-    leaf, or when every new token was on it (the engine verified only a prefix of a longer draft).
-    Example: draft chain ``[4, 5, 6]``, new tokens ``[4, 5, 6, 9]`` -> 3; ``[4, 5, 8]`` -> 0.
-    """
-    cur, hit = draft.follow(new_tokens)
-    if hit and (cur not in draft.parents or hit == len(new_tokens)):  # a leaf, or every new token on it
-        return hit, draft.sources[cur]
-    return 0, None
-
-
-def extend_periodic(context: Sequence[int], res: SpecResult, limit: int, params: SpecParams | None = None) -> None:
-    """Continue a chain draft that is a copy of the context's last ``m`` tokens with period ``m``.
-
-    The request's own index cannot draft past its live end: when the output repeats itself (its
-    matched occurrence ends ``m`` tokens back), the draft stops after ``m`` tokens although the copy
-    goes on with the draft itself. Example: context ``... 7 8 9 7 8``, match ``7 8`` -> draft ``[9, 7,
-    8]`` (= the last 3 tokens) -> with ``limit`` 7: ``[9, 7, 8, 9, 7, 8, 9]``, each at the last node's
-    probability.
-    """
-    m, n = len(res), len(context)
-    if m == 0 or m >= limit or m > n or any(par != i - 1 for i, par in enumerate(res.parents)):
-        return
-    if list(context[n - m:]) != res.token_ids:
-        return
-    prob = res.probs[-1]
-    while len(res.token_ids) < limit:
-        if params is not None:  # each token one more of the match's continuation rates
-            prob *= params.rate(res.match_len + len(res.token_ids))
-            if prob < params.min_token_prob:
-                break
-        res.parents.append(len(res.token_ids) - 1)
-        res.token_ids.append(res.token_ids[-m])
-        res.probs.append(prob)
-    res.score = sum(res.probs)
-
-
-def chain_probs(res: SpecResult, params: SpecParams, first: float) -> None:
-    """Probabilities of a chain drafted outside the index (a text match, a resumed copy): the first
-    node ``first``, each next one the previous times ``params.rate(match_len + depth - 1)``; cut where
-    they fall below ``params.min_token_prob`` (in place). Without rates every node keeps ``first``.
-    Example: rates 0.9 from 9 tokens on, ``match_len`` 8, first 1.0 -> 1.0, 0.9, 0.81, ..."""
-    prob, keep = first, 0
-    probs = []
-    for d in range(len(res)):
-        if d:
-            prob *= params.rate(res.match_len + d)
-        if prob < params.min_token_prob:
-            break
-        probs.append(prob)
-        keep += 1
-    res.token_ids, res.parents, res.probs = res.token_ids[:keep], res.parents[:keep], probs
-    res.score = sum(probs)
-
-
-def node_match_lengths(res: SpecResult) -> list[int]:
-    """The match length that predicts each node: ``match_len + depth - 1`` (depth 1 below the match)."""
-    return [res.match_len + d - 1 for d in node_depths(res.parents)]
-
-
-def merge_by_probability(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None) -> Draft:
-    """The merged draft of :func:`merge_tree`."""
-    return merge_tree(results, budget, prefer)[0]
-
-
-def merge_tree(results: list[tuple[str, SpecResult]], budget: int, prefer: str | None = None
-               ) -> tuple[Draft, list[float], list[int], list[str]]:
-    """One tree from several sources' drafts: shared token paths merge, a node keeps its highest
-    probability (and that source); the ``budget`` most probable nodes are kept.
-
-    ``prefer``: the source the output is copying from (its last draft was confirmed to the end): its
-    nodes rank before every other source's, so its path gets the budget's depth instead of sharing it
-    with equally "certain" single-occurrence paths of other sources (each at probability 1).
-
-    A node's rank never exceeds its parent's (probabilities do not grow along a draft's path, and the
-    preference bonus is capped by the parent's rank), so sorting by (rank desc, depth asc) lists
-    parents before their children.
-
-    Returns the draft and, per node, its probability, the match length that predicted it
-    (:func:`node_match_lengths`) and whose continuation rates it feeds (the result's ``kind``, else its source).
-    """
-    union = TreeUnion()
-    probs: list[float] = []
-    sources: list[str] = []
-    preferred: list[bool] = []  # the preferred source proposed this node (whichever source keeps it)
-    matched_lengths: list[int] = []  # the match length behind each node (of the source that gave its probability)
-    keys: list[str] = []  # and whose rates it learns (the result's kind, else its source)
-    for source, res in results:
-        key, res_match_lengths = res.kind or source, node_match_lengths(res)
-        for i, node, created in union.add(res.token_ids, res.parents):
-            p = res.probs[i]
-            if created:
-                probs.append(p)
-                sources.append(source)
-                preferred.append(source == prefer)
-                matched_lengths.append(res_match_lengths[i])
-                keys.append(key)
-            elif p > probs[node]:
-                probs[node], sources[node], matched_lengths[node], keys[node] = p, source, res_match_lengths[i], key
-            if source == prefer:
-                preferred[node] = True
-    tokens, parents, depths = union.tokens, union.parents, node_depths(union.parents)
-    rank: list[float] = []  # probability, + 1 on the preferred source's nodes, capped by the parent's rank
-    for i, p in enumerate(probs):
-        r = p + 1.0 if preferred[i] else p
-        rank.append(r if parents[i] < 0 else min(r, rank[parents[i]]))
-    order = sorted(range(len(tokens)), key=lambda i: (-rank[i], depths[i], i))[:budget]
-    new_index = {old: new for new, old in enumerate(order)}
-    draft = Draft([tokens[i] for i in order], [-1 if parents[i] < 0 else new_index[parents[i]] for i in order],
-                  [sources[i] for i in order], score=sum(probs[i] for i in order))
-    return draft, [probs[i] for i in order], [matched_lengths[i] for i in order], [keys[i] for i in order]
 
 
 def single_chain_config(**overrides: Any) -> SuffixConfig:
