@@ -352,7 +352,7 @@ def test_longest_match_equal_with_and_without_backward_extension(extend_max, mon
     """``SuffixArray._extend`` finds the longest match from the occurrences of a shorter one when they are
     at most ``_EXTEND_MAX``; with 0 it never does (binary search only). Every setting, on a corpus whose
     short suffixes occur dozens of times (tiny alphabet), with and without tombstones, equals brute force."""
-    import suffixspec.index.suffix_array as sam
+    import suffixspec.index.suffix_array_search as sam
 
     monkeypatch.setattr(sam, "_EXTEND_MAX", extend_max)
     rng = random.Random(7)
@@ -387,7 +387,7 @@ def test_longest_match_equal_with_and_without_backward_extension(extend_max, mon
 def test_gallop_right_equals_bisect_right():
     from bisect import bisect_right
 
-    from suffixspec.index.suffix_array import gallop_right
+    from suffixspec.index.suffix_array_search import gallop_right
 
     rng = random.Random(3)
     for _ in range(300):
@@ -416,7 +416,7 @@ def test_segment_set_of_both_widths_equals_one_array(extend_max, pos_union, monk
     documents), tombstones, a tiny alphabet so that short suffixes occur dozens of times. The reference is
     one array searched by bisection only (no backward extension: ranges only)."""
     import suffixspec.index.segments as segm
-    import suffixspec.index.suffix_array as sam
+    import suffixspec.index.suffix_array_search as sam
     from suffixspec.index.segments import SegmentSet
     from suffixspec.index.suffix_array import PosNode
 

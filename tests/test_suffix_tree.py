@@ -10,7 +10,8 @@ import pytest
 from suffixspec.index.history import OutputHistory
 from suffixspec.index.incremental import IncrementalIndex
 from suffixspec.index.speculate import SpecParams
-from suffixspec.index.suffix_array import SEP, SuffixArray, build_suffix_array
+from suffixspec.index.suffix_array import SuffixArray
+from suffixspec.index.suffix_array_build import SEP, build_suffix_array
 
 
 # ----- brute-force reference: counts by scanning every sequence -------------------------------------

@@ -3,7 +3,8 @@
 Lookups:
 
 - :mod:`suffixspec.index.suffix_array`: static suffix array over token sequences (16- or 32-bit ids, tombstones),
-  built with libdivsufsort, memory-mapped.
+  built with libdivsufsort, memory-mapped; its token layout and construction in
+  :mod:`~suffixspec.index.suffix_array_build`, its longest-match search in :mod:`~suffixspec.index.suffix_array_search`.
 - :mod:`suffixspec.index.segments`: the document index in segments (fresh segment per add, merges), looked up as one.
 - :mod:`suffixspec.index.incremental`: O(1)-append index for growing sources (a request, the output history).
 - :mod:`suffixspec.index.speculate`: path / tree speculation from a match (SuffixDecoding's rules).
@@ -34,7 +35,8 @@ from .errors import (
 )
 from .incremental import IncrementalIndex
 from .speculate import SpecParams, SpecResult
-from .suffix_array import SEP, SuffixArray
+from .suffix_array import SuffixArray
+from .suffix_array_build import SEP
 
 __all__ = ["SEP", "DocumentIndex", "IncrementalIndex", "InvalidDocument", "NoDocumentStore", "ReadOnlyStore",
            "SpecParams", "SpecResult", "StoreError", "SuffixArray", "UnusableDatabase", "WriterDied"]

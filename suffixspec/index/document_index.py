@@ -47,7 +47,7 @@ from .fingerprint import BackendTokenizer
 from .records import AddSummary, DocInput, ProgressFn
 from .segments import MergePolicy
 from .store import IndexStore
-from .suffix_array import DEFAULT_SORT_DEPTH
+from .suffix_array_build import DEFAULT_SORT_DEPTH
 from .tokenizer_table import TokenizerInfo, by_source, last_used, source_key
 from .tokenizer_table import load as load_kept_tokenizer
 from .writer import WRITER_NICE, WRITER_PROCESS_CHARS

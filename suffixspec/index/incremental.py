@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .speculate import SpecParams, SpecResult, speculate_from, speculate_lengths
-from .suffix_array import SEP, pack_be
+from .suffix_array_build import SEP, pack_be
 
 _M = (1 << 21) - 1  # tokens are folded to 21 bits in the trigram key; collisions are verified away
 _SEP_K2 = (_M << 21) | _M

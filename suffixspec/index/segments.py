@@ -39,17 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from .speculate import LongestMatchLookups
-from .suffix_array import (
-    DEFAULT_SORT_DEPTH,
-    SEP,
-    SEP16,
-    PosNode,
-    SANode,
-    SuffixArray,
-    common_prefix,
-    first_token_buckets,
-    sort_suffixes,
-)
+from .suffix_array import PosNode, SANode, SuffixArray, common_prefix
+from .suffix_array_build import DEFAULT_SORT_DEPTH, SEP, SEP16, first_token_buckets, sort_suffixes
 
 _SCAN_CHUNK = 1 << 23  # suffix-array entries per step when tombstones are located
 _POS_UNION = 64  # a match with at most this many occurrences in all segments is one node of them (_union)

@@ -42,7 +42,7 @@ from .history import HistoryTable
 from .maintenance import Merges
 from .records import AddSummary, DocInput, ProgressFn
 from .segments import MergePolicy, SegmentInfo, SegmentSet
-from .suffix_array import DEFAULT_SORT_DEPTH
+from .suffix_array_build import DEFAULT_SORT_DEPTH
 from .tokenizer_table import TokenizerInfo, infos, known, register
 
 __all__ = ["AddSummary", "DocInput", "IndexStore", "StoreError"]

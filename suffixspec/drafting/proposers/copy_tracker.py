@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from suffixspec.index.incremental import IncrementalIndex
 from suffixspec.index.speculate import SpecResult
-from suffixspec.index.suffix_array import SEP
+from suffixspec.index.suffix_array_build import SEP
 
 # The kind of a resumed copy's drafts (SpecResult.kind): it learns continuation rates of its own.
 RESUME = "resume"
