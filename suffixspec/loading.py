@@ -3,7 +3,7 @@
 ``resolve_model_path`` maps what ``--model`` / ``model=`` accept to a folder ``from_pretrained``
 reads: a known name (``smollm2-135m-instruct``, ``gemma-3-270m``: a GGUF from an installed package)
 or any ``.gguf`` path becomes its converted folder in the cache (converted on first use, see
-``suffixspec.models``); an embedded name (``suffixspec/demo-target``) its folder in the package; any
+``suffixspec.gguf_cache``); an embedded name (``suffixspec/demo-target``) its folder in the package; any
 other string (a local folder, a hub id) passes through. The device is CUDA when present, else CPU;
 dtype is bf16 (or fp16) on GPU and float32 on CPU unless overridden.
 """
@@ -39,7 +39,7 @@ def _resolve(name_or_path: str, progress: bool = True) -> tuple[str, bool]:
         return str(local), False
     src = gguf_source(name_or_path)
     if src is not None:
-        from suffixspec.models import cached_folder
+        from suffixspec.gguf_cache import cached_folder
 
         return str(cached_folder(src, progress=progress)), True
     return name_or_path, False
@@ -135,7 +135,7 @@ DIRECT_LOAD_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
 
 
 def _load_converted(path: str, config: Any, torch_dtype: Any) -> Any | None:
-    """The model of a folder ``models.convert`` wrote, built directly: the architecture without weight
+    """The model of a folder ``gguf_cache.convert`` wrote, built directly: the architecture without weight
     initialization, then every weight from the folder's one safetensors file, as ``from_pretrained``
     fills it. None (the caller then uses ``from_pretrained``) when anything differs from what a
     conversion writes: another model type (``DIRECT_LOAD_TYPES``), dtype or file layout, a key the

@@ -62,7 +62,8 @@ def test_llama_server_beside_ours_on_smollm2(tmp_path):
     binary = llama_server_binary()
     if binary is None:  # CI (CI=true) too: it builds no llama-server; a skip, never a failure
         pytest.skip(f"no llama-server binary: set ${LLAMA_SERVER_ENV} to one built as docs/llama_cpp.md says")
-    from suffixspec.models import KNOWN_MODELS, describe
+    from suffixspec.gguf_cache import describe
+    from suffixspec.models import KNOWN_MODELS
 
     model = "smollm2-135m-instruct"
     if not describe(KNOWN_MODELS[model])["installed"]:

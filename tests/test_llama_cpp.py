@@ -233,7 +233,8 @@ PROMPTS = [
 
 
 def _need_llama_cpp() -> None:
-    from suffixspec.models import KNOWN_MODELS, describe
+    from suffixspec.gguf_cache import describe
+    from suffixspec.models import KNOWN_MODELS
 
     if importlib.util.find_spec("llama_cpp") is None:
         msg = "llama-cpp-python is not installed: pip install 'suffixspec[llama-cpp]' (.ci/run installs it)"

@@ -1,4 +1,5 @@
-"""Model names and the GGUF conversion cache (suffixspec/models.py, suffixspec/loading.py, `suffixspec models`).
+"""Model names and the GGUF conversion cache (suffixspec/models.py, suffixspec/gguf_cache.py,
+suffixspec/loading.py, `suffixspec models`).
 
 A tiny real GGUF file (a random two-layer Llama with the tests' byte-level BPE tokenizer, written with
 the ``gguf`` package) stands in for SmolLM2's: ``transformers`` reads it through the same GGUF path.
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from suffixspec import models
+from suffixspec import gguf_cache, models
 from suffixspec.cli import main
 from suffixspec.loading import load_model, resolve_model_path
 from suffixspec.models import DEFAULT_MODEL, DEMO_DRAFT, DEMO_TARGET, KNOWN_MODELS, KnownModel, default_draft
@@ -138,7 +139,7 @@ def _parted(tmp_path: Path, monkeypatch, gguf: Path, cuts: int = 3, sha: str | N
         (pkg / "data" / f"part{n:02d}.bin").write_bytes(data[(n - 1) * step: n * step])
     monkeypatch.syspath_prepend(str(tmp_path / "parts"))
     parts = PartPackages(dist="suffixspec-fake-part{n}", module="suffixspec_fake_part{n}", version="1.0", count=cuts,
-                         data="data/part{n:02d}.bin", size=len(data), sha256=sha or models.sha256_file(gguf))
+                         data="data/part{n:02d}.bin", size=len(data), sha256=sha or gguf_cache.sha256_file(gguf))
     entry = KnownModel(name="tiny-parted", package=f"suffixspec-fake-part1..{cuts}==1.0", module="suffixspec_fake_part1",
                        install="pip install 'suffixspec[fake]'", gguf="tiny-parted.gguf", assembled=True,
                        licence="none declared", upstream_licence="MIT", description="a tiny random Llama in parts",
@@ -151,7 +152,7 @@ def test_a_parted_model_is_joined_checked_and_converted_once(cache, tmp_path, mo
     """The Qwen pair's layout: parts joined in order inside the conversion's temporary folder, the sha256
     checked, the joined file gone afterwards; the second use reads the cache."""
     entry = _parted(tmp_path, monkeypatch, tiny_gguf)
-    assert models.describe(entry)["source_bytes"] == tiny_gguf.stat().st_size
+    assert gguf_cache.describe(entry)["source_bytes"] == tiny_gguf.stat().st_size
     folder = Path(resolve_model_path("tiny-parted", progress=False))
     assert folder == cache / "tiny-parted"
     rec = json.loads((folder / "source.json").read_text())
@@ -230,7 +231,7 @@ def test_known_name_converts_once_then_reads_the_cache(cache, fake_package, refe
     assert folder == cache / "tiny-test"
     rec = json.loads((folder / "source.json").read_text())
     assert rec["source"] == "suffixspec-fake-gguf-pkg==?"  # no dist-info: the version is unknown
-    assert rec["sha256"] == models.sha256_file(models.package_folder(fake_package) / "tiny.gguf")
+    assert rec["sha256"] == gguf_cache.sha256_file(models.package_folder(fake_package) / "tiny.gguf")
     stamp = _weights_stamp(folder)
     assert _greedy("tiny-test") == reference  # exactly transformers' own reading of the GGUF
     assert _weights_stamp(folder) == stamp  # the second use read the cache, nothing was written
@@ -308,7 +309,7 @@ def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_g
     write_tiny_gguf(path, bpe_tokenizer_dir, seed=1)  # another model at the same path
     assert Path(resolve_model_path(str(path), progress=False)) == folder
     assert _weights_stamp(folder) != stamp
-    assert json.loads((folder / "source.json").read_text())["sha256"] == models.sha256_file(path)
+    assert json.loads((folder / "source.json").read_text())["sha256"] == gguf_cache.sha256_file(path)
     assert not (folder / "probe.json").exists()  # the old model's verdict went with its folder
     assert _greedy(str(path)) != reference
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
@@ -320,7 +321,7 @@ def test_any_gguf_path_loads_and_a_changed_file_is_converted_again(cache, tiny_g
 def test_a_killed_conversion_leaves_nothing_half_made(cache, tiny_gguf, reference, where):
     """SIGKILL inside a converting process (at a chosen step, so the test is exact); the next load converts
     again and is correct, and the leftover temporary folder is gone."""
-    code = ("import os, signal, sys\nimport suffixspec.models as m\n"
+    code = ("import os, signal, sys\nimport suffixspec.gguf_cache as m\n"
             f"m.{where} = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
             "from suffixspec.loading import resolve_model_path\nresolve_model_path(sys.argv[1])\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -381,7 +382,7 @@ def test_registry_entries_are_validated(field, value, message):
 # ----------------------------------------------------------------- loading a converted folder directly
 
 def _saved(model_type: str, folder: Path, tied: bool = False) -> Path:
-    """A tiny random model of ``model_type`` saved as ``models.convert`` saves one (``save_pretrained``)."""
+    """A tiny random model of ``model_type`` saved as ``gguf_cache.convert`` saves one (``save_pretrained``)."""
     import torch
     from test_lean import _tiny
 

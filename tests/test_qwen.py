@@ -20,7 +20,8 @@ from __future__ import annotations
 import pytest
 from tiny import CODE
 
-from suffixspec.models import KNOWN_MODELS, describe
+from suffixspec.gguf_cache import describe
+from suffixspec.models import KNOWN_MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.qwen, pytest.mark.usefixtures("one_torch_thread")]
 

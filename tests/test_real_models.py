@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 from tiny import CODE, start_server_process
 
-from suffixspec.models import KNOWN_MODELS, cache_dir, describe
+from suffixspec.gguf_cache import cache_dir, describe
+from suffixspec.models import KNOWN_MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -92,7 +92,8 @@ def gguf_file(model: str) -> Path | None:
     """The GGUF file llama-server loads for ``model`` (a name from ``suffixspec models`` or a ``.gguf`` path);
     None for a model that has none (a folder, the embedded test models). A model cut into part packages
     (the Qwen pair) is joined once into ``$SUFFIXSPEC_CACHE/gguf/`` and checked against its stated sha256."""
-    from suffixspec.models import cache_dir, file_lock, gguf_source, sha256_file
+    from suffixspec.gguf_cache import cache_dir, file_lock, sha256_file
+    from suffixspec.models import gguf_source
 
     src = gguf_source(model)
     if src is None:

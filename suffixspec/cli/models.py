@@ -35,7 +35,8 @@ def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
       suffixspec models --convert smollm2-135m-instruct
       suffixspec generate --model smollm2-135m-instruct --chat "What is a suffix tree?"
     """
-    from suffixspec.models import DEFAULT_MODEL, DEMO_TARGET, KNOWN_MODELS, cache_dir, describe
+    from suffixspec.gguf_cache import cache_dir, describe
+    from suffixspec.models import DEFAULT_MODEL, DEMO_TARGET, KNOWN_MODELS
 
     for name in convert:
         if name not in KNOWN_MODELS and not name.lower().endswith(".gguf"):

@@ -6,7 +6,7 @@ logits. Its verdict depends on the model (weights and config), the device and dt
 torch and transformers and suffixspec's forward code, and on nothing a request brings; yet every start
 proved it again: 1.4 CPU seconds of a start of ``suffixspec generate --model smollm2-135m-instruct``.
 
-So a *passing* verdict on a model of the conversion cache (``suffixspec.models``: a folder suffixspec
+So a *passing* verdict on a model of the conversion cache (``suffixspec.gguf_cache``: a folder suffixspec
 made and owns, replaced whole when its source changes) is written into that folder, ``probe.json``,
 under a key of everything above (:func:`probe_key`); a later start whose key is equal skips the probe.
 Anything else probes as before: another key (torch or transformers upgraded, the forward code edited,

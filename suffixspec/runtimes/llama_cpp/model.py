@@ -17,7 +17,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, file_lock, gguf_source, tokenizer_folder
+from suffixspec.gguf_cache import cache_dir, file_lock, tokenizer_folder
+from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS, gguf_source
 from suffixspec.runtimes.llama_cpp.draft import INSTALL, SuffixDraftModel
 
 
