@@ -25,7 +25,7 @@ import numpy as np
 
 from .suffix_array_build import DEFAULT_SORT_DEPTH, SEP, SEP16, first_token_buckets, pack_be, token_counts
 
-_SEP_BYTES = b"\xff\xff\xff\xff"
+_SEP_BYTES = b"\xff\xff\xff\xff"  # the 32-bit separator as bytes (a 16-bit array's: its first two)
 _EXTEND_MAX = 32  # a match with at most this many occurrences is extended backwards (see SortedSuffixes._extend)
 # without a hint, the first length probed: a suffix this long occurs few times in most corpora, so its
 # occurrences give the longest match by backward extension (one probe, whether or not the whole context
