@@ -432,7 +432,7 @@ def run(model: str, systems: list[str], workloads: list[str], n: int, max_tokens
 
 def _default_weights(model: str) -> str:
     """What ``--weights auto`` (the default) resolves to for ``model`` on this machine's CPU."""
-    from suffixspec.core.weights import resolve
+    from suffixspec.core.formats import resolve
 
     return resolve("auto", "cpu", model=model)
 

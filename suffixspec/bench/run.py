@@ -670,7 +670,7 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
     (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
     count given (each process measuring its own would compare two counts). ``weights``: the format our
-    systems run (``suffixspec.core.weights.FORMATS``; float32 by default, the format whose outputs equal
+    systems run (``suffixspec.core.formats.FORMATS``; float32 by default, the format whose outputs equal
     ``hf_plain``'s); at a quantized one transformers' systems run a float32 copy of their own, and each row of
     ours says ``identical_to_ours_off`` (the quantized model's own plain output)."""
     import torch
@@ -809,7 +809,7 @@ def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
 def bench_weights(weights: str, model: str) -> str:
     """The format ``weights`` resolves to for ``model`` on this machine's CPU (``auto`` -> int8 or float32, as a
     user's ``auto`` resolves: a named model whose int8 loses agreement stays float32)."""
-    from suffixspec.core.weights import resolve
+    from suffixspec.core.formats import resolve
 
     return resolve(weights, "cpu", model=model)
 
@@ -823,7 +823,7 @@ def load_bench(model: str, drafts: list[str], history: bool, threads: int | str,
     proposers remember earlier outputs; ``log``: where progress lines go (``print``)."""
     import torch
 
-    from suffixspec.core.weights import QUANTIZED, draft_weights
+    from suffixspec.core.formats import QUANTIZED, draft_weights
     from suffixspec.loading import load_model
 
     if threads != "auto" and threads:
