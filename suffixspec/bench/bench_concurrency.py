@@ -22,10 +22,8 @@ unless ``--no-plot``) to ``--out``.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,31 +33,25 @@ import time
 from pathlib import Path
 
 from suffixspec.bench.checkout import command
+from suffixspec.bench.processes import ServerProcess, free_port
 
 DRAFTERS_NO_HISTORY = ["prompt", "documents", "references", "draft_model"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(ServerProcess):
     """A ``suffixspec serve`` subprocess on 127.0.0.1 with a private document store."""
 
     def __init__(self, name: str, model: str, draft_model: str, max_num_seqs: int, workdir: Path,
                  torch_threads: int | None, code: str | None = None, threads: int = 40) -> None:
         self.name = name
         self.max_num_seqs = max_num_seqs
-        self.port = _free_port()
-        self.log = open(workdir / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in stop()
+        port = free_port()
         # waitress' threads: --http-threads since torch's took the name --threads (older checkouts: --threads)
         serve = command(code, "suffixspec", "serve") if code is not None else [sys.executable, "-m", "suffixspec",
                                                                                  "serve"]
         helptext = subprocess.run([*serve, "--help"], capture_output=True, text=True).stdout
         http = "--http-threads" if "--http-threads" in helptext else "--threads"
-        args = ["--model", model, "--draft-model", draft_model, "--port", str(self.port),
+        args = ["--model", model, "--draft-model", draft_model, "--port", str(port),
                 "--db", str(workdir / f"{name}.db"), "--max-num-seqs", str(max_num_seqs), http, str(threads),
                 "--max-queue", "256"]
         # another checkout's code, every part of it (checkout.py), or this one's
@@ -67,32 +59,10 @@ class Server:
         env = dict(os.environ)
         if torch_threads:
             env["OMP_NUM_THREADS"] = str(torch_threads)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited; see {self.log.name}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError("the server did not come up within 600 s")
-
-    def get(self, path: str) -> tuple[int, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode()
+        super().__init__(cmd, port, workdir / f"serve-{name}.log", env, timeout_s=600)
 
     def complete(self, body: dict) -> dict:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read().decode()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {data[:300]}")
-        return json.loads(data)
+        return self.post("/v1/completions", body)[0]
 
     def passes(self) -> tuple[float, float, float, float]:
         """(decode passes, requests summed over them, CPU seconds of passes that fed prompt tokens, CPU
@@ -113,13 +83,6 @@ class Server:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 def requests_pool(model: str, n: int, max_tokens: int) -> list[dict]:

@@ -47,12 +47,10 @@ Writes ``servers.json`` and ``servers.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from .loops import LOOPING, loop_share
+from .processes import ServerProcess, free_port, resident_memory
 from .workloads import Request, build
 
 LLAMA_SERVER_ENV = "SUFFIXSPEC_LLAMA_SERVER"  # the llama-server binary, when --llama-server is not given
@@ -126,110 +125,6 @@ def gguf_file(model: str) -> Path | None:
     return out
 
 
-# ----- processes ----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (from ``/proc/PID/task/*/children``)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return out
-
-
-def resident_memory(pid: int) -> dict[str, float]:
-    """Resident memory of ``pid`` and its children, GiB: ``rss`` (``VmRSS``), and its ``anon`` and ``file`` parts
-    (``RssAnon``, ``RssFile``: a mapped model file counts in ``file``)."""
-    got = {"rss": 0, "anon": 0, "file": 0}
-    keys = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
-    for p in _descendants(pid):
-        try:
-            lines = Path(f"/proc/{p}/status").read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            k, *rest = line.split()
-            if k in keys:
-                got[keys[k]] += int(rest[0])  # kB
-    return {k: round(v / 2**20, 3) for k, v in got.items()}
-
-
-class ServerProcess:
-    """A server subprocess on 127.0.0.1 speaking the OpenAI API; ready once ``/health`` answers 200."""
-
-    def __init__(self, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 1800.0) -> None:
-        self.port = port
-        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.log_path = log_path
-        t = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        while True:
-            if self.proc.poll() is not None:
-                self.log.flush()
-                raise RuntimeError(f"{cmd[0]} exited with {self.proc.returncode} before it was ready: "
-                                   f"{log_path.read_text()[-1500:]}")
-            if time.perf_counter() - t > timeout_s:
-                self.stop()
-                raise RuntimeError(f"{cmd[0]} was not ready within {timeout_s:.0f} s; see {log_path}")
-            try:
-                status, self.health = self.get("/health")
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.25)  # a server loading its model: poll, as a client would
-        self.ready_s = time.perf_counter() - t
-
-    def get(self, path: str) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            body = resp.read().decode()
-        finally:
-            conn.close()
-        try:
-            return resp.status, json.loads(body)
-        except ValueError:
-            return resp.status, body
-
-    def chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        """POST ``/v1/chat/completions``: the response and the client's wall seconds (connect to last byte)."""
-        t = time.perf_counter()
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        try:
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read().decode()
-        finally:
-            conn.close()
-        seconds = time.perf_counter() - t
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {data[:500]}")
-        return json.loads(data), seconds
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 # ----- systems ------------------------------------------------------------------------------------
 @dataclass
 class System:
@@ -285,7 +180,7 @@ def make_systems(names: list[str], weights: list[str], model: str, draft: str | 
 
 
 def start(system: System, workdir: Path, binary: Path | None) -> ServerProcess:
-    port = _free_port()
+    port = free_port()
     log = workdir / f"{system.name.replace('@', '-')}.log"
     if system.kind == "llama":
         assert binary is not None

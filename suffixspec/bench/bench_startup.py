@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from suffixspec.bench.bench_ttft import _children_cpu
+from suffixspec.bench.processes import children_cpu
 
 IMPORTS = [sys.executable, "-c", "import torch, transformers"]
 PROMPT = "Say hello."
@@ -49,13 +49,13 @@ def generate_cmd(model: str, db: Path) -> list[str]:
 
 def timed(cmd: list[str]) -> dict[str, float]:
     """Wall and CPU seconds of one process running ``cmd`` to its end (it must succeed)."""
-    cpu = _children_cpu()
+    cpu = children_cpu()
     t = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
     wall = time.perf_counter() - t
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}): {res.stderr[-800:]}")
-    return {"wall_s": wall, "cpu_s": _children_cpu() - cpu}
+    return {"wall_s": wall, "cpu_s": children_cpu() - cpu}
 
 
 def _summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -22,8 +22,6 @@ import argparse
 import http.client
 import json
 import os
-import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from suffixspec.bench.processes import children_cpu, free_port, stop_process
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
@@ -43,22 +43,10 @@ def _cli() -> list[str]:
     return [str(script)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children_cpu() -> float:
-    """CPU seconds (user + system) of this process's finished children so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, float]:
     """Seconds from spawn to the first text byte on stdout and to exit; CPU seconds of the process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cpu = _children_cpu()
+    cpu = children_cpu()
     t = time.perf_counter()
     proc = subprocess.Popen([*_cli(), "generate", PROMPT, "--max-tokens", str(max_tokens), "--stream",
                              "--draft-model", draft_model, "--db", str(tmp / "gen.db")],
@@ -71,14 +59,14 @@ def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, flo
     t_exit = time.perf_counter() - t
     if code != 0 or not first:
         raise RuntimeError(f"suffixspec generate failed (exit {code}): {(first + rest)[-500:]!r}")
-    return {"first_token_s": t_first, "exit_s": t_exit, "cpu_s": _children_cpu() - cpu}
+    return {"first_token_s": t_first, "exit_s": t_exit, "cpu_s": children_cpu() - cpu}
 
 
 def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 900.0) -> dict[str, float]:
     """Seconds from spawning the server to the first streamed token of the first request; CPU seconds of
     the server process (start, first request, shutdown)."""
-    port = _free_port()
-    cpu = _children_cpu()
+    port = free_port()
+    cpu = children_cpu()
     t = time.perf_counter()
     proc = subprocess.Popen([*_cli(), "serve", "--port", str(port), "--draft-model", draft_model,
                              "--db", str(tmp / "serve.db")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -114,13 +102,8 @@ def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 
         out = {"port_open_s": t_accept, "first_token_s": t_first if t_first is not None else t_done,
                "response_done_s": t_done}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    out["cpu_s"] = _children_cpu() - cpu
+        stop_process(proc)
+    out["cpu_s"] = children_cpu() - cpu
     return out
 
 
