@@ -455,7 +455,8 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     the old files) draft the same, and one document added is drafted from by another reader."""
     from transformers import AutoTokenizer
 
-    from suffixspec.bench.bench_index import PeakMemory, bench_reopen
+    from suffixspec.bench.bench_index.probes import PeakMemory
+    from suffixspec.bench.bench_index.scale import bench_reopen
     from suffixspec.index.store import DocInput, IndexStore
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
@@ -569,7 +570,7 @@ def test_agent_sessions_restart_ours_from_its_store(tiny_model_dirs, tmp_path):
 def test_index_bench_retrieval_section_times_lookups_per_step(bpe_tokenizer_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from suffixspec.bench.bench_index import bench_retrieval
+    from suffixspec.bench.bench_index.lookups import bench_retrieval
     from suffixspec.index.store import DocInput, IndexStore
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
