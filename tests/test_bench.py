@@ -215,7 +215,7 @@ def test_quick_finishes_within_the_time_its_docs_state(tmp_path):
     assert cpu_s <= minutes * 60, f"--quick took {cpu_s:.0f} s of CPU; docs/cli.md states about {minutes} minutes"
 
 def test_result_rows_of_other_models_are_kept(tmp_path):
-    from suffixspec.bench.run import merge_rows
+    from suffixspec.bench.results import merge_rows
 
     path = tmp_path / "results.json"
     old = [{"model": "a", "workload": "rag", "system": "ours_all", "speedup_median": 2.0},
@@ -547,7 +547,7 @@ def test_repo_code_holds_out_the_files_its_answers_belong_in(bpe_tokenizer_dir):
 def test_agent_sessions_restart_ours_from_its_store(tiny_model_dirs, tmp_path):
     """agent_sessions: history on; half-way the restarted systems start (ours from a copy of its store,
     which holds the first half's outputs); rows for all requests and for those after the restart."""
-    from suffixspec.bench.run import SESSION_SYSTEMS
+    from suffixspec.bench.systems import SESSION_SYSTEMS
 
     result = run(str(tiny_model_dirs["llama"]), None, tmp_path / "bench", workloads=("agent_sessions",),
                  requests=2, max_tokens=12, log=lambda msg: None)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from suffixspec.bench.loops import loop_share
-from suffixspec.bench.run import NO_DOCUMENTS
+from suffixspec.bench.systems import NO_DOCUMENTS
 from suffixspec.bench.workloads import WORKLOADS, build, index_documents
 from suffixspec.drafting.budget import draft_budget
 from suffixspec.drafting.costs import PassCost, StepCost

@@ -42,12 +42,14 @@ def _parse(value: str) -> Any:
 
 def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
         values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
-    from suffixspec.bench import run as R
+    from suffixspec.bench.run import workload_requests
+    from suffixspec.bench.serving import run_ours_request, suffix_proposer_for
+    from suffixspec.bench.systems import load_bench
     from suffixspec.drafting.policy import Policy
 
     if field not in {f.name for f in fields(Policy)}:
         raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")
-    bench = R.load_bench(model, drafts, False, 1, log)
+    bench = load_bench(model, drafts, False, 1, log)
     base = bench.engine.policy
     # one Policy per value (keyed by its repr: a literal may be a list), validated before any run
     policies = {repr(v): replace(base, **{field: v}) for v in values}
@@ -55,7 +57,7 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
     results: dict[str, Any] = {}
     try:
         for w in workloads:
-            reqs, _docs = R.workload_requests(w, bench, n, max_tokens, log)
+            reqs, _docs = workload_requests(w, bench, n, max_tokens, log)
             runs = [(s, v) for s in systems for v in (values if s in touched else values[:1])]
             totals = {f"{s}@{v}": 0.0 for s, v in runs}
             identical = True
@@ -64,7 +66,7 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
                 outs = {}
                 for s, v in order:
                     bench.engine.use_policy(policies[repr(v)])
-                    r = R.run_ours_request(bench, s, req, R.suffix_proposer_for(bench, None, s))
+                    r = run_ours_request(bench, s, req, suffix_proposer_for(bench, None, s))
                     outs[f"{s}@{v}"] = r
                     totals[f"{s}@{v}"] += r.cpu_s
                 same = len({tuple(r.tokens) for r in outs.values()}) == 1

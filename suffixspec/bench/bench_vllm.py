@@ -198,7 +198,8 @@ def rows(table: dict[str, dict[str, dict[str, Any]]], model: str, meta: dict[str
 def main_bench(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from suffixspec.bench.run import merge_rows, model_label
+    from suffixspec.bench.results import merge_rows
+    from suffixspec.bench.systems import model_label
     from suffixspec.bench.workloads import build
     from suffixspec.index.store import DocInput, IndexStore
 
