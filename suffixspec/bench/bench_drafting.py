@@ -24,7 +24,7 @@ ms: 152 ms against 4 x 70 = 280 ms plain, 1.84x.
 
 Outputs: ``recorded`` (default) are the target's greedy outputs, generated once and cached under
 ``--cache`` (they loop where the model loops: every table row says how much); ``written`` are the
-answers written for the tasks (:attr:`bench.workloads.Request.answer`: the edited function, the
+answers written for the tasks (:attr:`bench.workloads.request.Request.answer`: the edited function, the
 tool calls, the quoted documentation): text that does not loop, the same for every model.
 History (earlier outputs) is off for every drafter unless ``--history``.
 """

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .workloads import humaneval_problems
+from .workloads.sources import humaneval_problems
 
 PROMPT = "Complete the following Python function.\n\n```python\n{prompt}```"  # as workloads' humaneval_chat
 LIMITS = {"timeout_s": 10.0, "memory_bytes": 2 * 2**30, "cpu_s": 10, "file_bytes": 16 * 2**20, "open_files": 64}

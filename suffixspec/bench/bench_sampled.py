@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from suffixspec.bench.workloads import Request, build, index_documents
+from suffixspec.bench.workloads import build, index_documents
+from suffixspec.bench.workloads.request import Request
 
 TEMPERATURES = (0.7, 1.0)
 SAMPLED_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")

@@ -62,7 +62,8 @@ from typing import Any
 
 from .loops import LOOPING, loop_share
 from .processes import ServerProcess, free_port, resident_memory
-from .workloads import Request, build
+from .workloads import build
+from .workloads.request import Request
 
 LLAMA_SERVER_ENV = "SUFFIXSPEC_LLAMA_SERVER"  # the llama-server binary, when --llama-server is not given
 LLAMA_SYSTEMS = ("llama_server_plain", "llama_server_spec_default", "llama_server_draft", "llama_server_draft_ngram")

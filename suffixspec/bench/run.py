@@ -75,7 +75,8 @@ from suffixspec.bench.systems import (
     load_bench,
     model_label,
 )
-from suffixspec.bench.workloads import WORKLOADS, Request, build
+from suffixspec.bench.workloads import WORKLOADS, build
+from suffixspec.bench.workloads.request import Request
 
 SEPARATE_BYTES = 2 * 2**30  # a target this large runs transformers' systems and ours in separate processes
 QUICK_SYSTEMS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "ours_all")

@@ -12,7 +12,8 @@ from typing import Any
 
 from suffixspec.bench.loops import loop_share
 from suffixspec.bench.systems import ARCTIC_SYSTEMS, SESSION_SYSTEMS, Bench, Run, baseline, no_documents
-from suffixspec.bench.workloads import Request, index_documents
+from suffixspec.bench.workloads import index_documents
+from suffixspec.bench.workloads.request import Request
 
 
 def hf_generate(bench: Bench, system: str, req: Request) -> Run:
