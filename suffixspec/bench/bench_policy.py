@@ -40,8 +40,18 @@ def _parse(value: str) -> Any:
     return ast.literal_eval(value.strip())
 
 
-def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
-        values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
+def run(
+    model: str,
+    drafts: list[str],
+    workloads: list[str],
+    n: int,
+    max_tokens: int,
+    field: str,
+    values: list[Any],
+    systems: list[str],
+    every: bool = False,
+    log=print,
+) -> dict[str, Any]:
     from suffixspec.bench.run import workload_requests
     from suffixspec.bench.serving import run_ours_request, suffix_proposer_for
     from suffixspec.bench.systems import load_bench
@@ -71,10 +81,15 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
                     totals[f"{s}@{v}"] += r.cpu_s
                 same = len({tuple(r.tokens) for r in outs.values()}) == 1
                 identical &= same
-                log(f"  {w} request {k + 1}/{len(reqs)}: {len(next(iter(outs.values())).tokens)} tokens, identical "
-                    f"{same}; " + ", ".join(f"{name} {r.cpu_s:.2f} s" for name, r in outs.items()))
-            results[w] = {"requests": len(reqs), "cpu_s": {k: round(v, 3) for k, v in totals.items()},
-                          "identical": identical}
+                log(
+                    f"  {w} request {k + 1}/{len(reqs)}: {len(next(iter(outs.values())).tokens)} tokens, identical "
+                    f"{same}; " + ", ".join(f"{name} {r.cpu_s:.2f} s" for name, r in outs.items())
+                )
+            results[w] = {
+                "requests": len(reqs),
+                "cpu_s": {k: round(v, 3) for k, v in totals.items()},
+                "identical": identical,
+            }
     finally:
         bench.engine.use_policy(base)
     return results
@@ -84,7 +99,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["| workload | requests | system@value | CPU s | identical |", "|---|---:|---|---:|:---:|"]
     for w, r in results.items():
         for name, cpu in r["cpu_s"].items():
-            lines.append(f"| {w} | {r['requests']} | {name} | {cpu:.2f} | {'yes' if r['identical'] else 'NO'} |")
+            lines.append(
+                f"| {w} | {r['requests']} | {name} | {cpu:.2f} | {'yes' if r['identical'] else 'NO'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -103,15 +120,27 @@ def main() -> None:
     args = ap.parse_args()
     from suffixspec.models import default_draft
 
-    drafts = [default_draft(args.model) if d.strip() == "auto" else d.strip() for d in args.draft_model.split(",")]
+    drafts = [
+        default_draft(args.model) if d.strip() == "auto" else d.strip() for d in args.draft_model.split(",")
+    ]
     drafts = [d for d in drafts if d not in (None, "", "none")]
-    results = run(args.model, drafts, args.workloads.split(","), args.requests, args.max_tokens, args.field,
-                  [_parse(v) for v in args.values.split(",")], args.systems.split(","), args.every)
+    results = run(
+        args.model,
+        drafts,
+        args.workloads.split(","),
+        args.requests,
+        args.max_tokens,
+        args.field,
+        [_parse(v) for v in args.values.split(",")],
+        args.systems.split(","),
+        args.every,
+    )
     print(markdown(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2)
+        )
 
 
 if __name__ == "__main__":

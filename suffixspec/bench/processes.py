@@ -81,8 +81,14 @@ class ServerProcess:
     """A server subprocess on 127.0.0.1 speaking the OpenAI API; ready once ``/health`` answers 200. Its output
     goes to ``log_path``; :meth:`stop` ends it (:func:`stop_process`) and closes the log."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 1800.0) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 1800.0,
+    ) -> None:
         self.port = port
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.log_path = log_path
@@ -91,8 +97,10 @@ class ServerProcess:
         while True:
             if self.proc.poll() is not None:
                 self.log.flush()
-                raise RuntimeError(f"{cmd[0]} exited with {self.proc.returncode} before it was ready: "
-                                   f"{log_path.read_text()[-1500:]}")
+                raise RuntimeError(
+                    f"{cmd[0]} exited with {self.proc.returncode} before it was ready: "
+                    f"{log_path.read_text()[-1500:]}"
+                )
             if time.perf_counter() - t > timeout_s:
                 self.stop()
                 raise RuntimeError(f"{cmd[0]} was not ready within {timeout_s:.0f} s; see {log_path}")

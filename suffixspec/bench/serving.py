@@ -22,8 +22,12 @@ def hf_generate(bench: Bench, system: str, req: Request) -> Run:
     target = bench.hf_target or bench.target
     tok = target.tokenizer
     ids = torch.tensor([tok(req.prompt)["input_ids"]], device=target.device)
-    kwargs: dict[str, Any] = dict(do_sample=False, max_new_tokens=req.max_tokens,
-                                  attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
+    kwargs: dict[str, Any] = dict(
+        do_sample=False,
+        max_new_tokens=req.max_tokens,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=tok.pad_token_id,
+    )
     if system == "hf_prompt_lookup":
         kwargs["prompt_lookup_num_tokens"] = 10
     elif system.startswith("hf_assisted"):
@@ -37,8 +41,12 @@ def hf_generate(bench: Bench, system: str, req: Request) -> Run:
     t, c = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
         out = target.model.generate(ids, **kwargs)
-    return Run(time.perf_counter() - t, time.thread_time() - c, out[0, ids.shape[1]:].tolist(),
-               bench.hf_forwards.calls - calls)
+    return Run(
+        time.perf_counter() - t,
+        time.thread_time() - c,
+        out[0, ids.shape[1] :].tolist(),
+        bench.hf_forwards.calls - calls,
+    )
 
 
 def run_ours_request(bench: Bench, system: str, req: Request, suffix: Any) -> Run:
@@ -68,17 +76,25 @@ def run_ours_request(bench: Bench, system: str, req: Request, suffix: Any) -> Ru
         spec = SpeculationConfig(drafters=drafters)
     calls = bench.forwards.calls
     t, c = time.perf_counter(), time.thread_time()
-    res = bench.engine.generate(bench.engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
-                                spec, references=req.references or None, prediction=req.prediction)
+    res = bench.engine.generate(
+        bench.engine.encode(req.prompt),
+        SamplingParams(max_tokens=req.max_tokens),
+        spec,
+        references=req.references or None,
+        prediction=req.prediction,
+    )
     seconds, cpu = time.perf_counter() - t, time.thread_time() - c
-    return Run(seconds, cpu, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict())
+    return Run(
+        seconds, cpu, res.token_ids, bench.forwards.calls - calls, res.stats.steps, res.stats.to_dict()
+    )
 
 
 def llama_generate(bench: Bench, system: str, req: Request) -> Run:
     """One request through llama.cpp (:mod:`suffixspec.bench.llama`): the same prompt ids as ``hf_generate``'s."""
     ids = bench.target.tokenizer(req.prompt)["input_ids"]
-    tokens, seconds, cpu, forwards, stats = bench.llama.generate(system, ids, req.max_tokens, req.references,
-                                                                 req.prediction)
+    tokens, seconds, cpu, forwards, stats = bench.llama.generate(
+        system, ids, req.max_tokens, req.references, req.prediction
+    )
     return Run(seconds, cpu, tokens, forwards, stats.get("steps"), stats)
 
 
@@ -99,8 +115,15 @@ def suffix_proposer_for(bench: Bench, documents: Any, system: str = "ours_all") 
     return SuffixProposer(tokenizer=bench.target.tokenizer, documents=documents, history=bench.history)
 
 
-def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, str]], systems: tuple[str, ...],
-                 log=print, name: str = "", tmp: Path | None = None) -> dict[str, list[Run]]:
+def run_workload(
+    bench: Bench,
+    requests: list[Request],
+    docs: list[tuple[str, str]],
+    systems: tuple[str, ...],
+    log=print,
+    name: str = "",
+    tmp: Path | None = None,
+) -> dict[str, list[Run]]:
     """Every system serves each request in turn (request-major, the order rotating by one per
     request), so a system and its baseline run seconds apart rather than minutes: load changes on a
     shared machine hit both alike. Each of our systems keeps its own suffix proposer for the workload.
@@ -115,13 +138,16 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
         run_ours_request(bench, "ours_off", Request(requests[0].prompt, 4), None)
     with tempfile.TemporaryDirectory() as own:
         documents = index_documents(bench.target.tokenizer, docs, tmp or Path(own))
-        suffixes = {s: suffix_proposer_for(bench, documents, s) for s in systems
-                    if not s.startswith(("hf_", "llama_"))}
+        suffixes = {
+            s: suffix_proposer_for(bench, documents, s)
+            for s in systems
+            if not s.startswith(("hf_", "llama_"))
+        }
         if bench.llama is not None:  # like ours: what the drafter learned starts afresh with each workload
             bench.llama.new_workload()
         runs: dict[str, list[Run]] = {s: [] for s in systems}
         for k, req in enumerate(requests):
-            for system in systems[k % len(systems):] + systems[:k % len(systems)]:
+            for system in systems[k % len(systems) :] + systems[: k % len(systems)]:
                 if system.startswith("hf_"):
                     runs[system].append(hf_generate(bench, system, req))
                 elif system.startswith("llama_"):
@@ -129,15 +155,22 @@ def run_workload(bench: Bench, requests: list[Request], docs: list[tuple[str, st
                 else:
                     runs[system].append(run_ours_request(bench, system, req, suffixes[system]))
             plain = runs[base][-1]
-            log(f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
-                f"{loop_share(plain.tokens):.2f}; over {base} (wall, CPU): " + ", ".join(
+            log(
+                f"  {name} request {k + 1}/{len(requests)}: {len(plain.tokens)} tokens, loop share "
+                f"{loop_share(plain.tokens):.2f}; over {base} (wall, CPU): "
+                + ", ".join(
                     f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x, "
-                    f"{plain.cpu_s / max(runs[s][-1].cpu_s, 1e-9):.2f}x" for s in systems if s != base))
+                    f"{plain.cpu_s / max(runs[s][-1].cpu_s, 1e-9):.2f}x"
+                    for s in systems
+                    if s != base
+                )
+            )
     return runs
 
 
-def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | None = None,
-                 arctic: bool = True) -> tuple[dict[str, list[Run]], int]:
+def run_sessions(
+    bench: Bench, requests: list[Request], log=print, tmp: Path | None = None, arctic: bool = True
+) -> tuple[dict[str, list[Run]], int]:
     """Sessions of one agent in order, with the output history on, interleaved per request as
     :func:`run_workload`; half-way through the requests the ``*_restart`` systems are restarted: our
     proposer is made again on a copy of its store (what a restarted server finds), Arctic's cache is made
@@ -178,14 +211,18 @@ def run_sessions(bench: Bench, requests: list[Request], log=print, tmp: Path | N
                 if arctic:
                     suffixes["arctic_suffix_best_restart"] = theirs()
             live = [s for s in systems if s == "hf_plain" or s in suffixes]
-            for system in live[k % len(live):] + live[:k % len(live)]:
+            for system in live[k % len(live) :] + live[: k % len(live)]:
                 if system == "hf_plain":
                     runs[system].append(hf_generate(bench, system, req))
                 else:
                     kind = "ours_all" if system.startswith("ours") else "arctic_suffix_best"
                     runs[system].append(run_ours_request(bench, kind, req, suffixes[system]))
             plain = runs["hf_plain"][-1]
-            log(f"  agent_sessions request {k + 1}/{len(requests)}{' (restarted)' if k >= restart else ''}: "
-                f"{len(plain.tokens)} tokens; " + ", ".join(f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x"
-                                                            for s in live if s != "hf_plain"))
+            log(
+                f"  agent_sessions request {k + 1}/{len(requests)}{' (restarted)' if k >= restart else ''}: "
+                f"{len(plain.tokens)} tokens; "
+                + ", ".join(
+                    f"{s} {plain.seconds / runs[s][-1].seconds:.2f}x" for s in live if s != "hf_plain"
+                )
+            )
     return runs, restart

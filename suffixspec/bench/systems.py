@@ -23,8 +23,13 @@ BASELINES = ("hf_prompt_lookup", "arctic_suffix_best", "hf_assisted")
 DRAFT_SYSTEMS = ("hf_assisted", "ours_draft_model")  # one per draft model (the first's names carry no suffix)
 # agent_sessions: ours with the output history in SQLite and ArcticInference's global tree, each once
 # without a restart and once restarted half-way (ours reopens its store, theirs starts empty)
-SESSION_SYSTEMS = ("hf_plain", "ours_history", "arctic_suffix_best", "ours_history_restart",
-                   "arctic_suffix_best_restart")
+SESSION_SYSTEMS = (
+    "hf_plain",
+    "ours_history",
+    "arctic_suffix_best",
+    "ours_history_restart",
+    "arctic_suffix_best_restart",
+)
 
 
 def baseline(systems: tuple[str, ...]) -> str:
@@ -53,7 +58,13 @@ def our_systems() -> tuple[str, ...]:
     ``ours_suffix`` (every suffix-index drafter, no draft model), ``ours_all``."""
     from suffixspec.drafting.registry import source_names
 
-    return ("ours_off", *(f"ours_{d}" for d in source_names()), "ours_suffix", "ours_no_documents", "ours_all")
+    return (
+        "ours_off",
+        *(f"ours_{d}" for d in source_names()),
+        "ours_suffix",
+        "ours_no_documents",
+        "ours_all",
+    )
 
 
 def all_systems(extra_drafts: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -89,8 +100,12 @@ class Bench:
     llama: Any = None  # bench.llama.LlamaBench when llama.cpp systems run (same GGUF, same prompt ids)
     drafts: list[Any] = field(default_factory=list)  # LoadedModel per draft model (the first is ``draft``)
     draft_proposers: list[Any] = field(default_factory=list)  # our proposer per draft model
-    other_proposers: list[Any] = field(default_factory=list)  # every other registered drafter the target allows
-    proposers: bool = True  # build our draft proposers (a phase of transformers' systems only needs the models)
+    other_proposers: list[Any] = field(
+        default_factory=list
+    )  # every other registered drafter the target allows
+    proposers: bool = (
+        True  # build our draft proposers (a phase of transformers' systems only needs the models)
+    )
     # transformers' systems' own float32 copies of the target and drafts where ours run a quantized format (its
     # float weights are released once quantized); None: they share ``target`` / ``drafts``
     hf_target: Any | None = None
@@ -103,7 +118,9 @@ class Bench:
 
         self.engine = Engine(self.target, prefix_cache_mb=0, threads=self.threads)
         self.forwards = ForwardCounter(self.target.model)
-        self.hf_forwards = ForwardCounter(self.hf_target.model) if self.hf_target is not None else self.forwards
+        self.hf_forwards = (
+            ForwardCounter(self.hf_target.model) if self.hf_target is not None else self.forwards
+        )
         if self.draft is not None and not self.drafts:
             self.drafts = [self.draft]
         self.draft = self.drafts[0] if self.drafts else None
@@ -111,8 +128,10 @@ class Bench:
             from suffixspec.drafting.registry import build_available
 
             self.draft_proposers = [make_draft_proposer(d, self.target) for d in self.drafts]
-            self.other_proposers = build_available({"tokenizer": self.target.tokenizer, "target": self.target,
-                                                    "history": self.history}, exclude=("suffix", "draft_model"))
+            self.other_proposers = build_available(
+                {"tokenizer": self.target.tokenizer, "target": self.target, "history": self.history},
+                exclude=("suffix", "draft_model"),
+            )
         self.draft_proposer = self.draft_proposers[0] if self.draft_proposers else None
 
     def draft_index(self, system: str) -> int:
@@ -154,8 +173,11 @@ def broken_uag(model: str, drafts: list[str], systems: tuple[str, ...]) -> tuple
     if why is None or not assisted or not drafts:
         return [], None
     target, labels = load_tokenizer(model), [model_label(d) for d in drafts]
-    broken = [s for s in assisted
-              if not TokenBridge.cached(target, load_tokenizer(drafts[draft_index(s, labels)])).same_vocabulary]
+    broken = [
+        s
+        for s in assisted
+        if not TokenBridge.cached(target, load_tokenizer(drafts[draft_index(s, labels)])).same_vocabulary
+    ]
     return broken, why if broken else None
 
 
@@ -167,8 +189,17 @@ def bench_weights(weights: str, model: str) -> str:
     return resolve(weights, "cpu", model=model)
 
 
-def load_bench(model: str, drafts: list[str], history: bool, threads: int | str, log,
-               proposers: bool = True, engine: bool = True, weights: str = "float32", hf: bool = True) -> Bench:
+def load_bench(
+    model: str,
+    drafts: list[str],
+    history: bool,
+    threads: int | str,
+    log,
+    proposers: bool = True,
+    engine: bool = True,
+    weights: str = "float32",
+    hf: bool = True,
+) -> Bench:
     """The models loaded (the target at ``weights``, ``drafts``, and with ``proposers`` our draft proposer per
     draft model; ``hf``: float32 copies for transformers' systems where ``weights`` is quantized), and
     (``engine``) our engine warmed up at its thread count, held from here for every system
@@ -183,10 +214,16 @@ def load_bench(model: str, drafts: list[str], history: bool, threads: int | str,
         torch.set_num_threads(int(threads))
     fmt = bench_weights(weights, model)
     own = fmt in QUANTIZED and hf  # transformers' systems need float weights of their own
-    bench = Bench(load_model(model, weights=fmt), None, history, None if threads == "auto" else torch.get_num_threads(),
-                  drafts=[load_model(d, weights=draft_weights(fmt), draft=True) for d in drafts], proposers=proposers,
-                  hf_target=load_model(model) if own else None,
-                  hf_drafts=[load_model(d) for d in drafts] if own else None)
+    bench = Bench(
+        load_model(model, weights=fmt),
+        None,
+        history,
+        None if threads == "auto" else torch.get_num_threads(),
+        drafts=[load_model(d, weights=draft_weights(fmt), draft=True) for d in drafts],
+        proposers=proposers,
+        hf_target=load_model(model) if own else None,
+        hf_drafts=[load_model(d) for d in drafts] if own else None,
+    )
     if engine:
         bench.engine.warm_up()  # the lean forward packed (a large model's own weights paged out) now
         bench.engine.threads.hold()  # measured ("auto") or given: one count for every system from here

@@ -25,6 +25,7 @@ from suffixspec.bench.bench_index.probes import PeakMemory
 # with it on PYTHONPATH, runs this version's code
 CHECKOUT = Path(__file__).resolve().parents[3]
 
+
 def main_index_module(main_root: str | None, name: str):
     """Module ``suffixspec.index.<name>`` of the checkout at ``main_root`` (another version's code, imported
     as the package ``main_index`` beside this one; ``index/`` at the root in checkouts before the folder tree
@@ -58,13 +59,18 @@ def compact_in_child(db: Path) -> dict:
     """``IndexStore.compact()`` in a process of its own (as ``suffixspec index merge`` runs it): its time and
     its peak RSS and anonymous memory, sampled (:class:`PeakMemory`; the child's own ``ru_maxrss`` would
     count this process' pages it was forked with)."""
-    proc = subprocess.Popen([sys.executable, "-c", _COMPACT_SCRIPT, str(db)], stdout=subprocess.PIPE, text=True,
-                            cwd=str(CHECKOUT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _COMPACT_SCRIPT, str(db)], stdout=subprocess.PIPE, text=True, cwd=str(CHECKOUT)
+    )
     with PeakMemory(proc.pid) as mem:
         out, _ = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"compaction failed ({proc.returncode})")
-    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_bytes": mem.rss, "peak_anon_bytes": mem.anon}
+    return {
+        **json.loads(out.strip().splitlines()[-1]),
+        "peak_rss_bytes": mem.rss,
+        "peak_anon_bytes": mem.anon,
+    }
 
 
 _ARCTIC_SCRIPT = r"""
@@ -130,7 +136,9 @@ def run_arctic(python: str, seqs: list[np.ndarray], ctxs: list[list[int]]) -> di
         script = Path(d) / "arctic_bench.py"
         script.write_text(_ARCTIC_SCRIPT)
         try:
-            out = subprocess.run([python, str(script), str(data)], capture_output=True, text=True, timeout=900)
+            out = subprocess.run(
+                [python, str(script), str(data)], capture_output=True, text=True, timeout=900
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"not run: {e}"
         if out.returncode != 0:

@@ -60,8 +60,9 @@ def get_tokenizer(name: str | None, texts: list[tuple[str, str]]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=8192, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=8192, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator([t for _, t in texts[::20]], trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok), "byte-level BPE 8k trained on a stdlib slice"
 
@@ -71,7 +72,7 @@ def tokenize(tokenizer, texts: list[tuple[str, str]], limit: int) -> list[np.nda
 
     out, total = [], 0
     for i in range(0, len(texts), 256):
-        for arr in encode_batched(tokenizer, [t for _, t in texts[i:i + 256]]):
+        for arr in encode_batched(tokenizer, [t for _, t in texts[i : i + 256]]):
             out.append(arr)
             total += len(arr)
             if total >= limit:
@@ -87,7 +88,7 @@ def contexts(seqs: list[np.ndarray], n: int, length: int, seed: int = 0) -> list
     while len(out) < n:
         s = long[rng.randrange(len(long))]
         j = rng.randrange(length, len(s) - 1)
-        out.append(s[j - length:j].tolist())
+        out.append(s[j - length : j].tolist())
     return out
 
 
@@ -147,7 +148,7 @@ def sample_sequences(index, n: int) -> list[list[int]]:
         for k in range(0, len(starts), step):
             end = starts[k + 1] - 1 if k + 1 < len(starts) else seg.num_suffixes - 1
             if end - starts[k] > 80:
-                out.append(text[starts[k]:end].astype(np.int64))
+                out.append(text[starts[k] : end].astype(np.int64))
     return out
 
 
@@ -173,7 +174,7 @@ def small_documents(texts: list[tuple[str, str]], n: int, chars: int = 600) -> l
     while len(out) < n:
         for path, text in texts:
             for k in range(0, len(text) - chars, chars):
-                out.append({"text": text[k:k + chars], "source": f"{path}:{k}#{len(out) // 10**6}"})
+                out.append({"text": text[k : k + chars], "source": f"{path}:{k}#{len(out) // 10**6}"})
                 if len(out) >= n:
                     return out
     return out
@@ -188,9 +189,14 @@ def templated_requests(tokenizer, n: int, seed: int = 0) -> list[tuple[list[int]
     for i in range(n):
         name, action, num = rng.choice(names), rng.choice(actions), rng.randrange(1000)
         prompt = f"Task {i}: call {action} on the {name} module with limit {num}.\n"
-        output = (f'{{"tool": "{action}", "arguments": {{"path": "src/{name}/main.py", "limit": {num}, '
-                  f'"recursive": true, "encoding": "utf-8"}}, "reason": "The user asked to {action.replace("_", " ")} '
-                  f'for the {name} module, so I call the tool with the requested limit of {num}."}}\n')
-        enc = tokenizer(prompt, add_special_tokens=False)["input_ids"], tokenizer(output, add_special_tokens=False)["input_ids"]
+        output = (
+            f'{{"tool": "{action}", "arguments": {{"path": "src/{name}/main.py", "limit": {num}, '
+            f'"recursive": true, "encoding": "utf-8"}}, "reason": "The user asked to {action.replace("_", " ")} '
+            f'for the {name} module, so I call the tool with the requested limit of {num}."}}\n'
+        )
+        enc = (
+            tokenizer(prompt, add_special_tokens=False)["input_ids"],
+            tokenizer(output, add_special_tokens=False)["input_ids"],
+        )
         out.append((list(enc[0]), list(enc[1])))
     return out

@@ -51,7 +51,7 @@ def bench_micro(seqs: list[np.ndarray], n_ctx: int, arctic_python: str | None) -
     t = time.perf_counter()
     for s in flat:
         for i in range(0, len(s), 16):
-            idx2.extend(s[i:i + 16])
+            idx2.extend(s[i : i + 16])
         idx2.end_sequence()
     res["incremental_extend16_us_per_token"] = (time.perf_counter() - t) / total * 1e6
     # bulk build of a long run (a prompt)
@@ -157,12 +157,18 @@ def simulate(proposer, prompt: list[int], target: list[int], budget: int = 16) -
         node, n_acc = -1, 0
         while len(out) + n_acc < len(target):
             want = target[len(out) + n_acc]
-            nxt = next((i for i, (tok, par) in enumerate(zip(draft.tokens, draft.parents, strict=True))
-                        if par == node and tok == want), None)
+            nxt = next(
+                (
+                    i
+                    for i, (tok, par) in enumerate(zip(draft.tokens, draft.parents, strict=True))
+                    if par == node and tok == want
+                ),
+                None,
+            )
             if nxt is None:
                 break
             node, n_acc = nxt, n_acc + 1
-        new = target[len(out):len(out) + n_acc + 1]  # accepted + the target's own token
+        new = target[len(out) : len(out) + n_acc + 1]  # accepted + the target's own token
         out.extend(new)
         proposer.update(new)
         steps += 1
@@ -186,8 +192,12 @@ def bench_history(tokenizer, n_requests: int) -> dict:
         if hi <= n_requests and hi > lo:
             vals = per_request[lo:hi]
             buckets[f"requests {lo + 1}-{hi}"] = sum(vals) / len(vals)
-    return {"requests": n_requests, "output_tokens_per_request": sum(len(t) for _, t in reqs) / n_requests,
-            "mean_accepted_length_by_request": buckets, "history_tokens": proposer.history.num_tokens}
+    return {
+        "requests": n_requests,
+        "output_tokens_per_request": sum(len(t) for _, t in reqs) / n_requests,
+        "mean_accepted_length_by_request": buckets,
+        "history_tokens": proposer.history.num_tokens,
+    }
 
 
 def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root: str) -> dict:
@@ -217,11 +227,17 @@ def bench_lookup_vs_main(tokenizer, texts, limit: int, n_lookups: int, main_root
         names = list(times)
         for i, c in enumerate(ctxs):  # interleaved: the machine's load hits every system alike
             drafts = {}
-            for k in names[i % len(names):] + names[:i % len(names)]:  # rotated: the first pays the cache misses
+            for k in (
+                names[i % len(names) :] + names[: i % len(names)]
+            ):  # rotated: the first pays the cache misses
                 t0 = time.perf_counter()
                 drafts[k] = systems[k].speculate(c, params)
                 times[k].append(time.perf_counter() - t0)
-            same &= drafts["segments"].token_ids == drafts["one_array_here"].token_ids == drafts["compacted"].token_ids
+            same &= (
+                drafts["segments"].token_ids
+                == drafts["one_array_here"].token_ids
+                == drafts["compacted"].token_ids
+            )
         for k, v in times.items():
             res[f"{k}_speculate_median_us"] = statistics.median(v) * 1e6
         res["segments_equal_one_array"] = bool(same)
@@ -239,7 +255,7 @@ def _walk_lookups(retrieval, walks: list[list[int]], params: SpecParams, steps: 
         hint = None
         for i in range(min(start, len(w) - 1), len(w) - 1):
             c0, t0 = time.thread_time(), time.perf_counter()
-            res = retrieval.speculate(w[:i + 1], params, 64, hint=hint)
+            res = retrieval.speculate(w[: i + 1], params, 64, hint=hint)
             wall.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
             hint = res.match_len + 1 if res.match_len else None
@@ -253,10 +269,16 @@ def _walk_lookups(retrieval, walks: list[list[int]], params: SpecParams, steps: 
         if len(wall) >= steps:
             break
     q = sorted(wall)
-    return {"steps": len(wall), "median_us": statistics.median(wall) * 1e6, "p99_us": q[int(0.99 * (len(q) - 1))] * 1e6,
-            "max_us": q[-1] * 1e6, "cpu_median_us": statistics.median(cpu) * 1e6,
-            "cpu_p99_us": sorted(cpu)[int(0.99 * (len(cpu) - 1))] * 1e6, "drafted_share": drafted / max(1, len(wall)),
-            "first_token_hit_by_match_len": {k: [n, round(h / n, 3)] for k, (n, h) in sorted(hits.items())}}
+    return {
+        "steps": len(wall),
+        "median_us": statistics.median(wall) * 1e6,
+        "p99_us": q[int(0.99 * (len(q) - 1))] * 1e6,
+        "max_us": q[-1] * 1e6,
+        "cpu_median_us": statistics.median(cpu) * 1e6,
+        "cpu_p99_us": sorted(cpu)[int(0.99 * (len(cpu) - 1))] * 1e6,
+        "drafted_share": drafted / max(1, len(wall)),
+        "first_token_hit_by_match_len": {k: [n, round(h / n, 3)] for k, (n, h) in sorted(hits.items())},
+    }
 
 
 def bench_retrieval(tokenizer, db: Path, steps: int, log=print) -> dict:
@@ -272,11 +294,22 @@ def bench_retrieval(tokenizer, db: Path, steps: int, log=print) -> dict:
     store = IndexStore(db)
     index = store.document_index(tokenizer)
     retrieval = DocumentRetrieval(index)
-    res: dict = {"tokens": index.num_tokens, "segments": [s.num_tokens for s in index.segments],
-                 "min_match": retrieval.min_match, "load_average": os.getloadavg()[0]}
-    params = SpecParams(max_spec_tokens=32, max_spec_factor=4.0, min_token_prob=0.1, use_tree_spec=True,
-                        rates=AcceptanceRates(PRIOR_RATES).table())
-    held = [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"]).tolist() for t in held_out_texts()]
+    res: dict = {
+        "tokens": index.num_tokens,
+        "segments": [s.num_tokens for s in index.segments],
+        "min_match": retrieval.min_match,
+        "load_average": os.getloadavg()[0],
+    }
+    params = SpecParams(
+        max_spec_tokens=32,
+        max_spec_factor=4.0,
+        min_token_prob=0.1,
+        use_tree_spec=True,
+        rates=AcceptanceRates(PRIOR_RATES).table(),
+    )
+    held = [
+        np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"]).tolist() for t in held_out_texts()
+    ]
     copied = [s.tolist() for s in sample_sequences(index, 200)]
     random.Random(7).shuffle(copied)
     for walks in (held, copied):  # warm the mapped pages the walks touch

@@ -27,8 +27,10 @@ def _timed_lookups(index, ctxs, params) -> dict:
         t0 = time.perf_counter()
         index.speculate(c, params)
         specs.append(time.perf_counter() - t0)
-    return {"speculate_median_us": statistics.median(specs) * 1e6,
-            "speculate_p90_us": sorted(specs)[int(0.9 * len(specs))] * 1e6}
+    return {
+        "speculate_median_us": statistics.median(specs) * 1e6,
+        "speculate_p90_us": sorted(specs)[int(0.9 * len(specs))] * 1e6,
+    }
 
 
 def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log=print) -> list[dict]:
@@ -75,12 +77,19 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
         seqs = [np.asarray(s) for s in sample_sequences(index, 400)]
         ctxs = lookup_contexts(seqs, n_lookups)
         params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
-        res = {"tokens": index.num_tokens, "text_bytes": st["document_bytes"], "add_s": add_s,
-               "merge_s": merge_s, "merges": merges, "segments": len(st["tokenizers"][fp]["segments"]),
-               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "peak_anon_bytes": mem.anon,
-               "disk_bytes": st["bytes_on_disk"], "disk_per_text_byte": st["bytes_on_disk"] / st["document_bytes"],
-               **_timed_lookups(index, ctxs, params)}
+        res = {
+            "tokens": index.num_tokens,
+            "text_bytes": st["document_bytes"],
+            "add_s": add_s,
+            "merge_s": merge_s,
+            "merges": merges,
+            "segments": len(st["tokenizers"][fp]["segments"]),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_anon_bytes": mem.anon,
+            "disk_bytes": st["bytes_on_disk"],
+            "disk_per_text_byte": st["bytes_on_disk"] / st["document_bytes"],
+            **_timed_lookups(index, ctxs, params),
+        }
         # one new document, until a reader drafts from it; then its deletion
         marker = f"def scale_marker_{target}(alpha, beta):\n    return alpha * {target} + beta - 17\n" * 3
         reader = IndexStore(db)
@@ -92,7 +101,7 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
         half = len(ids) // 2
         drafted = fresh.speculate(ids[:half], params)
         res["add_one_until_drafted_s"] = time.perf_counter() - t
-        res["add_one_drafts_it"] = drafted.token_ids[:4] == ids[half:half + 4]
+        res["add_one_drafts_it"] = drafted.token_ids[:4] == ids[half : half + 4]
         t = time.perf_counter()
         store.remove([f"marker-{target}.py"])
         gone = reader.document_index(tokenizer).count(ids[:half])
@@ -107,8 +116,14 @@ def bench_scale(tokenizer, stages: list[int], n_lookups: int, workdir: Path, log
     return out
 
 
-def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main_root: str | None = None,
-                 compact: bool = False) -> dict:
+def bench_reopen(
+    tokenizer,
+    workdir: Path,
+    n_lookups: int,
+    rounds: int = 5,
+    main_root: str | None = None,
+    compact: bool = False,
+) -> dict:
     """On the database a ``scale`` run left in ``workdir``: run the merges the current policy plans, then
     time speculate, interleaved on the same contexts: the segment set, its largest segment alone, the same
     files read by the code at ``main_root`` (the version before this one), and with ``compact`` the set
@@ -129,11 +144,19 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
     ctxs = lookup_contexts(seqs, n_lookups, seed=5, change_seed=6)
     params = SpecParams(max_spec_tokens=32, use_tree_spec=True)
     systems: dict = {"segments": (index, params), "largest_segment_alone": (index.segments[0], params)}
-    old_seg, old_sa, old_spec = (main_index_module(main_root, m) for m in ("segments", "suffix_array", "speculate"))
+    old_seg, old_sa, old_spec = (
+        main_index_module(main_root, m) for m in ("segments", "suffix_array", "speculate")
+    )
     if old_seg is not None:
         fp = next(iter(store.stats()["tokenizers"]))
-        old = old_seg.SegmentSet([old_sa.SuffixArray.load(store.arrays_dir / i.name, dead=store.catalogue.tombstones(i.dead_file)[0])
-                                  for i in store.segment_infos(fp)])  # with the tombstones, as the store loads them
+        old = old_seg.SegmentSet(
+            [
+                old_sa.SuffixArray.load(
+                    store.arrays_dir / i.name, dead=store.catalogue.tombstones(i.dead_file)[0]
+                )
+                for i in store.segment_infos(fp)
+            ]
+        )  # with the tombstones, as the store loads them
         systems["segments_main_code"] = (old, old_spec.SpecParams(max_spec_tokens=32, use_tree_spec=True))
     if compact:
         res["compaction"] = compact_in_child(db)
@@ -151,13 +174,22 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
         drafts = {}
         # the order rotates per context: the first system to look a context up pays its cache misses, the
         # others find the same text and sa entries in the cache
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             idx, p = systems[name]
             c0, t0 = time.thread_time(), time.perf_counter()
             drafts[name] = idx.speculate(c, p)
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.thread_time() - c0)
-        same += len({(tuple(d.token_ids), tuple(d.probs)) for k, d in drafts.items() if k != "largest_segment_alone"}) == 1
+        same += (
+            len(
+                {
+                    (tuple(d.token_ids), tuple(d.probs))
+                    for k, d in drafts.items()
+                    if k != "largest_segment_alone"
+                }
+            )
+            == 1
+        )
     for name, v in times.items():
         res[f"{name}_speculate_median_us"] = statistics.median(v) * 1e6
         res[f"{name}_speculate_cpu_median_us"] = statistics.median(cpu[name]) * 1e6  # preemptions left out
@@ -182,7 +214,10 @@ def bench_reopen(tokenizer, workdir: Path, n_lookups: int, rounds: int = 5, main
         half = len(ids) // 2
         t = time.perf_counter()
         store.add_documents([DocInput(marker, f"reopen-{i}.py")], tokenizer)
-        ok = reader.document_index(tokenizer).speculate(ids[:half], params).token_ids[:4] == ids[half:half + 4]
+        ok = (
+            reader.document_index(tokenizer).speculate(ids[:half], params).token_ids[:4]
+            == ids[half : half + 4]
+        )
         adds.append(time.perf_counter() - t)
         t = time.perf_counter()
         store.remove([f"reopen-{i}.py"])

@@ -21,8 +21,14 @@ from suffixspec.index.store import DocInput
 CONCURRENT_MODES = ("thread", "process-nice0", "process-nice19", "process")
 
 
-def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1, probes_alone: int = 3,
-                     modes: tuple[str, ...] = CONCURRENT_MODES, log=print) -> dict:
+def bench_concurrent(
+    texts: list[tuple[str, str]],
+    n_chars: int,
+    rounds: int = 1,
+    probes_alone: int = 3,
+    modes: tuple[str, ...] = CONCURRENT_MODES,
+    log=print,
+) -> dict:
     """``GET /v1/index/documents`` (``list_documents``) and a 16-token greedy generation with the
     embedded models, timed alone and while another thread of this process adds ``n_chars`` of new
     documents (what a server's POST does), alternating, in one process. Each round runs one add per
@@ -65,7 +71,10 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
         return out
 
     res: dict = {"modes": {m: {"alone": [], "during": [], "add_s": []} for m in modes}}
-    with tempfile.TemporaryDirectory() as d, SuffixSpec(model="suffixspec/demo-target", db=Path(d) / "i.db") as spec:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        SuffixSpec(model="suffixspec/demo-target", db=Path(d) / "i.db") as spec,
+    ):
         spec.add_documents([{"text": t, "source": p} for p, t in texts[:20]])
         index = spec.documents  # the DocumentIndex behind spec.add_documents
         store, doc_tokenizer = index.store, index.tokenizer().tokenizer
@@ -97,20 +106,28 @@ def bench_concurrent(texts: list[tuple[str, str]], n_chars: int, rounds: int = 1
                 adder.join()
                 m["add_s"].append(time.perf_counter() - t)
                 m["alone"] += [probe(spec) for _ in range(probes_alone)]
-                log(f"  {mode}: add {m['add_s'][-1]:.1f} s, {len(m['during'])} probes during adds so far; "
-                    f"load {os.getloadavg()[0]:.1f}")
+                log(
+                    f"  {mode}: add {m['add_s'][-1]:.1f} s, {len(m['during'])} probes during adds so far; "
+                    f"load {os.getloadavg()[0]:.1f}"
+                )
     med = statistics.median
     for m in res["modes"].values():
         al, du = m.pop("alone"), m.pop("during")
-        m.update({"probes_alone": len(al), "probes_during_add": len(du),
-                  "list_alone_ms": med(a for a, _, _ in al) * 1e3, "list_during_add_ms": med(a for a, _, _ in du) * 1e3,
-                  "list_during_add_max_ms": max(a for a, _, _ in du) * 1e3,
-                  "generate_alone_ms": med(g for _, g, _ in al) * 1e3,
-                  "generate_alone_max_ms": max(g for _, g, _ in al) * 1e3,
-                  "generate_during_add_ms": med(g for _, g, _ in du) * 1e3,
-                  "generate_during_add_max_ms": max(g for _, g, _ in du) * 1e3,
-                  "generate_cpu_alone_ms": med(c for _, _, c in al) * 1e3,
-                  "generate_cpu_during_add_ms": med(c for _, _, c in du) * 1e3})
+        m.update(
+            {
+                "probes_alone": len(al),
+                "probes_during_add": len(du),
+                "list_alone_ms": med(a for a, _, _ in al) * 1e3,
+                "list_during_add_ms": med(a for a, _, _ in du) * 1e3,
+                "list_during_add_max_ms": max(a for a, _, _ in du) * 1e3,
+                "generate_alone_ms": med(g for _, g, _ in al) * 1e3,
+                "generate_alone_max_ms": max(g for _, g, _ in al) * 1e3,
+                "generate_during_add_ms": med(g for _, g, _ in du) * 1e3,
+                "generate_during_add_max_ms": max(g for _, g, _ in du) * 1e3,
+                "generate_cpu_alone_ms": med(c for _, _, c in al) * 1e3,
+                "generate_cpu_during_add_ms": med(c for _, _, c in du) * 1e3,
+            }
+        )
     res["load_average_end"] = os.getloadavg()[0]
     return res
 
@@ -132,9 +149,14 @@ def bench_add_cost(tokenizer, texts: list[tuple[str, str]], sizes: list[int], ad
             index = indexes[n] = DocumentIndex(Path(d) / f"{n}.db", tokenizer=tokenizer, nice=0)
             index.add_documents(pool[:n])
             index.merge(compact=True)
-            log(f"  add: {n} documents stored in {time.perf_counter() - t:.1f} s; load {os.getloadavg()[0]:.1f}")
-            res["sizes"][n] = {"cpu_ms": [], "wall_ms": [], "segments": len(index.store.segment_infos(
-                index.store.fingerprint(tokenizer)))}
+            log(
+                f"  add: {n} documents stored in {time.perf_counter() - t:.1f} s; load {os.getloadavg()[0]:.1f}"
+            )
+            res["sizes"][n] = {
+                "cpu_ms": [],
+                "wall_ms": [],
+                "segments": len(index.store.segment_infos(index.store.fingerprint(tokenizer))),
+            }
         for k in range(adds + 1):  # the first round warms caches up: not counted
             for n, index in indexes.items():
                 doc = {"text": f"def added_{k}(x):\n    return x * {k} + {n}\n", "source": f"added/{k}.py"}
@@ -154,8 +176,13 @@ def bench_add_cost(tokenizer, texts: list[tuple[str, str]], sizes: list[int], ad
             index.close()
     for v in res["sizes"].values():
         cpu, wall = v.pop("cpu_ms"), v.pop("wall_ms")
-        v.update({"cpu_ms_median": statistics.median(cpu), "wall_ms_median": statistics.median(wall),
-                  "wall_ms_max": max(wall)})
+        v.update(
+            {
+                "cpu_ms_median": statistics.median(cpu),
+                "wall_ms_median": statistics.median(wall),
+                "wall_ms_max": max(wall),
+            }
+        )
     lo, hi = min(sizes), max(sizes)
     res["cpu_ratio"] = res["sizes"][hi]["cpu_ms_median"] / res["sizes"][lo]["cpu_ms_median"]
     res["load_average_end"] = os.getloadavg()[0]
@@ -174,14 +201,17 @@ def build_busy_index(model: str, workdir: Path, corpus_bytes: int, log=print) ->
         tokenizer = load_tokenizer(model)
         with DocumentIndex(db, tokenizer=tokenizer, model=model, nice=0) as index:
             index.serve(tokenizer, model)  # as a server of the model does: `index add` then defaults to it
-            index.store.add_documents(stream_docs(source_files(), int(corpus_bytes / 3.6)), tokenizer)  # streamed
+            index.store.add_documents(
+                stream_docs(source_files(), int(corpus_bytes / 3.6)), tokenizer
+            )  # streamed
             index.merge(compact=True)
         log(f"  busy-add: {corpus_bytes / 1e6:.0f} MB indexed in {time.perf_counter() - t:.0f} s")
     return db
 
 
-def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, main_root: str | None = None,
-                   log=print) -> dict:
+def bench_busy_add(
+    model: str, workdir: Path, corpus_bytes: int, rounds: int, main_root: str | None = None, log=print
+) -> dict:
     """``suffixspec index add`` of one small new file and ``suffixspec index stats`` on a store of about
     ``corpus_bytes`` of text (indexed for ``model``'s tokenizer first, kept in ``workdir``), each run as a
     fresh process, alternating, while another process generates with ``model`` (one torch thread, greedy,
@@ -193,12 +223,25 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
     db = build_busy_index(model, workdir, corpus_bytes, log)
     with DocumentIndex(db) as index:
         st = index.stats()
-    res: dict = {"documents": st["documents"], "document_bytes": st["document_bytes"], "tokens": st["tokens"],
-                 "segments": st["segments"], "rounds": rounds, "stats_s": [], "add_s": [], "main_add_s": []}
+    res: dict = {
+        "documents": st["documents"],
+        "document_bytes": st["document_bytes"],
+        "tokens": st["tokens"],
+        "segments": st["segments"],
+        "rounds": rounds,
+        "stats_s": [],
+        "add_s": [],
+        "main_add_s": [],
+    }
     env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "TOKENIZERS_PARALLELISM": "true"}
     # in a session of its own, as a server started from another terminal: its own scheduler autogroup
-    gen = subprocess.Popen([sys.executable, "-c", GENERATOR, model], stdout=subprocess.PIPE, text=True, env=env,
-                           start_new_session=True)
+    gen = subprocess.Popen(
+        [sys.executable, "-c", GENERATOR, model],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         assert gen.stdout.readline().strip() == "generating"
         time.sleep(5)  # the first generation is under way (past its prefill)
@@ -224,10 +267,16 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
                 note = workdir / f"note-{time.time_ns()}.md"
                 note.write_text(f"# note {k}, main\n\nA small file added while a generation runs.\n")
                 res["main_add_s"].append(timed_cli(["add", str(note), "-q", "--tokenizer", model], main_root))
-            log(f"  busy-add round {k}: stats {res['stats_s'][-1][0]:.2f} s ({res['stats_s'][-1][1]:.2f} CPU), "
+            log(
+                f"  busy-add round {k}: stats {res['stats_s'][-1][0]:.2f} s ({res['stats_s'][-1][1]:.2f} CPU), "
                 f"add {res['add_s'][-1][0]:.2f} s ({res['add_s'][-1][1]:.2f} CPU)"
-                + (f", main's add {res['main_add_s'][-1][0]:.2f} s ({res['main_add_s'][-1][1]:.2f} CPU)"
-                   if main_root else "") + f"; load {os.getloadavg()[0]:.1f}")
+                + (
+                    f", main's add {res['main_add_s'][-1][0]:.2f} s ({res['main_add_s'][-1][1]:.2f} CPU)"
+                    if main_root
+                    else ""
+                )
+                + f"; load {os.getloadavg()[0]:.1f}"
+            )
         assert gen.poll() is None, "the generation stopped"
     finally:
         gen.kill()
@@ -235,11 +284,18 @@ def bench_busy_add(model: str, workdir: Path, corpus_bytes: int, rounds: int, ma
     med = statistics.median
     res["excess_s"] = [a[0] - s[0] for a, s in zip(res["add_s"], res["stats_s"], strict=True)]
     res["excess_cpu_s"] = [a[1] - s[1] for a, s in zip(res["add_s"], res["stats_s"], strict=True)]
-    res.update({"stats_median_s": med(w for w, _ in res["stats_s"]), "add_median_s": med(w for w, _ in res["add_s"]),
-                "stats_cpu_median_s": med(c for _, c in res["stats_s"]),
-                "add_cpu_median_s": med(c for _, c in res["add_s"]),
-                "excess_median_s": med(res["excess_s"]), "excess_max_s": max(res["excess_s"]),
-                "excess_cpu_median_s": med(res["excess_cpu_s"]), "load_average_end": os.getloadavg()[0]})
+    res.update(
+        {
+            "stats_median_s": med(w for w, _ in res["stats_s"]),
+            "add_median_s": med(w for w, _ in res["add_s"]),
+            "stats_cpu_median_s": med(c for _, c in res["stats_s"]),
+            "add_cpu_median_s": med(c for _, c in res["add_s"]),
+            "excess_median_s": med(res["excess_s"]),
+            "excess_max_s": max(res["excess_s"]),
+            "excess_cpu_median_s": med(res["excess_cpu_s"]),
+            "load_average_end": os.getloadavg()[0],
+        }
+    )
     if res["main_add_s"]:
         res["main_add_median_s"] = med(w for w, _ in res["main_add_s"])
         res["main_add_cpu_median_s"] = med(c for _, c in res["main_add_s"])

