@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from suffixspec.bench.workloads.request import Request, chat, fence, fits
+from suffixspec.bench.workloads.request import Request, chat, fence, fits, user_request
 from suffixspec.bench.workloads.sources import (
     REPO_PACKAGE,
     Function,
@@ -73,18 +73,16 @@ def code_edit(
             f"change nothing else. Reply with the whole edited function in one Python code block."
         )
         answer = fence(edited)
-        messages = [{"role": "user", "content": user}]
-        prompt = chat(tokenizer, messages)
-        if fits(tokenizer, prompt, max_prompt_tokens):
-            reqs.append(
-                Request(
-                    prompt,
-                    max_tokens,
-                    prediction=answer if prediction else None,
-                    answer=answer,
-                    messages=messages,
-                )
-            )
+        req = user_request(
+            tokenizer,
+            user,
+            max_tokens,
+            max_prompt_tokens,
+            prediction=answer if prediction else None,
+            answer=answer,
+        )
+        if req is not None:
+            reqs.append(req)
     return reqs
 
 
@@ -148,17 +146,10 @@ def humaneval_chat(tokenizer, n: int, max_tokens: int, max_prompt_tokens: int | 
         if len(reqs) == n:
             break
         user = f"Complete the following Python function.\n\n```python\n{problem['prompt']}```"
-        messages = [{"role": "user", "content": user}]
-        prompt = chat(tokenizer, messages)
-        if fits(tokenizer, prompt, max_prompt_tokens):
-            reqs.append(
-                Request(
-                    prompt,
-                    max_tokens,
-                    answer=fence(problem["prompt"] + problem["canonical_solution"]),
-                    messages=messages,
-                )
-            )
+        answer = fence(problem["prompt"] + problem["canonical_solution"])
+        req = user_request(tokenizer, user, max_tokens, max_prompt_tokens, answer=answer)
+        if req is not None:
+            reqs.append(req)
     return reqs
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from suffixspec.bench.workloads.request import Request, chat, fits
+from suffixspec.bench.workloads.request import Request, chat, fits, user_request
 from suffixspec.bench.workloads.sources import Retriever, doc_chunks, doc_files, package_summaries
 
 
@@ -97,7 +97,5 @@ def open_ended(tokenizer, n: int, max_tokens: int) -> list[Request]:
         user = (
             f"{name}: {summary}\n\nIn a few paragraphs, what problem does this solve, and who would use it?"
         )
-        answer = metadata(name).get_payload() or summary
-        messages = [{"role": "user", "content": user}]
-        reqs.append(Request(chat(tokenizer, messages), max_tokens, answer=answer, messages=messages))
+        reqs.append(user_request(tokenizer, user, max_tokens, answer=metadata(name).get_payload() or summary))
     return reqs

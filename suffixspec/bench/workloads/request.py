@@ -1,6 +1,6 @@
 """One benchmark request (:class:`Request`) and how the workloads write one: a chat through the tokenizer's
-template (:func:`chat`), code in a fenced block (:func:`fence`), a prompt that fits the model's context
-(:func:`fits`)."""
+template (:func:`chat`), one user message as a chat request (:func:`user_request`), code in a fenced block
+(:func:`fence`), a prompt that fits the model's context (:func:`fits`)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,19 @@ def chat(tokenizer, messages: list[dict[str, str]]) -> str:
             pass
     role = {"system": "System", "user": "User", "assistant": "Assistant"}
     return "".join(f"{role.get(m['role'], m['role'])}: {m['content']}\n\n" for m in messages) + "Assistant:"
+
+
+def user_request(
+    tokenizer, user: str, max_tokens: int, max_prompt_tokens: int | None = None, **fields
+) -> Request | None:
+    """``user`` as the one user message of a chat request (``prompt`` through the chat template, ``messages``
+    kept for a chat endpoint) with the other ``fields`` of :class:`Request`; None where the prompt does not fit
+    ``max_prompt_tokens``."""
+    messages = [{"role": "user", "content": user}]
+    prompt = chat(tokenizer, messages)
+    if not fits(tokenizer, prompt, max_prompt_tokens):
+        return None
+    return Request(prompt, max_tokens, messages=messages, **fields)
 
 
 def fence(code: str) -> str:
