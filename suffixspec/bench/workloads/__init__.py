@@ -43,7 +43,7 @@ Workloads where the documents hold what the prompt lacks (:data:`DOCUMENT_WORKLO
   standard library indexed: documents that rarely hold the answer (the overhead on code).
 - ``agent_sessions``: the ``agentic`` sessions in sequence (one agent, its tools and system prompt,
   different tasks), with the output history on; the runner restarts the drafters half-way
-  (``bench.run``).
+  (``bench.serving.run_sessions``).
 
 Prompts go through the tokenizer's chat template; a tokenizer without one (a base model's) gets a
 plain ``User:`` / ``Assistant:`` transcript.
