@@ -112,7 +112,7 @@ def run(
     ``ours_draft_model`` systems); ``separate``: transformers' systems and ours in separate processes
     (None: when the target's weights pass :data:`SEPARATE_BYTES`; see the module docstring), at a thread
     count given (each process measuring its own would compare two counts). ``weights``: the format our
-    systems run (``suffixspec.core.weights.FORMATS``; float32 by default, the format whose outputs equal
+    systems run (``suffixspec.core.formats.FORMATS``; float32 by default, the format whose outputs equal
     ``hf_plain``'s); at a quantized one transformers' systems run a float32 copy of their own, and each row of
     ours says ``identical_to_ours_off`` (the quantized model's own plain output)."""
     import torch
