@@ -106,7 +106,7 @@ class SuffixSpec:
         self.proposers: list[Any] = []
         self._tmpdir: Any = None
         self._closed = False
-        self.weights = weights  # the weight format asked for; after loading, the one chosen (weights.FORMATS)
+        self.weights = weights  # the weight format asked for; after loading, the one chosen (formats.FORMATS)
         if draft_model == AUTO:
             draft_model = default_draft(model) if runtime == "transformers" else None
         if draft_model in ("none", ""):
@@ -200,7 +200,7 @@ class SuffixSpec:
             self.store = IndexStore(self.db_path)
         draft = None
         if draft_model:
-            from suffixspec.core.weights import draft_weights
+            from suffixspec.core.formats import draft_weights
             from suffixspec.loading import load_model
 
             # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it)

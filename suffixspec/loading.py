@@ -79,7 +79,7 @@ class LoadedModel:
     # the conversion cache's folder the weights were read from (suffixspec's own, where the batching probe's
     # verdict is remembered: ``probe_cache``); None for any other source (a user's folder, a hub id, in memory)
     cache_folder: str | None = None
-    # the weight format (suffixspec.core.weights.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
+    # the weight format (suffixspec.core.formats.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
     # one is built by the lean forward when the engine or draft runner first runs the model
     weights: str = "float32"
 
@@ -179,17 +179,17 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     """Load a causal LM and its tokenizer from a model name, a ``.gguf`` file, a local folder, a hub
     id or an embedded name (``resolve_model_path``).
 
-    ``weights``: the weight format (``suffixspec.core.weights.FORMATS``); ``"auto"`` = the fastest exact format
+    ``weights``: the weight format (``suffixspec.core.formats.FORMATS``); ``"auto"`` = the fastest exact format
     measured on this machine (int8 on a CPU where ``torch._int_mm`` is exact and faster, see
-    ``weights.resolve``); None (this function's default) = the floating format of ``dtype`` or the device,
+    ``formats.resolve``); None (this function's default) = the floating format of ``dtype`` or the device,
     as before formats existed. An int8 model loads in float32 and is quantized by its lean forward when first
     run (``Runner``, ``DraftRunner``), which then releases the float weights. ``draft``: a draft model, whose
     tokens are only proposals: ``auto`` does not weigh how well its int8 agrees with its float32."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from suffixspec.core.formats import LOAD_DTYPES, QUANTIZED, resolve
     from suffixspec.core.kv import attention_windows
-    from suffixspec.core.weights import LOAD_DTYPES, QUANTIZED, resolve
 
     path, converted = _resolve(name_or_path)
     config = AutoConfig.from_pretrained(path)
@@ -207,7 +207,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
             model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype)  # config read once
     model.to(dev).eval()
     if fmt in QUANTIZED:
-        from suffixspec.core.lean import unsupported
+        from suffixspec.core.lean_weights import unsupported
 
         problem = unsupported(model)
         if problem is not None:
@@ -220,5 +220,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         from suffixspec.core.weights import CALIBRATION_TEXT
 
         model._suffixspec_calibration = list(tokenizer(CALIBRATION_TEXT)["input_ids"])
+        if converted:  # where the lean forward keeps the quantized matrices for the next start (lean_weights)
+            model._suffixspec_folder = path
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
                        cache_folder=path if converted else None, weights=fmt)

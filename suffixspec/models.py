@@ -85,7 +85,7 @@ class KnownModel:
     served_gb: float | None = None
     upstream_licence: str | None = None  # the model's own licence when the package declares none
     # greedy top-1 agreement of its int8 format with float32, measured (bench_formats, docs/formats.md);
-    # None: not measured. Below weights.INT8_MIN_AGREEMENT, weights="auto" keeps it in float32.
+    # None: not measured. Below formats.INT8_MIN_AGREEMENT, weights="auto" keeps it in float32.
     int8_agreement: float | None = None
 
     def __post_init__(self) -> None:

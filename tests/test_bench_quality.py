@@ -37,7 +37,7 @@ def test_the_runner_stops_loops_memory_hogs_and_reads_nothing_of_ours(tmp_path):
 
 @pytest.mark.slow
 def test_canonical_solutions_pass_and_an_empty_body_fails():
-    from suffixspec.bench.workloads import humaneval_problems
+    from suffixspec.bench.workloads.sources import humaneval_problems
 
     try:
         problems = humaneval_problems()[:12]

@@ -498,7 +498,7 @@ def test_greedy_equals_plain_with_the_drafts_own_judgement_and_int8(models, engi
 
 
 def test_an_int8_draft_runs_close_to_its_float_self(models):
-    from suffixspec.core.lean import Int8Weight, int8_works, linear
+    from suffixspec.core.weights import Int8Weight, int8_works, linear
 
     if not int8_works():
         pytest.skip("this torch has no int8 dynamic linear: drafts stay in float32")

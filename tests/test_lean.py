@@ -16,16 +16,9 @@ import pytest
 import torch
 
 from suffixspec.core.kv import SlotCache
-from suffixspec.core.lean import (
-    FAMILIES,
-    LeanForward,
-    PassRow,
-    _onednn_packs,
-    lean_forward,
-    linear,
-    packed,
-    unsupported,
-)
+from suffixspec.core.lean import LeanForward, PassRow, lean_forward
+from suffixspec.core.lean_weights import FAMILIES, unsupported
+from suffixspec.core.weights import _onednn_packs, linear, packed
 
 VOCAB = 300
 REAL = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}  # names of suffixspec.models
@@ -116,11 +109,11 @@ def test_a_large_model_steps_on_packed_weights_and_pages_its_own_out(model_type,
     ``paging_own_forward`` too (its outputs untouched by the hooks)."""
     from safetensors.torch import load_file
 
-    import suffixspec.core.lean as lean_mod
+    import suffixspec.core.lean_weights as lean_weights
 
     if not _onednn_packs("cpu", torch.float32):
         pytest.skip("this torch has no working oneDNN linear: nothing is packed, nothing paged out")
-    monkeypatch.setattr(lean_mod, "PLAIN_ONE_TOKEN_MAX_PARAMS", 0)
+    monkeypatch.setattr(lean_weights, "PLAIN_ONE_TOKEN_MAX_PARAMS", 0)
     model = _tiny(model_type)
     model.save_pretrained(tmp_path)
     model.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False, assign=True)  # mmap-backed
@@ -134,13 +127,12 @@ def test_a_large_model_steps_on_packed_weights_and_pages_its_own_out(model_type,
     _compare(model, prompt, short=5, tol=1e-5)
     with torch.inference_mode():
         assert torch.equal(model(input_ids=torch.tensor([prompt])).logits[0].float(), ref)  # values never change
-        lean_mod._LEAN["float"][model] = lean
-        with lean_mod.paging_own_forward(model) as _:
+        with lean_weights.paging_own_forward(model) as _:
             assert torch.equal(model(input_ids=torch.tensor([prompt])).logits[0].float(), ref)
 
 
 def test_page_out_is_safe_on_memory_no_file_backs():
-    from suffixspec.core.lean import page_out
+    from suffixspec.core.lean_weights import page_out
 
     w = torch.randn(4096, 64)
     before = w.clone()

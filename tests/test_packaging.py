@@ -101,7 +101,7 @@ def test_wheel_installs_one_top_level_package_suffixspec(tmp_path, tiny_model_di
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", SUFFIXSPEC_DB=str(tmp_path / "w.db"))
-    check = ("import importlib.util as u, suffixspec, suffixspec.bench.run, suffixspec.bench.workloads as w\n"
+    check = ("import importlib.util as u, suffixspec, suffixspec.bench.run, suffixspec.bench.workloads.sources as w\n"
              "import suffixspec.index.store, suffixspec.index.writer as wr, suffixspec.tokenizer_bridge\n"
              "print(suffixspec.__file__, *(u.find_spec(n) for n in ('bench', 'web', 'index', 'tokenizer_bridge')),\n"
              "      len(w.code_files()) > 0, wr._ROOT, u.find_spec('suffixspec.tests'))\n")  # code-edit sources

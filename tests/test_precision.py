@@ -26,9 +26,10 @@ from doubles import OracleProposer, RandomTreeProposer
 
 from suffixspec.bench.bench_precision import first_difference, gap, generate_hf
 from suffixspec.config import SamplingParams, SpeculationConfig
-from suffixspec.core.lean import LeanForward, PassRow, packs
+from suffixspec.core.lean import LeanForward, PassRow
 from suffixspec.core.runner import Runner
 from suffixspec.core.scheduler import Scheduler
+from suffixspec.core.weights import packs
 from suffixspec.loading import load_model
 from suffixspec.runtimes.engine import Engine
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from suffixspec.core import probe_cache
-from suffixspec.core.lean import packs
 from suffixspec.core.runner import Runner
+from suffixspec.core.weights import packs
 from suffixspec.loading import LoadedModel, load_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

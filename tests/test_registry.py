@@ -40,7 +40,7 @@ def test_the_builtin_drafters_are_read_from_their_files_without_importing_them()
 
 def test_a_toy_drafter_declared_in_one_module_is_found_everywhere(toy, tiny_model_dirs):
     from suffixspec import SuffixSpec
-    from suffixspec.bench.run import Bench, all_systems
+    from suffixspec.bench.systems import Bench, all_systems
     from suffixspec.cli import main
     from suffixspec.cli.options import DrafterList
     from suffixspec.server import create_app

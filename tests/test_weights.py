@@ -17,10 +17,11 @@ import pytest
 import torch
 from test_lean import VOCAB, _tiny
 
+import suffixspec.core.formats as P
 import suffixspec.core.weights as W
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.core.kv import SlotCache
-from suffixspec.core.lean import LeanForward, PassRow, int8_works, lean_forward
+from suffixspec.core.lean import LeanForward, PassRow, lean_forward
 from suffixspec.loading import load_model
 from suffixspec.runtimes.engine import Engine
 
@@ -29,7 +30,7 @@ FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text")
 
 def _kernels() -> list[str]:
     out = []
-    if int8_works():
+    if W.int8_works():
         out.append("fbgemm")
     try:
         torch._int_mm(torch.ones(1, 8, dtype=torch.int8), torch.ones(8, 8, dtype=torch.int8))
@@ -85,9 +86,9 @@ def test_int8_rows_dequantize_a_lookup_and_a_tied_head_shares_them():
 def test_the_probe_verdict_is_remembered_per_machine_and_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("SUFFIXSPEC_INT8", raising=False)
-    W.int8_verdict.cache_clear()
+    P.int8_verdict.cache_clear()
     try:
-        verdict = W.int8_verdict()
+        verdict = P.int8_verdict()
         assert set(verdict) >= {"use", "kernel", "why", "float32_ms"}
         assert verdict["kernel"] in (*W.KERNELS, None) and (verdict["kernel"] is not None or not verdict["use"])
         stored = json.loads((tmp_path / "suffixspec" / "formats.json").read_text())
@@ -96,34 +97,34 @@ def test_the_probe_verdict_is_remembered_per_machine_and_torch(tmp_path, monkeyp
         # a remembered verdict is read, not probed again (here: one written by hand)
         stored[key] = {**entry, "use": not entry["use"], "why": "remembered"}
         (tmp_path / "suffixspec" / "formats.json").write_text(json.dumps(stored))
-        W.int8_verdict.cache_clear()
-        assert W.int8_verdict()["why"] == "remembered"
+        P.int8_verdict.cache_clear()
+        assert P.int8_verdict()["why"] == "remembered"
     finally:
-        W.int8_verdict.cache_clear()
+        P.int8_verdict.cache_clear()
 
 
 @pytest.mark.parametrize("forced, want", [("1", "int8"), ("0", "float32")])
 def test_auto_is_int8_on_a_cpu_where_the_probe_says_so(monkeypatch, forced, want):
     monkeypatch.setenv("SUFFIXSPEC_INT8", forced)
-    W.int8_verdict.cache_clear()
+    P.int8_verdict.cache_clear()
     try:
-        assert W.resolve("auto", "cpu") == want
-        assert W.resolve(None, "cpu") == want
+        assert P.resolve("auto", "cpu") == want
+        assert P.resolve(None, "cpu") == want
     finally:
-        W.int8_verdict.cache_clear()
+        P.int8_verdict.cache_clear()
 
 
 def test_the_option_names_and_the_older_dtype():
-    assert W.resolve("int8", "cpu") == "int8"
-    assert W.resolve("bf16", "cpu") == "bfloat16"
-    assert W.resolve("auto", "cpu", dtype="float16") == "float16"  # --dtype alone still chooses
-    assert W.resolve("float32", "cpu", dtype="fp32") == "float32"
+    assert P.resolve("int8", "cpu") == "int8"
+    assert P.resolve("bf16", "cpu") == "bfloat16"
+    assert P.resolve("auto", "cpu", dtype="float16") == "float16"  # --dtype alone still chooses
+    assert P.resolve("float32", "cpu", dtype="fp32") == "float32"
     with pytest.raises(ValueError, match="disagree"):
-        W.resolve("int8", "cpu", dtype="bfloat16")
+        P.resolve("int8", "cpu", dtype="bfloat16")
     with pytest.raises(ValueError, match="unknown weights format 'int4'"):
-        W.resolve("int4", "cpu")
+        P.resolve("int4", "cpu")
     with pytest.raises(ValueError, match="a CPU format"):
-        W.resolve("int8", "cuda")
+        P.resolve("int8", "cuda")
 
 
 # -- the lean forward: one row's logits whatever shares the pass ---------------------------------------------
@@ -215,6 +216,65 @@ def test_a_prompt_prefix_computes_the_same_keys_in_any_longer_prompt():
     assert all(torch.equal(a, b) for other in keys[1:] for a, b in zip(keys[0], other, strict=True))
 
 
+# -- the store: a converted model's quantized matrices on disk ------------------------------------------------
+def _converted(tmp_path, model_type: str):
+    """A tiny model as a converted folder loads (memory-mapped safetensors), with what load_model leaves on it
+    at a quantized format (the calibration ids and the folder)."""
+    from safetensors.torch import load_file
+
+    model = _tiny(model_type)
+    model.save_pretrained(tmp_path)
+    model.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False, assign=True)
+    model.tie_weights()
+    model._suffixspec_calibration = [int(t) for t in np.random.RandomState(9).randint(3, VOCAB, size=48)]
+    model._suffixspec_folder = str(tmp_path)
+    return model
+
+
+def _pass_logits(lean, prompt: list[int]) -> torch.Tensor:
+    cache = SlotCache(1, capacity=64)
+    return lean([PassRow(cache.add_row(), prompt, None, 0, "all")], cache)[0]
+
+
+@pytest.mark.parametrize("kind, model_type", [("int8", "qwen2"), ("int8", "gemma3_text"), ("fbgemm", "llama")])
+def test_a_converted_models_quantized_matrices_are_stored_and_read_back_bit_for_bit(tmp_path, kind, model_type,
+                                                                                   monkeypatch):
+    """The first build quantizes the float weights and writes the store; the next reads it (the float
+    weights untouched) and gives the same logits bit for bit; a store made otherwise is made again."""
+    from suffixspec.core import lean_weights
+
+    if kind == "fbgemm" and not W.int8_works():
+        pytest.skip("this torch has no fbgemm int8 linear")
+    prompt = [int(t) for t in np.random.RandomState(4).randint(3, VOCAB, size=21)]
+    first = LeanForward(_converted(tmp_path, model_type), weights=kind)
+    assert first.stored == "written" and first.smoothed == (kind == "int8")
+    want = _pass_logits(first, prompt)
+    kernel = lean_weights._kernel(kind)
+    path = lean_weights.store_path(tmp_path, kind, kernel)
+    assert path.is_file()
+    again = _converted(tmp_path, model_type)
+    float_weights = [p for p in again.parameters() if p.dim() == 2]
+    for p in float_weights:  # the store's read must not touch the float weights: make them garbage
+        p.data = torch.full_like(p.data, float("nan"))
+    second = LeanForward(again, weights=kind)
+    assert second.stored == "read" and second.smoothed == first.smoothed
+    assert torch.equal(_pass_logits(second, prompt), want)
+    # a store made with another calibration (the exact kind smooths with it) or version is not used: made again
+    if kind == "int8":
+        other = _converted(tmp_path, model_type)
+        other._suffixspec_calibration = other._suffixspec_calibration[:-1]
+        assert LeanForward(other, weights=kind).stored == "written"
+    monkeypatch.setattr(lean_weights, "STORE_VERSION", lean_weights.STORE_VERSION + 1)
+    assert LeanForward(_converted(tmp_path, model_type), weights=kind).stored == "written"
+    path.write_bytes(b"damaged")
+    assert LeanForward(_converted(tmp_path, model_type), weights=kind).stored == "written"
+
+
+def test_a_model_that_is_not_a_converted_one_stores_nothing():
+    lean = LeanForward(_tiny("llama"), weights="int8")
+    assert lean.stored == ""
+
+
 # -- memory and failures -------------------------------------------------------------------------------------
 def test_a_quantized_model_releases_its_float_weights_and_refuses_its_own_forward():
     model = _tiny("qwen2")
@@ -230,15 +290,15 @@ def test_a_quantized_model_releases_its_float_weights_and_refuses_its_own_forwar
 
 def test_a_failing_int8_build_leaves_the_float_lean_forward_on(monkeypatch):
     """Issue 45, item 5: a draft whose int8 build fails still runs the float lean forward."""
-    import suffixspec.core.lean as lean_mod
+    import suffixspec.core.lean_weights as lean_weights
 
     model = _tiny("llama")
 
     def broken(*_a, **_k):
         raise RuntimeError("no int8 kernel")
 
-    monkeypatch.setattr(lean_mod, "RowInt8Weight", broken)
-    monkeypatch.setattr(lean_mod, "Int8Weight", broken)
+    monkeypatch.setattr(lean_weights, "RowInt8Weight", broken)
+    monkeypatch.setattr(lean_weights, "Int8Weight", broken)
     assert lean_forward(model, "int8") is None and lean_forward(model, "fbgemm") is None
     float_lean = lean_forward(model, "float")
     assert float_lean is not None and not float_lean.int8
@@ -314,7 +374,7 @@ def test_auto_keeps_a_model_in_float32_whose_int8_is_measured_to_lose_agreement(
     """``auto`` is the fastest exact format, unless the named model's int8 is measured to agree with float32
     below INT8_MIN_AGREEMENT (SmolLM2: 93.2%): then float32. An explicit int8 is honoured; a model without a
     measurement follows the machine's probe like any folder."""
-    from suffixspec.core.weights import INT8_MIN_AGREEMENT, resolve
+    from suffixspec.core.formats import INT8_MIN_AGREEMENT, resolve
     from suffixspec.models import KNOWN_MODELS
 
     smol = KNOWN_MODELS["smollm2-135m-instruct"]
@@ -325,7 +385,7 @@ def test_auto_keeps_a_model_in_float32_whose_int8_is_measured_to_lose_agreement(
     assert resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct") == resolve("auto", "cpu")
     assert all(m.int8_agreement is None or 0 < m.int8_agreement <= 1 for m in KNOWN_MODELS.values())
     # a draft follows its target's format: its tokens are proposals, so no agreement is weighed for it
-    from suffixspec.core.weights import draft_weights
+    from suffixspec.core.formats import draft_weights
 
     assert draft_weights("int8") == "auto" and draft_weights("float32") == "float32"
     assert resolve(draft_weights("int8"), "cpu", model=None) == resolve("auto", "cpu")

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from suffixspec.bench.bench_sampled import OnOffBench, summarize
-from suffixspec.bench.workloads import Request, chat, code_files, doc_chunks, doc_files
+from suffixspec.bench.workloads.request import Request, chat
+from suffixspec.bench.workloads.sources import code_files, doc_chunks, doc_files
 
 CONTEXT_WORKLOADS = ("code_edit", "rag")
 
@@ -43,10 +44,11 @@ def window_tokens(text: str, tokenizer: Any, start_line: int, tokens: int) -> st
     return "".join(out)
 
 
-def build_at(name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: int, seed: int = 0
-             ) -> tuple[list[Request], list[tuple[str, str]]]:
+def build_at(
+    name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: int, seed: int = 0
+) -> tuple[list[Request], list[tuple[str, str]]]:
     """``n`` requests of workload ``name`` whose prompts are about ``prompt_tokens`` tokens long: a
-    window of a large module of :data:`~suffixspec.bench.workloads.CODE_PACKAGES` and a rename in it (code edit),
+    window of a large module of :data:`~suffixspec.bench.workloads.sources.CODE_PACKAGES` and a rename in it (code edit),
     or consecutive chunks of one file of the documentation set and a question on its first heading (RAG)."""
     rng = random.Random(f"context-{name}-{seed}")
     user = "{text}\n\nRename `{old}` to `{old}_v2` in the code above and reply with the whole edited code."
@@ -63,25 +65,49 @@ def build_at(name: str, tokenizer: Any, n: int, prompt_tokens: int, max_tokens: 
         if name == "code_edit":
             lines = text.splitlines()
             start = next((i for i, ln in enumerate(lines) if ln.startswith(("def ", "class "))), 0)
-            frame = len(tokenizer.encode(chat(tokenizer, [{"role": "user", "content": user.format(text="", old="value")}])))
+            frame = len(
+                tokenizer.encode(
+                    chat(tokenizer, [{"role": "user", "content": user.format(text="", old="value")}])
+                )
+            )
             body = window_tokens(text, tokenizer, start, prompt_tokens - frame)
             words = sorted({w for w in body.replace("(", " ").split() if w.isidentifier() and len(w) > 3})
             old = words[len(words) // 2] if words else "value"
-            reqs.append(Request(chat(tokenizer, [{"role": "user", "content": user.format(text=body, old=old)}]),
-                                max_tokens))
+            reqs.append(
+                Request(
+                    chat(tokenizer, [{"role": "user", "content": user.format(text=body, old=old)}]),
+                    max_tokens,
+                )
+            )
         else:
             chunks = [c for _, _, c in doc_chunks([(rel, text)])]
             topic = chunks[0].split("\n", 1)[0].lstrip("# ")
-            frame = len(tokenizer.encode(chat(tokenizer, [{"role": "user", "content": user.format(text="", old=topic)}])))
+            frame = len(
+                tokenizer.encode(
+                    chat(tokenizer, [{"role": "user", "content": user.format(text="", old=topic)}])
+                )
+            )
             body = window_tokens("\n\n".join(chunks), tokenizer, 0, prompt_tokens - frame)
-            reqs.append(Request(chat(tokenizer, [{"role": "user", "content": user.format(text=body, old=topic)}]),
-                                max_tokens, references=[body]))
+            reqs.append(
+                Request(
+                    chat(tokenizer, [{"role": "user", "content": user.format(text=body, old=topic)}]),
+                    max_tokens,
+                    references=[body],
+                )
+            )
     docs = files[:n] if name == "rag" else []
     return reqs, docs
 
 
-def run(model: str, draft_model: str | None, lengths: tuple[int, ...] | None = None, n: int = 2,
-        max_tokens: int = 128, workloads: tuple[str, ...] = CONTEXT_WORKLOADS, log=print) -> dict[str, Any]:
+def run(
+    model: str,
+    draft_model: str | None,
+    lengths: tuple[int, ...] | None = None,
+    n: int = 2,
+    max_tokens: int = 128,
+    workloads: tuple[str, ...] = CONTEXT_WORKLOADS,
+    log=print,
+) -> dict[str, Any]:
     from suffixspec.config import SamplingParams
 
     with OnOffBench(model, draft_model) as bench:
@@ -94,25 +120,35 @@ def run(model: str, draft_model: str | None, lengths: tuple[int, ...] | None = N
         for w in workloads:
             for L in lengths:
                 requests, docs = build_at(w, bench.target.tokenizer, n, L, max_tokens)
-                runs = bench.cell(f"{w}-{L}", requests, docs, lambda i: SamplingParams(max_tokens=max_tokens),
-                                  history=False)
-                row = {"prompt_tokens": round(statistics.mean(len(engine.encode(r.prompt)) for r in requests)),
-                       **summarize(runs),
-                       "plain_tokens_per_s": round(sum(r.tokens for r in runs) / sum(r.off_s for r in runs), 1)}
+                runs = bench.cell(
+                    f"{w}-{L}", requests, docs, lambda i: SamplingParams(max_tokens=max_tokens), history=False
+                )
+                row = {
+                    "prompt_tokens": round(statistics.mean(len(engine.encode(r.prompt)) for r in requests)),
+                    **summarize(runs),
+                    "plain_tokens_per_s": round(sum(r.tokens for r in runs) / sum(r.off_s for r in runs), 1),
+                }
                 out["rows"].setdefault(w, {})[str(L)] = row
-                log(f"  {w:10s} L={L:5d} ({row['prompt_tokens']} tokens) speedup {row['speedup_median']:.2f}x "
-                    f"tokens/forward {row['tokens_per_forward']:.2f} identical={row['identical']}")
+                log(
+                    f"  {w:10s} L={L:5d} ({row['prompt_tokens']} tokens) speedup {row['speedup_median']:.2f}x "
+                    f"tokens/forward {row['tokens_per_forward']:.2f} identical={row['identical']}"
+                )
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| workload | prompt tokens | plain tok/s | speedup, wall (median, min–max) | speedup, CPU time | "
-             "tokens/forward | identical |", "|---|---:|---:|---:|---:|---:|:---:|"]
+    lines = [
+        "| workload | prompt tokens | plain tok/s | speedup, wall (median, min–max) | speedup, CPU time | "
+        "tokens/forward | identical |",
+        "|---|---:|---:|---:|---:|---:|:---:|",
+    ]
     for w, rows in result["rows"].items():
         for r in rows.values():
-            lines.append(f"| {w} | {r['prompt_tokens']} | {r['plain_tokens_per_s']:.1f} | {r['speedup_median']:.2f}× "
-                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['speedup_cpu_median']:.2f}× | "
-                         f"{r['tokens_per_forward']:.2f} | {'yes' if r['identical'] else 'NO'} |")
+            lines.append(
+                f"| {w} | {r['prompt_tokens']} | {r['plain_tokens_per_s']:.1f} | {r['speedup_median']:.2f}× "
+                f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['speedup_cpu_median']:.2f}× | "
+                f"{r['tokens_per_forward']:.2f} | {'yes' if r['identical'] else 'NO'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -141,8 +177,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--draft-model", default="none", help="a draft model (any tokenizer); 'none' for the suffix index alone")
-    ap.add_argument("--lengths", default=None, help="comma-separated prompt lengths (default 256, 512, 1024 ... limit)")
+    ap.add_argument(
+        "--draft-model",
+        default="none",
+        help="a draft model (any tokenizer); 'none' for the suffix index alone",
+    )
+    ap.add_argument(
+        "--lengths", default=None, help="comma-separated prompt lengths (default 256, 512, 1024 ... limit)"
+    )
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", type=Path, default=None)
@@ -153,8 +195,9 @@ def main() -> None:
     result = run(args.model, draft, lengths, args.requests, args.max_tokens)
     print(markdown(result))
     if args.json:
-        args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": result},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": result}, indent=2)
+        )
     if args.plot:
         plot(result, args.plot)
 

@@ -24,7 +24,7 @@ ms: 152 ms against 4 x 70 = 280 ms plain, 1.84x.
 
 Outputs: ``recorded`` (default) are the target's greedy outputs, generated once and cached under
 ``--cache`` (they loop where the model loops: every table row says how much); ``written`` are the
-answers written for the tasks (:attr:`bench.workloads.Request.answer`: the edited function, the
+answers written for the tasks (:attr:`bench.workloads.request.Request.answer`: the edited function, the
 tool calls, the quoted documentation): text that does not loop, the same for every model.
 History (earlier outputs) is off for every drafter unless ``--history``.
 """
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from suffixspec.bench.loops import loop_share
-from suffixspec.bench.run import NO_DOCUMENTS
+from suffixspec.bench.systems import NO_DOCUMENTS
 from suffixspec.bench.workloads import WORKLOADS, build, index_documents
 from suffixspec.drafting.budget import draft_budget
 from suffixspec.drafting.costs import PassCost, StepCost
@@ -89,18 +89,22 @@ class Replay:
         return self.tokens / max(1, self.steps)
 
     def row(self) -> dict[str, Any]:
-        out = {"forward_passes": self.steps + self.requests, "tokens": self.tokens,
-               "tokens_per_forward": round(self.tokens_per_forward, 3),
-               "mean_accepted_length": round(self.mean_accepted_length, 3),
-               "mean_draft": round(self.drafted / max(1, self.steps), 3),
-               "drafted_per_accepted": round(self.drafted / self.accepted, 2) if self.accepted else None,
-               "propose_us_per_step": round(1e6 * self.propose_s / max(1, self.steps), 1),
-               "propose_cpu_us_per_step": round(1e6 * self.propose_cpu_s / max(1, self.steps), 1)}
+        out = {
+            "forward_passes": self.steps + self.requests,
+            "tokens": self.tokens,
+            "tokens_per_forward": round(self.tokens_per_forward, 3),
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "mean_draft": round(self.drafted / max(1, self.steps), 3),
+            "drafted_per_accepted": round(self.drafted / self.accepted, 2) if self.accepted else None,
+            "propose_us_per_step": round(1e6 * self.propose_s / max(1, self.steps), 1),
+            "propose_cpu_us_per_step": round(1e6 * self.propose_cpu_s / max(1, self.steps), 1),
+        }
         if self.plain_s:
             out["estimated_speedup"] = round(self.plain_s / (self.verify_s + self.propose_cpu_s), 3)
         if self.plain_s and self.prefill_s:  # the whole request: the prompt's prefill paid by both
-            out["estimated_speedup_request"] = round((self.plain_s + self.prefill_s)
-                                                     / (self.verify_s + self.propose_cpu_s + self.prefill_s), 3)
+            out["estimated_speedup_request"] = round(
+                (self.plain_s + self.prefill_s) / (self.verify_s + self.propose_cpu_s + self.prefill_s), 3
+            )
         return out
 
 
@@ -121,8 +125,10 @@ class OracleDrafter(Proposer):
 
     def propose(self, context, budget: int) -> Draft:
         done = len(context) - self._prompt_len
-        want = self._out[done:done + budget]
-        return Draft(list(want), list(range(-1, len(want) - 1)), ["prompt"] * len(want), score=float(len(want)))
+        want = self._out[done : done + budget]
+        return Draft(
+            list(want), list(range(-1, len(want) - 1)), ["prompt"] * len(want), score=float(len(want))
+        )
 
 
 def accepted_path(draft: Draft, output: list[int]) -> int:
@@ -154,9 +160,17 @@ class CurveCost:
         pass
 
 
-def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | None = None,
-           max_draft_tokens: int = 32, max_context: int = 1 << 30, curve: dict[int, float] | None = None,
-           gate: bool = False, policy: Policy = DEFAULT, prefill: float | None = None) -> Replay:
+def replay(
+    proposer: Proposer,
+    traces: list[Trace],
+    drafters: tuple[str, ...] | None = None,
+    max_draft_tokens: int = 32,
+    max_context: int = 1 << 30,
+    curve: dict[int, float] | None = None,
+    gate: bool = False,
+    policy: Policy = DEFAULT,
+    prefill: float | None = None,
+) -> Replay:
     """Replay ``traces`` in order through ``proposer`` as the engine steps one greedy request
     (``sequence.RequestState``): the budget of ``budget.draft_budget`` (its cost-curve bound with
     ``curve``), and with ``gate`` the draft gate (``gates.choose_drafts`` with the request's
@@ -166,12 +180,16 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
         raise ValueError("the draft gate judges drafts by a cost curve: pass curve (bench_drafting --costs)")
     from suffixspec.drafting.merge import merge_drafts
 
-    cost = CurveCost(curve) if curve else PassCost(policy)  # an empty PassCost: momentum alone bounds the budget
+    cost = (
+        CurveCost(curve) if curve else PassCost(policy)
+    )  # an empty PassCost: momentum alone bounds the budget
     step = StepCost(cost, 1)
     rate = policy.accepted_rate
     out = Replay()
     for tr in traces:
-        proposer.begin(RequestContext(list(tr.prompt_ids), tr.reference_ids, tr.prediction_ids, drafters=drafters))
+        proposer.begin(
+            RequestContext(list(tr.prompt_ids), tr.reference_ids, tr.prediction_ids, drafters=drafters)
+        )
         judge = DraftGate(policy) if gate else None
         # the request's running means, as RequestState keeps them (see RequestState._learn)
         mean_accepted, copy_run = max_draft_tokens / 2, 0
@@ -194,9 +212,9 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
                     choose_drafts([row], cost)
                     if not row.verified:
                         draft = Draft()
-                rest = tr.output_ids[len(done):]
+                rest = tr.output_ids[len(done) :]
                 acc = accepted_path(draft, rest)
-                new = rest[:acc + 1]
+                new = rest[: acc + 1]
                 out.steps += 1
                 out.drafted += len(draft)
                 out.accepted += acc
@@ -225,8 +243,9 @@ def replay(proposer: Proposer, traces: list[Trace], drafters: tuple[str, ...] | 
     return out
 
 
-def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cache: Path, log=print
-           ) -> dict[str, list[Trace]]:
+def record(
+    model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cache: Path, log=print
+) -> dict[str, list[Trace]]:
     """Greedy outputs of every request (cached in ``cache`` as JSON)."""
     key = f"{Path(model).name}|{n}|{max_tokens}"
     saved = json.loads(cache.read_text()) if cache.exists() else {}
@@ -250,11 +269,20 @@ def record(model: str, workloads: tuple[str, ...], n: int, max_tokens: int, cach
         traces = []
         for req in requests:
             engine.proposers = [SuffixProposer(tokenizer=tok, history=False)]  # drafts only speed this up
-            res = engine.generate(engine.encode(req.prompt), SamplingParams(max_tokens=req.max_tokens),
-                                  references=req.references or None, prediction=req.prediction)
-            traces.append(Trace(res.prompt_token_ids, res.token_ids,
-                                [tok.encode(r, add_special_tokens=False) for r in req.references],
-                                tok.encode(req.prediction, add_special_tokens=False) if req.prediction else None))
+            res = engine.generate(
+                engine.encode(req.prompt),
+                SamplingParams(max_tokens=req.max_tokens),
+                references=req.references or None,
+                prediction=req.prediction,
+            )
+            traces.append(
+                Trace(
+                    res.prompt_token_ids,
+                    res.token_ids,
+                    [tok.encode(r, add_special_tokens=False) for r in req.references],
+                    tok.encode(req.prediction, add_special_tokens=False) if req.prediction else None,
+                )
+            )
         saved[f"{key}|{w}"] = [t.__dict__ for t in traces]
         log(f"  recorded {w}: {sum(len(t.output_ids) for t in traces)} tokens")
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -276,10 +304,15 @@ def written_traces(model: str, workloads: tuple[str, ...], n: int, max_tokens: i
     out: dict[str, list[Trace]] = {}
     for w in workloads:
         requests, _docs = build(w, tok, n, max_tokens)
-        out[w] = [Trace(tok(r.prompt)["input_ids"], ids(r.answer),
-                        [tok.encode(x, add_special_tokens=False) for x in r.references],
-                        tok.encode(r.prediction, add_special_tokens=False) if r.prediction else None)
-                  for r in requests]
+        out[w] = [
+            Trace(
+                tok(r.prompt)["input_ids"],
+                ids(r.answer),
+                [tok.encode(x, add_special_tokens=False) for x in r.references],
+                tok.encode(r.prediction, add_special_tokens=False) if r.prediction else None,
+            )
+            for r in requests
+        ]
     return out
 
 
@@ -292,8 +325,9 @@ def documents_for(model: str, workload: str, n: int, max_tokens: int, tmp: Path)
     return index_documents(tok, docs, tmp)
 
 
-def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | None = None
-            ) -> dict[str, tuple[Callable[[Any], Proposer], tuple[str, ...] | None]]:
+def systems(
+    model: str, history: bool = False, arctic_params: dict[str, Any] | None = None
+) -> dict[str, tuple[Callable[[Any], Proposer], tuple[str, ...] | None]]:
     """name -> (factory(documents) -> proposer, drafters)."""
     from dataclasses import replace
 
@@ -314,23 +348,35 @@ def systems(model: str, history: bool = False, arctic_params: dict[str, Any] | N
     if history:
         out["ours_history"] = (ours, ("history",))
     if arctic.available():
-        for name, params in (arctic_params or {"arctic_suffix": arctic.ARCTIC_DEFAULT,
-                                               "arctic_suffix_best": arctic.ARCTIC_BEST}).items():
-            out[name] = ((lambda docs, p=replace(params, history=history): arctic.ArcticSuffixProposer(p)), None)
+        for name, params in (
+            arctic_params
+            or {"arctic_suffix": arctic.ARCTIC_DEFAULT, "arctic_suffix_best": arctic.ARCTIC_BEST}
+        ).items():
+            out[name] = (
+                (lambda docs, p=replace(params, history=history): arctic.ArcticSuffixProposer(p)),
+                None,
+            )
     return out
 
 
-def search_arctic(traces: dict[str, list[Trace]], curve: dict[int, float] | None = None, log=print
-                  ) -> list[tuple[float, Any]]:
+def search_arctic(
+    traces: dict[str, list[Trace]], curve: dict[int, float] | None = None, log=print
+) -> list[tuple[float, Any]]:
     """Arctic settings of a grid, best first: by estimated time summed over the workloads with a cost
     curve (fewest verify steps without one). History off, as the benchmark runs it."""
     from suffixspec.bench import arctic
 
     results = []
-    for factor, offset, min_prob, tree in itertools.product((1.0, 2.0, 4.0, 8.0), (0.0, 4.0), (0.05, 0.1, 0.2, 0.3),
-                                                            (False, True)):
-        p = arctic.ArcticParams(max_spec_factor=factor, max_spec_offset=offset, min_token_prob=min_prob,
-                                use_tree_spec=tree, history=False)
+    for factor, offset, min_prob, tree in itertools.product(
+        (1.0, 2.0, 4.0, 8.0), (0.0, 4.0), (0.05, 0.1, 0.2, 0.3), (False, True)
+    ):
+        p = arctic.ArcticParams(
+            max_spec_factor=factor,
+            max_spec_offset=offset,
+            min_token_prob=min_prob,
+            use_tree_spec=tree,
+            history=False,
+        )
         reps = [replay(arctic.ArcticSuffixProposer(p), trs, curve=curve) for trs in traces.values()]
         cost = sum(r.verify_s for r in reps) if curve else sum(r.steps for r in reps)
         results.append((cost, p))
@@ -362,9 +408,18 @@ def propose_cost(model: str, traces: dict[str, list[Trace]], rounds: int = 3) ->
     return {name: {w: round(statistics.median(v), 1) for w, v in ws.items()} for name, ws in times.items()}
 
 
-def run(model: str, traces: dict[str, list[Trace]], n: int, max_tokens: int, curve: dict[int, float] | None,
-        gate: bool, history: bool, max_draft_tokens: int = 32, log=print, prefill: float | None = None
-        ) -> dict[str, Any]:
+def run(
+    model: str,
+    traces: dict[str, list[Trace]],
+    n: int,
+    max_tokens: int,
+    curve: dict[int, float] | None,
+    gate: bool,
+    history: bool,
+    max_draft_tokens: int = 32,
+    log=print,
+    prefill: float | None = None,
+) -> dict[str, Any]:
     """Per workload: the oracle and every system, as table rows (``loop_share`` of the outputs too);
     ``prefill``: seconds per prompt token (the whole-request estimate)."""
     table: dict[str, Any] = {}
@@ -372,22 +427,30 @@ def run(model: str, traces: dict[str, list[Trace]], n: int, max_tokens: int, cur
         for w, trs in traces.items():
             docs = documents_for(model, w, n, max_tokens, Path(tmp))
             share = round(statistics.mean(loop_share(t.output_ids) for t in trs), 3)
-            rows = {"oracle": replay(OracleDrafter(trs), trs, max_draft_tokens=max_draft_tokens, curve=curve,
-                                     prefill=prefill).row()}
+            rows = {
+                "oracle": replay(
+                    OracleDrafter(trs), trs, max_draft_tokens=max_draft_tokens, curve=curve, prefill=prefill
+                ).row()
+            }
             for name, (factory, drafters) in systems(model, history).items():
-                rows[name] = replay(factory(docs), trs, drafters, max_draft_tokens, curve=curve, gate=gate,
-                                    prefill=prefill).row()
+                rows[name] = replay(
+                    factory(docs), trs, drafters, max_draft_tokens, curve=curve, gate=gate, prefill=prefill
+                ).row()
             for name, row in rows.items():
-                log(f"| {w} | {share:.2f} | {name} | {row['forward_passes']} | {row['tokens_per_forward']:.2f} | "
+                log(
+                    f"| {w} | {share:.2f} | {name} | {row['forward_passes']} | {row['tokens_per_forward']:.2f} | "
                     f"{row['mean_draft']:.1f} | {row['drafted_per_accepted'] or 0:.2f} | "
                     f"{row.get('estimated_speedup', 0):.2f}× | {row.get('estimated_speedup_request', 0):.2f}× | "
-                    f"{row['propose_cpu_us_per_step']:.0f} |")
+                    f"{row['propose_cpu_us_per_step']:.0f} |"
+                )
             table[w] = {"loop_share": share, "systems": rows}
     return table
 
 
-HEADER = ("| workload | loop share | system | forward passes | tokens/forward | mean draft | drafted/accepted "
-          "| estimated speedup | with the prefill | propose µs CPU/step |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = (
+    "| workload | loop share | system | forward passes | tokens/forward | mean draft | drafted/accepted "
+    "| estimated speedup | with the prefill | propose µs CPU/step |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def main() -> None:
@@ -396,18 +459,36 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--cache", type=Path, default=Path("suffixspec/bench/results/drafting_outputs.json"),
-                    help="greedy outputs, recorded once and reused")
-    ap.add_argument("--outputs", choices=("recorded", "written"), default="recorded",
-                    help="the target's greedy outputs (recorded) or the answers written for the tasks (written)")
-    ap.add_argument("--max-draft-tokens", type=int, default=32,
-                    help="the engine's node budget per draft (its default, 32; a request may ask for up to 256)")
-    ap.add_argument("--costs", type=Path, default=None,
-                    help="bench_limits --json output: turn steps into time with the model's verify cost curve")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("suffixspec/bench/results/drafting_outputs.json"),
+        help="greedy outputs, recorded once and reused",
+    )
+    ap.add_argument(
+        "--outputs",
+        choices=("recorded", "written"),
+        default="recorded",
+        help="the target's greedy outputs (recorded) or the answers written for the tasks (written)",
+    )
+    ap.add_argument(
+        "--max-draft-tokens",
+        type=int,
+        default=32,
+        help="the engine's node budget per draft (its default, 32; a request may ask for up to 256)",
+    )
+    ap.add_argument(
+        "--costs",
+        type=Path,
+        default=None,
+        help="bench_limits --json output: turn steps into time with the model's verify cost curve",
+    )
     ap.add_argument("--gate", action="store_true", help="the engine's draft gate in the loop (needs --costs)")
     ap.add_argument("--history", action="store_true", help="drafters keep earlier outputs (off by default)")
     ap.add_argument("--search", action="store_true", help="grid-search Arctic's settings first")
-    ap.add_argument("--cost", action="store_true", help="only time propose(): ours per drafter and Arctic, interleaved")
+    ap.add_argument(
+        "--cost", action="store_true", help="only time propose(): ours per drafter and Arctic, interleaved"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.gate and not args.costs:  # before recording outputs: a model run for nothing
@@ -438,10 +519,22 @@ def main() -> None:
         best = search_arctic(traces, curve)[0]
         print(f"best Arctic setting: {best[1].label()} ({best[0]:.3f})")
     print(HEADER)
-    table = run(args.model, traces, args.requests, args.max_tokens, curve, args.gate, args.history,
-                args.max_draft_tokens, log=lambda s: print(s, flush=True), prefill=prefill)
+    table = run(
+        args.model,
+        traces,
+        args.requests,
+        args.max_tokens,
+        curve,
+        args.gate,
+        args.history,
+        args.max_draft_tokens,
+        log=lambda s: print(s, flush=True),
+        prefill=prefill,
+    )
     if not arctic.available():
-        print("(arctic-inference is not installed: the arctic_suffix rows are skipped; docs/benchmarks.md says how to install it)")
+        print(
+            "(arctic-inference is not installed: the arctic_suffix rows are skipped; docs/benchmarks.md says how to install it)"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {k: str(v) for k, v in vars(args).items()}

@@ -153,7 +153,7 @@ def matmul_rows(model: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeat
     jump from ``t(1)`` to ``t(2)`` of ``F.linear``), which the packed weight avoids."""
     import torch.nn.functional as F
 
-    from suffixspec.core.lean import linear, packed
+    from suffixspec.core.weights import linear, packed
 
     layer = max((m for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel()
                 if m is not model.get_output_embeddings() else -1)
@@ -184,7 +184,7 @@ def matmul_rows_lean(lean: Any, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), re
                      ) -> dict[str, dict[int, float]]:
     """:func:`matmul_rows` for a quantized lean forward (its float weights released): its first layer's
     gate/up matrix and its LM head, as ``lean.linear`` runs them (best of ``repeats``)."""
-    from suffixspec.core.lean import linear
+    from suffixspec.core.weights import linear
 
     out: dict[str, dict[int, float]] = {}
     for name, w in (("first layer gate/up", lean.layers[0].w_gu), ("lm head", lean.head)):
@@ -308,7 +308,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="time passes in CPU seconds (a busy machine), not wall")
     ap.add_argument("--json", type=Path, default=None, help="write (or update, per model) the figures here")
     ap.add_argument("--weights", action="append", default=None,
-                    help="weight format (suffixspec.core.weights.FORMATS; default float32); repeat for several, "
+                    help="weight format (suffixspec.core.formats.FORMATS; default float32); repeat for several, "
                          "measured one after the other")
     args = ap.parse_args()
     results = [limits(m, args.context, args.max_k, args.rounds, args.threads, args.stat, args.cpu, w)

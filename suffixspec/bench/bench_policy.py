@@ -40,14 +40,26 @@ def _parse(value: str) -> Any:
     return ast.literal_eval(value.strip())
 
 
-def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens: int, field: str,
-        values: list[Any], systems: list[str], every: bool = False, log=print) -> dict[str, Any]:
-    from suffixspec.bench import run as R
+def run(
+    model: str,
+    drafts: list[str],
+    workloads: list[str],
+    n: int,
+    max_tokens: int,
+    field: str,
+    values: list[Any],
+    systems: list[str],
+    every: bool = False,
+    log=print,
+) -> dict[str, Any]:
+    from suffixspec.bench.run import workload_requests
+    from suffixspec.bench.serving import run_ours_request, suffix_proposer_for
+    from suffixspec.bench.systems import load_bench
     from suffixspec.drafting.policy import Policy
 
     if field not in {f.name for f in fields(Policy)}:
         raise SystemExit(f"Policy has no field {field!r}; see suffixspec/drafting/policy.py")
-    bench = R.load_bench(model, drafts, False, 1, log)
+    bench = load_bench(model, drafts, False, 1, log)
     base = bench.engine.policy
     # one Policy per value (keyed by its repr: a literal may be a list), validated before any run
     policies = {repr(v): replace(base, **{field: v}) for v in values}
@@ -55,7 +67,7 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
     results: dict[str, Any] = {}
     try:
         for w in workloads:
-            reqs, _docs = R.workload_requests(w, bench, n, max_tokens, log)
+            reqs, _docs = workload_requests(w, bench, n, max_tokens, log)
             runs = [(s, v) for s in systems for v in (values if s in touched else values[:1])]
             totals = {f"{s}@{v}": 0.0 for s, v in runs}
             identical = True
@@ -64,15 +76,20 @@ def run(model: str, drafts: list[str], workloads: list[str], n: int, max_tokens:
                 outs = {}
                 for s, v in order:
                     bench.engine.use_policy(policies[repr(v)])
-                    r = R.run_ours_request(bench, s, req, R.suffix_proposer_for(bench, None, s))
+                    r = run_ours_request(bench, s, req, suffix_proposer_for(bench, None, s))
                     outs[f"{s}@{v}"] = r
                     totals[f"{s}@{v}"] += r.cpu_s
                 same = len({tuple(r.tokens) for r in outs.values()}) == 1
                 identical &= same
-                log(f"  {w} request {k + 1}/{len(reqs)}: {len(next(iter(outs.values())).tokens)} tokens, identical "
-                    f"{same}; " + ", ".join(f"{name} {r.cpu_s:.2f} s" for name, r in outs.items()))
-            results[w] = {"requests": len(reqs), "cpu_s": {k: round(v, 3) for k, v in totals.items()},
-                          "identical": identical}
+                log(
+                    f"  {w} request {k + 1}/{len(reqs)}: {len(next(iter(outs.values())).tokens)} tokens, identical "
+                    f"{same}; " + ", ".join(f"{name} {r.cpu_s:.2f} s" for name, r in outs.items())
+                )
+            results[w] = {
+                "requests": len(reqs),
+                "cpu_s": {k: round(v, 3) for k, v in totals.items()},
+                "identical": identical,
+            }
     finally:
         bench.engine.use_policy(base)
     return results
@@ -82,7 +99,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["| workload | requests | system@value | CPU s | identical |", "|---|---:|---|---:|:---:|"]
     for w, r in results.items():
         for name, cpu in r["cpu_s"].items():
-            lines.append(f"| {w} | {r['requests']} | {name} | {cpu:.2f} | {'yes' if r['identical'] else 'NO'} |")
+            lines.append(
+                f"| {w} | {r['requests']} | {name} | {cpu:.2f} | {'yes' if r['identical'] else 'NO'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -101,15 +120,27 @@ def main() -> None:
     args = ap.parse_args()
     from suffixspec.models import default_draft
 
-    drafts = [default_draft(args.model) if d.strip() == "auto" else d.strip() for d in args.draft_model.split(",")]
+    drafts = [
+        default_draft(args.model) if d.strip() == "auto" else d.strip() for d in args.draft_model.split(",")
+    ]
     drafts = [d for d in drafts if d not in (None, "", "none")]
-    results = run(args.model, drafts, args.workloads.split(","), args.requests, args.max_tokens, args.field,
-                  [_parse(v) for v in args.values.split(",")], args.systems.split(","), args.every)
+    results = run(
+        args.model,
+        drafts,
+        args.workloads.split(","),
+        args.requests,
+        args.max_tokens,
+        args.field,
+        [_parse(v) for v in args.values.split(",")],
+        args.systems.split(","),
+        args.every,
+    )
     print(markdown(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -42,10 +42,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .workloads import humaneval_problems
+from .workloads.sources import humaneval_problems
 
 PROMPT = "Complete the following Python function.\n\n```python\n{prompt}```"  # as workloads' humaneval_chat
-LIMITS = {"timeout_s": 10.0, "memory_bytes": 2 * 2**30, "cpu_s": 10, "file_bytes": 16 * 2**20, "open_files": 64}
+LIMITS = {
+    "timeout_s": 10.0,
+    "memory_bytes": 2 * 2**30,
+    "cpu_s": 10,
+    "file_bytes": 16 * 2**20,
+    "open_files": 64,
+}
 _FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
 
@@ -115,8 +121,15 @@ def run_tests(source: str, limits: dict[str, Any] | None = None) -> tuple[bool, 
         path = Path(tmp) / "candidate.py"
         path.write_text(source)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "PYTHONHASHSEED": "0"}
-        proc = subprocess.Popen([sys.executable, "-I", str(path)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_limit(lim))
+        proc = subprocess.Popen(
+            [sys.executable, "-I", str(path)],
+            cwd=tmp,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_limit(lim),
+        )
         try:
             _, err = proc.communicate(timeout=lim["timeout_s"])
         except subprocess.TimeoutExpired:
@@ -156,11 +169,19 @@ def teacher_forced_argmax(spec: Any, prompt: list[int], continuation: list[int])
         logits = runner.forward([PassRow(row, prompt + continuation, None, 0, "all")])[0]
     finally:
         runner.remove_row(row)
-    return logits[len(prompt) - 1:len(prompt) + len(continuation) - 1].argmax(-1).tolist()
+    return logits[len(prompt) - 1 : len(prompt) + len(continuation) - 1].argmax(-1).tolist()
 
 
-def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_tokens: int, log=print,
-             previous: dict[str, Any] | None = None, checkpoint: Any = None) -> dict[str, Any]:
+def evaluate(
+    model: str,
+    formats: list[str],
+    n: int,
+    max_tokens: int,
+    agree_tokens: int,
+    log=print,
+    previous: dict[str, Any] | None = None,
+    checkpoint: Any = None,
+) -> dict[str, Any]:
     """Per format: answers, pass@1 (tests executed) and greedy agreement with float32 (module docstring).
     ``previous``: an earlier result of the same model, problems and settings, whose formats are kept and whose
     float32 reference the new formats are held to (a format added later without measuring float32 again).
@@ -171,9 +192,15 @@ def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_toke
     out: dict[str, Any] = {}
     if previous is not None:
         m = previous["meta"]
-        if (m["model"], m["problems"], m["max_tokens"], m["agree_tokens"]) != (model, len(problems), max_tokens,
-                                                                                agree_tokens):
-            raise ValueError("the previous result was measured with another model, problem count or token limits")
+        if (m["model"], m["problems"], m["max_tokens"], m["agree_tokens"]) != (
+            model,
+            len(problems),
+            max_tokens,
+            agree_tokens,
+        ):
+            raise ValueError(
+                "the previous result was measured with another model, problem count or token limits"
+            )
         reference = previous["reference"]
         out = dict(previous["formats"])
         order = [f for f in order if f not in out]
@@ -185,12 +212,23 @@ def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_toke
         try:
             for i, p in enumerate(problems):
                 msgs = [{"role": "user", "content": PROMPT.format(prompt=p["prompt"])}]
-                r = spec.generate(messages=msgs, max_tokens=max_tokens, temperature=0,
-                                  speculation={"drafters": ["prompt", "references"]})
+                r = spec.generate(
+                    messages=msgs,
+                    max_tokens=max_tokens,
+                    temperature=0,
+                    speculation={"drafters": ["prompt", "references"]},
+                )
                 tokens += len(r.token_ids)
                 ok, why = run_tests(program(p, r.text))
-                answers.append({"task_id": p["task_id"], "passed": ok, "why": why, "tokens": len(r.token_ids),
-                                "text": r.text})
+                answers.append(
+                    {
+                        "task_id": p["task_id"],
+                        "passed": ok,
+                        "why": why,
+                        "tokens": len(r.token_ids),
+                        "text": r.text,
+                    }
+                )
                 if fmt == "float32":
                     reference.append([r.prompt_token_ids, r.token_ids[:agree_tokens]])
                 prompt_ids, cont = reference[i]
@@ -198,41 +236,70 @@ def evaluate(model: str, formats: list[str], n: int, max_tokens: int, agree_toke
                     got = teacher_forced_argmax(spec, prompt_ids, cont)
                     agree += sum(a == b for a, b in zip(got, cont, strict=True))
                     total += len(cont)
-                log(f"  {fmt} {p['task_id']}: {'pass' if ok else 'fail'} ({why[:60]}), {len(r.token_ids)} tokens")
+                log(
+                    f"  {fmt} {p['task_id']}: {'pass' if ok else 'fail'} ({why[:60]}), {len(r.token_ids)} tokens"
+                )
         finally:
             spec.close()
-        out[fmt] = {"passed": sum(a["passed"] for a in answers), "problems": len(answers),
-                    "agreement": round(agree / total, 5) if total else None, "agreement_tokens": total,
-                    "agreeing_tokens": agree, "output_tokens": tokens, "seconds": round(time.perf_counter() - t, 1),
-                    "threads": threads, "load": [round(load, 2), round(os.getloadavg()[0], 2)], "answers": answers}
+        out[fmt] = {
+            "passed": sum(a["passed"] for a in answers),
+            "problems": len(answers),
+            "agreement": round(agree / total, 5) if total else None,
+            "agreement_tokens": total,
+            "agreeing_tokens": agree,
+            "output_tokens": tokens,
+            "seconds": round(time.perf_counter() - t, 1),
+            "threads": threads,
+            "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "answers": answers,
+        }
         log(f"{fmt}: pass@1 {out[fmt]['passed']}/{len(answers)}, agreement {out[fmt]['agreement']}")
         if checkpoint is not None:
             checkpoint(_result(model, len(problems), max_tokens, agree_tokens, out, reference))
     return _result(model, len(problems), max_tokens, agree_tokens, out, reference)
 
 
-def _result(model: str, n: int, max_tokens: int, agree_tokens: int, out: dict[str, Any], reference: list
-            ) -> dict[str, Any]:
+def _result(
+    model: str, n: int, max_tokens: int, agree_tokens: int, out: dict[str, Any], reference: list
+) -> dict[str, Any]:
     f32 = {a["task_id"]: a["passed"] for a in out["float32"]["answers"]}
     for r in out.values():
         r["differs_from_float32"] = [a["task_id"] for a in r["answers"] if a["passed"] != f32[a["task_id"]]]
-    return {"meta": {"model": model, "problems": n, "max_tokens": max_tokens,
-                     "agree_tokens": agree_tokens, "limits": LIMITS, "load_average": list(os.getloadavg()),
-                     "date": time.strftime("%Y-%m-%d %H:%M")}, "formats": out, "reference": reference}
+    return {
+        "meta": {
+            "model": model,
+            "problems": n,
+            "max_tokens": max_tokens,
+            "agree_tokens": agree_tokens,
+            "limits": LIMITS,
+            "load_average": list(os.getloadavg()),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+        },
+        "formats": out,
+        "reference": reference,
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"{m['model']}, HumanEval problems 0-{m['problems'] - 1} (chat, greedy, {m['max_tokens']} tokens at most, "
-             f"tests executed); agreement teacher-forced over float32's first {m['agree_tokens']} tokens per answer",
-             "", "| format | pass@1 | vs float32 | greedy agreement with float32 | problems that differ |",
-             "|---|---:|---:|---:|---|"]
+    lines = [
+        f"{m['model']}, HumanEval problems 0-{m['problems'] - 1} (chat, greedy, {m['max_tokens']} tokens at most, "
+        f"tests executed); agreement teacher-forced over float32's first {m['agree_tokens']} tokens per answer",
+        "",
+        "| format | pass@1 | vs float32 | greedy agreement with float32 | problems that differ |",
+        "|---|---:|---:|---:|---|",
+    ]
     base = result["formats"]["float32"]["passed"]
     for fmt, r in result["formats"].items():
-        ag = f"{100 * r['agreement']:.2f}% ({r['agreeing_tokens']}/{r['agreement_tokens']})" if r["agreement"] is not None \
+        ag = (
+            f"{100 * r['agreement']:.2f}% ({r['agreeing_tokens']}/{r['agreement_tokens']})"
+            if r["agreement"] is not None
             else "—"
-        lines.append(f"| {fmt} | {r['passed']}/{r['problems']} | {r['passed'] - base:+d} | {ag} | "
-                     f"{', '.join(r['differs_from_float32']) or '—'} |")
+        )
+        lines.append(
+            f"| {fmt} | {r['passed']}/{r['problems']} | {r['passed'] - base:+d} | {ag} | "
+            f"{', '.join(r['differs_from_float32']) or '—'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -244,8 +311,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=384)
     ap.add_argument("--agree-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=Path("bench-quality"))
-    ap.add_argument("--previous", type=Path, default=None, help="an earlier quality.json of the same settings: "
-                    "its formats are kept, new ones are held to its float32 reference")
+    ap.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="an earlier quality.json of the same settings: "
+        "its formats are kept, new ones are held to its float32 reference",
+    )
     args = ap.parse_args(argv)
     previous = json.loads(args.previous.read_text()) if args.previous else None
     args.out.mkdir(parents=True, exist_ok=True)
@@ -254,8 +326,15 @@ def main(argv: list[str] | None = None) -> None:
         (args.out / "quality.json").write_text(json.dumps(result, indent=1))
         (args.out / "quality.md").write_text(markdown(result))
 
-    result = evaluate(args.model, args.formats.split(","), args.problems, args.max_tokens, args.agree_tokens,
-                      previous=previous, checkpoint=write)
+    result = evaluate(
+        args.model,
+        args.formats.split(","),
+        args.problems,
+        args.max_tokens,
+        args.agree_tokens,
+        previous=previous,
+        checkpoint=write,
+    )
     write(result)
     print(markdown(result))
 

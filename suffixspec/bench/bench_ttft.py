@@ -22,8 +22,6 @@ import argparse
 import http.client
 import json
 import os
-import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+from suffixspec.bench.processes import children_cpu, free_port, stop_process
+
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
 def _cli() -> list[str]:
@@ -43,26 +43,28 @@ def _cli() -> list[str]:
     return [str(script)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children_cpu() -> float:
-    """CPU seconds (user + system) of this process's finished children so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, float]:
     """Seconds from spawn to the first text byte on stdout and to exit; CPU seconds of the process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cpu = _children_cpu()
+    cpu = children_cpu()
     t = time.perf_counter()
-    proc = subprocess.Popen([*_cli(), "generate", PROMPT, "--max-tokens", str(max_tokens), "--stream",
-                             "--draft-model", draft_model, "--db", str(tmp / "gen.db")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            *_cli(),
+            "generate",
+            PROMPT,
+            "--max-tokens",
+            str(max_tokens),
+            "--stream",
+            "--draft-model",
+            draft_model,
+            "--db",
+            str(tmp / "gen.db"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     assert proc.stdout is not None
     first = proc.stdout.read(1)
     t_first = time.perf_counter() - t
@@ -71,20 +73,30 @@ def time_generate(max_tokens: int, draft_model: str, tmp: Path) -> dict[str, flo
     t_exit = time.perf_counter() - t
     if code != 0 or not first:
         raise RuntimeError(f"suffixspec generate failed (exit {code}): {(first + rest)[-500:]!r}")
-    return {"first_token_s": t_first, "exit_s": t_exit, "cpu_s": _children_cpu() - cpu}
+    return {"first_token_s": t_first, "exit_s": t_exit, "cpu_s": children_cpu() - cpu}
 
 
 def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 900.0) -> dict[str, float]:
     """Seconds from spawning the server to the first streamed token of the first request; CPU seconds of
     the server process (start, first request, shutdown)."""
-    port = _free_port()
-    cpu = _children_cpu()
+    port = free_port()
+    cpu = children_cpu()
     t = time.perf_counter()
-    proc = subprocess.Popen([*_cli(), "serve", "--port", str(port), "--draft-model", draft_model,
-                             "--db", str(tmp / "serve.db")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*_cli(), "serve", "--port", str(port), "--draft-model", draft_model, "--db", str(tmp / "serve.db")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        body = json.dumps({"model": "suffixspec", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
-                           "temperature": 0})
+        body = json.dumps(
+            {
+                "model": "suffixspec",
+                "prompt": PROMPT,
+                "max_tokens": max_tokens,
+                "stream": True,
+                "temperature": 0,
+            }
+        )
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"suffixspec serve exited with {proc.returncode} before answering")
@@ -111,16 +123,14 @@ def time_serve(max_tokens: int, draft_model: str, tmp: Path, timeout_s: float = 
                     t_first = time.perf_counter() - t
         t_done = time.perf_counter() - t
         conn.close()
-        out = {"port_open_s": t_accept, "first_token_s": t_first if t_first is not None else t_done,
-               "response_done_s": t_done}
+        out = {
+            "port_open_s": t_accept,
+            "first_token_s": t_first if t_first is not None else t_done,
+            "response_done_s": t_done,
+        }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    out["cpu_s"] = _children_cpu() - cpu
+        stop_process(proc)
+    out["cpu_s"] = children_cpu() - cpu
     return out
 
 
@@ -136,19 +146,31 @@ def run(repeats: int = 3, max_tokens: int = 16, draft_model: str = "auto", log=p
                 log(f"  {kind} #{i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
     out: dict[str, Any] = {}
     for kind, rs in runs.items():
-        out[kind] = {k: {"median": round(statistics.median(r[k] for r in rs), 3),
-                         "min": round(min(r[k] for r in rs), 3), "max": round(max(r[k] for r in rs), 3)}
-                     for k in rs[0]}
+        out[kind] = {
+            k: {
+                "median": round(statistics.median(r[k] for r in rs), 3),
+                "min": round(min(r[k] for r in rs), 3),
+                "max": round(max(r[k] for r in rs), 3),
+            }
+            for k in rs[0]
+        }
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
-    names = {"first_token_s": "first token", "exit_s": "process exit", "port_open_s": "port open",
-             "response_done_s": "first response complete", "cpu_s": "CPU seconds used (user + system)"}
+    names = {
+        "first_token_s": "first token",
+        "exit_s": "process exit",
+        "port_open_s": "port open",
+        "response_done_s": "first response complete",
+        "cpu_s": "CPU seconds used (user + system)",
+    }
     lines = ["| command | event (seconds from spawn) | median | min–max |", "|---|---|---:|---:|"]
     for kind, rows in result.items():
         for k, r in rows.items():
-            lines.append(f"| suffixspec {kind} | {names[k]} | {r['median']:.2f} | {r['min']:.2f}–{r['max']:.2f} |")
+            lines.append(
+                f"| suffixspec {kind} | {names[k]} | {r['median']:.2f} | {r['min']:.2f}–{r['max']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -162,8 +184,9 @@ def main() -> None:
     result = run(args.repeats, args.max_tokens, args.draft_model)
     print(markdown(result))
     if args.json:
-        args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": result},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"meta": {k: str(v) for k, v in vars(args).items()}, "results": result}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -55,10 +55,18 @@ def speculative_config(system: str, k: int, history: bool = True) -> dict[str, A
     if system == "plain":
         return None
     if system == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        }
     if system == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": k,
-                **({} if history else {"suffix_decoding_max_cached_requests": 0})}
+        return {
+            "method": "suffix",
+            "num_speculative_tokens": k,
+            **({} if history else {"suffix_decoding_max_cached_requests": 0}),
+        }
     if system == "suffixspec":
         return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
     raise ValueError(f"unknown system {system!r}; choose from {list(SYSTEMS)}")
@@ -66,8 +74,11 @@ def speculative_config(system: str, k: int, history: bool = True) -> dict[str, A
 
 def _spec_counters(llm: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    names = {
+        "vllm:spec_decode_num_drafts": "drafts",
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted",
+    }
     for m in llm.get_metrics():
         if m.name in names:
             out[names[m.name]] += int(m.value)
@@ -79,9 +90,16 @@ def _spec_counters(llm: Any) -> dict[str, Any]:
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0) for i, a in enumerate(after["per_pos"])]
-    return {"drafts": after["drafts"] - before["drafts"], "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
-            "accepted": after["accepted"] - before["accepted"], "per_pos": pos}
+    pos = [
+        a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
+        for i, a in enumerate(after["per_pos"])
+    ]
+    return {
+        "drafts": after["drafts"] - before["drafts"],
+        "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
+        "accepted": after["accepted"] - before["accepted"],
+        "per_pos": pos,
+    }
 
 
 def worker(system: str, plan: dict[str, Any], out: Path) -> None:
@@ -89,9 +107,15 @@ def worker(system: str, plan: dict[str, Any], out: Path) -> None:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(model=plan["model"], dtype="float32", max_model_len=plan.get("max_model_len", 1024),
-              enforce_eager=True, disable_log_stats=False, seed=0,
-              speculative_config=speculative_config(system, plan.get("k", 8), plan.get("history", True)))
+    llm = LLM(
+        model=plan["model"],
+        dtype="float32",
+        max_model_len=plan.get("max_model_len", 1024),
+        enforce_eager=True,
+        disable_log_stats=False,
+        seed=0,
+        speculative_config=speculative_config(system, plan.get("k", 8), plan.get("history", True)),
+    )
     startup_s = time.perf_counter() - started
     params = SamplingParams(temperature=0.0, max_tokens=plan["max_tokens"])
     phases = []
@@ -100,36 +124,72 @@ def worker(system: str, plan: dict[str, Any], out: Path) -> None:
         t = time.perf_counter()
         res = llm.generate([{"prompt_token_ids": ids} for ids in phase["prompts"]], params, use_tqdm=False)
         seconds = time.perf_counter() - t
-        phases.append({"name": phase.get("name", ""), "seconds": seconds,
-                       "outputs": [list(r.outputs[0].token_ids) for r in res],
-                       "spec": _delta(_spec_counters(llm), before)})
+        phases.append(
+            {
+                "name": phase.get("name", ""),
+                "seconds": seconds,
+                "outputs": [list(r.outputs[0].token_ids) for r in res],
+                "spec": _delta(_spec_counters(llm), before),
+            }
+        )
     out.write_text(json.dumps({"system": system, "startup_s": startup_s, "phases": phases}))
     if system == "suffixspec":
         time.sleep(3.0)  # an idle engine: the proposer saves the last outputs to the history (after 1 s)
     del llm
 
 
-def run_worker(python: str, system: str, plan: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
-               timeout_s: float = 1200) -> dict[str, Any]:
+def run_worker(
+    python: str,
+    system: str,
+    plan: dict[str, Any],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 1200,
+) -> dict[str, Any]:
     """Run :func:`worker` in a subprocess of ``python`` (a vLLM environment); its result."""
     plan_path, out = workdir / f"plan-{system}.json", workdir / f"result-{system}.json"
     plan_path.write_text(json.dumps(plan))
-    full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                **(env or {})}
+    full_env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
     # that environment's tools first (the caller may run inside another virtual environment)
     full_env["PATH"] = os.pathsep.join([str(Path(python).parent), full_env.get("PATH", "")])
     full_env.pop("VIRTUAL_ENV", None)
-    proc = subprocess.run([python, "-m", "suffixspec.bench.bench_vllm", "worker", "--system", system, "--plan", str(plan_path),
-                           "--out", str(out)], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "suffixspec.bench.bench_vllm",
+            "worker",
+            "--system",
+            system,
+            "--plan",
+            str(plan_path),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"vLLM worker {system!r} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-6000:]}")
+        raise RuntimeError(
+            f"vLLM worker {system!r} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+            f"{proc.stderr[-6000:]}"
+        )
     return json.loads(out.read_text())
 
 
 # ----- the benchmark ---------------------------------------------------------------------------------
-def summarize(rounds: list[dict[str, dict[str, Any]]], workloads: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def summarize(
+    rounds: list[dict[str, dict[str, Any]]], workloads: list[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
     """Per workload and system over every round: tokens/s, speedup over no speculation per request
     (median, min, max: a request's phase against the same request's phase without speculation in the
     same round), vLLM's speculative counters, the outputs' loop share, identical or not."""
@@ -154,18 +214,27 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], workloads: list[str]) -> 
                     for key in spec:
                         spec[key] += p1["spec"][key]
                     new = p1["spec"]["per_pos"]
-                    per_pos = [(per_pos[i] if i < len(per_pos) else 0) + (new[i] if i < len(new) else 0)
-                               for i in range(max(len(per_pos), len(new)))]
+                    per_pos = [
+                        (per_pos[i] if i < len(per_pos) else 0) + (new[i] if i < len(new) else 0)
+                        for i in range(max(len(per_pos), len(new)))
+                    ]
             tokens = sum(len(o) for o in outs)
             drafts = spec["drafts"]
             table.setdefault(w, {})[system] = {
-                "requests": len(speedups), "tokens": tokens, "seconds": round(seconds, 2),
+                "requests": len(speedups),
+                "tokens": tokens,
+                "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / seconds, 2),
                 "speedup_median": round(statistics.median(speedups), 3),
-                "speedup_min": round(min(speedups), 3), "speedup_max": round(max(speedups), 3),
-                "drafts": drafts, "draft_tokens": spec["draft_tokens"], "accepted": spec["accepted"],
+                "speedup_min": round(min(speedups), 3),
+                "speedup_max": round(max(speedups), 3),
+                "drafts": drafts,
+                "draft_tokens": spec["draft_tokens"],
+                "accepted": spec["accepted"],
                 "accepted_per_draft": round(spec["accepted"] / drafts, 3) if drafts else 0.0,
-                "acceptance_rate": round(spec["accepted"] / spec["draft_tokens"], 3) if spec["draft_tokens"] else 0.0,
+                "acceptance_rate": round(spec["accepted"] / spec["draft_tokens"], 3)
+                if spec["draft_tokens"]
+                else 0.0,
                 "acceptance_per_pos": [round(v / drafts, 3) for v in per_pos[:8]] if drafts else [],
                 "loop_share": round(statistics.mean(loop_share(o) for o in outs), 3) if outs else 0.0,
                 "identical": outs == plain_outs,
@@ -174,31 +243,41 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], workloads: list[str]) -> 
 
 
 def markdown(table: dict[str, dict[str, dict[str, Any]]]) -> str:
-    lines = ["| workload | system | requests | tok/s | speedup (median, min–max) | accepted / draft | drafted / draft "
-             "| acceptance | accepted at position 1..4 | loop share | identical |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|:---:|"]
+    lines = [
+        "| workload | system | requests | tok/s | speedup (median, min–max) | accepted / draft | drafted / draft "
+        "| acceptance | accepted at position 1..4 | loop share | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|:---:|",
+    ]
     for w, rows in table.items():
         for s, r in rows.items():
             pos = " ".join(f"{v:.2f}" for v in r["acceptance_per_pos"][:4]) or "–"
             per_draft = r["draft_tokens"] / r["drafts"] if r["drafts"] else 0.0
-            lines.append(f"| {w} | {s} | {r['requests']} | {r['tokens_per_s']:.1f} | {r['speedup_median']:.2f}× "
-                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['accepted_per_draft']:.2f} "
-                         f"| {per_draft:.1f} | {r['acceptance_rate']:.2f} | {pos} | {r['loop_share']:.2f} "
-                         f"| {'yes' if r['identical'] else 'NO'} |")
+            lines.append(
+                f"| {w} | {s} | {r['requests']} | {r['tokens_per_s']:.1f} | {r['speedup_median']:.2f}× "
+                f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['accepted_per_draft']:.2f} "
+                f"| {per_draft:.1f} | {r['acceptance_rate']:.2f} | {pos} | {r['loop_share']:.2f} "
+                f"| {'yes' if r['identical'] else 'NO'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def rows(table: dict[str, dict[str, dict[str, Any]]], model: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
+def rows(
+    table: dict[str, dict[str, dict[str, Any]]], model: str, meta: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The table as result rows (``suffixspec/bench/published/results.json``): system ``vllm_<system>``, speedups
     over vLLM without speculation."""
-    return [{"model": model, "workload": w, "system": f"vllm_{s}", **r, **meta}
-            for w, systems in table.items() for s, r in systems.items()]
+    return [
+        {"model": model, "workload": w, "system": f"vllm_{s}", **r, **meta}
+        for w, systems in table.items()
+        for s, r in systems.items()
+    ]
 
 
 def main_bench(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from suffixspec.bench.run import merge_rows, model_label
+    from suffixspec.bench.results import merge_rows
+    from suffixspec.bench.systems import model_label
     from suffixspec.bench.workloads import build
     from suffixspec.index.store import DocInput, IndexStore
 
@@ -210,8 +289,14 @@ def main_bench(args: argparse.Namespace) -> None:
         docs.extend(w_docs)
         for r in reqs:  # one request per phase: they run in order, one at a time
             phases.append({"name": w, "prompts": [tok(r.prompt)["input_ids"]]})
-    plan = {"model": str(args.model), "max_tokens": args.max_tokens, "k": args.k, "max_model_len": args.max_model_len,
-            "history": args.history, "phases": phases}
+    plan = {
+        "model": str(args.model),
+        "max_tokens": args.max_tokens,
+        "k": args.k,
+        "max_model_len": args.max_model_len,
+        "history": args.history,
+        "phases": phases,
+    }
     rounds: list[dict[str, dict[str, Any]]] = []
     load = [round(os.getloadavg()[0], 2)]
     with tempfile.TemporaryDirectory(prefix="suffixspec-bench-vllm-") as tmp:
@@ -227,8 +312,11 @@ def main_bench(args: argparse.Namespace) -> None:
                     env["SUFFIXSPEC_VLLM_SOURCES"] = "prompt,documents"
                 t = time.perf_counter()
                 results[system] = run_worker(sys.executable, system, plan, Path(tmp), env)
-                print(f"round {r + 1}: {system}: {time.perf_counter() - t:.0f} s "
-                      f"(engine start {results[system]['startup_s']:.0f} s)", flush=True)
+                print(
+                    f"round {r + 1}: {system}: {time.perf_counter() - t:.0f} s "
+                    f"(engine start {results[system]['startup_s']:.0f} s)",
+                    flush=True,
+                )
             rounds.append(results)
     load.append(round(os.getloadavg()[0], 2))
     table = summarize(rounds, workloads)
@@ -236,12 +324,22 @@ def main_bench(args: argparse.Namespace) -> None:
     print(md)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"requests_per_round": args.requests, "rounds": args.rounds, "max_tokens": args.max_tokens,
-                "k": args.k, "load_average": load, "threads": "vLLM's (one core for itself)", "temperature": 0.0,
-                "history": args.history, "date": time.strftime("%Y-%m-%d")}
+        meta = {
+            "requests_per_round": args.requests,
+            "rounds": args.rounds,
+            "max_tokens": args.max_tokens,
+            "k": args.k,
+            "load_average": load,
+            "threads": "vLLM's (one core for itself)",
+            "temperature": 0.0,
+            "history": args.history,
+            "date": time.strftime("%Y-%m-%d"),
+        }
         (args.out / "vllm.md").write_text(md)
         path = args.out / "results.json"
-        path.write_text(json.dumps(merge_rows(path, rows(table, model_label(str(args.model)), meta)), indent=1))
+        path.write_text(
+            json.dumps(merge_rows(path, rows(table, model_label(str(args.model)), meta)), indent=1)
+        )
 
 
 def main() -> None:
@@ -251,7 +349,12 @@ def main() -> None:
     w.add_argument("--system", required=True, choices=SYSTEMS)
     w.add_argument("--plan", type=Path, required=True)
     w.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--model", type=Path, default=None, help="a model folder (e.g. a converted smollm2-135m-instruct: suffixspec models --convert)")
+    ap.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a model folder (e.g. a converted smollm2-135m-instruct: suffixspec models --convert)",
+    )
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--max-model-len", type=int, default=2048)
@@ -259,9 +362,16 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--workloads", nargs="+", default=list(VLLM_WORKLOADS), choices=VLLM_WORKLOADS)
     ap.add_argument("--history", action="store_true", help="drafters keep earlier responses (off by default)")
-    ap.add_argument("--rounds", type=int, default=2, help="every system this many times, every other round in "
-                    "reverse order (ratios are per request, against the same round's run without speculation)")
-    ap.add_argument("--out", type=Path, default=None, help="add the rows to results.json here and write vllm.md")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="every system this many times, every other round in "
+        "reverse order (ratios are per request, against the same round's run without speculation)",
+    )
+    ap.add_argument(
+        "--out", type=Path, default=None, help="add the rows to results.json here and write vllm.md"
+    )
     args = ap.parse_args()
     if args.cmd == "worker":
         worker(args.system, json.loads(args.plan.read_text()), args.out)

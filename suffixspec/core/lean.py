@@ -39,7 +39,6 @@ query heads that share a key head as ``rep * n`` queries of that head (mask rows
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -48,27 +47,18 @@ import numpy as np
 import torch
 
 from suffixspec.core.kv import SlotCache, key_span, layer_types, tree_block
-from suffixspec.core.weights import (  # noqa: F401 - Int8Weight, int8_works, linear, packed, packs: read from here too
-    PACK_ROWS,
+from suffixspec.core.lean_weights import FAMILIES, Shape, build, rotary_table, unsupported
+from suffixspec.core.weights import (
     Int8Rows,
-    Int8Weight,
-    RowInt8Weight,
-    _onednn_packs,
-    input_ranges,
     int8_works,
     linear,
-    packed,
-    packs,
     refuse_own_forward,
     release,
     released,
-    smoothing,
 )
 
 log = logging.getLogger(__name__)
 
-# model_type -> family
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}
 
 
 @dataclass
@@ -141,131 +131,10 @@ def lean_forward(model: Any, weights: str = "float") -> LeanForward | None:
     return lean
 
 
-# Models up to this many parameters step one token on their own (unpacked) matrices when the others are
-# packed, as measured for SmolLM2-135M (plain step 81 vs 93 ms, idle machine); larger ones step on the packed
-# matrices, which is faster for them: Qwen2.5-Coder-0.5B-Instruct 85 vs 138 CPU ms per one-token pass (one
-# thread, context 400, load 8), and needs no second copy of the weights (see LeanForward.paged_out).
-PLAIN_ONE_TOKEN_MAX_PARAMS = 300_000_000
-
-
-def page_out(tensors: list[torch.Tensor]) -> int:
-    """Ask the kernel to drop the resident pages of ``tensors`` (``madvise(MADV_PAGEOUT)``, Linux 5.4+); the
-    bytes asked for, 0 where the call is not available.
-
-    Why: a converted folder's weights are memory-mapped from its safetensors file
-    (``loading._load_converted``), so once the lean forward has packed its own copy of a matrix, the model's
-    copy is clean file-backed memory that nothing reads. Paged out, it leaves the process's resident memory
-    (Qwen2.5-Coder-1.5B: 12.1 GB resident with both copies, 6.9 GB after), and the model's own forward still
-    works: a page it reads again faults back in from the file. Memory that no file backs (a model built in
-    memory) has nothing to drop without swap, so the hint is safe on any tensor; it never changes a value.
-    Example: a 48 MB matrix at 0x7f10_0000_0000 -> madvise(0x7f10_0000_0000, 48 MB, MADV_PAGEOUT)."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return 0
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        page = os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return 0
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    done = 0
-    for t in tensors:
-        if t.device.type != "cpu" or t.is_mkldnn or not t.is_contiguous():
-            continue
-        start = -(-t.data_ptr() // page) * page  # whole pages inside the tensor only
-        end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
-        if end > start and libc.madvise(start, end - start, 21) == 0:  # 21: MADV_PAGEOUT
-            done += end - start
-    return done
-
-
-class paging_own_forward:
-    """While inside, every decoder layer (and the LM head) of ``model`` pages its matrices out again right
-    after running (:func:`page_out`), so a run of the model's own forward whose lean forward has paged them
-    out (``LeanForward.paged_out``) adds one layer's weights to the resident memory, not all of them: the
-    batching probe's three forwards at a first start would otherwise bring Qwen2.5-Coder-1.5B's 6.6 GB
-    back beside the packed copy. Does nothing for a model whose matrices were not paged out."""
-
-    def __init__(self, model: Any) -> None:
-        paged = any(getattr(t.get(model), "paged_out", 0) for t in _LEAN.values())
-        self.modules = [*model.model.layers, model.get_output_embeddings()] if paged else []
-        self.hooks: list[Any] = []
-
-    def __enter__(self) -> None:
-        for m in self.modules:
-            own = [p.detach() for p in m.parameters() if p.dim() == 2]
-            self.hooks.append(m.register_forward_hook(self._hook(own)))
-
-    @staticmethod
-    def _hook(own: list[torch.Tensor]) -> Any:
-        def after(*_: Any) -> None:  # returns None: the layer's output stays as it is
-            page_out(own)
-        return after
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.hooks:
-            h.remove()
-        self.hooks = []
-
-
 def _stacked(x: torch.Tensor, ws: tuple[torch.Tensor, ...], b: torch.Tensor | None) -> torch.Tensor:
     """``x @ cat(ws).T + b`` from the separate matrices (q, k, v) without a fused copy of them."""
     y = torch.cat([torch.mm(w, x.t()) for w in ws]).t()
     return y if b is None else y + b
-
-
-def family(model: Any) -> str | None:
-    """The lean family of ``model``, or None when it runs through its own forward (and why not is
-    in :func:`unsupported`)."""
-    return None if unsupported(model) else FAMILIES[model.config.model_type]
-
-
-def unsupported(model: Any) -> str | None:
-    """Why ``model`` has no lean forward, or None when it has one."""
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in FAMILIES:
-        return f"no lean forward for model type {kind!r}"
-    text = cfg.get_text_config(decoder=True)
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
-        return "unexpected module layout"
-    try:
-        layer_types(text)
-    except ValueError as e:
-        return str(e)
-    if getattr(text, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
-    if FAMILIES[kind] == "llama":
-        if getattr(text, "hidden_act", None) != "silu" or getattr(text, "mlp_bias", False):
-            return "an MLP other than SiLU-gated without bias"
-        rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            return f"rope type {rope.get('rope_type')!r}"
-    else:
-        if getattr(text, "attn_logit_softcapping", None) is not None:
-            return "attention logit soft-capping"
-        if getattr(text, "use_bidirectional_attention", False):
-            return "bidirectional attention"
-        if getattr(text, "hidden_activation", None) not in ("gelu_pytorch_tanh", "gelu"):
-            return f"activation {getattr(text, 'hidden_activation', None)!r}"
-        params = getattr(text, "rope_parameters", None) or {}
-        if any((p or {}).get("rope_type", "default") != "default" for p in params.values()):
-            return "a rope type other than default"
-    return None
-
-
-def _rotary_table(inner: Any, kind: str | None) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies [d/2], attention scaling) of the model's rotary embedding; ``kind``: the layer
-    type of a model with one table per type (Gemma 3 keeps them as ``{kind}_inv_freq`` and
-    ``{kind}_attention_scaling``), None for one table. A layout without these names raises
-    AttributeError, and :func:`lean_forward` falls back to the model's own forward."""
-    rotary = inner.rotary_emb
-    if kind is None:
-        return rotary.inv_freq, getattr(rotary, "attention_scaling", 1.0)
-    return getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling", 1.0)
 
 
 # what one SDPA call costs beyond its arithmetic, in attention scores (query x key x head), above which rows
@@ -310,32 +179,6 @@ class _ExactRow:
     chunks: list[tuple[int, int, int, dict]]  # prompt: (packed first query, first, end position, window -> mask)
 
 
-@dataclass
-class _Layer:
-    """One decoder layer's weights, fused where the matmuls allow (q, k, v; gate and up)."""
-
-    norm_in: torch.Tensor  # [hidden] input norm weight (as used: 1 + w for Gemma)
-    w_qkv: torch.Tensor | Int8Weight | RowInt8Weight  # [(h_q + 2 h_kv) d, hidden] (packed, plain or int8: linear)
-    b_qkv: torch.Tensor | None  # [(h_q + 2 h_kv) d] or None
-    q_norm: torch.Tensor | None  # [d] per-head norm of queries (Gemma 3), as used
-    k_norm: torch.Tensor | None  # [d] per-head norm of keys
-    wo: torch.Tensor | Int8Weight | RowInt8Weight  # [hidden, h_q d]
-    bo: torch.Tensor | None
-    norm_post_attn: torch.Tensor | None  # Gemma: norm of the attention output before the residual
-    norm_mlp: torch.Tensor  # norm before the MLP (Llama: post_attention_layernorm; Gemma: pre_feedforward)
-    norm_post_mlp: torch.Tensor | None  # Gemma: norm of the MLP output before the residual
-    w_gu: torch.Tensor | Int8Weight | RowInt8Weight  # [2 intermediate, hidden]
-    wd: torch.Tensor | Int8Weight | RowInt8Weight  # [hidden, intermediate]
-    window: int | None  # sliding window of this layer, None: full attention
-    rope: str  # key of the rotary table (layer type)
-    # the model's own matrices, for a pass over one token when the ones above are packed for oneDNN
-    # (q, k, v; o; gate, up; down), or None when they are not packed or the model is larger than
-    # PLAIN_ONE_TOKEN_MAX_PARAMS: for SmolLM2 one row's matrix-vector product on the plain layout was
-    # faster than oneDNN's on the packed one (plain step 81 vs 93 ms), and these cost no memory (the
-    # model holds them)
-    plain: tuple[tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor] | None = None
-
-
 class LeanForward:
     """The lean forward of ``model`` (see the module docstring); ``__call__`` runs one packed pass."""
 
@@ -364,70 +207,18 @@ class LeanForward:
         for kind, _ in types:
             key = kind if gemma else "all"
             if key not in self.rope:
-                inv, scaling = _rotary_table(inner, kind if gemma else None)
+                inv, scaling = rotary_table(inner, kind if gemma else None)
                 self.rope[key] = (inv.float().to(self.device), float(scaling))
-        norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
-        self.layers: list[_Layer] = []
-        cat = torch.cat
-        int8 = weights != "float"
-        small = sum(p.numel() for p in model.parameters()) <= PLAIN_ONE_TOKEN_MAX_PARAMS and not int8
         self.weights = weights  # the weight kind (KINDS)
-        self.int8 = int8  # matrices quantized to int8 (RowInt8Weight, or fbgemm's Int8Weight for a draft)
+        self.int8 = weights != "float"  # matrices quantized to int8 (RowInt8Weight, or fbgemm's Int8Weight for a draft)
         # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention)
         self.exact = weights == "int8"
-        pack = {"float": packed, "int8": RowInt8Weight, "fbgemm": Int8Weight}[weights]
-        self.paged_out = 0  # bytes of the model's own matrices paged out once packed (see page_out)
-        # the exact int8 format moves activation outliers into the weights first (weights.smoothing), from one
-        # float forward over a fixed calibration text (load_model leaves its ids on the model)
-        calibration = getattr(model, "_suffixspec_calibration", None) if self.exact else None
-        ranges = input_ranges(model, calibration) if calibration else None
-        self.smoothed = ranges is not None
-        for i, (layer, (kind, window)) in enumerate(zip(inner.layers, types, strict=True)):
-            att, mlp = layer.self_attn, layer.mlp
-            projs = (att.q_proj, att.k_proj, att.v_proj)
-            bias = None
-            if any(p.bias is not None for p in projs):
-                bias = cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=self.dtype,
-                                                                            device=self.device) for p in projs])
-            m = {"norm_in": norm(layer.input_layernorm.weight), "w_qkv": cat([p.weight for p in projs]),
-                 "b_qkv": bias, "wo": att.o_proj.weight,
-                 "norm_mlp": norm(layer.pre_feedforward_layernorm.weight if gemma
-                                  else layer.post_attention_layernorm.weight),
-                 "w_gu": cat([mlp.gate_proj.weight, mlp.up_proj.weight]), "wd": mlp.down_proj.weight}
-            if ranges is not None:
-                m = self._smooth(m, ranges, f"model.layers.{i}.", mlp.up_proj.weight.shape[0])
-            self.layers.append(_Layer(
-                norm_in=m["norm_in"], w_qkv=pack(m["w_qkv"]), b_qkv=m["b_qkv"],
-                q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
-                wo=pack(m["wo"]), bo=att.o_proj.bias,
-                norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
-                norm_mlp=m["norm_mlp"],
-                norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
-                w_gu=pack(m["w_gu"]), wd=pack(m["wd"]),
-                window=window, rope=kind if gemma else "all"))
-            own = (*(p.weight for p in projs), att.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
-                   mlp.down_proj.weight)
-            if self.layers[-1].w_qkv.is_mkldnn and small:
-                self.layers[-1].plain = (tuple(p.weight.detach() for p in projs), att.o_proj.weight.detach(),
-                                         (mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()),
-                                         mlp.down_proj.weight.detach())
-            elif self.layers[-1].w_qkv.is_mkldnn or int8:  # layer by layer: two copies never coexist in full
-                self.paged_out += page_out([w.detach() for w in own])
-        self.norm = norm(inner.norm.weight)
-        head = model.get_output_embeddings().weight
-        if ranges is not None and "lm_head" in ranges:
-            s_head = smoothing(ranges["lm_head"], [head])
-            self.norm = self.norm / s_head
-            self.head = pack(head.detach().float() * s_head)
-        else:
-            self.head = pack(head)
-        if int8:  # embeddings as int8 rows too (a tied head's own int8 copy where its kernel keeps one)
-            tied = head.data_ptr() == self.embed.data_ptr() and head.shape == self.embed.shape
-            self.embed = (self.head.as_rows() if tied and isinstance(self.head, RowInt8Weight) and not self.smoothed
-                          else Int8Rows(self.embed))
-        if (self.head.is_mkldnn or int8) and not small:
-            # the embedding lookups read a tied head's rows again (paged back in one by one, as used)
-            self.paged_out += page_out([model.get_output_embeddings().weight.detach()])
+        built = build(model, weights, Shape(self.n_heads, self.n_kv, self.head_dim, gemma, types))
+        self.layers, self.norm, self.head, self.embed = built.layers, built.norm, built.head, built.embed
+        self.smoothed = built.smoothed  # activation outliers moved into the weights (weights.smoothing)
+        self.paged_out = built.paged_out  # bytes of the model's own matrices paged out once packed (see page_out)
+        self.stored = built.stored  # the quantized matrices' store at this build: "read", "written" or ""
+        int8 = self.int8
         self.onednn = self.head.is_mkldnn  # whether this forward's weights are packed (they all are, or none)
         self._positions = torch.arange(0, device=self.device)  # key positions for the masks (_arange)
         self.gemma = gemma
@@ -436,38 +227,9 @@ class LeanForward:
         self.released = 0  # bytes of the model's float weights released (a quantized kind, built whole)
         if int8 and not any(model in _LEAN[k] for k in KINDS if k != weights):  # (no other forward reads them)
             own = [*(p for layer in inner.layers for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
-                     if p.dim() == 2), inner.embed_tokens.weight, head]
+                     if p.dim() == 2), inner.embed_tokens.weight, model.get_output_embeddings().weight]
             self.released = release(own, keep=model)
             refuse_own_forward(model, weights)
-
-    def _smooth(self, m: dict[str, Any], ranges: dict[str, torch.Tensor], prefix: str, inter: int) -> dict[str, Any]:
-        """One layer's norms and matrices with activation outliers moved into the weights (weights.smoothing):
-        the q/k/v and gate/up inputs through their norms, the output projection's through v's rows (one
-        factor per key-value head's channel, shared by the query heads that read it), the down
-        projection's through up's rows. The same products in exact arithmetic; int8 rounds them better."""
-        h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
-        rep = h_q // h_kv
-        out = dict(m)
-        s_qkv = smoothing(ranges[prefix + "self_attn.q_proj"], [m["w_qkv"]])
-        out["norm_in"] = m["norm_in"] / s_qkv
-        w_qkv = m["w_qkv"].detach().float() * s_qkv
-        s_o = smoothing(ranges[prefix + "self_attn.o_proj"], [m["wo"]])
-        s_v = s_o.view(h_kv, rep, d).amax(dim=1).reshape(-1)  # [h_kv d]: query head h reads kv head h // rep
-        out["wo"] = m["wo"].detach().float() * s_v.view(h_kv, 1, d).expand(h_kv, rep, d).reshape(-1)
-        w_qkv[(h_q + h_kv) * d:] /= s_v[:, None]
-        out["w_qkv"] = w_qkv
-        if m["b_qkv"] is not None:
-            b = m["b_qkv"].detach().float().clone()
-            b[(h_q + h_kv) * d:] /= s_v
-            out["b_qkv"] = b
-        s_gu = smoothing(ranges[prefix + "mlp.gate_proj"], [m["w_gu"]])
-        out["norm_mlp"] = m["norm_mlp"] / s_gu
-        s_d = smoothing(ranges[prefix + "mlp.down_proj"], [m["wd"]])
-        w_gu = m["w_gu"].detach().float() * s_gu
-        w_gu[inter:] /= s_d[:, None]  # up's rows: the down projection's input is silu(gate) * up
-        out["w_gu"] = w_gu
-        out["wd"] = m["wd"].detach().float() * s_d
-        return out
 
     # -- pieces --------------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -541,7 +303,7 @@ class LeanForward:
         attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
         for i, L in enumerate(self.layers):
             h = self._rms(x, L.norm_in)
-            plain = L.plain if total == 1 else None  # one token: the model's own matrices (see _Layer.plain)
+            plain = L.plain if total == 1 else None  # one token: the model's own matrices (see Layer.plain)
             qkv = (lin(h, L.w_qkv, L.b_qkv) if plain is None else _stacked(h, plain[0], L.b_qkv)
                    ).reshape(total, h_q + 2 * h_kv, d)
             qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]

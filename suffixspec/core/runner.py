@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from suffixspec.core.kv import SlotCache, additive, layer_types, tree_mask
-from suffixspec.core.lean import PassRow, lean_forward, paging_own_forward, unsupported
+from suffixspec.core.lean import PassRow, lean_forward
+from suffixspec.core.lean_weights import paging_own_forward, unsupported
 from suffixspec.core.prefix import PrefixStore
 from suffixspec.core.weights import released
 from suffixspec.drafting.draft import root_path

@@ -9,7 +9,7 @@ that segment's suffix array); a remove deletes the rows and writes tombstones, i
 
 Every step costs what the add holds, not what the store holds: a document's stored version is found by
 its indexed path, never by reading the table (an add of one document to 20,000 costs what it costs
-beside 100, see ``suffixspec/bench/bench_index.py --sections add``).
+beside 100, see ``python -m suffixspec.bench.bench_index --sections add``).
 
 Example: adding ``a.txt`` = "alpha" to an empty store commits one segment ``[alpha-ids SEP]`` with
 ``docids = [1]``; adding ``a.txt`` = "beta" later commits ``[beta-ids SEP]`` and tombstones the first

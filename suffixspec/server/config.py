@@ -18,7 +18,7 @@ class ServerConfig:
     #                               ":memory:" = a temporary store, False = no documents
     device: str | None = None  # torch device; None picks cuda when present, else cpu
     dtype: str | None = None  # older name for a floating weight format (float32, bfloat16, float16)
-    weights: str = "auto"  # weight format (suffixspec.core.weights.FORMATS): auto = fastest exact here (int8 on most CPUs)
+    weights: str = "auto"  # weight format (suffixspec.core.formats.FORMATS): auto = fastest exact here (int8 on most CPUs)
     runtime: str = "transformers"  # "transformers" (our engine) or "llama-cpp" (the GGUF in llama.cpp, docs/llama_cpp.md)
     threads: int | None = None  # torch threads for the model's passes (llama-cpp: its threads); None = measured (suffixspec.core.threads)
     served_model_name: str | list[str] | None = None  # model id(s) clients may name; the first is the one
@@ -64,7 +64,7 @@ class ServerConfig:
             raise ValueError(f"threads must be a positive integer (None = measured), got {self.threads!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError("max_prompt_tokens must be >= 1 (or None for the model's context length)")
-        if self.weights not in ("auto", "float32", "bfloat16", "float16", "int8"):  # weights.FORMATS (no torch here)
+        if self.weights not in ("auto", "float32", "bfloat16", "float16", "int8"):  # formats.FORMATS (no torch here)
             raise ValueError(f"weights must be one of auto, float32, bfloat16, float16, int8, got {self.weights!r}")
         if self.api_key == "":
             self.api_key = None

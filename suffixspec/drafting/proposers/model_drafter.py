@@ -17,7 +17,7 @@ it one way.
   length after a fully accepted draft and shrinks it after an early rejection.
 - A draft model on a CPU runs on int8 matrices when it was loaded with ``weights="int8"`` (or ``auto``
   resolved to it), or has :data:`INT8_MIN_PARAMS` or more parameters; the int8 kernel is the one measured
-  faster for one row here (``weights.draft_int8_kind``: fbgemm's, else the exact rows).
+  faster for one row here (``formats.draft_int8_kind``: fbgemm's, else the exact rows).
 
 Worked example (runner)::
 
@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from suffixspec.config import SamplingParams
+from suffixspec.core.formats import draft_int8_kind
 from suffixspec.core.kv import SlotCache, new_cache
 from suffixspec.core.lean import PassRow, lean_forward
 from suffixspec.core.prefix import common_prefix
 from suffixspec.core.sampling import warp
-from suffixspec.core.weights import draft_int8_kind
 from suffixspec.drafting.costs import StepCost, cpu_clock
 from suffixspec.drafting.draft import SOURCE_DRAFT_MODEL
 from suffixspec.drafting.judge import ModelDraftJudge
@@ -73,7 +73,7 @@ class DraftRunner:
     """
 
     def __init__(self, loaded: LoadedModel, lean: bool = True, int8: bool = False) -> None:
-        """``int8``: run on int8 matrices (the kind ``weights.draft_int8_kind`` measures faster), falling back
+        """``int8``: run on int8 matrices (the kind ``formats.draft_int8_kind`` measures faster), falling back
         to the float lean forward where that cannot be built (a failure isolated to the int8 kind)."""
         self.model = loaded.model
         self.device = torch.device(loaded.device)

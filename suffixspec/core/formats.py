@@ -1,0 +1,241 @@
+"""The ``weights`` option: the formats offered (:data:`FORMATS`), the one ``auto`` means on this machine
+(:func:`resolve`), a draft's (:func:`draft_weights`), and the probe behind ``auto`` on a CPU: which exact int8
+kernel works here and pays, measured once and remembered. How each format stores and multiplies its
+matrices is ``weights``' job; the lean forward's int8 kernel is :func:`int8_kernel`, a draft model's kind
+:func:`draft_int8_kind`. The probe multiplies
+a decode-sized matrix (SmolLM2-135M's MLP) with each kernel, checks exactness at several row counts, times
+1 and 8 rows against float32, and keeps the verdict in ``~/.cache/suffixspec/formats.json`` under the torch
+version and the CPU (its model name and a hash of its instruction-set flags).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from suffixspec.core.weights import KERNELS, Int8Weight, RowInt8Weight, int8_works, linear, packed
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "float32", "bfloat16", "float16", "int8")  # the ``weights`` option's values
+EXACT = ("float32", "int8")  # formats whose tokens do not depend on the pass's other rows (float32: up to rounding)
+QUANTIZED = ("int8",)  # formats whose matrices are integers (the model's float weights are released)
+# what each format loads the model's weights as (the quantized ones quantize from float32)
+LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+# ``auto`` keeps a model in float32 whose int8 format is measured to agree with float32's greedy tokens
+# less often than this (``models.KnownModel.int8_agreement``): SmolLM2-135M's int8 agrees on 93.2% of
+# them, and its answers change (the README's edit gains a trailing sentence that nothing drafts)
+INT8_MIN_AGREEMENT = 0.99
+
+
+def resolve(weights: str | None, device: str, dtype: str | None = None, model: str | None = None) -> str:
+    """The concrete format (``float32``, ``bfloat16``, ``float16`` or ``int8``) of the option ``weights`` on
+    ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
+
+    ``auto`` (or None): on a CPU the fastest exact format measured here (:func:`int8_verdict`), unless
+    ``model`` is a named model whose int8 is measured to agree with float32 below
+    :data:`INT8_MIN_AGREEMENT`; on a GPU bfloat16 where supported, else float16. Examples:
+    ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
+    ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"float32"`` (93.2% agreement);
+    ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
+    name = _ALIASES.get(weights or "auto", weights or "auto")
+    if name not in FORMATS:
+        raise ValueError(f"unknown weights format {weights!r}; choose one of {', '.join(FORMATS)}")
+    if dtype is not None:
+        named = _ALIASES.get(dtype, dtype)
+        if named not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of float32, bfloat16, float16 "
+                             f"(or --weights {'|'.join(FORMATS)})")
+        if name == "auto":
+            return named
+        if name != named:
+            raise ValueError(f"dtype {dtype!r} and weights {weights!r} disagree; give only --weights")
+    if name in QUANTIZED and not device.startswith("cpu"):
+        raise ValueError(f"weights {name!r} is a CPU format (its kernels, fbgemm and torch._int_mm, are probed on the "
+                         f"CPU); on {device} use bfloat16, float16 or float32")
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device == "cpu":
+        from suffixspec.models import KNOWN_MODELS
+
+        known = KNOWN_MODELS.get(model or "")
+        if known is not None and known.int8_agreement is not None and known.int8_agreement < INT8_MIN_AGREEMENT:
+            log.info("weights auto -> float32 (%s's int8 agrees with float32 on %.1f%% of greedy tokens; "
+                     "--weights int8 to use it)", known.name, 100 * known.int8_agreement)
+            return "float32"
+        verdict = int8_verdict()
+        if verdict["use"]:
+            return "int8"
+        log.info("weights auto -> float32 (%s)", verdict["why"])
+    return "float32"
+
+
+def draft_weights(target_format: str) -> str:
+    """The ``weights`` a draft model loads with (``load_model(..., draft=True)``): the target's format, except
+    that at ``int8`` it is ``auto``, so a draft of a family without a lean forward stays float32 where an
+    explicit int8 would be refused. Example: ``draft_weights("int8") == "auto"``, ``draft_weights("bfloat16")
+    == "bfloat16"``."""
+    return "auto" if target_format == "int8" else target_format
+
+
+# -- the probe: does the exact int8 product work here, and does it pay ------------------------------------
+PROBE_VERSION = 2  # bump when the probe's meaning changes
+PROBE_SHAPE = (1536, 576)  # a decode-sized product: SmolLM2-135M's MLP matrix (out, in)
+PROBE_ROWS = (1, 2, 8, 17)  # row counts checked for exactness
+
+
+def _probe_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "suffixspec" / "formats.json"
+
+
+def _machine_key() -> str:
+    """What the verdict holds for: torch's version, the CPU model and a hash of its instruction set flags."""
+    cpu, flags = platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = hashlib.sha256(line.encode()).hexdigest()[:16]
+                break
+    except OSError:
+        pass
+    return f"v{PROBE_VERSION} torch {torch.__version__} {cpu} {flags}"
+
+
+@functools.cache
+def int8_verdict() -> dict:
+    """Whether ``auto`` on this CPU is int8: ``{"use": bool, "why": str, "int8_ms", "float32_ms"}``.
+
+    The probe: ``torch._int_mm`` must run, equal the exact int64 product at several row counts, and be faster
+    than the float32 product the lean forward would run (median of a few timed products, 1 and 8 rows). The
+    verdict is remembered in ``~/.cache/suffixspec/formats.json`` under the torch version and CPU (a torch
+    upgrade or another machine probes again); ``SUFFIXSPEC_INT8=0`` or ``=1`` decides without probing."""
+    forced = os.environ.get("SUFFIXSPEC_INT8")
+    if forced in ("0", "1"):
+        return {"use": forced == "1", "why": f"SUFFIXSPEC_INT8={forced}"}
+    key = _machine_key()
+    path = _probe_file()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), dict) and "use" in known[key]:
+        return known[key]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a decode pass's count on a busy CPU; two threads' timings swing with the load
+    try:
+        verdict = _probe()
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: verdict}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("could not remember the int8 probe's verdict in %s: %s", path, e)
+    return verdict
+
+
+def int8_kernel() -> str:
+    """The exact int8 kernel measured faster here (``int8_verdict()["kernel"]``)."""
+    return int8_verdict().get("kernel") or "int_mm"
+
+
+def _probe() -> dict:
+    gen = torch.Generator().manual_seed(0)
+    n, k = PROBE_SHAPE
+    works: dict[str, str] = {}  # kernel -> why it is not usable ("" where it is)
+    try:
+        wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        works["int_mm"] = ""
+        for m in PROBE_ROWS:
+            xq = torch.randint(-127, 128, (m, k), generator=gen, dtype=torch.int8)
+            if not torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t()):
+                works["int_mm"] = f"torch._int_mm is not the exact integer product at {m} rows"
+                break
+    except (RuntimeError, AttributeError, TypeError, NotImplementedError) as e:
+        works["int_mm"] = f"torch._int_mm does not run here ({type(e).__name__}: {e})"
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(max(PROBE_ROWS), k, generator=gen) * torch.rand(max(PROBE_ROWS), 1, generator=gen)
+    weights: dict[str, Any] = {"float32": packed(w)}
+    if not works["int_mm"]:
+        weights["int_mm"] = RowInt8Weight(w, "int_mm")
+    works["fbgemm"] = "" if int8_works() else "fbgemm's int8 dynamic linear is not in this torch"
+    if not works["fbgemm"]:
+        try:
+            weights["fbgemm"] = fb = RowInt8Weight(w, "fbgemm")
+            whole = fb.mm(x)
+            if not all(torch.equal(fb.mm(x[i : i + 1])[0], whole[i]) for i in range(x.shape[0])):
+                works["fbgemm"] = "fbgemm's pinned product changes a row with the others"
+        except (RuntimeError, AttributeError, TypeError) as e:
+            works["fbgemm"] = f"fbgemm's pinned product failed ({type(e).__name__}: {e})"
+        if works["fbgemm"]:
+            weights.pop("fbgemm", None)
+    times: dict[str, float] = {}
+    for rows in (1, 8):
+        for name, weight in weights.items():
+            samples = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    linear(x[:rows], weight)
+                samples.append(time.perf_counter() - t0)
+            ms = sorted(samples)[len(samples) // 2] / 4 * 1e3
+            times[name] = times.get(name, 0.0) + ms
+            times[f"{name}_1row"] = times.get(f"{name}_1row", ms)
+    exact = [name for name in KERNELS if name in weights]
+    kernel = min(exact, key=lambda name: times[name]) if exact else None
+    use = kernel is not None and times[kernel] < times["float32"]
+    figures = ", ".join(f"{name} {times[name]:.3f} ms" for name in weights)
+    why = (f"1 + 8 rows of {n} x {k}: {figures}"
+           + "".join(f"; {name}: {reason}" for name, reason in works.items() if reason))
+    return {"use": use, "kernel": kernel, "why": why,
+            **{f"{name}_ms": round(t, 4) for name, t in times.items()}}
+
+
+def draft_int8_kind() -> str:
+    """The lean weight kind an int8 draft model runs on here: ``"fbgemm"`` (fbgemm's dynamic int8 linear:
+    per-tensor activation scale, so a row's result depends on the others', which a draft may: verification
+    stays lossless whatever the draft computes) or ``"int8"`` (this module's exact rows), whichever multiplies
+    one row faster on the probe's matrix (:func:`int8_verdict`; a draft steps one token at a time). fbgemm
+    is CPU-only and absent from some builds: then ``"int8"``, or ``"float"`` where neither runs."""
+    verdict = int8_verdict()
+    kernel = verdict.get("kernel")
+    if int8_works():
+        plain = _fbgemm_1row_ms()
+        exact = verdict.get(f"{kernel}_1row_ms") if kernel else None
+        if exact is None or plain <= exact:
+            return "fbgemm"
+    return "int8" if kernel else "float"
+
+
+@functools.cache
+def _fbgemm_1row_ms() -> float:
+    """fbgemm's plain dynamic int8 product (lean.Int8Weight) of one row on the probe's matrix, in ms."""
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(*PROBE_SHAPE, generator=gen), torch.randn(1, PROBE_SHAPE[1], generator=gen)
+    fb = Int8Weight(w)
+    samples = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            linear(x, fb)
+        samples.append(time.perf_counter() - t0)
+    return sorted(samples)[len(samples) // 2] / 4 * 1e3
