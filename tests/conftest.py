@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import itertools
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -27,6 +30,52 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from tiny import build_tiny_model, train_bpe_tokenizer, train_unigram_tokenizer  # noqa: E402
 
 ARCHS = ("llama", "qwen2", "gpt2")
+
+
+def _module_marks(path: Path) -> set[str]:
+    """The marks a test file's module-level ``pytestmark`` gives each of its tests, read from the source
+    (not imported): ``pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("x")]`` -> ``{"slow"}``."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            values = node.value.elts if isinstance(node.value, ast.List | ast.Tuple) else [node.value]
+            return {v.attr for v in values if isinstance(v, ast.Attribute) and ast.unparse(v.value) == "pytest.mark"}
+    return set()
+
+
+def _matches_none(markexpr: str, marks: set[str]) -> bool:
+    """Whether no test carrying ``marks`` (and any others) can match the ``-m`` expression: it is false for
+    every combination of the expression's other names. ``"not slow"`` and ``{"slow"}`` -> True."""
+    keywords = {"and", "or", "not"}
+    if set(re.findall(r"([A-Za-z_][\w.]*)\s*\(", markexpr)) - keywords:  # ``mark(key=value)``: not judged
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(markexpr)
+    except Exception:  # noqa: BLE001 (pytest's own parse reports a bad expression)
+        return False
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", markexpr)) - keywords - marks)
+    for held in itertools.product((False, True), repeat=len(others)):
+        names = marks | {name for name, on in zip(others, held, strict=True) if on}
+        if expr.evaluate(names.__contains__):
+            return False
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A test file whose module-level marks no test of it could match under ``-m`` is not imported at all
+    (``-m "not slow"`` and ``pytestmark = pytest.mark.slow``): deselecting its tests after importing it
+    cost every xdist worker the imports of the fuzzers, the bench and the framework integrations."""
+    markexpr = config.getoption("markexpr", default="")
+    if markexpr and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        marks = _module_marks(collection_path)
+        if marks and _matches_none(markexpr, marks):
+            return True
+    return None
 
 
 @pytest.fixture(scope="session")

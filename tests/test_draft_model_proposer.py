@@ -66,12 +66,22 @@ def _run(engine, proposer, prompt, sampling, speculation=None):
         engine.proposers = []
 
 
+GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(engine) -> dict:
+    """Each prompt's plain decoding under ``GREEDY`` (speculation off), decoded once for every drafter
+    compared with it below (the plain path does not depend on the drafter)."""
+    return {prompt: _run(engine, None, prompt, GREEDY, SpeculationConfig(enabled=False)) for prompt in PROMPTS}
+
+
 @pytest.mark.parametrize("kind", list(DRAFTERS))
-def test_greedy_equals_plain(models, engine, kind):
+def test_greedy_equals_plain(models, engine, plain_greedy, kind):
     proposer = DRAFTERS[kind](models)
-    sp = SamplingParams(max_tokens=32, ignore_eos=True)
+    sp = GREEDY
     for prompt in PROMPTS:
-        plain = _run(engine, None, prompt, sp, SpeculationConfig(enabled=False))
+        plain = plain_greedy[prompt]
         # adaptive=False: the engine's cost gates would (rightly) skip a self-draft, which saves no
         # time; here every draft must reach verification
         spec = _run(engine, proposer, prompt, sp, SpeculationConfig(adaptive=False))
@@ -482,18 +492,17 @@ def test_a_costed_draft_sits_out_steps_it_cannot_pay_for(models):
     assert len(p.propose(ids, 16)) == 0 and p.runner.ids == []  # not even the prompt's prefill
 
 
-def test_greedy_equals_plain_with_the_drafts_own_judgement_and_int8(models, engine):
+def test_greedy_equals_plain_with_the_drafts_own_judgement_and_int8(models, engine, plain_greedy):
     """Inside the engine (adaptive: costs measured, the draft judging itself) and on int8 matrices, the
     output is plain decoding's; the int8 draft agrees with its float32 self on most tokens."""
-    sp = SamplingParams(max_tokens=32, ignore_eos=True)
+    sp = GREEDY
     for kind, proposer in (("judged", DraftModelProposer(models["same"])),
                            ("int8", DraftModelProposer(models["target"], int8=True))):
         if kind == "int8":
             assert proposer.runner.int8
         for prompt in PROMPTS:
-            plain = _run(engine, None, prompt, sp, SpeculationConfig(enabled=False))
             spec = _run(engine, proposer, prompt, sp)
-            assert spec.token_ids == plain.token_ids, (kind, prompt)
+            assert spec.token_ids == plain_greedy[prompt].token_ids, (kind, prompt)
         assert proposer.step_s is not None and proposer.step_s > 0  # measured inside the engine
 
 

@@ -24,6 +24,7 @@ from rag_corpus import (
     write_corpus,
 )
 
+pytestmark = pytest.mark.slow  # a model answers every chain; the model-free checks are in test_integrations.py
 pytest.importorskip("langchain_core")
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun  # noqa: E402
@@ -53,16 +54,6 @@ def rag_chain(retriever, llm):
     return {"context": retriever, "question": RunnablePassthrough()} | prompt_with_references(PROMPT) | llm
 
 
-def test_prompt_with_references_formats_the_context_and_attaches_the_documents():
-    docs = [Document(page_content="a = 1"), Document(page_content="b = 2")]
-    value = prompt_with_references(PROMPT).invoke({"context": docs, "question": "a?"})
-    last = value.to_messages()[-1]
-    assert last.content == "a = 1\n\nb = 2\n\na?"
-    assert last.additional_kwargs["references"] == ["a = 1", "b = 2"]
-    as_text = prompt_with_references(PROMPT).invoke({"context": "given", "question": "q"}).to_messages()[-1]
-    assert as_text.content == "given\n\nq" and as_text.additional_kwargs["references"] == ["given"]
-
-
 spec = pytest.fixture(scope="module", name="spec")(demo_spec)
 
 
@@ -81,7 +72,6 @@ def plain_answer(retriever, llms):
     return rag_chain(retriever, llms["off"]).invoke(QUESTION).content
 
 
-@pytest.mark.slow
 def test_chain_answer_is_plain_decoding_and_drafted_from_the_retrieved_document(retriever, llms, plain_answer):
     assert QUOTED in plain_answer  # the answer quotes the retrieved file
     for name in ("on", "refs"):
@@ -94,7 +84,6 @@ def test_chain_answer_is_plain_decoding_and_drafted_from_the_retrieved_document(
     assert message.response_metadata["finish_reason"] == "length"
 
 
-@pytest.mark.slow
 def test_stream_and_batch_give_the_same_text(retriever, llms, plain_answer):
     chunks = list(rag_chain(retriever, llms["refs"]).stream(QUESTION))
     assert len(chunks) > 1 and "".join(c.content for c in chunks) == plain_answer
@@ -114,7 +103,6 @@ def test_stream_and_batch_give_the_same_text(retriever, llms, plain_answer):
     assert predicted.response_metadata["speculative_decoding"]["per_source"]["prediction"]["accepted"] > 0
 
 
-@pytest.mark.slow
 def test_async_invoke_stream_and_batch(retriever, llms, plain_answer):
     chain = rag_chain(retriever, llms["refs"])
 
@@ -130,7 +118,6 @@ def test_async_invoke_stream_and_batch(retriever, llms, plain_answer):
     assert one.response_metadata["accepted_from_references"] > 0
 
 
-@pytest.mark.slow
 def test_against_suffixspec_serve(retriever, llms, plain_answer, tmp_path):
     from langchain_openai import ChatOpenAI
 

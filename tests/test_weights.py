@@ -128,14 +128,24 @@ def test_the_option_names_and_the_older_dtype():
 
 
 # -- the lean forward: one row's logits whatever shares the pass ---------------------------------------------
-def _alone(lean: LeanForward, prompt: list[int], path: list[int]) -> torch.Tensor:
-    """Logits after ``prompt + path``: the prompt prefilled, then every token fed alone (plain decoding)."""
-    cache = SlotCache(1, capacity=64)
-    row = cache.add_row()
-    lean([PassRow(row, prompt[:-1], None, 0, "none")], cache)
-    out = None
-    for j, t in enumerate([prompt[-1], *path]):
-        out = lean([PassRow(row, [t], None, len(prompt) - 1 + j)], cache)[0][0]
+def _alone(lean: LeanForward, prompt: list[int], tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:
+    """Logits after ``prompt`` and after each node's path (node -1: the prompt alone), as plain decoding gets
+    them: the prompt prefilled, then the path's tokens fed one at a time. One decode per leaf gives every node
+    on its path (a node's logits do not depend on the tokens fed after it), not one decode per node."""
+    children = {parent for parent in parents}
+    leaves = [k for k in range(len(tokens)) if k not in children] or [-1]
+    out: dict[int, torch.Tensor] = {}
+    for leaf in leaves:
+        path, node = [], leaf
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        cache = SlotCache(1, capacity=64)
+        row = cache.add_row()
+        lean([PassRow(row, prompt[:-1], None, 0, "none")], cache)
+        for j, k in enumerate([-1, *path[::-1]]):
+            t = prompt[-1] if k < 0 else tokens[k]
+            out.setdefault(k, lean([PassRow(row, [t], None, len(prompt) - 1 + j)], cache)[0][0].clone())
     return out
 
 
@@ -156,44 +166,44 @@ def _compositions(rng: np.random.RandomState) -> list[list[tuple[list[int], list
     ]
 
 
-def _row_dependence(lean: LeanForward, seed: int = 0) -> list[str]:
-    """Where a node's logits in a packed pass differ from its path fed alone (empty: nowhere)."""
+def _row_dependence(lean: LeanForward, threads: tuple[int, ...] = (1,), seed: int = 0) -> list[str]:
+    """Where a node's logits in a packed pass differ from its path fed alone (empty: nowhere): the paths
+    fed alone at ``threads[0]`` torch threads, the packed passes at each of ``threads``."""
     rng = np.random.RandomState(seed)
     found = []
-    for rows in _compositions(rng):
-        cache = SlotCache(len(rows), capacity=64)
-        slots = [cache.add_row() for _ in rows]
-        for r, (prompt, _, _) in zip(slots, rows, strict=True):
-            lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
-        got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
-                    for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
-        total = sum(1 + len(t) for _, t, _ in rows)
-        for b, (prompt, tokens, parents) in enumerate(rows):
-            for k in range(-1, len(tokens)):
-                path, node = [], k
-                while node >= 0:
-                    path.append(tokens[node])
-                    node = parents[node]
-                alone = _alone(lean, prompt, path[::-1])
-                if not torch.equal(alone, got[b][k + 1]):
-                    found.append(f"{total} tokens, row {b}, node {k}: {float((alone - got[b][k + 1]).abs().max()):.3g}")
+    before = torch.get_num_threads()
+    try:
+        for rows in _compositions(rng):
+            torch.set_num_threads(threads[0])
+            alone = [_alone(lean, prompt, tokens, parents) for prompt, tokens, parents in rows]
+            total = sum(1 + len(t) for _, t, _ in rows)
+            for n in threads:
+                torch.set_num_threads(n)
+                cache = SlotCache(len(rows), capacity=64)
+                slots = [cache.add_row() for _ in rows]
+                for r, (prompt, _, _) in zip(slots, rows, strict=True):
+                    lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
+                got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
+                            for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
+                for b, (_, tokens, _) in enumerate(rows):
+                    for k in range(-1, len(tokens)):
+                        if not torch.equal(alone[b][k], got[b][k + 1]):
+                            diff = float((alone[b][k] - got[b][k + 1]).abs().max())
+                            found.append(f"{n} threads, {total} tokens, row {b}, node {k}: {diff:.3g}")
+    finally:
+        torch.set_num_threads(before)
     return found
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_int8_logits_of_a_row_do_not_depend_on_the_pass(model_type):
     """Bitwise: a node's logits in packed passes of 1, 2, 8, 17, 32 tokens (other rows, trees, chains,
-    prompts of other lengths; sliding windows for Mistral and Gemma 3) equal its path fed alone, token by
-    token; at one and at two torch threads (attention runs on one either way)."""
+    prompts of other lengths; sliding windows for Mistral and Gemma 3), at one and at two torch threads,
+    equal its path fed alone, token by token, at one thread (attention runs on one either way; the decode
+    may switch thread counts, see test_threads)."""
     lean = LeanForward(_tiny(model_type), weights="int8")
     assert lean.exact and lean.released > 0
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            assert _row_dependence(lean) == [], (model_type, threads)
-    finally:
-        torch.set_num_threads(before)
+    assert _row_dependence(lean, threads=(1, 2)) == [], model_type
 
 
 def test_the_check_bites_on_a_forward_that_is_not_batch_invariant():
