@@ -316,7 +316,7 @@ class LeanForward:
             vbuf.transpose(1, 2)[row_t, slot_t] = v
             q_all = qk[:, :h_q].transpose(0, 1)  # [heads, T, d]
             for g in groups:
-                self._attend(g, L.window, q_all, kbuf, vbuf, attn)
+                self.attend(g, L.window, q_all, kbuf, vbuf, attn)
             if plan is not None:
                 self._attend_exact(plan, L.window, q_all, qk[:, h_q:], v, kbuf, vbuf, attn)
             o = lin(attn, L.wo if plain is None else plain[1], L.bo)
@@ -434,7 +434,7 @@ class LeanForward:
             self._positions = torch.arange(max(n, 2 * self._positions.numel()), device=self.device)
         return self._positions
 
-    def _attend(self, g: _Group, window: int | None, q_all: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
+    def attend(self, g: _Group, window: int | None, q_all: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
                 attn: torch.Tensor) -> None:
         """One SDPA call for the group's rows at one layer; writes their outputs into ``attn`` [T, h_q d]."""
         h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim

@@ -130,6 +130,11 @@ class DocumentIndex:
 
     # ----- connections --------------------------------------------------------------------------------
     @property
+    def write_lock(self) -> threading.RLock:
+        """Held by every write through this index: hold it to write to :attr:`store` directly."""
+        return self._lock
+
+    @property
     def store(self) -> IndexStore:
         """The store writes go through (raises :class:`~index.errors.UnusableDatabase` for a bad file)."""
         with self._lock:

@@ -84,10 +84,10 @@ def bench_concurrent(
         def add(mode: str, docs: list[dict]) -> None:
             ins = [DocInput(x["text"], x["source"]) for x in docs]
             if mode == "thread":
-                with index._lock:
+                with index.write_lock:
                     store.add_documents(ins, doc_tokenizer)
             elif mode.startswith("process-nice"):
-                with index._lock:
+                with index.write_lock:
                     writer.add_documents(spec.db_path, ins, doc_tokenizer, nice=int(mode[12:]), idle=False)
             else:
                 spec.add_documents(docs)
