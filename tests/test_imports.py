@@ -110,3 +110,38 @@ def test_the_loop_depends_one_way(module, forbidden):
     """The numerics and the policy know nothing of the loop or the proposers above them."""
     known = modules()
     assert forbidden not in imports(module, known[module], known)
+
+
+def private_reaches(source: str) -> list[str]:
+    """Where ``source`` takes another module's private name (``_x``, not dunders): ``from m import _x``, or
+    ``n._x`` where ``n`` is a name it imported from this package (a module, a class, a function)."""
+    tree = ast.parse(source)
+    imported: set[str] = set()
+    out: list[str] = []
+    for node in ast.walk(tree):
+        ours = isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("suffixspec"))
+        if ours:
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    out.append(f"line {node.lineno}: from {node.module or '.'} import {alias.name}")
+                imported.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("suffixspec"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in imported
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            out.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return out
+
+
+def test_private_reaches_finds_both_forms():
+    assert private_reaches("from suffixspec.core.lean import LeanForward\nf = LeanForward._attend\n") == [
+        "line 2: LeanForward._attend"]
+    assert private_reaches("from .weights import _kept, Shape\n") == ["line 1: from weights import _kept"]
+    assert private_reaches("import os\nos._exit\nfrom typing import _T\nclass A:\n    def f(self): self._x\n") == []
+
+
+def test_no_module_takes_another_modules_private_names():
+    """A module's underscore names are its own: what another module needs is public (named, documented)."""
+    found = {name: hits for name, path in modules().items() if (hits := private_reaches(path.read_text()))}
+    assert not found, found
