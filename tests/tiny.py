@@ -10,6 +10,7 @@ import queue
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 # A small corpus of Python-ish text and prose to train tiny tokenizers on.
@@ -161,17 +162,22 @@ def start_server_process(argv: list[str], cwd: Path | str | None = None, env: di
     """
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr] and None, daemon=True).start()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr] and None, daemon=True)
+    reader.start()
     seen = []
+    deadline = time.monotonic() + timeout
     while True:
         try:
-            line = lines.get(timeout=timeout)
+            line = lines.get(timeout=0.5)
         except queue.Empty:
-            proc.kill()
-            raise AssertionError(f"{where}: no address reported in {timeout} s\n{''.join(seen)[-3000:]}") from None
+            if proc.poll() is not None and not reader.is_alive() and lines.empty():  # exited, all its lines read
+                raise AssertionError(f"{where}: the server exited with {proc.returncode}\n{''.join(seen)[-3000:]}") \
+                    from None
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"{where}: no address reported in {timeout} s\n{''.join(seen)[-3000:]}") from None
+            continue
         seen.append(line)
         m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
         if m:
             return proc, m.group(1)
-        if proc.poll() is not None and lines.empty():
-            raise AssertionError(f"{where}: the server exited with {proc.returncode}\n{''.join(seen)[-3000:]}")
