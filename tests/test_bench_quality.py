@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 
@@ -62,3 +63,23 @@ def test_evaluate_on_the_tiny_model(tmp_path, monkeypatch):
     assert 0.5 <= bf16["agreement"] <= 1.0
     assert all(a["why"] for a in f32["answers"]) and f32["output_tokens"] > 0
     assert "| bfloat16 |" in markdown(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["int_mm", "fbgemm"])
+def test_an_int8_format_can_name_its_kernel(kernel, monkeypatch):
+    """``int8@<kernel>`` builds the engine's int8 matrices on that kernel, whatever the probe chose, and
+    leaves the environment as it was."""
+    from suffixspec.bench.bench_quality import _kernel, load_format
+
+    monkeypatch.delenv("SUFFIXSPEC_INT8_KERNEL", raising=False)
+    spec = load_format("suffixspec/demo-target", f"int8@{kernel}")
+    try:
+        lean = spec.engine._runner().lean
+        assert lean.int8 and lean.head.kernel == kernel
+        assert {layer.kernel for layer in lean.layers[0].__dict__.values() if hasattr(layer, "kernel")} == {kernel}
+    finally:
+        spec.close()
+    assert "SUFFIXSPEC_INT8_KERNEL" not in os.environ and _kernel(f"int8@{kernel}") == kernel
+    with pytest.raises(ValueError, match="only int8 has kernels"):
+        load_format("suffixspec/demo-target", "bfloat16@fbgemm")

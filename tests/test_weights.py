@@ -103,6 +103,15 @@ def test_the_probe_verdict_is_remembered_per_machine_and_torch(tmp_path, monkeyp
         P.int8_verdict.cache_clear()
 
 
+def test_the_int8_kernel_can_be_named(monkeypatch):
+    for kernel in W.KERNELS:
+        monkeypatch.setenv("SUFFIXSPEC_INT8_KERNEL", kernel)
+        assert P.int8_kernel() == kernel
+    monkeypatch.setenv("SUFFIXSPEC_INT8_KERNEL", "vnni")
+    with pytest.raises(ValueError, match="set it to one of int_mm, fbgemm, or unset it"):
+        P.int8_kernel()
+
+
 @pytest.mark.parametrize("forced, want", [("1", "int8"), ("0", "float32")])
 def test_auto_is_int8_on_a_cpu_where_the_probe_says_so(monkeypatch, forced, want):
     monkeypatch.setenv("SUFFIXSPEC_INT8", forced)

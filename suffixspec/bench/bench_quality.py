@@ -145,8 +145,23 @@ def run_tests(source: str, limits: dict[str, Any] | None = None) -> tuple[bool, 
 # ----- formats --------------------------------------------------------------------------------------
 def load_format(model: str, fmt: str) -> Any:
     """Our engine (``suffixspec.SuffixSpec``) for ``model`` at weight format ``fmt``: ``weights=fmt`` where the
-    API has that option, else ``dtype=fmt`` (a floating format). No draft model, no store, history off."""
+    API has that option, else ``dtype=fmt`` (a floating format). No draft model, no store, history off.
+    ``int8@<kernel>``: int8 on that exact kernel (``SUFFIXSPEC_INT8_KERNEL``), whatever the probe chose."""
     from suffixspec import SuffixSpec
+
+    fmt, _, kernel = fmt.partition("@")
+    if kernel:
+        if fmt != "int8":
+            raise ValueError(f"only int8 has kernels to choose (int8@int_mm, int8@fbgemm), not {fmt}@{kernel}")
+        previous = os.environ.get("SUFFIXSPEC_INT8_KERNEL")
+        os.environ["SUFFIXSPEC_INT8_KERNEL"] = kernel  # read while the engine builds its int8 weights
+        try:
+            return load_format(model, fmt)
+        finally:
+            if previous is None:
+                os.environ.pop("SUFFIXSPEC_INT8_KERNEL")
+            else:
+                os.environ["SUFFIXSPEC_INT8_KERNEL"] = previous
 
     if "weights" in inspect.signature(SuffixSpec).parameters:
         kw: dict[str, Any] = {"weights": fmt}
@@ -250,6 +265,7 @@ def evaluate(
             "output_tokens": tokens,
             "seconds": round(time.perf_counter() - t, 1),
             "threads": threads,
+            "kernel": _kernel(fmt),
             "load": [round(load, 2), round(os.getloadavg()[0], 2)],
             "answers": answers,
         }
@@ -257,6 +273,15 @@ def evaluate(
         if checkpoint is not None:
             checkpoint(_result(model, len(problems), max_tokens, agree_tokens, out, reference))
     return _result(model, len(problems), max_tokens, agree_tokens, out, reference)
+
+
+def _kernel(fmt: str) -> str | None:
+    """The int8 kernel a format ran on (None for a floating format)."""
+    if not fmt.startswith("int8"):
+        return None
+    from suffixspec.core.formats import int8_kernel
+
+    return fmt.partition("@")[2] or int8_kernel()
 
 
 def _result(

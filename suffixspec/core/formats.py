@@ -159,7 +159,14 @@ def int8_verdict() -> dict:
 
 
 def int8_kernel() -> str:
-    """The exact int8 kernel measured faster here (``int8_verdict()["kernel"]``)."""
+    """The exact int8 kernel measured faster here (``int8_verdict()["kernel"]``), or the one
+    ``SUFFIXSPEC_INT8_KERNEL`` names (``int_mm`` or ``fbgemm``: both exact, their outputs differ)."""
+    forced = os.environ.get("SUFFIXSPEC_INT8_KERNEL")
+    if forced:
+        if forced not in KERNELS:
+            raise ValueError(f"SUFFIXSPEC_INT8_KERNEL={forced!r} is not an int8 kernel: set it to one of "
+                             f"{', '.join(KERNELS)}, or unset it to use the one the probe measured faster")
+        return forced
     return int8_verdict().get("kernel") or "int_mm"
 
 

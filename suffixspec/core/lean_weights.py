@@ -234,7 +234,7 @@ def build(model: Any, kind: str, shape: Shape) -> LeanWeights:
     norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
     int8 = kind != "float"
     folder = getattr(model, "_suffixspec_folder", None) if int8 else None
-    kernel = (getattr(model, "_suffixspec_kernel", None) or _kernel(kind)) if int8 else ""
+    kernel = _kernel(kind) if int8 else ""
     calibration = getattr(model, "_suffixspec_calibration", None) if kind == "int8" else None
     key = store_key(kind, kernel, calibration)
     stored = read_store(folder, kind, kernel, key) if folder else None
