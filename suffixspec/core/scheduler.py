@@ -51,6 +51,7 @@ from suffixspec.core.runner import Runner
 from suffixspec.core.sequence import Plan, RequestState, StreamEvent
 from suffixspec.core.threads import ThreadTuner
 from suffixspec.core.verify import verify_tree
+from suffixspec.core.weights import trim_heap
 from suffixspec.drafting.costs import PassCost, StepCost, cpu_clock
 from suffixspec.drafting.draft import Draft
 from suffixspec.drafting.gates import choose_drafts
@@ -453,6 +454,8 @@ class Scheduler:
             ev = failed("ending", e)
         self._remove(handle)
         handle.events.put(ev)
+        if not self._rows and not self._waiting:  # the batch is empty: give back what its passes freed
+            trim_heap()
 
     def _fail(self, handle: Handle, err: BaseException) -> None:
         try:

@@ -391,12 +391,14 @@ def release(params: list[torch.Tensor], keep: Any = None) -> int:
         for p in keep.parameters():
             if id(p) not in gone and p.numel() > 1 and p.stride() != (0,) * p.dim():
                 p.data = p.data.clone()
-    _trim()
+    trim_heap()
     return done
 
 
-def _trim() -> None:
-    """Return freed heap memory to the system (glibc's ``malloc_trim``; nothing elsewhere)."""
+def trim_heap() -> None:
+    """Return freed heap memory to the system (glibc's ``malloc_trim``; nothing elsewhere). glibc keeps what a
+    pass's large temporaries freed: Qwen2.5-Coder-1.5B at int8 grew from 2.31 to 3.10 GiB over six code
+    edits, and 2.40 after a trim."""
     import ctypes
     import sys
 
