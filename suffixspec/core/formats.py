@@ -2,9 +2,9 @@
 (:func:`resolve`), a draft's (:func:`draft_weights`), and the probe behind ``auto`` on a CPU: which exact int8
 kernel works here and pays, measured once and remembered. How each format stores and multiplies its
 matrices is ``weights``' job; the lean forward's int8 kernel is :func:`int8_kernel`, a draft model's kind
-:func:`draft_int8_kind`. The probe multiplies
-a decode-sized matrix (SmolLM2-135M's MLP) with each kernel, checks exactness at several row counts, times
-1 and 8 rows against float32, and keeps the verdict in ``~/.cache/suffixspec/formats.json`` under the torch
+:func:`draft_int8_kind`. The probe checks each
+kernel's exactness at several row counts, times 1 and 8 rows of two decode-sized matrices (:data:`PROBE_SHAPES`)
+with each kernel and with float32, and keeps the verdict in ``~/.cache/suffixspec/formats.json`` under the torch
 version and the CPU (its model name and a hash of its instruction-set flags).
 """
 
@@ -96,9 +96,8 @@ def draft_weights(target_format: str) -> str:
 # -- the probe: does the exact int8 product work here, and does it pay ------------------------------------
 PROBE_VERSION = 3  # bump when the probe's meaning changes
 # decode-sized products (out, in), timed together: SmolLM2-135M's MLP matrix, which sits in cache, and
-# Qwen2.5-Coder-1.5B's, which streams from memory as a large model's weights do. The small one alone
-# called a tie where the large one shows 2x (int_mm 0.16 ms, fbgemm 0.16 ms at 1 + 8 rows of 1536 x 576;
-# 4.4 ms and 1.3 ms on 8960 x 1536; the whole 1.5B's step 155 ms against 95 ms)
+# Qwen2.5-Coder-1.5B's, which streams from memory as a large model's weights do (the small one alone can
+# call a tie that the large one does not: docs/formats.md)
 PROBE_SHAPES = ((1536, 576), (8960, 1536))
 PROBE_ROWS = (1, 2, 8, 17)  # row counts checked for exactness (on the small matrix)
 
@@ -127,8 +126,10 @@ def _machine_key() -> str:
 def int8_verdict() -> dict:
     """Whether ``auto`` on this CPU is int8: ``{"use": bool, "why": str, "int8_ms", "float32_ms"}``.
 
-    The probe: ``torch._int_mm`` must run, equal the exact int64 product at several row counts, and be faster
-    than the float32 product the lean forward would run (median of a few timed products, 1 and 8 rows). The
+    The probe: a kernel must run and be exact (``torch._int_mm`` equal to the int64 product at several row
+    counts, fbgemm's pinned product a row's alone); the faster of those over :data:`PROBE_SHAPES` is the
+    kernel, and int8 is used where it is faster than the float32 product the lean forward would run (median
+    of a few timed products, 1 and 8 rows). The
     verdict is remembered in ``~/.cache/suffixspec/formats.json`` under the torch version and CPU (a torch
     upgrade or another machine probes again); ``SUFFIXSPEC_INT8=0`` or ``=1`` decides without probing."""
     forced = os.environ.get("SUFFIXSPEC_INT8")

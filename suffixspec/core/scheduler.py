@@ -454,8 +454,7 @@ class Scheduler:
             ev = failed("ending", e)
         self._remove(handle)
         handle.events.put(ev)
-        if not self._rows and not self._waiting:  # the batch is empty: give back what its passes freed
-            trim_heap()
+        self._trim_when_empty()
 
     def _fail(self, handle: Handle, err: BaseException) -> None:
         try:
@@ -468,6 +467,13 @@ class Scheduler:
         else:
             self._release(handle)
         handle.events.put(err)
+        self._trim_when_empty()
+
+    def _trim_when_empty(self) -> None:
+        """With no request left in or waiting for the batch, give back the heap its passes freed (after the
+        leaving request's last event: it does not wait for this)."""
+        if not self._rows and not self._waiting:
+            trim_heap()
 
 
 def failed(stage: str, err: BaseException) -> BaseException:

@@ -396,9 +396,8 @@ def release(params: list[torch.Tensor], keep: Any = None) -> int:
 
 
 def trim_heap() -> None:
-    """Return freed heap memory to the system (glibc's ``malloc_trim``; nothing elsewhere). glibc keeps what a
-    pass's large temporaries freed: Qwen2.5-Coder-1.5B at int8 grew from 2.31 to 3.10 GiB over six code
-    edits, and 2.40 after a trim."""
+    """Return freed heap memory to the system (glibc's ``malloc_trim``; nothing elsewhere): glibc keeps what
+    passes' large temporaries freed, so a server would grow request by request (docs/benchmarks.md)."""
     import ctypes
     import sys
 

