@@ -8,8 +8,8 @@ model's quantized matrices kept on disk beside it.
   forward over ``weights.CALIBRATION_TEXT``), then every matrix as int8 rows (``weights.RowInt8Weight``).
 - ``fbgemm`` (draft models): every matrix as ``weights.Int8Weight``.
 
-The store. Quantizing is the slow part of a start: Qwen2.5-Coder-1.5B at int8 read its 6.2 GB of float32
-weights, ran the calibration forward (11 s) and quantized (8 s) before packing (15 s). A model converted
+The store. Quantizing is the slow part of a start: reading the float32 weights, the calibration forward and
+the quantization come before packing (docs/formats.md has the figures). A model converted
 into suffixspec's cache (``models.convert``; its folder is ``LoadedModel.cache_folder``) therefore keeps its
 quantized matrices in one more file of that folder, ``lean-<kind>-<kernel>.safetensors``, written at the first
 int8 start and read at the next ones: the same integers and scales, so the same logits bit for bit, and
