@@ -58,6 +58,7 @@ def check_wheel_contents(wheel: Path) -> None:
         names = [n for n in z.namelist() if ".dist-info/" not in n]
         assert {n.split("/")[0] for n in names} == {"suffixspec"}, sorted({n.split("/")[0] for n in names})
         assert not [n for n in names if "/training/" in n or "/tools/" in n or "shallow_draft" in n]
+        assert "suffixspec/core/exact_attention.c" in names  # compiled where it runs (core/exact_attention.py)
         notes = [n for n in names if n.endswith(".md")]
         assert notes and all(n.startswith("suffixspec/default_models/") for n in notes), notes  # the model cards
         local = [n for n in notes if MACHINE_PATH.search(z.read(n).decode())]

@@ -20,6 +20,7 @@ from test_lean import VOCAB, _tiny
 import suffixspec.core.formats as P
 import suffixspec.core.weights as W
 from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core import exact_attention
 from suffixspec.core.kv import SlotCache
 from suffixspec.core.lean import LeanForward, PassRow, lean_forward
 from suffixspec.loading import load_model
@@ -204,14 +205,22 @@ def _row_dependence(lean: LeanForward, threads: tuple[int, ...] = (1,), seed: in
     return found
 
 
+@pytest.mark.parametrize("attention", exact_attention.MODES)
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_int8_logits_of_a_row_do_not_depend_on_the_pass(model_type):
+def test_int8_logits_of_a_row_do_not_depend_on_the_pass(model_type, attention, monkeypatch):
     """Bitwise: a node's logits in packed passes of 1, 2, 8, 17, 32 tokens (other rows, trees, chains,
     prompts of other lengths; sliding windows for Mistral and Gemma 3), at one and at two torch threads,
     equal its path fed alone, token by token, at one thread (attention runs on one either way; the decode
-    may switch thread counts, see test_threads)."""
-    lean = LeanForward(_tiny(model_type), weights="int8")
+    may switch thread counts, see test_threads). Both attentions of an exact format: the compiled kernel
+    (every node in one call) and the per-node SDPA calls (where no compiler is found)."""
+    monkeypatch.setenv("SUFFIXSPEC_EXACT_ATTENTION", attention)
+    exact_attention.kernel.cache_clear()
+    try:
+        lean = LeanForward(_tiny(model_type), weights="int8")
+    finally:
+        exact_attention.kernel.cache_clear()
     assert lean.exact and lean.released > 0
+    assert (lean._native is not None) == (attention == "native")
     assert _row_dependence(lean, threads=(1, 2)) == [], model_type
 
 

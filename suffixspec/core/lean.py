@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from suffixspec.core import exact_attention
 from suffixspec.core.kv import SlotCache, key_span, layer_types, tree_block
 from suffixspec.core.lean_weights import FAMILIES, Shape, build, rotary_table, unsupported
 from suffixspec.core.weights import (
@@ -174,7 +175,8 @@ class _ExactRow:
 
     row: int  # cache row
     past: int  # cached positions before the row's tokens
-    nodes: list[tuple[int, int, list[tuple[int, int]]]]  # (packed query, key end, slot writes (slot, packed src))
+    nodes: list[tuple[int, int, list[tuple[int, int]], list[int]]]  # (packed query, key end, slot writes
+    # (slot, packed src), the packed tokens at positions past .. end - 1: its path from the root)
     restores: list[tuple[int, int]]  # (slot, packed source) put back in node order after the row
     chunks: list[tuple[int, int, int, dict]]  # prompt: (packed first query, first, end position, window -> mask)
 
@@ -213,6 +215,9 @@ class LeanForward:
         self.int8 = weights != "float"  # matrices quantized to int8 (RowInt8Weight, or fbgemm's Int8Weight for a draft)
         # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention)
         self.exact = weights == "int8"
+        # the compiled kernel for an exact format's draft nodes (exact_attention), where it builds; float32 only
+        self._native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
+                        and self.dtype == torch.float32 else None)
         built = build(model, weights, Shape(self.n_heads, self.n_kv, self.head_dim, gemma, types))
         self.layers, self.norm, self.head, self.embed = built.layers, built.norm, built.head, built.embed
         self.smoothed = built.smoothed  # activation outliers moved into the weights (weights.smoothing)
@@ -293,6 +298,10 @@ class LeanForward:
         ids_t, pos_t, row_t, slot_t = torch.from_numpy(host).to(device)
         # an exact format attends query by query (_attend_exact); others in groups of rows
         plan = self._exact_plan(rows, offsets) if self.exact else None
+        native = None
+        if plan is not None and self._native is not None and any(e.nodes for e in plan):
+            native = (self._native, *exact_attention.plan([(at, e.row, e.past, end, path) for e in plan
+                                                           for at, end, _, path in e.nodes]))
         groups = [] if plan is not None else [self._group(rows, offsets, blocks, g)
                                               for g in self._grouping(rows, blocks)]
         pick = self._pick(rows, offsets)
@@ -318,7 +327,7 @@ class LeanForward:
             for g in groups:
                 self.attend(g, L.window, q_all, kbuf, vbuf, attn)
             if plan is not None:
-                self._attend_exact(plan, L.window, q_all, qk[:, h_q:], v, kbuf, vbuf, attn)
+                self._attend_exact(plan, native, L.window, q_all, qk[:, h_q:], v, kbuf, vbuf, attn)
             o = lin(attn, L.wo if plain is None else plain[1], L.bo)
             x = x + (self._rms(o, L.norm_post_attn) if L.norm_post_attn is not None else o)
             h = self._rms(x, L.norm_mlp)
@@ -502,7 +511,7 @@ class LeanForward:
                     if holds[depth] != node:
                         holds[depth] = node
                         writes.append((r.past + depth, o + node))
-                nodes.append((o + i, r.past + t + 1, writes))
+                nodes.append((o + i, r.past + t + 1, writes, [o + k for k in path]))
                 stack.extend((c, t + 1) for c in reversed(children[i]))
             restores = [(r.past + k, o + k) for k in range(n) if holds[k] != k]
             plan.append(_ExactRow(r.row, r.past, nodes, restores, []))
@@ -520,15 +529,24 @@ class LeanForward:
         return start, torch.zeros(ok.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~ok, torch.finfo(self.dtype).min)
 
-    def _attend_exact(self, plan: list[_ExactRow], window: int | None, q_all: torch.Tensor, k_new: torch.Tensor,
-                      v_new: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor, attn: torch.Tensor) -> None:
-        """Attention of an exact format (:meth:`_exact_plan`): one SDPA call per query over its own keys (a
-        plain step's call exactly), or per prompt chunk, on one thread. Why: SDPA's CPU kernel rounds a
-        query's result differently when other queries share the call (a batch of rows, a masked block of
-        tree nodes: measured here, none of 16 tree queries equal to its lone call) and with another thread
-        count (one query, 1 vs 2 threads), so only the same call on the same thread count gives a row's
-        attention bit for bit whatever else the pass holds."""
+    def _attend_exact(self, plan: list[_ExactRow], native: tuple | None, window: int | None, q_all: torch.Tensor,
+                      k_new: torch.Tensor, v_new: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
+                      attn: torch.Tensor) -> None:
+        """Attention of an exact format (:meth:`_exact_plan`): each draft node (or lone root) alone over its own
+        keys, and each prompt chunk in one SDPA call, on one thread. ``native`` (the pass's
+        :func:`~suffixspec.core.exact_attention.plan` arrays): every node in one call of the compiled kernel,
+        which computes each query the same way whatever shares the call. Without it, one SDPA call per node, a
+        plain step's call exactly. Why not one SDPA call for all: SDPA's CPU kernel rounds a query's result
+        differently when other queries share the call (a batch of rows, a masked block of tree nodes: measured
+        here, none of 16 tree queries equal to its lone call) and with another thread count (one query, 1 vs 2
+        threads), so only the same call on the same thread count gives a row's attention bit for bit."""
         h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
+        if native is not None:
+            fn, meta, path = native
+            exact_attention.attend(fn, meta, path, q_all.transpose(0, 1), kbuf, vbuf, k_new, v_new, attn,
+                                   self.scale, window)
+            if not any(e.chunks for e in plan):
+                return
         sdpa = torch.nn.functional.scaled_dot_product_attention
         gqa = h_q != h_kv
         threads = torch.get_num_threads()
@@ -537,7 +555,7 @@ class LeanForward:
         try:
             for e in plan:
                 keys, values = kbuf[e.row], vbuf[e.row]  # [h_kv, positions, d]
-                for at, end, writes in e.nodes:
+                for at, end, writes, _ in e.nodes if native is None else ():
                     for slot, src in writes:
                         keys[:, slot] = k_new[src]
                         values[:, slot] = v_new[src]
@@ -545,7 +563,7 @@ class LeanForward:
                     a = sdpa(q_all[None, :, at : at + 1], keys[None, :, start:end], values[None, :, start:end],
                              scale=self.scale, enable_gqa=gqa)  # [1, h_q, 1, d]
                     attn[at] = a.reshape(h_q * d)
-                for slot, src in e.restores:
+                for slot, src in e.restores if native is None else ():
                     keys[:, slot] = k_new[src]
                     values[:, slot] = v_new[src]
                 for at, a0, b0, masks in e.chunks:
