@@ -8,7 +8,7 @@ model is 510 calls, each paying SDPA's and Python's overhead (most of a small mo
 positions, then its path's new keys read where the pass packed them (no slot rewrites), so one call per layer
 serves the whole pass and each query's result is the same as in a plain step of that token.
 
-The C file is compiled once per machine (``cc -O2 -march=native``, its sources' and flags' hash in the name)
+The C file is compiled once per machine (``cc -O3 -march=native``, its sources' and flags' hash in the name)
 into ``$SUFFIXSPEC_CACHE/native/``, and loaded with ctypes: no build step at install, no torch headers. Where
 there is no compiler (or ``SUFFIXSPEC_EXACT_ATTENTION=sdpa``) the lean forward keeps the per-query SDPA calls:
 exact too, slower; the choice is made once per process, so both modes of a run use the same one.
@@ -33,7 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("exact_attention.c")
-FLAGS = ("-O2", "-march=native", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
 MODES = ("native", "sdpa")
 
 
