@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("exact_attention.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
 MODES = ("native", "sdpa")
+MAX_REP = 64  # query heads per key head the kernel takes (its stack buffer of softmax sums)
 
 
 def mode() -> str:
@@ -137,6 +138,6 @@ def attend(fn: ctypes._CFuncPtr, meta: np.ndarray, path: np.ndarray, q: torch.Te
             k_new.data_ptr(), k_new.stride(0), k_new.stride(1), v_new.data_ptr(), v_new.stride(0), v_new.stride(1),
             out.data_ptr(), out.stride(0), h_q, h_kv, d, scale, window or 0)
     if rc == -2:
-        raise ValueError(f"exact attention: {h_q // h_kv} query heads per key head; the kernel takes at most 64")
+        raise ValueError(f"exact attention: {h_q // h_kv} query heads per key head; the kernel takes at most {MAX_REP}")
     if rc != 0:
         raise MemoryError("exact attention: out of memory for its score buffer")

@@ -217,7 +217,8 @@ class LeanForward:
         self.exact = weights == "int8"
         # the compiled kernel for an exact format's draft nodes (exact_attention), where it builds; float32 only
         self._native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
-                        and self.dtype == torch.float32 else None)
+                        and self.dtype == torch.float32 and self.n_heads // self.n_kv <= exact_attention.MAX_REP
+                        else None)
         built = build(model, weights, Shape(self.n_heads, self.n_kv, self.head_dim, gemma, types))
         self.layers, self.norm, self.head, self.embed = built.layers, built.norm, built.head, built.embed
         self.smoothed = built.smoothed  # activation outliers moved into the weights (weights.smoothing)
@@ -533,13 +534,11 @@ class LeanForward:
                       k_new: torch.Tensor, v_new: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
                       attn: torch.Tensor) -> None:
         """Attention of an exact format (:meth:`_exact_plan`): each draft node (or lone root) alone over its own
-        keys, and each prompt chunk in one SDPA call, on one thread. ``native`` (the pass's
-        :func:`~suffixspec.core.exact_attention.plan` arrays): every node in one call of the compiled kernel,
-        which computes each query the same way whatever shares the call. Without it, one SDPA call per node, a
-        plain step's call exactly. Why not one SDPA call for all: SDPA's CPU kernel rounds a query's result
-        differently when other queries share the call (a batch of rows, a masked block of tree nodes: measured
-        here, none of 16 tree queries equal to its lone call) and with another thread count (one query, 1 vs 2
-        threads), so only the same call on the same thread count gives a row's attention bit for bit."""
+        keys, each prompt chunk in one SDPA call on one thread. ``native`` (the compiled kernel and the pass's
+        :func:`~suffixspec.core.exact_attention.plan`): every node in one call, each computed the same way
+        whatever shares it; else one SDPA call per node, a plain step's call exactly. Not one SDPA call for all:
+        SDPA's CPU kernel rounds a query differently when other queries share the call (measured: none of 16
+        tree queries equal to its lone call) and at another thread count (one query, 1 vs 2 threads)."""
         h_q, h_kv, d = self.n_heads, self.n_kv, self.head_dim
         if native is not None:
             fn, meta, path = native
