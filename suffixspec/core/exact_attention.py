@@ -1,9 +1,9 @@
 """Exact attention in one native call per layer: every query of a pass alone, in a fixed order.
 
 An exact weight format (``int8``) promises that a token's logits do not depend on what else its pass holds.
-SDPA's CPU kernel rounds a query's result differently when other queries share the call, so the lean forward
-used to call it once per query (``LeanForward._attend_exact``): a verify pass of 17 tree nodes on a 30-layer
-model is 510 calls, each paying SDPA's and Python's overhead (most of a small model's verify pass).
+SDPA's CPU kernel rounds a query's result differently when other queries share the call, so through SDPA the
+lean forward calls it once per query (``LeanForward._attend_exact``): a verify pass of 17 tree nodes on a
+30-layer model is 510 calls, each paying SDPA's and Python's overhead (most of a small model's verify pass).
 ``exact_attention.c`` computes each (query, key head) in a fixed order over that query's own keys: the cached
 positions, then its path's new keys read where the pass packed them (no slot rewrites), so one call per layer
 serves the whole pass and each query's result is the same as in a plain step of that token.
