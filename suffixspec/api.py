@@ -218,6 +218,13 @@ class SuffixSpec:
         return tuner.to_dict() if tuner is not None else {}
 
     @property
+    def numerics(self) -> dict:
+        """The target's weight format, int8 kernel and attention path (``Engine.numerics``; a llama.cpp engine:
+        its format alone)."""
+        report = getattr(self.engine, "numerics", None)
+        return dict(report) if report is not None else {"weights": self.weights}
+
+    @property
     def max_context(self) -> int:
         return int(self.engine.max_context)
 

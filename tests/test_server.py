@@ -370,6 +370,13 @@ def test_metrics_count_requests_tokens_and_queue(server, client):
 def test_health_reports_the_engine(server):
     status, _, body = raw(server, "GET", "/health", key=None)
     assert status == 200 and body["status"] == "ok" and body["auth"] is True and body["max_context"] == 1024
+    # what the target computes with: at auto the tiny model is int8 on a CPU whose probe says so (the compiled
+    # exact attention), else float32 on the lean forward's grouped attention
+    from suffixspec.core.formats import int8_kernel
+
+    num = body["numerics"]
+    assert num == ({"weights": "int8", "kernel": int8_kernel(), "attention": "native"} if num["weights"] == "int8"
+                   else {"weights": "float32", "kernel": None, "attention": "sdpa"}), num
 
 
 def test_one_worker_owns_the_engine(server):

@@ -220,7 +220,7 @@ def test_int8_logits_of_a_row_do_not_depend_on_the_pass(model_type, attention, m
     finally:
         exact_attention.kernel.cache_clear()
     assert lean.exact and lean.released > 0
-    assert (lean._native is not None) == (attention == "native")
+    assert (lean.native is not None) == (attention == "native")
     assert _row_dependence(lean, threads=(1, 2)) == [], model_type
 
 
@@ -350,6 +350,7 @@ def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, 
 
     engine = int8_engines[arch]
     assert engine.target.weights == "int8" and engine.batchable
+    assert engine.numerics == {"weights": "int8", "kernel": P.int8_kernel(), "attention": "native"}
     cases = [SamplingParams(max_tokens=40, ignore_eos=True),
              SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=3),
              SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, top_p=0.9, seed=5)]

@@ -216,7 +216,7 @@ class LeanForward:
         # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention)
         self.exact = weights == "int8"
         # the compiled kernel for an exact format's draft nodes (exact_attention), where it builds; float32 only
-        self._native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
+        self.native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
                         and self.dtype == torch.float32 and self.n_heads // self.n_kv <= exact_attention.MAX_REP
                         else None)
         built = build(model, weights, Shape(self.n_heads, self.n_kv, self.head_dim, gemma, types))
@@ -300,8 +300,8 @@ class LeanForward:
         # an exact format attends query by query (_attend_exact); others in groups of rows
         plan = self._exact_plan(rows, offsets) if self.exact else None
         native = None
-        if plan is not None and self._native is not None and any(e.nodes for e in plan):
-            native = (self._native, *exact_attention.plan([(at, e.row, e.past, end, path) for e in plan
+        if plan is not None and self.native is not None and any(e.nodes for e in plan):
+            native = (self.native, *exact_attention.plan([(at, e.row, e.past, end, path) for e in plan
                                                            for at, end, _, path in e.nodes]))
         groups = [] if plan is not None else [self._group(rows, offsets, blocks, g)
                                               for g in self._grouping(rows, blocks)]

@@ -213,6 +213,20 @@ class Engine:
             return self._scheduler
 
     @property
+    def numerics(self) -> dict:
+        """What the target computes with, as ``/health`` reports it: ``{"weights", "kernel", "attention"}``.
+        ``kernel``: the int8 product (``fbgemm`` or ``int_mm``; None for a floating format); ``attention``:
+        ``native`` (an exact format's compiled kernel, core/exact_attention), ``sdpa per query`` (an exact format
+        without it), ``sdpa`` (the lean forward's grouped calls) or ``own forward`` (the model's). Example on this
+        CPU: ``{"weights": "int8", "kernel": "fbgemm", "attention": "native"}``."""
+        lean = self.scheduler.runner.lean
+        exact = lean is not None and lean.exact
+        attention = ("own forward" if lean is None else "sdpa" if not exact
+                     else "native" if lean.native is not None else "sdpa per query")
+        return {"weights": self.target.weights, "kernel": getattr(lean.head, "kernel", None) if exact else None,
+                "attention": attention}
+
+    @property
     def batchable(self) -> bool:
         """Whether several requests can share a pass (the probe in ``Runner.batch_problem``)."""
         return self.scheduler is not None and self._batch_problem is None

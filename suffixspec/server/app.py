@@ -263,7 +263,7 @@ def _install_misc(app: Flask) -> None:
                         "queue_length": st.worker.queue_length(), "busy": st.worker.busy(),
                         "max_context": st.spec.max_context, "auth": bool(st.config.api_key),
                         "uptime_s": int(time.time()) - st.started, "degraded": degraded,
-                        "threads": getattr(st.spec, "threads", None)})
+                        "threads": getattr(st.spec, "threads", None), "numerics": getattr(st.spec, "numerics", None)})
         resp.status_code = 200 if ok else 503
         return resp
 
