@@ -47,21 +47,12 @@ def mode() -> str:
 
 
 def _library_path(compiler: str) -> Path:
+    from suffixspec.core.formats import cpuinfo_line
     from suffixspec.gguf_cache import cache_dir
 
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *FLAGS)).encode()
-                         + platform.machine().encode() + _cpu_flags().encode()).hexdigest()[:16]
+                         + platform.machine().encode() + cpuinfo_line("flags").encode()).hexdigest()[:16]
     return cache_dir() / "native" / f"exact_attention-{key}.so"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
 
 
 def build(compiler: str | None = None) -> Path:

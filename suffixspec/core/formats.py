@@ -108,19 +108,21 @@ def _probe_file() -> Path:
     return Path(base) / "suffixspec" / "formats.json"
 
 
+def cpuinfo_line(field: str) -> str:
+    """The first line of ``/proc/cpuinfo`` that starts with ``field`` (``"model name"``, ``"flags"``), whole;
+    "" where there is none (another OS). Example: ``cpuinfo_line("flags")`` -> ``"flags\t\t: fpu vme ..."``."""
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(field)), "")
+    except OSError:
+        return ""
+
+
 def _machine_key() -> str:
     """What the verdict holds for: torch's version, the CPU model and a hash of its instruction set flags."""
-    cpu, flags = platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = hashlib.sha256(line.encode()).hexdigest()[:16]
-                break
-    except OSError:
-        pass
-    return f"v{PROBE_VERSION} torch {torch.__version__} {cpu} {flags}"
+    model, flags = cpuinfo_line("model name"), cpuinfo_line("flags")
+    cpu = model.split(":", 1)[1].strip() if ":" in model else platform.machine()
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:16] if flags else ""
+    return f"v{PROBE_VERSION} torch {torch.__version__} {cpu} {digest}"
 
 
 @functools.cache
