@@ -66,11 +66,12 @@ class SuffixSpec:
             ``":memory:"`` uses a temporary store deleted on ``close()``; ``False`` runs without
             documents and without a persisted output history.
         device / dtype: as for ``suffixspec.loading.load_model`` (default: cuda if present, else cpu).
-        weights: the weight format of the target and the draft model: ``"auto"`` (default: on a CPU the
-            fastest exact format measured there, int8 where ``torch._int_mm`` is exact and faster; on a GPU
+        weights: the weight format of the target and the draft model: ``"auto"`` (default: on a CPU ``gguf`` for
+            a model named by its GGUF file, else the fastest exact int8 kernel measured there; on a GPU
             bfloat16/float16), ``"float32"`` (exactly ``transformers``' output), ``"bfloat16"``,
-            ``"float16"`` (not exact: a token may change with the batch), ``"int8"`` (the int8 model's own
-            output, identical with speculation on and off, batched or alone). docs/formats.md.
+            ``"float16"`` (not exact: a token may change with the batch), ``"gguf"`` (the GGUF file's own blocks
+            with 8-bit activations) and ``"int8"`` (int8 rows): each its own output, identical with speculation
+            on and off, batched or alone. docs/formats.md.
             ``spec.weights`` says the format chosen.
         history: ``True`` (default) drafts from earlier outputs and saves every output in the store's
             history (so it persists across runs: prompts' completions are stored in ``db``);

@@ -85,8 +85,8 @@ class LoadedModel:
 
     @property
     def lean_kind(self) -> str:
-        """The lean forward's weight kind for this format (``lean.KINDS``): ``int8`` or ``float``."""
-        return "int8" if self.weights == "int8" else "float"
+        """The lean forward's weight kind for this format (``lean.KINDS``): ``int8``, ``gguf`` or ``float``."""
+        return self.weights if self.weights in ("int8", "gguf") else "float"
 
 
 def max_context(config: Any) -> int:
@@ -215,6 +215,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
                 raise ValueError(f"{name_or_path} cannot run with {fmt} weights: they need suffixspec's lean forward "
                                  f"({problem}); use weights='float32'")
             fmt = "float32"  # auto: the fastest exact format this model can run
+    if fmt == "gguf" and not converted:
+        raise ValueError(f"{name_or_path} cannot run with gguf weights: they are the blocks of the GGUF file a model "
+                         f"is converted from; name the model by its GGUF (a known name or a .gguf path), or use "
+                         f"weights='int8'")
     tokenizer = _tokenizer_from(path)
     if fmt in QUANTIZED:  # the calibration text's ids, for the int8 build's smoothing (weights.smoothing)
         from suffixspec.core.weights import CALIBRATION_TEXT

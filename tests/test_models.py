@@ -32,8 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "def add(a, b):\n    return a + b\n"
 
 
-def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """A random Llama in GGUF (float32 tensors), with ``tokenizer_dir``'s byte-level BPE as a "gpt2" vocabulary."""
+def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int = 64, layers: int = 2,
+                    arch: str = "llama", quant: str | None = None) -> Path:
+    """A random Llama (or ``arch="qwen2"``, with q/k/v biases) in GGUF, with ``tokenizer_dir``'s byte-level BPE as a
+    "gpt2" vocabulary. ``quant``: the matrices' block type (float32 where None): ``Q4_1``/``Q8_0`` quantized from
+    random floats, ``Q4_K``/``Q6_K`` random blocks (``hidden`` a multiple of 256) with moderate scales."""
     import gguf
 
     tj = json.loads((tokenizer_dir / "tokenizer.json").read_text())
@@ -41,7 +44,7 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int 
     tokens = sorted(vocab, key=vocab.get)
     special = {t["content"] for t in tj["added_tokens"]}
     heads, kv, ffn = 4, 2, hidden * 2
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(layers)
     w.add_context_length(1024)
     w.add_embedding_length(hidden)
@@ -64,7 +67,14 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int 
     rng = np.random.default_rng(seed)
 
     def rand(name: str, *shape: int, scale: float = 0.02) -> None:
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+        if quant is None or len(shape) == 1:
+            w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+        elif quant in ("Q4_K", "Q6_K"):
+            w.add_tensor(name, random_blocks(rng, quant, shape[0], shape[1], scale), raw_dtype=gguf.GGMLQuantizationType[quant])
+        else:
+            qt = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(name, gguf.quants.quantize((rng.standard_normal(shape) * scale).astype(np.float32), qt),
+                         raw_dtype=qt)
 
     rand("token_embd.weight", len(tokens), hidden)
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
@@ -73,6 +83,9 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int 
         w.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(hidden, np.float32))
         w.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(hidden, np.float32))
         rand(f"blk.{b}.attn_q.weight", hidden, hidden)
+        if arch == "qwen2":
+            for name, rows in (("q", hidden), ("k", kv * hidden // heads), ("v", kv * hidden // heads)):
+                rand(f"blk.{b}.attn_{name}.bias", rows, scale=0.1)
         rand(f"blk.{b}.attn_k.weight", kv * hidden // heads, hidden)
         rand(f"blk.{b}.attn_v.weight", kv * hidden // heads, hidden)
         rand(f"blk.{b}.attn_output.weight", hidden, hidden)
@@ -84,6 +97,22 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path, seed: int = 0, hidden: int 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int, scale: float) -> np.ndarray:
+    """[rows, bytes per row] random ``Q4_K`` or ``Q6_K`` blocks whose values stay within about ``scale`` x 20:
+    any bytes are valid blocks once the float16 scales are finite (gguf-py has no quantizer for them)."""
+    import gguf
+
+    size, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    raw = rng.integers(0, 256, size=(rows, cols // size, nbytes), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.0, size=(rows, cols // size)) * scale / 16).astype(np.float16).view(np.uint8)
+    if qtype == "Q4_K":  # d, dmin first
+        raw[..., 0:2] = (d.view(np.float16) / 4).view(np.uint8).reshape(rows, -1, 2)
+        raw[..., 2:4] = (d.view(np.float16) / 16).view(np.uint8).reshape(rows, -1, 2)
+    else:  # Q6_K: d last (scales are int8 up to 127, values -32..31)
+        raw[..., -2:] = (d.view(np.float16) / 16).view(np.uint8).reshape(rows, -1, 2)
+    return raw.reshape(rows, -1)
 
 
 @pytest.fixture(scope="module")

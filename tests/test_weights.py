@@ -399,22 +399,26 @@ def test_smoothing_brings_an_outlier_channel_model_closer_to_float32():
     assert errors[True] < errors[False], errors
 
 
-def test_auto_keeps_a_model_in_float32_whose_int8_is_measured_to_lose_agreement():
-    """``auto`` is the fastest exact format, unless the named model's int8 is measured to agree with float32
-    below INT8_MIN_AGREEMENT (SmolLM2: 94.6%): then float32. An explicit int8 is honoured; a model without a
-    measurement follows the machine's probe like any folder."""
-    from suffixspec.core.formats import INT8_MIN_AGREEMENT, resolve
+def test_auto_is_gguf_for_a_model_named_by_its_gguf_else_the_int8_rules(monkeypatch):
+    """``auto`` on a CPU: a model named by its GGUF (a known name, a ``.gguf`` path) runs the file's own blocks
+    where the block kernel builds; otherwise the fastest exact int8 kernel, unless the named model's int8 is
+    measured to agree with float32 below INT8_MIN_AGREEMENT (SmolLM2: 94.6%): then float32. An explicit format
+    is honoured; a folder follows the machine's probe."""
+    from suffixspec.core.formats import INT8_MIN_AGREEMENT, draft_weights, gguf_works, resolve
     from suffixspec.models import KNOWN_MODELS
 
     smol = KNOWN_MODELS["smollm2-135m-instruct"]
+    assert gguf_works()  # this machine has a C compiler
+    for name in (smol.name, "qwen2.5-coder-1.5b-instruct", "/models/Some-Model.Q4_K_M.GGUF"):
+        assert resolve("auto", "cpu", model=name) == "gguf" and resolve(None, "cpu", model=name) == "gguf"
+    assert resolve("int8", "cpu", model=smol.name) == "int8"
+    assert resolve("auto", "cpu", model="/models/some-folder") == resolve("auto", "cpu") != "gguf"
+    monkeypatch.setattr(P, "gguf_works", lambda: False)  # where no compiler builds the block kernel
     assert smol.int8_agreement is not None and smol.int8_agreement < INT8_MIN_AGREEMENT
     assert resolve("auto", "cpu", model=smol.name) == "float32"
-    assert resolve(None, "cpu", model=smol.name) == "float32"
-    assert resolve("int8", "cpu", model=smol.name) == "int8"
     assert resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct") == resolve("auto", "cpu")
     assert all(m.int8_agreement is None or 0 < m.int8_agreement <= 1 for m in KNOWN_MODELS.values())
-    # a draft follows its target's format: its tokens are proposals, so no agreement is weighed for it
-    from suffixspec.core.formats import draft_weights
-
-    assert draft_weights("int8") == "auto" and draft_weights("float32") == "float32"
-    assert resolve(draft_weights("int8"), "cpu", model=None) == resolve("auto", "cpu")
+    # a draft follows its target's format: its tokens are proposals, so no agreement is weighed for it (and, named
+    # by no model, it quantizes to int8 where that pays)
+    assert draft_weights("int8") == draft_weights("gguf") == "auto" and draft_weights("float32") == "float32"
+    assert resolve(draft_weights("gguf"), "cpu", model=None) == resolve("auto", "cpu")

@@ -46,11 +46,12 @@ _model_options = [
                  help="SQLite document store (as for `suffixspec index add --db`); default: $SUFFIXSPEC_DB, "
                       "else ~/.local/share/suffixspec/index.db."),
     click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
-    click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]), default="auto",
+    click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8", "gguf"]), default="auto",
                  show_default=True,
-                 help="Weight format of the target and draft model. auto: on a CPU the fastest exact format measured "
-                      "there (int8 where torch._int_mm is exact and faster), on a GPU bfloat16/float16. int8: the int8 "
-                      "model's own output, identical with speculation on and off; float32: exactly transformers' "
+                 help="Weight format of the target and draft model. auto: on a CPU gguf for a model named by its GGUF "
+                      "file, else the fastest exact int8 kernel measured there; on a GPU bfloat16/float16. gguf: the "
+                      "GGUF file's own blocks (Q4_K, Q6_K, ...) and 8-bit activations, int8: int8 rows; each gives "
+                      "its own output, identical with speculation on and off; float32: exactly transformers' "
                       "output; bfloat16/float16: not exact (docs/formats.md)."),
     click.option("--dtype", default=None, help="Older name for a floating --weights: float32, bfloat16, float16."),
     click.option("--runtime", type=click.Choice(["transformers", "llama-cpp"]), default="transformers",

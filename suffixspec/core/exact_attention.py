@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from suffixspec.core import native
 
 log = logging.getLogger(__name__)
 
@@ -46,38 +44,11 @@ def mode() -> str:
     return value
 
 
-def _library_path(compiler: str) -> Path:
-    from suffixspec.core.formats import cpuinfo_line
-    from suffixspec.gguf_cache import cache_dir
-
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *FLAGS)).encode()
-                         + platform.machine().encode() + cpuinfo_line("flags").encode()).hexdigest()[:16]
-    return cache_dir() / "native" / f"exact_attention-{key}.so"
-
-
 def build(compiler: str | None = None) -> Path:
-    """The compiled library's path, compiling it first where it is not cached (atomically: a temporary file
-    renamed into place, so concurrent starts never load half a file). Raises RuntimeError with the compiler's
-    message."""
-    compiler = compiler or os.environ.get("CC") or "cc"
-    target = _library_path(compiler)
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed on {SOURCE.name}: {done.stderr.strip()[-800:]}")
-        os.replace(tmp, target)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeError(f"could not compile {SOURCE.name} with {compiler!r}: {e}") from e
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    """The compiled library's path, compiling it first where it is not cached (``native.build``: atomically, a
+    temporary file renamed into place, so concurrent starts never load half a file). Raises RuntimeError with
+    the compiler's message."""
+    return native.build(SOURCE, FLAGS, compiler)
 
 
 @functools.cache

@@ -23,15 +23,18 @@ from typing import Any
 
 import torch
 
+from suffixspec.core.native import cpuinfo_line
 from suffixspec.core.weights import KERNELS, Int8Weight, RowInt8Weight, int8_works, linear, packed
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "float32", "bfloat16", "float16", "int8")  # the ``weights`` option's values
-EXACT = ("float32", "int8")  # formats whose tokens do not depend on the pass's other rows (float32: up to rounding)
-QUANTIZED = ("int8",)  # formats whose matrices are integers (the model's float weights are released)
-# what each format loads the model's weights as (the quantized ones quantize from float32)
-LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}
+FORMATS = ("auto", "float32", "bfloat16", "float16", "int8", "gguf")  # the ``weights`` option's values
+EXACT = ("float32", "int8", "gguf")  # formats whose tokens do not depend on the pass's other rows (float32: up to rounding)
+QUANTIZED = ("int8", "gguf")  # formats whose matrices are integers (the model's float weights are released)
+# what each format loads the model's weights as (int8 quantizes from float32; gguf reads the file's blocks and
+# keeps the model's float32 norms and biases)
+LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32,
+               "gguf": torch.float32}
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -43,14 +46,15 @@ INT8_MIN_AGREEMENT = 0.99
 
 
 def resolve(weights: str | None, device: str, dtype: str | None = None, model: str | None = None) -> str:
-    """The concrete format (``float32``, ``bfloat16``, ``float16`` or ``int8``) of the option ``weights`` on
-    ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
+    """The concrete format (``float32``, ``bfloat16``, ``float16``, ``int8`` or ``gguf``) of the option ``weights``
+    on ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
 
-    ``auto`` (or None): on a CPU the fastest exact format measured here (:func:`int8_verdict`), unless
-    ``model`` is a named model whose int8 is measured to agree with float32 below
-    :data:`INT8_MIN_AGREEMENT`; on a GPU bfloat16 where supported, else float16. Examples:
-    ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
-    ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"float32"`` (94.6% agreement);
+    ``auto`` (or None): on a CPU, ``gguf`` for a model named by its GGUF file (a known name or a ``.gguf`` path)
+    where the block kernel builds (:func:`gguf_works`): the file's own blocks, the fewest bytes per step; else the
+    fastest exact int8 kernel measured here (:func:`int8_verdict`), unless ``model`` is a named model whose int8 is
+    measured to agree with float32 below :data:`INT8_MIN_AGREEMENT`; on a GPU bfloat16 where supported, else
+    float16. Examples: ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"gguf"`` (with a C
+    compiler); ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
     ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
     name = _ALIASES.get(weights or "auto", weights or "auto")
     if name not in FORMATS:
@@ -65,8 +69,8 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
         if name != named:
             raise ValueError(f"dtype {dtype!r} and weights {weights!r} disagree; give only --weights")
     if name in QUANTIZED and not device.startswith("cpu"):
-        raise ValueError(f"weights {name!r} is a CPU format (its kernels, fbgemm and torch._int_mm, are probed on the "
-                         f"CPU); on {device} use bfloat16, float16 or float32")
+        raise ValueError(f"weights {name!r} is a CPU format (its integer kernels run on the CPU); on {device} use "
+                         f"bfloat16, float16 or float32")
     if name != "auto":
         return name
     if device.startswith("cuda"):
@@ -74,6 +78,8 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
     if device == "cpu":
         from suffixspec.models import KNOWN_MODELS
 
+        if gguf_named(model) and gguf_works():
+            return "gguf"
         known = KNOWN_MODELS.get(model or "")
         if known is not None and known.int8_agreement is not None and known.int8_agreement < INT8_MIN_AGREEMENT:
             log.info("weights auto -> float32 (%s's int8 agrees with float32 on %.1f%% of greedy tokens; "
@@ -86,12 +92,27 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
     return "float32"
 
 
+def gguf_named(model: str | None) -> bool:
+    """Whether ``model`` names a GGUF file: a known model (``suffixspec.models``) or a ``.gguf`` path."""
+    from suffixspec.models import KNOWN_MODELS
+
+    return bool(model) and (model in KNOWN_MODELS or str(model).lower().endswith(".gguf"))
+
+
+@functools.cache
+def gguf_works() -> bool:
+    """Whether the ``gguf`` format runs here: its block kernel (``blockq``) compiles and loads, or is cached."""
+    from suffixspec.core import blockq
+
+    return blockq.kernel() is not None
+
+
 def draft_weights(target_format: str) -> str:
     """The ``weights`` a draft model loads with (``load_model(..., draft=True)``): the target's format, except
-    that at ``int8`` it is ``auto``, so a draft of a family without a lean forward stays float32 where an
+    that at ``int8`` or ``gguf`` it is ``auto``, so a draft of a family without a lean forward stays float32 where an
     explicit int8 would be refused. Example: ``draft_weights("int8") == "auto"``, ``draft_weights("bfloat16")
     == "bfloat16"``."""
-    return "auto" if target_format == "int8" else target_format
+    return "auto" if target_format in QUANTIZED else target_format
 
 
 # -- the probe: does the exact int8 product work here, and does it pay ------------------------------------
@@ -106,15 +127,6 @@ PROBE_ROWS = (1, 2, 8, 17)  # row counts checked for exactness (on the small mat
 def _probe_file() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "suffixspec" / "formats.json"
-
-
-def cpuinfo_line(field: str) -> str:
-    """The first line of ``/proc/cpuinfo`` that starts with ``field`` (``"model name"``, ``"flags"``), whole;
-    "" where there is none (another OS). Example: ``cpuinfo_line("flags")`` -> ``"flags\t\t: fpu vme ..."``."""
-    try:
-        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(field)), "")
-    except OSError:
-        return ""
 
 
 def _machine_key() -> str:

@@ -86,8 +86,9 @@ class PassRow:
 
 # the lean forward's weight kinds: "float" (the model's own dtype; float32 packed for oneDNN), "int8" (exact:
 # weights.RowInt8Weight, torch._int_mm, per-query attention), "fbgemm" (Int8Weight: fast for one row, a
-# row's result depends on the others': draft models only)
-KINDS = ("float", "int8", "fbgemm")
+# row's result depends on the others': draft models only), "gguf" (exact: the GGUF file's own blocks,
+# blockq's kernel, per-query attention)
+KINDS = ("float", "int8", "fbgemm", "gguf")
 _LEAN: dict[str, weakref.WeakKeyDictionary] = {k: weakref.WeakKeyDictionary() for k in KINDS}  # kind -> model -> forward
 # kind -> model -> why its lean forward of that kind failed to build (a failing int8 build leaves float alone)
 _BROKEN: dict[str, weakref.WeakKeyDictionary] = {k: weakref.WeakKeyDictionary() for k in KINDS}
@@ -214,7 +215,7 @@ class LeanForward:
         self.weights = weights  # the weight kind (KINDS)
         self.int8 = weights != "float"  # matrices quantized to int8 (RowInt8Weight, or fbgemm's Int8Weight for a draft)
         # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention)
-        self.exact = weights == "int8"
+        self.exact = weights in ("int8", "gguf")
         # the compiled kernel for an exact format's draft nodes (exact_attention), where it builds; float32 only
         self.native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
                         and self.dtype == torch.float32 and self.n_heads // self.n_kv <= exact_attention.MAX_REP
@@ -306,7 +307,8 @@ class LeanForward:
         groups = [] if plan is not None else [self._group(rows, offsets, blocks, g)
                                               for g in self._grouping(rows, blocks)]
         pick = self._pick(rows, offsets)
-        x = self.embed.rows(ids_t) if isinstance(self.embed, Int8Rows) else self.embed[ids_t]  # [T, hidden]
+        # [T, hidden]: a table's rows, or a quantized one's dequantized (Int8Rows, blockq's BlockWeight)
+        x = self.embed[ids_t] if isinstance(self.embed, torch.Tensor) else self.embed.rows(ids_t)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rotary = self._rotary(pos_t)

@@ -229,6 +229,8 @@ def build(model: Any, kind: str, shape: Shape) -> LeanWeights:
     """The lean forward's weights of ``model`` for the weight kind ``kind`` (see the module docstring): read
     from the store where a converted model has one for this kind, else made from the float weights (and
     stored for the next start where the model is a converted one)."""
+    if kind == "gguf":
+        return build_gguf(model, shape)
     inner = model.model
     gemma = shape.gemma
     norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
@@ -316,6 +318,64 @@ def build(model: Any, kind: str, shape: Shape) -> LeanWeights:
     if folder and stored is None:
         built.stored = "written" if write_store(folder, kind, kernel, key, built) else ""
     return built
+
+
+def build_gguf(model: Any, shape: Shape) -> LeanWeights:
+    """The ``gguf`` kind: the matrices are the blocks of the GGUF file the model was converted from
+    (``gguf_weights``), multiplied by the block kernel (``blockq``); norms and biases are the model's own
+    (float32, exactly the file's). A matrix of a type the kernel lacks (or q/k/v of mixed types with one
+    such) is multiplied as exact int8 rows of its dequantized values (``RowInt8Weight``), logged."""
+    from suffixspec.core import blockq
+    from suffixspec.core.gguf_weights import read_matrices, source_file
+
+    folder = getattr(model, "_suffixspec_folder", None)
+    if folder is None:
+        raise ValueError("weights 'gguf' needs a model converted from a GGUF file (a known name or a .gguf path)")
+    inner = model.model
+    gemma = shape.gemma
+    norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)
+    blocks = read_matrices(source_file(folder), len(shape.types), shape.n_heads, shape.n_kv)
+    kernel = None
+
+    def matrix(*names: str) -> Any:
+        nonlocal kernel
+        parts = [blocks[n] for n in names]
+        if all(p.ggml_type in blockq.TYPES for p in parts):
+            made = [blockq.BlockWeight(p.ggml_type, p.raw, p.shape) for p in parts]
+            return made[0] if len(made) == 1 else blockq.BlockWeight.concat(made)
+        from gguf import GGMLQuantizationType, quants
+
+        from suffixspec.core.formats import int8_kernel
+
+        kernel = kernel or int8_kernel()
+        log.info("%s: %s blocks multiplied as exact int8 rows (the block kernel has %s)", "+".join(names),
+                 "/".join(p.ggml_type for p in parts), ", ".join(blockq.TYPES))
+        w = torch.cat([torch.from_numpy(quants.dequantize(p.raw, GGMLQuantizationType[p.ggml_type])) for p in parts])
+        return RowInt8Weight(w, kernel)
+
+    layers: list[Layer] = []
+    for i, (layer, (rope, window)) in enumerate(zip(inner.layers, shape.types, strict=True)):
+        att = layer.self_attn
+        projs = (att.q_proj, att.k_proj, att.v_proj)
+        bias = None
+        if any(p.bias is not None for p in projs):
+            bias = torch.cat([p.bias.detach().float() if p.bias is not None else torch.zeros(p.weight.shape[0])
+                              for p in projs])
+        layers.append(Layer(
+            norm_in=norm(layer.input_layernorm.weight), w_qkv=matrix(f"{i}.q", f"{i}.k", f"{i}.v"), b_qkv=bias,
+            q_norm=norm(att.q_norm.weight) if gemma else None, k_norm=norm(att.k_norm.weight) if gemma else None,
+            wo=matrix(f"{i}.o"), bo=att.o_proj.bias,
+            norm_post_attn=norm(layer.post_attention_layernorm.weight) if gemma else None,
+            norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
+            norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
+            w_gu=matrix(f"{i}.gate", f"{i}.up"), wd=matrix(f"{i}.down"), window=window, rope=rope if gemma else "all"))
+    embed = matrix("embed")
+    tied = model.get_output_embeddings().weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
+    head = matrix("head") if "head" in blocks and not tied else embed  # (a tied model's converted head is the table)
+    if not hasattr(embed, "rows"):
+        embed = embed.as_rows()
+    return LeanWeights(layers=layers, norm=norm(inner.norm.weight), head=head, embed=embed, smoothed=False,
+                       paged_out=0, stored="")
 
 
 def _kernel(kind: str) -> str:

@@ -231,19 +231,19 @@ def smoothing(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = 
 
 
 # -- products: the float packed for oneDNN, fbgemm's dynamic int8 (drafts) ------------------------------
-def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight | RowInt8Weight, b: torch.Tensor | None = None
-           ) -> torch.Tensor:
+def linear(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; a
-    :class:`~suffixspec.core.weights.RowInt8Weight` through ``torch._int_mm`` (exact, row by row); an
+    :class:`~suffixspec.core.weights.RowInt8Weight` or a ``blockq.BlockWeight`` through its own ``mm`` (exact,
+    row by row); an
     :class:`Int8Weight` (a draft model's) through fbgemm's int8 product; any other as ``(w @ x.T).T``, the
     same product, which MKL runs faster than ``torch.nn.functional.linear`` for the few rows of a decode
     pass (measured on this machine's AMD EPYC, one thread, SmolLM2's matrices: 8% faster at 1 row, 17-33%
     at 2-8). The result may be a transposed view: callers reshape (which copies) where they need rows."""
-    if isinstance(w, RowInt8Weight):
-        return w.mm(x, b)
     if isinstance(w, Int8Weight):
         y = torch.ops.quantized.linear_dynamic(x.contiguous(), w.params, True)
         return y if b is None else y + b
+    if not isinstance(w, torch.Tensor):  # RowInt8Weight, blockq's BlockWeight: their own exact product
+        return w.mm(x, b)
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
     y = torch.mm(w, x.t()).t()

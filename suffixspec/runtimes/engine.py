@@ -215,7 +215,8 @@ class Engine:
     @property
     def numerics(self) -> dict:
         """What the target computes with, as ``/health`` reports it: ``{"weights", "kernel", "attention"}``.
-        ``kernel``: the int8 product (``fbgemm`` or ``int_mm``; None for a floating format); ``attention``:
+        ``kernel``: the integer product (``fbgemm`` or ``int_mm`` at int8, ``blockq`` at gguf; None for a floating
+        format); ``attention``:
         ``native`` (an exact format's compiled kernel, core/exact_attention), ``sdpa per query`` (an exact format
         without it), ``sdpa`` (the lean forward's grouped calls) or ``own forward`` (the model's). Example on this
         CPU: ``{"weights": "int8", "kernel": "fbgemm", "attention": "native"}``."""
@@ -223,8 +224,8 @@ class Engine:
         exact = lean is not None and lean.exact
         attention = ("own forward" if lean is None else "sdpa" if not exact
                      else "native" if lean.native is not None else "sdpa per query")
-        return {"weights": self.target.weights, "kernel": getattr(lean.head, "kernel", None) if exact else None,
-                "attention": attention}
+        kernel = None if not exact else "blockq" if lean.weights == "gguf" else getattr(lean.head, "kernel", None)
+        return {"weights": self.target.weights, "kernel": kernel, "attention": attention}
 
     @property
     def batchable(self) -> bool:

@@ -1,0 +1,991 @@
+/* Float32 activations times weights kept in GGUF block formats (Q4_K, Q6_K, Q8_0, Q4_1, Q5_0), exactly.
+
+   Exactness by construction: row r of a product is bit-identical whatever else is in the call.
+   - Each activation row is quantized on its own, per block of 32 values: dx = max|x| / 127, q = rint(x * (127 /
+     max|x|)) clamped to [-127, 127], with the block's integer sums (whole, and each half for Q6_K's scales).
+   - A block's integer products are summed exactly in int32 (VNNI dpbusd, or AVX2 maddubs+madd: no saturation:
+     unsigned weight integers <= 63, or |w| <= 128 with the sign trick; 2 * 128 * 127 = 32512 < 32767); the
+     offsets of unsigned storage (q - 32, q - 16, w + 128) are taken out exactly with the integer sums.
+   - The float combination is the same per (row, output) whatever M, the row's place in its tile, or the thread:
+     per full group g of 8 blocks (lane l = block l), acc[g & 1][l] = fma(float(isum[l]), scale[l] * dx[l],
+     acc[g & 1][l]) (Q6_K: once per half-block scale, A then B), then, for types with an offset (Q4_K, Q4_1),
+     acc[g & 1][l] = fma(off[l], dx[l] * sum[l], acc[g & 1][l]); tail blocks (K % 256, 32-value types) in a
+     scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
+     the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
+   - Threads split the outputs: one output is computed wholly by one thread.
+   Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if !defined(BLOCKQ_SCALAR) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define BQ_SIMD 1
+#include <immintrin.h>
+#else
+#define BQ_SIMD 0
+#endif
+
+enum { T_Q4_K = 0, T_Q6_K = 1, T_Q8_0 = 2, T_Q4_1 = 3, T_Q5_0 = 4 };
+
+
+static inline float h2f(uint16_t h) {
+#if BQ_SIMD
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* ---------------------------------------------------------------- stored layouts
+
+   A row of K values is stored as K / 256 full groups of 8 blocks of 32 values, then (32-value types only) the
+   K % 256 / 32 remaining blocks in their own GGUF layout. In a full group the weight integers are interleaved
+   for the dot: "step" j (32 bytes) holds, at bytes 4l..4l+3, values 4j..4j+3 of block l, so one dpbusd over
+   the 8 steps leaves block l's whole integer sum in int32 lane l. The activations are stored the same way.
+   Group layouts (bytes; as many as the GGUF blocks they hold):
+     Q4_K 148: fp16 d, fp16 dmin, u8 sc[8], u8 m[8], L[128]       value = d*sc*q - dmin*m, q = 4 bits
+     Q6_K 210: fp16 d, i8 scA[8], i8 scB[8], L[128], H[64]        value = d*sc*(q - 32), q = 6 bits (A: values
+                                                                  0-15 of a block, B: 16-31)
+     Q8_0 272: fp16 d[8], i8 q[256]                               value = d*q
+     Q4_1 160: fp16 d[8], fp16 m[8], L[128]                       value = d*q + m
+     Q5_0 176: fp16 d[8], L[128], H[32]                           value = d*(q - 16), q = 5 bits
+   L: 4 vectors of 32 bytes, vector v holding step 2v in its low nibbles and step 2v+1 in its high ones.
+   H (Q6_K): 2 vectors, vector h holding bits 4-5 of steps 4h..4h+3 at bits 0-1, 2-3, 4-5, 6-7.
+   H (Q5_0): 1 vector, bit j holding bit 4 of step j. */
+
+static const int GROUP_BYTES[5] = {148, 210, 272, 160, 176};
+static const int TAIL_BYTES[5] = {0, 0, 34, 20, 22};
+
+int64_t bq_row_bytes(int type, int64_t K) {
+    if (type < 0 || type > T_Q5_0) return -1;
+    return K / 256 * GROUP_BYTES[type] + (K % 256) / 32 * TAIL_BYTES[type];
+}
+
+static inline int has_off(int type) { return type == T_Q4_K || type == T_Q4_1; }
+
+/* A full group decoded (the portable path and dequantizing): v[l][k] the integer of value k of block l (signed,
+   centred: q - 32 for Q6_K, q - 16 for Q5_0), scA/scB the float scale of its values 0-15/16-31, off the offset
+   coefficient (Q4_K: -dmin*m, Q4_1: m; else 0). */
+static void decode_group(int type, const uint8_t *wp, int v[8][32], float scA[8], float scB[8], float off[8]) {
+    uint8_t step[8][32];
+    const uint8_t *L = NULL;
+    for (int l = 0; l < 8; l++) off[l] = 0.0f;
+    if (type == T_Q4_K) {
+        float d = h2f(rd16(wp)), ndmin = -h2f(rd16(wp + 2));
+        for (int l = 0; l < 8; l++) {
+            scA[l] = scB[l] = d * (float)wp[4 + l];
+            off[l] = ndmin * (float)wp[12 + l];
+        }
+        L = wp + 20;
+    } else if (type == T_Q6_K) {
+        float d = h2f(rd16(wp));
+        for (int l = 0; l < 8; l++) {
+            scA[l] = d * (float)(int8_t)wp[2 + l];
+            scB[l] = d * (float)(int8_t)wp[10 + l];
+        }
+        L = wp + 18;
+    } else if (type == T_Q8_0) {
+        for (int l = 0; l < 8; l++) scA[l] = scB[l] = h2f(rd16(wp + 2 * l));
+        for (int j = 0; j < 8; j++)
+            for (int p = 0; p < 32; p++) step[j][p] = wp[16 + 32 * j + p];
+    } else if (type == T_Q4_1) {
+        for (int l = 0; l < 8; l++) {
+            scA[l] = scB[l] = h2f(rd16(wp + 2 * l));
+            off[l] = h2f(rd16(wp + 16 + 2 * l));
+        }
+        L = wp + 32;
+    } else {
+        for (int l = 0; l < 8; l++) scA[l] = scB[l] = h2f(rd16(wp + 2 * l));
+        L = wp + 16;
+    }
+    if (L)
+        for (int vv = 0; vv < 4; vv++)
+            for (int p = 0; p < 32; p++) {
+                step[2 * vv][p] = L[32 * vv + p] & 15;
+                step[2 * vv + 1][p] = L[32 * vv + p] >> 4;
+            }
+    if (type == T_Q6_K)
+        for (int j = 0; j < 8; j++)
+            for (int p = 0; p < 32; p++) step[j][p] |= ((wp[146 + 32 * (j >> 2) + p] >> (2 * (j & 3))) & 3) << 4;
+    if (type == T_Q5_0)
+        for (int j = 0; j < 8; j++)
+            for (int p = 0; p < 32; p++) step[j][p] |= ((wp[144 + p] >> j) & 1) << 4;
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 8; l++)
+            for (int i = 0; i < 4; i++) {
+                int q = step[j][4 * l + i];
+                v[l][4 * j + i] = type == T_Q6_K ? q - 32 : type == T_Q5_0 ? q - 16 : type == T_Q8_0 ? (int8_t)q : q;
+            }
+}
+
+/* A tail block (GGUF layout) decoded the same way. */
+static void decode_block(int type, const uint8_t *b, int v[32], float *sc, float *off) {
+    *off = 0.0f;
+    *sc = h2f(rd16(b));
+    if (type == T_Q8_0) {
+        for (int k = 0; k < 32; k++) v[k] = (int8_t)b[2 + k];
+    } else if (type == T_Q4_1) {
+        *off = h2f(rd16(b + 2));
+        for (int k = 0; k < 16; k++) { v[k] = b[4 + k] & 15; v[16 + k] = b[4 + k] >> 4; }
+    } else {
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        for (int k = 0; k < 16; k++) {
+            v[k] = ((b[6 + k] & 15) | (((qh >> k) & 1) << 4)) - 16;
+            v[16 + k] = ((b[6 + k] >> 4) | (((qh >> (k + 16)) & 1) << 4)) - 16;
+        }
+    }
+}
+
+/* rows ids[0..T) of a stored matrix, dequantized exactly as gguf.quants.dequantize does */
+int bq_dequantize_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t T,
+                       float *out) {
+    if (type < 0 || type > T_Q5_0) return -1;
+    int64_t ng = K / 256, nt = (K % 256) / 32;
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *src = w + ids[t] * row_bytes;
+        float *y = out + t * K;
+        int v[8][32];
+        float scA[8], scB[8], off[8];
+        for (int64_t g = 0; g < ng; g++) {
+            decode_group(type, src + g * GROUP_BYTES[type], v, scA, scB, off);
+            for (int l = 0; l < 8; l++)
+                for (int k = 0; k < 32; k++) {
+                    float f = (k < 16 ? scA[l] : scB[l]) * (float)v[l][k];
+                    y[g * 256 + 32 * l + k] = has_off(type) ? f + off[l] : f;
+                }
+        }
+        for (int64_t b = 0; b < nt; b++) {
+            int vb[32];
+            float sc, of;
+            decode_block(type, src + ng * GROUP_BYTES[type] + b * TAIL_BYTES[type], vb, &sc, &of);
+            for (int k = 0; k < 32; k++) {
+                float f = sc * (float)vb[k];
+                y[ng * 256 + 32 * b + k] = has_off(type) ? f + of : f;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+typedef struct {
+    int64_t K, ldd;     /* ldd: per-row length of the per-block arrays (whole groups of 8, zero padded) */
+    int8_t *xq;         /* [M, K]: full groups interleaved like the weights, tail blocks in order */
+    float *dx, *dxsx;   /* [M, ldd]: block scale, scale * sum(q) */
+    int32_t *n16, *n128, *nA, *nB; /* [M, ldd]: -16 sum(q), -128 sum(q), -32 sum(q[0:16]), -32 sum(q[16:32]) */
+} act_t;
+
+/* Row r alone: the same ops on every path and whatever M. */
+static void quantize_row(const float *xr, act_t *a, int64_t r) {
+    int64_t K = a->K, nb = K / 32, nfull = K / 256 * 8;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *v = xr + b * 32;
+        int8_t q[32];
+        float amax = 0.0f;
+        int sA = 0, sB = 0;
+#if BQ_SIMD
+        const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v), absm),
+                                               _mm256_and_ps(_mm256_loadu_ps(v + 8), absm)),
+                                 _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + 16), absm),
+                                               _mm256_and_ps(_mm256_loadu_ps(v + 24), absm)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        amax = _mm_cvtss_f32(m4);
+#else
+        for (int l = 0; l < 32; l++) {
+            float f = fabsf(v[l]);
+            amax = f > amax ? f : amax;
+        }
+#endif
+        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+#if BQ_SIMD
+        const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        __m256i qi[4];
+        for (int j = 0; j < 4; j++) {
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(v + 8 * j), vid);
+            t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+            qi[j] = _mm256_cvtps_epi32(t);
+        }
+        __m256i s2[2] = {_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])};
+        int sums[2];
+        for (int h = 0; h < 2; h++) {
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s2[h]), _mm256_extracti128_si256(s2[h], 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            sums[h] = _mm_cvtsi128_si32(s4);
+        }
+        sA = sums[0];
+        sB = sums[1];
+        __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)q, p8);
+#else
+        for (int l = 0; l < 32; l++) {
+            float t = nearbyintf(v[l] * id);
+            t = t < -127.0f ? -127.0f : (t > 127.0f ? 127.0f : t);
+            q[l] = (int8_t)t;
+            if (l < 16) sA += q[l];
+            else sB += q[l];
+        }
+#endif
+        int8_t *xr8 = a->xq + r * K;
+        if (b < nfull) {
+            int64_t g = b / 8, l = b % 8;
+            for (int j = 0; j < 8; j++) memcpy(xr8 + g * 256 + 32 * j + 4 * l, q + 4 * j, 4);
+        } else {
+            memcpy(xr8 + b * 32, q, 32);
+        }
+        int sx = sA + sB;
+        int64_t o = r * a->ldd + b;
+        a->dx[o] = d;
+        a->dxsx[o] = d * (float)sx;
+        a->n16[o] = -16 * sx;
+        a->n128[o] = -128 * sx;
+        a->nA[o] = -32 * sA;
+        a->nB[o] = -32 * sB;
+    }
+    for (int64_t b = nb; b < a->ldd; b++) {
+        int64_t o = r * a->ldd + b;
+        a->dx[o] = a->dxsx[o] = 0.0f;
+        a->n16[o] = a->n128[o] = a->nA[o] = a->nB[o] = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- dot products: one stored row, R rows */
+
+#define MAX_ROWS_TILE 8
+
+static inline float hsum_fixed(const float v[8]) {
+    float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+#if BQ_SIMD
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define BQ_VNNI 1
+static inline __m256i dp(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, w, x);
+#else
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+#endif
+}
+#else
+#define BQ_VNNI 0
+static inline __m256i dp(__m256i acc, __m256i w, __m256i x) { /* |w| <= 128, |x| <= 127: no saturation */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+#endif
+
+static inline float hsum8(__m256 v) { /* = hsum_fixed */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+#define LD(p) _mm256_loadu_si256((const __m256i *)(p))
+
+/* The K % 256 tail blocks (32-value types, GGUF layout, values in order) of one stored row: acct[r] for rows
+   r0..r0+R, one scalar accumulator per row. */
+static inline __attribute__((always_inline)) void tail_rows(int type, const uint8_t *w, const act_t *a, int64_t r0,
+                                                             int R, float *acct) {
+    const int64_t K = a->K, ldd = a->ldd, ng = K / 256, nt = (K % 256) / 32;
+    const int GB = GROUP_BYTES[type];
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nt; b++) {
+        const uint8_t *bp = w + ng * GB + b * TAIL_BYTES[type];
+        float sc = h2f(rd16(bp)), of = 0.0f;
+        __m256i Wt, Qt = _mm256_setzero_si256();
+        (void)Qt;
+        if (type == T_Q8_0) {
+            Qt = LD(bp + 2);
+#if BQ_VNNI
+            Wt = _mm256_xor_si256(Qt, _mm256_set1_epi8((char)0x80));
+#else
+            Wt = _mm256_abs_epi8(Qt);
+#endif
+        } else {
+            const uint8_t *qs = bp + (type == T_Q4_1 ? 4 : 6);
+            __m128i l = _mm_loadu_si128((const __m128i *)qs);
+            Wt = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(l, 4), l), m4);
+            if (type == T_Q4_1) {
+                of = h2f(rd16(bp + 2));
+            } else {
+                uint32_t qh;
+                memcpy(&qh, bp + 2, 4);
+                /* bit k of qh -> bit 4 of byte k */
+                __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                                 _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                    0x0303030303030303LL));
+                hb = _mm256_and_si256(hb, _mm256_set1_epi64x((long long)0x8040201008040201ULL));
+                hb = _mm256_and_si256(_mm256_cmpeq_epi8(hb, _mm256_set1_epi64x((long long)0x8040201008040201ULL)),
+                                      _mm256_set1_epi8(0x10));
+                Wt = _mm256_or_si256(Wt, hb);
+            }
+        }
+        const int64_t bi = ng * 8 + b;
+        for (int r = 0; r < R; r++) {
+            __m256i xv = LD(a->xq + (r0 + r) * K + bi * 32);
+#if !BQ_VNNI
+            if (type == T_Q8_0) xv = _mm256_sign_epi8(xv, Qt);
+#endif
+            int32_t isum = hsum_i32(dp(_mm256_setzero_si256(), Wt, xv));
+            const int64_t o = (r0 + r) * ldd + bi;
+            if (type == T_Q5_0) isum += a->n16[o];
+#if BQ_VNNI
+            if (type == T_Q8_0) isum += a->n128[o];
+#endif
+            acct[r] = fmaf((float)isum, sc * a->dx[o], acct[r]);
+            if (type == T_Q4_1) acct[r] = fmaf(of, a->dxsx[o], acct[r]);
+        }
+    }
+}
+
+/* group g (wp: its bytes) of one stored row for rows r0..r0+R, into acc[r] (the group's parity slot) */
+static inline __attribute__((always_inline)) void dot_group(int type, const uint8_t *wp, const act_t *a, int64_t r0,
+                                                             int R, int64_t g, __m256 *acc) {
+    const int64_t K = a->K, ldd = a->ldd;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+        __m256i W[8];
+        __m256i Q[8]; /* Q8_0 without VNNI: the signed integers, for the sign trick */
+        __m256 sA, sB = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+        (void)Q;
+        if (type == T_Q4_K) {
+            sA = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 4)))),
+                               _mm256_set1_ps(h2f(rd16(wp))));
+            off = _mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(wp + 2))),
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 12)))));
+            for (int v = 0; v < 4; v++) {
+                __m256i L = LD(wp + 20 + 32 * v);
+                W[2 * v] = _mm256_and_si256(L, m4);
+                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+            }
+        } else if (type == T_Q6_K) {
+            __m256 d = _mm256_set1_ps(h2f(rd16(wp)));
+            sA = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 2)))));
+            sB = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 10)))));
+            const __m256i m2 = _mm256_set1_epi8(0x30);
+            __m256i H0 = LD(wp + 146), H1 = LD(wp + 178);
+            for (int v = 0; v < 4; v++) {
+                __m256i L = LD(wp + 18 + 32 * v);
+                W[2 * v] = _mm256_and_si256(L, m4);
+                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+            }
+            W[0] = _mm256_or_si256(W[0], _mm256_and_si256(_mm256_slli_epi16(H0, 4), m2));
+            W[1] = _mm256_or_si256(W[1], _mm256_and_si256(_mm256_slli_epi16(H0, 2), m2));
+            W[2] = _mm256_or_si256(W[2], _mm256_and_si256(H0, m2));
+            W[3] = _mm256_or_si256(W[3], _mm256_and_si256(_mm256_srli_epi16(H0, 2), m2));
+            W[4] = _mm256_or_si256(W[4], _mm256_and_si256(_mm256_slli_epi16(H1, 4), m2));
+            W[5] = _mm256_or_si256(W[5], _mm256_and_si256(_mm256_slli_epi16(H1, 2), m2));
+            W[6] = _mm256_or_si256(W[6], _mm256_and_si256(H1, m2));
+            W[7] = _mm256_or_si256(W[7], _mm256_and_si256(_mm256_srli_epi16(H1, 2), m2));
+        } else if (type == T_Q8_0) {
+            sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+            for (int j = 0; j < 8; j++) {
+#if BQ_VNNI
+                W[j] = _mm256_xor_si256(LD(wp + 16 + 32 * j), _mm256_set1_epi8((char)0x80));
+#else
+                Q[j] = LD(wp + 16 + 32 * j);
+                W[j] = _mm256_abs_epi8(Q[j]);
+#endif
+            }
+        } else if (type == T_Q4_1) {
+            sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+            off = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
+            for (int v = 0; v < 4; v++) {
+                __m256i L = LD(wp + 32 + 32 * v);
+                W[2 * v] = _mm256_and_si256(L, m4);
+                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+            }
+        } else {
+            sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+            const __m256i b4 = _mm256_set1_epi8(0x10);
+            __m256i H = LD(wp + 144);
+            for (int v = 0; v < 4; v++) {
+                __m256i L = LD(wp + 16 + 32 * v);
+                W[2 * v] = _mm256_and_si256(L, m4);
+                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+            }
+            W[0] = _mm256_or_si256(W[0], _mm256_and_si256(_mm256_slli_epi16(H, 4), b4));
+            W[1] = _mm256_or_si256(W[1], _mm256_and_si256(_mm256_slli_epi16(H, 3), b4));
+            W[2] = _mm256_or_si256(W[2], _mm256_and_si256(_mm256_slli_epi16(H, 2), b4));
+            W[3] = _mm256_or_si256(W[3], _mm256_and_si256(_mm256_slli_epi16(H, 1), b4));
+            W[4] = _mm256_or_si256(W[4], _mm256_and_si256(H, b4));
+            W[5] = _mm256_or_si256(W[5], _mm256_and_si256(_mm256_srli_epi16(H, 1), b4));
+            W[6] = _mm256_or_si256(W[6], _mm256_and_si256(_mm256_srli_epi16(H, 2), b4));
+            W[7] = _mm256_or_si256(W[7], _mm256_and_si256(_mm256_srli_epi16(H, 3), b4));
+        }
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = a->xq + (r0 + r) * K + g * 256;
+            const int64_t o = (r0 + r) * ldd + g * 8;
+            const __m256 dx = _mm256_loadu_ps(a->dx + o);
+            __m256 *ac = &acc[r];
+            if (type == T_Q6_K) {
+                __m256i iA, iB;
+                if (R >= 4) { /* rows enough to hide the latency: one chain, no adds (integer sums: any order) */
+                    iA = dp(dp(dp(dp(LD(a->nA + o), W[0], LD(x)), W[1], LD(x + 32)), W[2], LD(x + 64)), W[3], LD(x + 96));
+                    iB = dp(dp(dp(dp(LD(a->nB + o), W[4], LD(x + 128)), W[5], LD(x + 160)), W[6], LD(x + 192)), W[7],
+                            LD(x + 224));
+                } else {
+                    __m256i i0 = dp(LD(a->nA + o), W[0], LD(x)), i1 = dp(_mm256_setzero_si256(), W[1], LD(x + 32));
+                    i0 = dp(i0, W[2], LD(x + 64));
+                    i1 = dp(i1, W[3], LD(x + 96));
+                    __m256i j0 = dp(LD(a->nB + o), W[4], LD(x + 128)), j1 = dp(_mm256_setzero_si256(), W[5], LD(x + 160));
+                    j0 = dp(j0, W[6], LD(x + 192));
+                    j1 = dp(j1, W[7], LD(x + 224));
+                    iA = _mm256_add_epi32(i0, i1);
+                    iB = _mm256_add_epi32(j0, j1);
+                }
+                *ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iA), _mm256_mul_ps(sA, dx), *ac);
+                *ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iB), _mm256_mul_ps(sB, dx), *ac);
+            } else {
+                __m256i i0, i1 = _mm256_setzero_si256();
+                if (type == T_Q5_0) i0 = LD(a->n16 + o);
+#if BQ_VNNI
+                else if (type == T_Q8_0) i0 = LD(a->n128 + o);
+#endif
+                else i0 = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j += 2) {
+                    __m256i x0 = LD(x + 32 * j), x1 = LD(x + 32 * j + 32);
+#if !BQ_VNNI
+                    if (type == T_Q8_0) { x0 = _mm256_sign_epi8(x0, Q[j]); x1 = _mm256_sign_epi8(x1, Q[j + 1]); }
+#endif
+                    i0 = dp(i0, W[j], x0);
+                    if (R >= 4) i0 = dp(i0, W[j + 1], x1); /* one chain where rows hide its latency */
+                    else i1 = dp(i1, W[j + 1], x1);
+                }
+                if (R < 4) i0 = _mm256_add_epi32(i0, i1);
+                *ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(sA, dx), *ac);
+                if (has_off(type)) *ac = _mm256_fmadd_ps(off, _mm256_loadu_ps(a->dxsx + o), *ac);
+            }
+        }
+    }
+
+static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *w, const act_t *a,
+                                                            int64_t r0, int R, float *res) {
+    const int64_t ng = a->K / 256;
+    const int GB = GROUP_BYTES[type];
+    __m256 acc0[MAX_ROWS_TILE], acc1[MAX_ROWS_TILE];
+    float acct[MAX_ROWS_TILE];
+    for (int r = 0; r < R; r++) { acc0[r] = acc1[r] = _mm256_setzero_ps(); acct[r] = 0.0f; }
+    /* unrolled by two so that each parity's accumulators can stay in registers */
+    int64_t g = 0;
+    for (; g + 2 <= ng; g += 2) {
+        dot_group(type, w + g * GB, a, r0, R, g, acc0);
+        dot_group(type, w + (g + 1) * GB, a, r0, R, g + 1, acc1);
+    }
+    if (g < ng) dot_group(type, w + g * GB, a, r0, R, g, acc0);
+    tail_rows(type, w, a, r0, R, acct);
+    for (int r = 0; r < R; r++) res[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + acct[r];
+}
+
+#if BQ_VNNI && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+/* Two stored rows (outputs) at once in 512-bit registers (Q4_K and Q6_K: run_outputs says when): the low 256 bits hold output 0's lanes, the high ones
+   output 1's, each activation vector broadcast to both halves, so one load and one dpbusd serve both outputs.
+   Every lane goes through exactly the float operations of dot_rows (lane-wise mul/fma/cvt, then the same hsum8
+   and tail), so each output's bits do not depend on whether it was paired. */
+#define BQ_PAIR 1
+#define LD2(p0, p1) _mm512_inserti64x4(_mm512_castsi256_si512(LD(p0)), LD(p1), 1)
+#define BC(p) _mm512_broadcast_i64x4(LD(p))
+#define BCF(p) _mm512_broadcast_f32x8(_mm256_loadu_ps(p))
+static inline __m512 cat2(__m256 a, __m256 b) { return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1); }
+
+/* group g of outputs w0, w1 (p0, p1: its bytes) for rows r0..r0+R, into acc[r] (the group's parity slot) */
+static inline __attribute__((always_inline)) void dot2_group(int type, const uint8_t *p0, const uint8_t *p1,
+                                                              const act_t *a, int64_t r0, int R, int64_t g,
+                                                              __m512 *acc) {
+    const int64_t K = a->K, ldd = a->ldd;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+        __m512i W[8];
+        __m512 sA, sB = _mm512_setzero_ps(), off = _mm512_setzero_ps();
+        if (type == T_Q4_K) {
+            sA = cat2(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 4)))),
+                                    _mm256_set1_ps(h2f(rd16(p0)))),
+                      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 4)))),
+                                    _mm256_set1_ps(h2f(rd16(p1)))));
+            off = cat2(_mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(p0 + 2))),
+                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 12))))),
+                       _mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(p1 + 2))),
+                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 12))))));
+            for (int v = 0; v < 4; v++) {
+                __m512i L = LD2(p0 + 20 + 32 * v, p1 + 20 + 32 * v);
+                W[2 * v] = _mm512_and_si512(L, m4);
+                W[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+            }
+        } else { /* Q6_K */
+            __m256 d0 = _mm256_set1_ps(h2f(rd16(p0))), d1 = _mm256_set1_ps(h2f(rd16(p1)));
+            sA = cat2(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 2))))),
+                      _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 2))))));
+            sB = cat2(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 10))))),
+                      _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 10))))));
+            const __m512i m2 = _mm512_set1_epi8(0x30);
+            __m512i H0 = LD2(p0 + 146, p1 + 146), H1 = LD2(p0 + 178, p1 + 178);
+            for (int v = 0; v < 4; v++) {
+                __m512i L = LD2(p0 + 18 + 32 * v, p1 + 18 + 32 * v);
+                W[2 * v] = _mm512_and_si512(L, m4);
+                W[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+            }
+            W[0] = _mm512_or_si512(W[0], _mm512_and_si512(_mm512_slli_epi16(H0, 4), m2));
+            W[1] = _mm512_or_si512(W[1], _mm512_and_si512(_mm512_slli_epi16(H0, 2), m2));
+            W[2] = _mm512_or_si512(W[2], _mm512_and_si512(H0, m2));
+            W[3] = _mm512_or_si512(W[3], _mm512_and_si512(_mm512_srli_epi16(H0, 2), m2));
+            W[4] = _mm512_or_si512(W[4], _mm512_and_si512(_mm512_slli_epi16(H1, 4), m2));
+            W[5] = _mm512_or_si512(W[5], _mm512_and_si512(_mm512_slli_epi16(H1, 2), m2));
+            W[6] = _mm512_or_si512(W[6], _mm512_and_si512(H1, m2));
+            W[7] = _mm512_or_si512(W[7], _mm512_and_si512(_mm512_srli_epi16(H1, 2), m2));
+        }
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = a->xq + (r0 + r) * K + g * 256;
+            const int64_t o = (r0 + r) * ldd + g * 8;
+            const __m512 dx = BCF(a->dx + o);
+            __m512 *ac = &acc[r];
+            if (type == T_Q6_K) {
+                __m512i iA = BC(a->nA + o), iB = BC(a->nB + o); /* one chain each: R rows hide the latency */
+                for (int k = 0; k < 4; k++) iA = _mm512_dpbusd_epi32(iA, W[k], BC(x + 32 * k));
+                for (int k = 4; k < 8; k++) iB = _mm512_dpbusd_epi32(iB, W[k], BC(x + 32 * k));
+                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iA), _mm512_mul_ps(sA, dx), *ac);
+                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iB), _mm512_mul_ps(sB, dx), *ac);
+            } else {
+                __m512i i0 = _mm512_setzero_si512(); /* Q4_K */
+                for (int k = 0; k < 8; k++) i0 = _mm512_dpbusd_epi32(i0, W[k], BC(x + 32 * k));
+                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sA, dx), *ac);
+                *ac = _mm512_fmadd_ps(off, BCF(a->dxsx + o), *ac);
+            }
+        }
+    }
+
+static inline __attribute__((always_inline)) void dot2_rows(int type, const uint8_t *w0, const uint8_t *w1,
+                                                             const act_t *a, int64_t r0, int R, float *res0,
+                                                             float *res1) {
+    const int64_t ng = a->K / 256;
+    const int GB = GROUP_BYTES[type];
+    __m512 acc0[MAX_ROWS_TILE], acc1[MAX_ROWS_TILE];
+    float acct0[MAX_ROWS_TILE], acct1[MAX_ROWS_TILE];
+    for (int r = 0; r < R; r++) { acc0[r] = acc1[r] = _mm512_setzero_ps(); acct0[r] = acct1[r] = 0.0f; }
+    /* unrolled by two so that each parity's accumulators stay in registers */
+    int64_t g = 0;
+    /* the pair reads two rows side by side, which the hardware prefetchers follow poorly (a matrix streamed from
+       DRAM ran at half speed): prefetch the next pair's bytes in order, as a single sequential stream would */
+    const uint8_t *pf = w1 + (w1 - w0);
+    for (; g + 2 <= ng; g += 2) {
+        for (int c = 0; c < 4 * GB; c += 64) _mm_prefetch((const char *)(pf + 2 * g * GB + c), _MM_HINT_T0);
+        dot2_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc0);
+        dot2_group(type, w0 + (g + 1) * GB, w1 + (g + 1) * GB, a, r0, R, g + 1, acc1);
+    }
+    if (g < ng) dot2_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc0);
+    tail_rows(type, w0, a, r0, R, acct0);
+    tail_rows(type, w1, a, r0, R, acct1);
+    for (int r = 0; r < R; r++) {
+        __m512 s = _mm512_add_ps(acc0[r], acc1[r]);
+        res0[r] = hsum8(_mm512_castps512_ps256(s)) + acct0[r];
+        res1[r] = hsum8(_mm512_extractf32x8_ps(s, 1)) + acct1[r];
+    }
+}
+#else
+#define BQ_PAIR 0
+#endif
+#else
+#define BQ_PAIR 0
+static void dot_rows(int type, const uint8_t *w, const act_t *a, int64_t r0, int R, float *res) {
+    const int64_t K = a->K, ldd = a->ldd, ng = K / 256, nt = (K % 256) / 32;
+    int v[8][32];
+    float scA[8], scB[8], off[8];
+    float acc[MAX_ROWS_TILE][2][8], acct[MAX_ROWS_TILE];
+    memset(acc, 0, sizeof acc);
+    for (int r = 0; r < R; r++) acct[r] = 0.0f;
+    for (int64_t g = 0; g < ng; g++) {
+        decode_group(type, w + g * GROUP_BYTES[type], v, scA, scB, off);
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = a->xq + (r0 + r) * K + g * 256;
+            const int64_t o = (r0 + r) * ldd + g * 8;
+            float *ac = acc[r][g & 1];
+            for (int l = 0; l < 8; l++) {
+                int32_t iA = 0, iB = 0;
+                for (int k = 0; k < 32; k++) {
+                    int32_t p = v[l][k] * x[(k / 4) * 32 + 4 * l + k % 4];
+                    if (k < 16) iA += p;
+                    else iB += p;
+                }
+                if (type == T_Q6_K) {
+                    ac[l] = fmaf((float)iA, scA[l] * a->dx[o + l], ac[l]);
+                    ac[l] = fmaf((float)iB, scB[l] * a->dx[o + l], ac[l]);
+                } else {
+                    ac[l] = fmaf((float)(iA + iB), scA[l] * a->dx[o + l], ac[l]);
+                    if (has_off(type)) ac[l] = fmaf(off[l], a->dxsx[o + l], ac[l]);
+                }
+            }
+        }
+    }
+    for (int64_t b = 0; b < nt; b++) {
+        int vb[32];
+        float sc, of;
+        decode_block(type, w + ng * GROUP_BYTES[type] + b * TAIL_BYTES[type], vb, &sc, &of);
+        const int64_t bi = ng * 8 + b;
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = a->xq + (r0 + r) * K + bi * 32;
+            int32_t isum = 0;
+            for (int k = 0; k < 32; k++) isum += vb[k] * x[k];
+            const int64_t o = (r0 + r) * ldd + bi;
+            acct[r] = fmaf((float)isum, sc * a->dx[o], acct[r]);
+            if (type == T_Q4_1) acct[r] = fmaf(of, a->dxsx[o], acct[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float s[8];
+        for (int l = 0; l < 8; l++) s[l] = acc[r][0][l] + acc[r][1][l];
+        res[r] = hsum_fixed(s) + acct[r];
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- jobs and the thread pool */
+
+typedef struct {
+    int32_t type;
+    int32_t pad;
+    int64_t N;          /* outputs of this part */
+    int64_t row_bytes;  /* stored bytes per output */
+    const uint8_t *w;   /* [N, row_bytes] */
+    const float *bias;  /* [N] or NULL */
+    int64_t col0;       /* this part's first column in the output */
+} bq_part;
+
+typedef struct {
+    const bq_part *parts;
+    int nparts;
+    int64_t M, ldo, chunk, nchunks;
+    act_t act;
+    float *out;
+    int nthreads;
+    atomic_int_fast64_t next;
+    atomic_int done;    /* workers that joined and finished */
+} job_t;
+
+static inline __attribute__((always_inline)) void dot_any(int type, const uint8_t *w, const act_t *a, int64_t r0,
+                                                           int R, float *res) {
+    switch (type) {
+    case T_Q4_K: dot_rows(T_Q4_K, w, a, r0, R, res); break;
+    case T_Q6_K: dot_rows(T_Q6_K, w, a, r0, R, res); break;
+    case T_Q8_0: dot_rows(T_Q8_0, w, a, r0, R, res); break;
+    case T_Q4_1: dot_rows(T_Q4_1, w, a, r0, R, res); break;
+    default: dot_rows(T_Q5_0, w, a, r0, R, res); break;
+    }
+}
+
+static __attribute__((noinline)) void dot_tile8(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
+    dot_any(type, w, a, r0, 8, res);
+}
+
+static __attribute__((noinline)) void dot_tile4(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
+    dot_any(type, w, a, r0, 4, res);
+}
+
+static __attribute__((noinline)) void dot_tile1(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
+    dot_any(type, w, a, r0, 1, res);
+}
+
+static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, const float *res) {
+    for (int t = 0; t < R; t++) o[(r + t) * j->ldo] = res[t] + bias;
+}
+
+#if BQ_PAIR
+static inline __attribute__((always_inline)) void dot2_any(int type, const uint8_t *w0, const uint8_t *w1,
+                                                            const act_t *a, int64_t r0, int R, float *res0,
+                                                            float *res1) {
+    if (type == T_Q4_K) dot2_rows(T_Q4_K, w0, w1, a, r0, R, res0, res1);
+    else dot2_rows(T_Q6_K, w0, w1, a, r0, R, res0, res1);
+}
+
+#define DOT2_TILE(NR)                                                                                            \
+    static __attribute__((noinline)) void dot2_tile##NR(int type, const uint8_t *w0, const uint8_t *w1,         \
+                                                        const act_t *a, int64_t r0, float *res0, float *res1) { \
+        dot2_any(type, w0, w1, a, r0, NR, res0, res1);                                                           \
+    }
+DOT2_TILE(8)
+DOT2_TILE(4)
+DOT2_TILE(2)
+DOT2_TILE(1)
+#endif
+
+static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+#if BQ_PAIR
+    /* two outputs at a time (each output's bits as if alone: dot2_rows); only where it measured faster: Q6_K
+       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at M < 8 a matrix streamed from
+       DRAM (the head) ran slower paired, even with the prefetches. Q4_K only once the rows' int8 activations
+       outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20% faster paired, as each output reads them once per pair;
+       8-16 rows 0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do
+       both the dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
+    const int pair = j->M >= 8 && (p->type == T_Q6_K || (p->type == T_Q4_K && j->M * j->act.K >= 32768));
+    for (; pair && n + 2 <= n1; n += 2) {
+        const uint8_t *w0 = p->w + n * p->row_bytes, *w1 = w0 + p->row_bytes;
+        float b0 = p->bias ? p->bias[n] : 0.0f, b1 = p->bias ? p->bias[n + 1] : 0.0f;
+        float *o = j->out + p->col0 + n;
+        float res0[MAX_ROWS_TILE], res1[MAX_ROWS_TILE];
+        int64_t r = 0;
+        for (; r + 8 <= j->M; r += 8) {
+            dot2_tile8(p->type, w0, w1, &j->act, r, res0, res1);
+            store_rows(j, o, b0, r, 8, res0);
+            store_rows(j, o + 1, b1, r, 8, res1);
+        }
+        if (r + 4 <= j->M) {
+            dot2_tile4(p->type, w0, w1, &j->act, r, res0, res1);
+            store_rows(j, o, b0, r, 4, res0);
+            store_rows(j, o + 1, b1, r, 4, res1);
+            r += 4;
+        }
+        if (r + 2 <= j->M) {
+            dot2_tile2(p->type, w0, w1, &j->act, r, res0, res1);
+            store_rows(j, o, b0, r, 2, res0);
+            store_rows(j, o + 1, b1, r, 2, res1);
+            r += 2;
+        }
+        if (r < j->M) {
+            dot2_tile1(p->type, w0, w1, &j->act, r, res0, res1);
+            store_rows(j, o, b0, r, 1, res0);
+            store_rows(j, o + 1, b1, r, 1, res1);
+        }
+    }
+#endif
+    for (; n < n1; n++) {
+        const uint8_t *w = p->w + n * p->row_bytes;
+        float bias = p->bias ? p->bias[n] : 0.0f;
+        float *o = j->out + p->col0 + n;
+        float res[MAX_ROWS_TILE];
+        int64_t r = 0;
+        /* tiles of 8 and 4 rows share each unpacked weight group; every row gets the same float ops */
+        for (; r + 8 <= j->M; r += 8) {
+            dot_tile8(p->type, w, &j->act, r, res);
+            store_rows(j, o, bias, r, 8, res);
+        }
+        for (; r + 4 <= j->M; r += 4) {
+            dot_tile4(p->type, w, &j->act, r, res);
+            store_rows(j, o, bias, r, 4, res);
+        }
+        for (; r < j->M; r++) {
+            dot_tile1(p->type, w, &j->act, r, res);
+            store_rows(j, o, bias, r, 1, res);
+        }
+    }
+}
+
+static void run_job(job_t *j) {
+    for (;;) {
+        int64_t c = atomic_fetch_add(&j->next, 1);
+        if (c >= j->nchunks) break;
+        /* chunks are numbered over the parts in order, each part cut into pieces of j->chunk outputs */
+        int64_t base = 0;
+        for (int p = 0; p < j->nparts; p++) {
+            int64_t pc = (j->parts[p].N + j->chunk - 1) / j->chunk;
+            if (c < base + pc) {
+                int64_t n0 = (c - base) * j->chunk, n1 = n0 + j->chunk;
+                if (n1 > j->parts[p].N) n1 = j->parts[p].N;
+                run_outputs(j, &j->parts[p], n0, n1);
+                break;
+            }
+            base += pc;
+        }
+    }
+}
+
+#define MAX_WORKERS 63
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_cv = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_long pool_gen;
+static job_t *pool_job;
+static int pool_nthreads; /* the published job's thread count: read under pool_mu (a job a worker sits out may
+                             be over, its struct gone, by the time that worker looks) */
+static int pool_workers, pool_sleepers;
+/* Joining a job: (generation << 9) | closed (256) | workers joined (0-255). A worker takes part only if it joins
+   while the job is open; the caller closes it once every chunk is taken and waits for the joined workers alone,
+   so a worker that wakes late (a sleeping one: tens of microseconds, more with other work on the machine) no
+   longer holds up every call: it finds the job closed and never touches it (the struct may be gone). */
+static atomic_int_fast64_t pool_state;
+/* How long an idle worker spins (beyond its first 256 pauses, a few microseconds) before it sleeps on the condvar.
+   Measured on the 2-core EPYC with other work on the machine, Qwen2.5-1.5B's 196 layer matrices at M = 1, two
+   threads: 0 us -> 79-84 ms, 30 us -> 93 ms, 100 us -> 112 ms, 1000 us -> 360 ms: a spinning worker takes the core
+   the rest of the step needs, so by default it only spins those few microseconds (bq_set_spin_us to change). */
+static atomic_long spin_ns = 0;
+
+void bq_set_spin_us(long us) { atomic_store(&spin_ns, us * 1000); }
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+typedef struct { int id; long gen; } worker_arg;
+
+static void *worker(void *arg) {
+    /* the generation current when it was created: the job published after that is its first */
+    int id = ((worker_arg *)arg)->id;
+    long seen = ((worker_arg *)arg)->gen;
+    free(arg);
+    for (;;) {
+        int64_t t0 = now_ns(), limit = atomic_load(&spin_ns);
+        for (int i = 0; atomic_load_explicit(&pool_gen, memory_order_acquire) == seen; i++) {
+            cpu_relax();
+            if ((i & 255) == 255 && now_ns() - t0 > limit) break;
+        }
+        pthread_mutex_lock(&pool_mu);
+        while (atomic_load(&pool_gen) == seen) {
+            pool_sleepers++;
+            pthread_cond_wait(&pool_cv, &pool_mu);
+            pool_sleepers--;
+        }
+        seen = atomic_load(&pool_gen);
+        job_t *j = pool_job;
+        int take_part = id < pool_nthreads;
+        pthread_mutex_unlock(&pool_mu);
+        if (take_part) {
+            int64_t st = atomic_load(&pool_state);
+            int joined = 0;
+            while ((st >> 9) == (seen & (INT64_MAX >> 9)) && !(st & 256) && !joined)
+                joined = atomic_compare_exchange_weak(&pool_state, &st, st + 1);
+            if (joined) {
+                run_job(j);
+                atomic_fetch_add_explicit(&j->done, 1, memory_order_release); /* its last touch of j */
+            }
+        }
+    }
+    return NULL;
+}
+
+static void run_threads(job_t *j, int nthreads) {
+    if (nthreads > MAX_WORKERS + 1) nthreads = MAX_WORKERS + 1;
+    pthread_mutex_lock(&call_mu); /* one product at a time through the pool */
+    while (pool_workers < nthreads - 1) {
+        pthread_t t;
+        worker_arg *a = malloc(sizeof *a);
+        if (!a) break;
+        a->id = pool_workers + 1;
+        a->gen = atomic_load(&pool_gen);
+        if (pthread_create(&t, NULL, worker, a) != 0) { free(a); break; }
+        pthread_detach(t);
+        pool_workers++;
+    }
+    if (nthreads > pool_workers + 1) nthreads = pool_workers + 1;
+    j->nthreads = nthreads;
+    atomic_store(&j->done, 0);
+    if (nthreads > 1) {
+        pthread_mutex_lock(&pool_mu);
+        pool_job = j;
+        pool_nthreads = nthreads;
+        atomic_store(&pool_state, ((atomic_load(&pool_gen) + 1) & (INT64_MAX >> 9)) << 9);
+        atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
+        if (pool_sleepers) pthread_cond_broadcast(&pool_cv);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    run_job(j);
+    if (nthreads > 1) {
+        int joined = (int)(atomic_fetch_or(&pool_state, 256) & 255);
+        while (atomic_load_explicit(&j->done, memory_order_acquire) < joined) cpu_relax();
+    }
+    pthread_mutex_unlock(&call_mu);
+}
+
+/* out[r, parts[p].col0 + n] = x[r] . W_p[n] + bias_p[n], for the M rows of x [M, K] (row stride ldx) and every
+   part; out has row stride ldo. Returns 0, or -1 where memory ran out, -2 for a bad K or type. */
+int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
+          int64_t ldo, int nthreads) {
+    if (K <= 0 || K % 32) return -2;
+    for (int p = 0; p < nparts; p++) {
+        int t = parts[p].type;
+        if (t < 0 || t > T_Q5_0 || ((t == T_Q4_K || t == T_Q6_K) && K % 256)) return -2;
+        if (parts[p].row_bytes != bq_row_bytes(t, K)) return -2;
+    }
+    if (M == 0) return 0;
+    int64_t nb = K / 32, ldd = (nb + 7) / 8 * 8;
+    size_t xbytes = ((size_t)M * K + 63) / 64 * 64;
+    uint8_t *mem = aligned_alloc(64, xbytes + (size_t)M * ldd * 24 + 64);
+    if (!mem) return -1;
+    job_t j;
+    memset(&j, 0, sizeof j);
+    act_t *a = &j.act;
+    a->K = K;
+    a->ldd = ldd;
+    a->xq = (int8_t *)mem;
+    a->dx = (float *)(mem + xbytes);
+    a->dxsx = a->dx + M * ldd;
+    a->n16 = (int32_t *)(a->dxsx + M * ldd);
+    a->n128 = a->n16 + M * ldd;
+    a->nA = a->n128 + M * ldd;
+    a->nB = a->nA + M * ldd;
+    for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, a, r);
+    j.parts = parts;
+    j.nparts = nparts;
+    j.M = M;
+    j.ldo = ldo;
+    j.out = out;
+    int64_t total = 0;
+    for (int p = 0; p < nparts; p++) total += parts[p].N;
+    if (nthreads < 1) nthreads = 1;
+    int64_t chunk = total / ((int64_t)nthreads * 16);
+    j.chunk = chunk < 4 ? 4 : chunk;
+    for (int p = 0; p < nparts; p++) j.nchunks += (parts[p].N + j.chunk - 1) / j.chunk;
+    atomic_store(&j.next, 0);
+    if (nthreads == 1) {
+        j.nthreads = 1;
+        run_job(&j);
+    } else {
+        run_threads(&j, nthreads);
+    }
+    free(mem);
+    return 0;
+}
+
+/* which path this copy was compiled with: 2 VNNI, 1 AVX2, 0 scalar */
+int bq_path(void) {
+#if BQ_SIMD && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
+    return 2;
+#elif BQ_SIMD
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,292 @@
+"""Products with weights kept in GGUF's own quantized block formats (Q4_K, Q6_K, Q8_0, Q4_1, Q5_0), exactly.
+
+A CPU decode step is bound by reading the weights: a Q4_K matrix is read at 4.6 bits per weight where the int8
+format reads 8 and float32 32. ``blockq.c`` (compiled on first use, ``native.py``) multiplies float32
+activations by the stored blocks without ever expanding the matrix:
+
+- each activation row is quantized on its own, per block of 32 values (scale = the block's largest |x| / 127,
+  int8 values rounded to nearest, plus their sum for the types with an offset term);
+- a block's int8 x weight-integer products are summed in int32 (exact, no saturation possible);
+- the integer sums are combined with the float scales in one fixed order per (row, output), whatever the number
+  of rows in the call, the row's place among them or the number of threads (threads split the outputs), and
+  on every SIMD path (VNNI, AVX2, scalar) the same float operations are done.
+
+So row r of ``mm``'s result is bit-identical whatever else the call holds: the lossless promise of the
+project's exact formats. The values multiplied are exactly those ``gguf.quants.dequantize`` gives.
+
+Worked example (one Q8_0 block, K = 32, one output): weights d = 0.5, q_w = [2, -1, 0, ...]; activation row
+x = [1.0, 2.0, 0, ...] -> x scale 2/127, q_x = [64, 127, 0, ...]; int sum 2*64 - 127 = 1; result
+1 * (0.5 * 2/127) = 0.00787 (exact: 0.0, the 8-bit activations' rounding).
+
+Example: ``BlockWeight("Q4_K", raw_rows, shape=(8960, 1536)).mm(x)`` ~ ``x @ W.T``."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from suffixspec.core import native
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("blockq.c")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-pthread")
+SCALAR_FLAGS = (*FLAGS, "-DBLOCKQ_SCALAR")
+# ggml type name -> (the kernel's code, values per block, GGUF bytes per block)
+_TYPES = {"Q4_K": (0, 256, 144), "Q6_K": (1, 256, 210), "Q8_0": (2, 32, 34), "Q4_1": (3, 32, 20),
+          "Q5_0": (4, 32, 22)}
+TYPES = tuple(_TYPES)
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int32), ("pad", ctypes.c_int32), ("N", ctypes.c_int64),
+                ("row_bytes", ctypes.c_int64), ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("col0", ctypes.c_int64)]
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.bq_mm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32]
+    lib.bq_mm.restype = i32
+    lib.bq_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
+    lib.bq_dequantize_rows.restype = i32
+    lib.bq_path.argtypes = []
+    lib.bq_path.restype = i32
+    lib.bq_set_spin_us.argtypes = [ctypes.c_long]
+    lib.bq_set_spin_us.restype = None
+    return lib
+
+
+@functools.cache
+def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
+    """``blockq.c`` compiled with ``flags`` and loaded (RuntimeError/OSError where it does not build). Tests load
+    ``SCALAR_FLAGS`` too: the portable path, which must give the same bits."""
+    return _bind(native.load(SOURCE, flags))
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The loaded library, or None where it does not build here (logged once, with the compiler's message)."""
+    try:
+        return library()
+    except (RuntimeError, OSError) as e:
+        log.warning("block-quantized products are unavailable (no native kernel): %s", e)
+        return None
+
+
+def _need_kernel(lib: ctypes.CDLL | None) -> ctypes.CDLL:
+    lib = lib or kernel()
+    if lib is None:
+        raise RuntimeError("the block-quantized kernel could not be compiled here (see the log)")
+    return lib
+
+
+def _interleave(vals: np.ndarray) -> np.ndarray:
+    """[..., 8 blocks, 32 values] -> [..., 8 steps, 32 bytes]: step j holds values 4j..4j+3 of block l at bytes
+    4l..4l+3 (the kernel's dot leaves block l's sum in int32 lane l)."""
+    lead = vals.shape[:-2]
+    return np.ascontiguousarray(vals.reshape(*lead, 8, 8, 4).swapaxes(-3, -2)).reshape(*lead, 8, 32)
+
+
+def _nibbles(steps: np.ndarray) -> np.ndarray:
+    """[..., 8 steps, 32] of 4-bit values -> [..., 128]: step 2v in the low nibbles of vector v, 2v+1 high."""
+    lo = steps & 15
+    return (lo[..., 0::2, :] | (lo[..., 1::2, :] << 4)).reshape(*steps.shape[:-2], 128).astype(np.uint8)
+
+
+def _repack(ggml_type: str, raw: np.ndarray) -> np.ndarray:
+    """GGUF rows [N, row_bytes] -> the kernel's layout (``blockq.c``: full groups of 8 blocks interleaved, the
+    K % 256 tail blocks as they are); the same number of bytes."""
+    n = raw.shape[0]
+    u8 = np.uint8
+    if ggml_type == "Q4_K":
+        b = raw.reshape(n, -1, 144)
+        s = b[..., 4:16]
+        d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+        sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+        mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+        qs = b[..., 16:].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], dtype=u8).reshape(1, 1, 1, 2, 1)
+        vals = (qs & 15).reshape(n, -1, 8, 32)
+        groups = np.concatenate([b[..., 0:4], sc, mn, _nibbles(_interleave(vals))], axis=-1)
+        return groups.reshape(n, -1)
+    if ggml_type == "Q6_K":
+        b = raw.reshape(n, -1, 210)
+        g = b.shape[1]
+        ql = b[..., :128].reshape(n, g, 2, 1, 64) >> np.array([0, 4], dtype=u8).reshape(1, 1, 1, 2, 1)
+        ql = (ql & 15).reshape(n, g, 8, 32)
+        qh = b[..., 128:192].reshape(n, g, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=u8).reshape(1, 1, 1, 4, 1)
+        qh = (qh & 3).reshape(n, g, 8, 32)
+        steps = _interleave(ql | (qh << 4))
+        hi = (steps >> 4) & 3
+        H = (hi[..., 0::4, :] | (hi[..., 1::4, :] << 2) | (hi[..., 2::4, :] << 4) | (hi[..., 3::4, :] << 6))
+        sc = b[..., 192:208]
+        groups = np.concatenate([b[..., 208:210], sc[..., 0::2], sc[..., 1::2], _nibbles(steps),
+                                 H.reshape(n, g, 64).astype(u8)], axis=-1)
+        return groups.reshape(n, -1)
+    nbytes = _TYPES[ggml_type][2]
+    b = raw.reshape(n, -1, nbytes)
+    nfull = b.shape[1] // 8 * 8
+    gr = b[:, :nfull].reshape(n, -1, 8, nbytes)
+    tail = b[:, nfull:].reshape(n, -1)
+    if ggml_type == "Q8_0":
+        parts = [gr[..., 0:2].reshape(n, -1, 16), _interleave(gr[..., 2:]).reshape(n, -1, 256)]
+    elif ggml_type == "Q4_1":
+        qs = gr[..., 4:]
+        vals = np.concatenate([qs & 15, qs >> 4], axis=-1)
+        parts = [gr[..., 0:2].reshape(n, -1, 16), gr[..., 2:4].reshape(n, -1, 16), _nibbles(_interleave(vals))]
+    else:  # Q5_0
+        qs = gr[..., 6:]
+        bits = np.unpackbits(gr[..., 2:6], axis=-1, bitorder="little")  # bit k: the 5th bit of value k
+        vals = np.concatenate([qs & 15, qs >> 4], axis=-1) | (bits << 4)
+        steps = _interleave(vals)
+        H = np.zeros(steps.shape[:-2] + (32,), dtype=u8)
+        for j in range(8):
+            H |= ((steps[..., j, :] >> 4) & 1) << j
+        parts = [gr[..., 0:2].reshape(n, -1, 16), _nibbles(steps), H]
+    groups = np.concatenate(parts, axis=-1).reshape(n, -1)
+    return np.concatenate([groups, tail], axis=-1)
+
+
+def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        raise ValueError(f"x must be a float32 torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() < 1 or x.shape[-1] != K:
+        raise ValueError(f"x must be [M, {K}], got {list(x.shape)}")
+    if x.device.type != "cpu":
+        raise ValueError(f"x must be on the CPU, got {x.device}")
+    return x.reshape(-1, K).contiguous()
+
+
+def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: int, x: torch.Tensor,
+         b: torch.Tensor | None) -> torch.Tensor:
+    lead = x.shape[:-1]
+    x2 = _check_x(x, K)
+    if b is not None:
+        if not isinstance(b, torch.Tensor) or b.dtype != torch.float32 or tuple(b.shape) != (N,):
+            raise ValueError(f"b must be a float32 tensor of shape [{N}], got "
+                             f"{getattr(b, 'dtype', type(b).__name__)} {list(getattr(b, 'shape', []))}")
+        b = b.contiguous()
+    out = torch.empty(x2.shape[0], N, dtype=torch.float32)
+    arr = (_Part * len(parts))()
+    for i, (w, col0) in enumerate(parts):
+        arr[i].type, arr[i].N, arr[i].row_bytes = w._code, w.shape[0], w._row_bytes
+        arr[i].w = w._data.ctypes.data
+        arr[i].bias = None if b is None else b.data_ptr() + 4 * col0
+        arr[i].col0 = col0
+    rc = lib.bq_mm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N,
+                   max(1, torch.get_num_threads()))
+    if rc != 0:
+        raise (MemoryError if rc == -1 else ValueError)(f"bq_mm failed ({rc})")
+    return out.reshape(*lead, N)
+
+
+class BlockWeight:
+    """A matrix [N, K] kept in a GGUF block format (``TYPES``): ``raw`` is its GGUF rows as uint8 [N, row_bytes]
+    (a read-only memmap of the file is fine: the bytes are copied, rearranged for the kernel: as many bytes, but
+    Q4_K's 6-bit scales unpacked, 148 bytes a block of 256 against 144).
+
+    - ``mm(x, b=None)``: ``x @ W.T + b`` for float32 x [M, K] (any strides), exact per row (module docstring);
+    - ``rows(ids)``: rows of W dequantized exactly (embedding lookups); ``dequantize()``: all of W;
+    - ``BlockWeight.concat([wq, wk, wv])``: one product for matrices that share their input (any types).
+
+    Example: ``BlockWeight("Q8_0", raw, shape=(2, 32)).mm(torch.ones(1, 32))`` -> a [1, 2] tensor."""
+
+    is_mkldnn = False  # (read where weights are told apart)
+
+    def __init__(self, ggml_type: str, raw: np.ndarray, shape: tuple[int, int]) -> None:
+        if ggml_type not in _TYPES:
+            raise ValueError(f"unsupported ggml type {ggml_type!r}; supported: {', '.join(TYPES)}")
+        N, K = (int(v) for v in shape)
+        code, bs, nbytes = _TYPES[ggml_type]
+        if N <= 0 or K <= 0 or K % bs:
+            raise ValueError(f"{ggml_type} needs K a multiple of {bs} (and N, K > 0), got shape {(N, K)}")
+        raw = np.asarray(raw)
+        if raw.dtype != np.uint8:
+            raise ValueError(f"raw must be uint8 GGUF bytes, got {raw.dtype}")
+        row_bytes = K // bs * nbytes
+        if raw.size != N * row_bytes:
+            raise ValueError(f"raw holds {raw.size} bytes; {ggml_type} {N}x{K} needs {N} rows of {row_bytes}")
+        raw = raw.reshape(N, row_bytes)
+        self.ggml_type, self.shape, self._code = ggml_type, (N, K), code
+        self._data = np.ascontiguousarray(_repack(ggml_type, raw))
+        self._row_bytes = row_bytes + (K // 256 * 4 if ggml_type == "Q4_K" else 0)
+        assert self._data.shape == (N, self._row_bytes), (self._data.shape, self._row_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._data.nbytes)
+
+    def __repr__(self) -> str:
+        return f"BlockWeight({self.ggml_type}, {self.shape[0]}x{self.shape[1]})"
+
+    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T + b``: x float32 [M, K] -> [M, N] float32 (row r depends on x[r] alone, bit for bit)."""
+        return self._mm(x, b)
+
+    def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+        return _run(_need_kernel(lib), [(self, 0)], self.shape[0], self.shape[1], x, b)
+
+    def rows(self, ids: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+        """Rows ``ids`` (integer tensor [T]) of W, dequantized exactly: [T, K] float32."""
+        lib = _need_kernel(lib)
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+        idx = np.ascontiguousarray(ids.reshape(-1).cpu().numpy().astype(np.int64))
+        if idx.size and (idx.min() < 0 or idx.max() >= self.shape[0]):
+            raise ValueError(f"row ids out of range [0, {self.shape[0]}): {idx.min()}..{idx.max()}")
+        out = torch.empty(idx.size, self.shape[1], dtype=torch.float32)
+        rc = lib.bq_dequantize_rows(self._code, self._data.ctypes.data, self._row_bytes, self.shape[1],
+                                    idx.ctypes.data, idx.size, out.data_ptr())
+        if rc != 0:
+            raise ValueError(f"bq_dequantize_rows failed ({rc})")
+        return out.reshape(*ids.shape, self.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        """All of W as float32 [N, K], exactly the values ``gguf.quants.dequantize`` gives."""
+        return self.rows(torch.arange(self.shape[0]))
+
+    @staticmethod
+    def concat(parts: Sequence[BlockWeight]) -> BlockConcat:
+        """One product for matrices sharing their input (q/k/v, gate/up): outputs side by side along N."""
+        return BlockConcat(parts)
+
+
+class BlockConcat:
+    """Several :class:`BlockWeight` of the same K as one [sum N, K] matrix: ``mm`` quantizes the activations
+    once and writes each part's columns into one output, bit-identical to the parts' own products side by
+    side. ``splits``: each part's N (for ``torch.split``)."""
+
+    is_mkldnn = False
+
+    def __init__(self, parts: Sequence[BlockWeight]) -> None:
+        parts = list(parts)
+        if not parts or not all(isinstance(p, BlockWeight) for p in parts):
+            raise ValueError("concat needs one or more BlockWeight")
+        K = parts[0].shape[1]
+        if any(p.shape[1] != K for p in parts):
+            raise ValueError(f"concat needs one K, got {[p.shape for p in parts]}")
+        self.parts = parts
+        self.splits = tuple(p.shape[0] for p in parts)
+        self.shape = (sum(self.splits), K)
+        self.ggml_type = "+".join(p.ggml_type for p in parts)
+        self._cols = list(np.cumsum((0, *self.splits[:-1])).tolist())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T + b`` with W the parts stacked along N: [M, sum N]."""
+        return self._mm(x, b)
+
+    def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+        return _run(_need_kernel(lib), list(zip(self.parts, self._cols, strict=True)), self.shape[0], self.shape[1], x, b)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])

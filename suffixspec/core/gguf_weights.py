@@ -1,0 +1,118 @@
+"""The ``gguf`` weight format's matrices: the blocks of the GGUF file a converted model was made from.
+
+A model named by a GGUF (``--model qwen2.5-coder-1.5b-instruct``, ``path/to/file.gguf``) is converted once into a
+float32 folder (``gguf_cache``): exactly the file's dequantized values. The ``gguf`` format multiplies the file's
+own quantized blocks instead (Q4_K, Q6_K, Q4_1, Q8_0: ``blockq``), so a step reads the file's 4.5-8.5 bits per
+weight, not 32, and the values are the same ones: nothing is quantized a second time.
+
+:func:`source_file` finds the file (a package's own, or one assembled again from part packages into the converted
+folder, once: a conversion deletes the assembled copy); :func:`read_matrices` reads the matrices the lean forward
+needs, as ``(ggml type, rows of raw blocks, (out, in))`` under the names below, with llama's query and key rows put
+back in ``transformers``' order (``convert_hf_to_gguf`` interleaves them for llama.cpp's rotary layout)::
+
+    read_matrices(path, n_layers=30, n_heads=9, n_kv=3)
+    # {"0.q": Blocks("Q4_1", uint8 [576, 360], (576, 576)), "0.k": ..., "0.v": ..., "0.o": ..., "0.gate": ...,
+    #  "0.up": ..., "0.down": ..., ..., "embed": Blocks("Q8_0", ...)}   (no "head": the head is the embedding)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# a layer's matrices: our name -> the GGUF's (blk.<i>.<name>.weight)
+LAYER_TENSORS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
+                 "up": "ffn_up", "down": "ffn_down"}
+PERMUTED_ARCHS = ("llama",)  # architectures whose q/k rows convert_hf_to_gguf interleaves
+
+
+@dataclass
+class Blocks:
+    """One matrix as the file keeps it: ``raw`` [out, bytes per row] (a view of the file's mapping, or a copy
+    where rows were reordered), ``shape`` (out, in) as ``nn.Linear`` has it."""
+
+    ggml_type: str
+    raw: np.ndarray
+    shape: tuple[int, int]
+
+
+def source_file(folder: str | Path) -> Path:
+    """The GGUF file the converted ``folder`` was made from. A package's file is read where it is (its size
+    checked against the conversion's record); a file assembled from part packages at conversion was deleted
+    then, so it is assembled again into ``folder`` (once; its sha256 checked). ValueError, saying what to do,
+    where the folder is not a conversion or the file is gone or changed."""
+    from suffixspec.gguf_cache import assemble_gguf, file_lock, read_record
+    from suffixspec.models import KNOWN_MODELS, known_source
+
+    folder = Path(folder)
+    record = read_record(folder)
+    if record is None or not record.get("gguf"):
+        raise ValueError(f"{folder} is not a model converted from a GGUF file; weights='gguf' needs a model named "
+                         f"by its GGUF (a known name or a .gguf path)")
+    named = Path(record["gguf"])
+    if named.is_absolute():
+        if not named.is_file():
+            raise ValueError(f"the GGUF {named} that {folder.name} was converted from is gone; reinstall it, or use "
+                             f"weights='int8' or 'float32'")
+        if "size" in record and named.stat().st_size != record["size"]:
+            raise ValueError(f"the GGUF {named} changed since {folder.name} was converted; load the model again "
+                             f"(it converts anew) or use weights='int8'")
+        return named
+    local = folder / named.name
+    known = KNOWN_MODELS.get(record.get("name", ""))
+    if known is None or known.parts is None and not known.assembled:
+        raise ValueError(f"cannot find the GGUF {named.name} of {folder}; use weights='int8' or 'float32'")
+    with file_lock(folder / ".gguf.lock"):
+        if not local.is_file():
+            log.info("assembling %s again from its packages into %s for weights='gguf' (once)", named.name, folder)
+            tmp = local.with_name(f".{local.name}.tmp")
+            assemble_gguf(known_source(known), tmp)
+            tmp.replace(local)
+    return local
+
+
+def read_matrices(path: str | Path, n_layers: int, n_heads: int, n_kv: int) -> dict[str, Blocks]:
+    """Every layer's matrices (``"<i>.q"`` ... ``"<i>.down"``, :data:`LAYER_TENSORS`), ``"embed"`` and, where the
+    file has its own output matrix, ``"head"``; views of the file's memory mapping (pages read as used)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = _field(reader, "general.architecture")
+    tensors = {t.name: t for t in reader.tensors}
+    out: dict[str, Blocks] = {}
+    wanted = {f"{i}.{ours}": f"blk.{i}.{theirs}.weight" for i in range(n_layers) for ours, theirs in LAYER_TENSORS.items()}
+    wanted.update(embed="token_embd.weight", head="output.weight")
+    for ours, theirs in wanted.items():
+        t = tensors.get(theirs)
+        if t is None:
+            if ours == "head":
+                continue
+            raise ValueError(f"{path}: no tensor {theirs} (is it a {n_layers}-layer model of this architecture?)")
+        k, n = (int(x) for x in t.shape[:2]) if len(t.shape) >= 2 else (int(t.shape[0]), 1)
+        raw = np.asarray(t.data).reshape(n, -1)
+        if raw.dtype != np.uint8:  # an unquantized tensor (F32, F16): its bytes, typed by ggml_type
+            raw = raw.view(np.uint8).reshape(n, -1)
+        if arch in PERMUTED_ARCHS and ours.endswith((".q", ".k")):
+            raw = raw[_unpermute(n, n_heads if ours.endswith(".q") else n_kv)]
+        out[ours] = Blocks(t.tensor_type.name, raw, (n, k))
+    return out
+
+
+def _unpermute(rows: int, heads: int) -> np.ndarray:
+    """The file's row of each ``transformers`` row of a llama q or k matrix: convert_hf_to_gguf wrote, per head,
+    the rotary halves interleaved (row 2j is the first half's j-th, 2j + 1 the second half's)."""
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(rows)
+
+
+def _field(reader: Any, name: str) -> str | None:
+    field = reader.fields.get(name)
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode()

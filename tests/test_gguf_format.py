@@ -1,0 +1,167 @@
+"""The ``gguf`` weight format: a converted model's matrices are its GGUF file's own blocks (core/gguf_weights.py),
+multiplied by the block kernel (core/blockq.c).
+
+Real GGUF files written with gguf-py (quantized with its quantizers, or random valid K-quant blocks) and converted
+as a user's file is: the blocks read back must be exactly the float32 model's weights (llama's q/k rows put back in
+order), the format must be exact (a row's logits bit-identical whatever shares its pass, at one and two threads;
+generation identical with speculation on and off), close to float32, and refused with a clear error where there is
+no GGUF to read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_models import write_tiny_gguf
+from test_weights import _row_dependence
+
+from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.core import blockq
+from suffixspec.core.gguf_weights import read_matrices, source_file
+from suffixspec.core.lean import lean_forward
+from suffixspec.loading import load_model
+from suffixspec.runtimes.engine import Engine
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(blockq.kernel() is None, reason="no C compiler: the block kernel cannot be built")]
+
+# name -> (architecture, block type of the matrices, hidden size)
+CASES = {"llama-Q4_1": ("llama", "Q4_1", 64), "llama-Q8_0": ("llama", "Q8_0", 64),
+         "qwen2-Q4_K": ("qwen2", "Q4_K", 256), "qwen2-Q6_K": ("qwen2", "Q6_K", 256)}
+HF_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, bpe_tokenizer_dir):
+    """Each case's GGUF file, with the conversion cache in a folder of this module's own."""
+    root = tmp_path_factory.mktemp("gguf-format")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SUFFIXSPEC_CACHE", str(root / "cache"))
+        yield {name: write_tiny_gguf(root / f"{name}.gguf", bpe_tokenizer_dir, hidden=hidden, arch=arch, quant=quant)
+               for name, (arch, quant, hidden) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def models(files):
+    """Each case loaded twice: float32 (the file's values dequantized) and gguf (its blocks)."""
+    return {name: (load_model(str(path), weights="float32"), load_model(str(path), weights="gguf"))
+            for name, path in files.items()}
+
+
+def _dequantized(blocks) -> torch.Tensor:
+    from gguf import GGMLQuantizationType, quants
+
+    return torch.from_numpy(quants.dequantize(blocks.raw, GGMLQuantizationType[blocks.ggml_type]))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_files_blocks_are_the_converted_models_weights(models, case):
+    """Every matrix read from the file dequantizes to exactly the float32 model's (llama's q and k rows
+    put back in transformers' order), and the kernel's own dequantization agrees."""
+    f32, _ = models[case]
+    model = f32.model
+    cfg = model.config
+    blocks = read_matrices(source_file(f32.cache_folder), cfg.num_hidden_layers, cfg.num_attention_heads,
+                           cfg.num_key_value_heads)
+    assert {b.ggml_type for name, b in blocks.items() if name != "embed"} == {CASES[case][1]}
+    params = dict(model.named_parameters())
+    for name, b in blocks.items():
+        if name == "embed":
+            want = model.model.embed_tokens.weight
+        elif name == "head":
+            want = model.lm_head.weight
+        else:
+            layer, which = name.split(".")
+            want = params[f"model.layers.{layer}.{HF_NAMES[which]}.weight"]
+        assert b.shape == tuple(want.shape), name
+        assert torch.equal(_dequantized(b), want.detach()), name
+        if b.ggml_type in blockq.TYPES:
+            assert torch.equal(blockq.BlockWeight(b.ggml_type, b.raw, b.shape).dequantize(), want.detach()), name
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_rows_logits_do_not_depend_on_the_pass(models, case):
+    """Bitwise, as for int8 (test_weights): a node's logits in packed passes of 1, 2, 8, 17 and 32 tokens, at one
+    and two threads, equal its path fed alone, token by token."""
+    _, gg = models[case]
+    lean = lean_forward(gg.model, "gguf")
+    assert lean is not None and lean.exact and lean.native is not None
+    assert _row_dependence(lean, threads=(1, 2)) == [], case
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gguf_logits_are_float32s_within_the_activations_rounding(models, case):
+    """The same values as float32's weights; only the activations are rounded (8 bits per block of 32): the
+    logits of a prompt stay within a few percent of float32's spread (the random models' logits spread widely:
+    their larger differences are a fraction of it), and the greedy token is the same at nearly every position."""
+    f32, gg = models[case]
+    ids = torch.tensor([list(range(5, 45))])
+    with torch.inference_mode():
+        want = f32.model(input_ids=ids).logits[0].float()
+    lean = lean_forward(gg.model, "gguf")
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import PassRow
+
+    cache = SlotCache(1, capacity=64)
+    got = lean([PassRow(cache.add_row(), ids[0].tolist(), None, 0, "all")], cache)[0]
+    spread = float(want.std())
+    print(case, float((got - want).abs().mean()) / spread, float((got - want).abs().max()) / spread,
+          float((got.argmax(-1) == want.argmax(-1)).float().mean()))
+    assert float((got - want).abs().mean()) < 0.02 * spread, case
+    assert float((got - want).abs().max()) < 0.25 * spread, case
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("case", ["llama-Q4_1", "qwen2-Q4_K"])
+def test_gguf_generation_is_identical_with_speculation_on_and_off(models, case):
+    """Greedy and seeded, with the suffix drafter and a random tree, gates on and off: each request's tokens
+    equal plain decoding's."""
+    from doubles import RandomTreeProposer
+
+    from suffixspec.drafting.proposers import make_proposer
+
+    _, gg = models[case]
+    engine = Engine(gg)
+    assert engine.numerics == {"weights": "gguf", "kernel": "blockq", "attention": "native"}
+    cases = [SamplingParams(max_tokens=24, ignore_eos=True),
+             SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=3)]
+    for prompt in ("def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"):
+        for sp in cases:
+            engine.proposers = []
+            plain = engine.generate(prompt, sp, speculation=False).token_ids
+            for proposers in ([make_proposer("suffix", db=None, tokenizer=engine.tokenizer)],
+                              [RandomTreeProposer(list(range(3, 60)), seed=7)]):
+                engine.proposers = proposers
+                for spec in (SpeculationConfig(), SpeculationConfig(adaptive=False)):
+                    assert engine.generate(prompt, sp, speculation=spec).token_ids == plain, (prompt, sp, spec)
+
+
+def test_gguf_weights_need_a_model_converted_from_a_gguf(tiny_model_dirs):
+    with pytest.raises(ValueError, match="GGUF"):
+        load_model(str(tiny_model_dirs["llama"]), weights="gguf")
+
+
+def test_the_smollm2_files_blocks_are_its_converted_weights():
+    """The real default model (a Q4_1 file with a Q8_0 table, llama's interleaved q/k rows): its blocks are
+    the converted float32 weights, and one layer's products through the kernel are float32's within 2%."""
+    from suffixspec import gguf_cache, models
+
+    try:
+        folder = gguf_cache.cached_folder(models.gguf_source("smollm2-135m-instruct"), progress=False)
+    except models.ModelNotInstalledError as e:
+        pytest.skip(str(e))
+    from safetensors import safe_open
+
+    blocks = read_matrices(source_file(folder), 30, 9, 3)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        for name in ("0.q", "0.k", "7.v", "29.down", "embed"):
+            hf = "model.embed_tokens.weight" if name == "embed" else (
+                f"model.layers.{name.split('.')[0]}.{HF_NAMES[name.split('.')[1]]}.weight")
+            want = f.get_tensor(hf)
+            assert torch.equal(_dequantized(blocks[name]), want), name
+            w = blockq.BlockWeight(blocks[name].ggml_type, blocks[name].raw, blocks[name].shape)
+            x = torch.from_numpy(np.random.default_rng(0).standard_normal((3, want.shape[1])).astype(np.float32))
+            ref = x.double() @ want.double().t()
+            assert float((w.mm(x).double() - ref).abs().max()) < 0.02 * float(ref.abs().max()), name
