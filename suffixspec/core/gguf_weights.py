@@ -5,8 +5,8 @@ float32 folder (``gguf_cache``): exactly the file's dequantized values. The ``gg
 own quantized blocks instead (Q4_K, Q6_K, Q4_1, Q8_0: ``blockq``), so a step reads the file's 4.5-8.5 bits per
 weight, not 32, and the values are the same ones: nothing is quantized a second time.
 
-:func:`source_file` finds the file (a package's own, or one assembled again from part packages into the converted
-folder, once: a conversion deletes the assembled copy); :func:`read_matrices` reads the matrices the lean forward
+:func:`source_file` finds the file (a package's own, or the one assembled from part packages beside the converted
+weights; assembled again once where an older conversion deleted it); :func:`read_matrices` reads the matrices the lean forward
 needs, as ``(ggml type, rows of raw blocks, (out, in))`` under the names below, with llama's query and key rows put
 back in ``transformers``' order (``convert_hf_to_gguf`` interleaves them for llama.cpp's rotary layout)::
 
@@ -44,8 +44,8 @@ class Blocks:
 
 def source_file(folder: str | Path) -> Path:
     """The GGUF file the converted ``folder`` was made from. A package's file is read where it is (its size
-    checked against the conversion's record); a file assembled from part packages at conversion was deleted
-    then, so it is assembled again into ``folder`` (once; its sha256 checked). ValueError, saying what to do,
+    checked against the conversion's record); one assembled from part packages is kept in ``folder`` by the
+    conversion (an older conversion deleted it: then it is assembled there again, once, its sha256 checked). ValueError, saying what to do,
     where the folder is not a conversion or the file is gone or changed."""
     from suffixspec.gguf_cache import assemble_gguf, file_lock, read_record
     from suffixspec.models import KNOWN_MODELS, known_source

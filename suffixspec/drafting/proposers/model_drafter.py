@@ -82,8 +82,10 @@ class DraftRunner:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_one = "logits_to_keep" in params
-        # int8: the lean forward on int8 matrices, where this torch has them, else float
-        kind = draft_int8_kind() if int8 and lean and self.device.type == "cpu" else "float"
+        # a draft loaded at gguf runs its file's blocks; int8: the lean forward on int8 matrices, where this torch
+        # has them; else float
+        kind = ("gguf" if loaded.weights == "gguf" and lean else
+                draft_int8_kind() if int8 and lean and self.device.type == "cpu" else "float")
         self.lean = (lean_forward(self.model, kind) if kind != "float" else None) or (
             lean_forward(self.model) if lean else None)
         self.int8 = self.lean is not None and self.lean.int8
