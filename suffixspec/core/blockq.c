@@ -12,6 +12,9 @@
      acc[g & 1][l] = fma(off[l], dx[l] * sum[l], acc[g & 1][l]); tail blocks (K % 256, 32-value types) in a
      scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
      the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
+   - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles of
+     9/8/4/2/1 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs in 512-bit registers (dot2_rows),
+     one dpbusd chain or two; each (row, output) lane still gets the float operations above, in that order.
    - Threads split the outputs: one output is computed wholly by one thread.
    Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
 
@@ -282,7 +285,7 @@ static void quantize_row(const float *xr, act_t *a, int64_t r) {
 
 /* ---------------------------------------------------------------- dot products: one stored row, R rows */
 
-#define MAX_ROWS_TILE 8
+#define MAX_ROWS_TILE 9
 
 static inline float hsum_fixed(const float v[8]) {
     float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
@@ -709,6 +712,10 @@ static inline __attribute__((always_inline)) void dot_any(int type, const uint8_
     }
 }
 
+static __attribute__((noinline)) void dot_tile9(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
+    dot_any(type, w, a, r0, 9, res);
+}
+
 static __attribute__((noinline)) void dot_tile8(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
     dot_any(type, w, a, r0, 8, res);
 }
@@ -738,70 +745,63 @@ static inline __attribute__((always_inline)) void dot2_any(int type, const uint8
                                                         const act_t *a, int64_t r0, float *res0, float *res1) { \
         dot2_any(type, w0, w1, a, r0, NR, res0, res1);                                                           \
     }
+DOT2_TILE(9)
 DOT2_TILE(8)
 DOT2_TILE(4)
 DOT2_TILE(2)
 DOT2_TILE(1)
 #endif
 
-static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
-    int64_t n = n0;
+/* rows r..r+R of outputs n (and n + 1 where paired) */
+static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r, int R) {
+    const uint8_t *w = p->w + n * p->row_bytes;
+    float *o = j->out + p->col0 + n;
+    float res0[MAX_ROWS_TILE];
 #if BQ_PAIR
-    /* two outputs at a time (each output's bits as if alone: dot2_rows); only where it measured faster: Q6_K
-       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at M < 8 a matrix streamed from
-       DRAM (the head) ran slower paired, even with the prefetches. Q4_K only once the rows' int8 activations
+    if (pair) {
+        float res1[MAX_ROWS_TILE];
+        if (R == 9) dot2_tile9(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        else if (R == 8) dot2_tile8(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        else if (R == 4) dot2_tile4(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        else if (R == 2) dot2_tile2(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        else dot2_tile1(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
+        store_rows(j, o + 1, p->bias ? p->bias[n + 1] : 0.0f, r, R, res1);
+        return;
+    }
+#endif
+    (void)pair;
+    if (R == 9) dot_tile9(p->type, w, &j->act, r, res0);
+    else if (R == 8) dot_tile8(p->type, w, &j->act, r, res0);
+    else if (R == 4) dot_tile4(p->type, w, &j->act, r, res0);
+    else for (int t = 0; t < R; t++) dot_tile1(p->type, w, &j->act, r + t, res0 + t);
+    store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
+}
+
+static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
+    /* Two outputs at a time (each output's bits as if alone: dot2_rows) only where it measured faster: Q6_K
+       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at M < 8 a matrix streamed
+       from DRAM (the head) ran slower paired, even with the prefetches. Q4_K only once the rows' int8 activations
        outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20% faster paired, as each output reads them once per pair;
        8-16 rows 0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do
        both the dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
-    const int pair = j->M >= 8 && (p->type == T_Q6_K || (p->type == T_Q4_K && j->M * j->act.K >= 32768));
-    for (; pair && n + 2 <= n1; n += 2) {
-        const uint8_t *w0 = p->w + n * p->row_bytes, *w1 = w0 + p->row_bytes;
-        float b0 = p->bias ? p->bias[n] : 0.0f, b1 = p->bias ? p->bias[n + 1] : 0.0f;
-        float *o = j->out + p->col0 + n;
-        float res0[MAX_ROWS_TILE], res1[MAX_ROWS_TILE];
-        int64_t r = 0;
-        for (; r + 8 <= j->M; r += 8) {
-            dot2_tile8(p->type, w0, w1, &j->act, r, res0, res1);
-            store_rows(j, o, b0, r, 8, res0);
-            store_rows(j, o + 1, b1, r, 8, res1);
-        }
-        if (r + 4 <= j->M) {
-            dot2_tile4(p->type, w0, w1, &j->act, r, res0, res1);
-            store_rows(j, o, b0, r, 4, res0);
-            store_rows(j, o + 1, b1, r, 4, res1);
-            r += 4;
-        }
-        if (r + 2 <= j->M) {
-            dot2_tile2(p->type, w0, w1, &j->act, r, res0, res1);
-            store_rows(j, o, b0, r, 2, res0);
-            store_rows(j, o + 1, b1, r, 2, res1);
-            r += 2;
-        }
-        if (r < j->M) {
-            dot2_tile1(p->type, w0, w1, &j->act, r, res0, res1);
-            store_rows(j, o, b0, r, 1, res0);
-            store_rows(j, o + 1, b1, r, 1, res1);
-        }
-    }
-#endif
-    for (; n < n1; n++) {
-        const uint8_t *w = p->w + n * p->row_bytes;
-        float bias = p->bias ? p->bias[n] : 0.0f;
-        float *o = j->out + p->col0 + n;
-        float res[MAX_ROWS_TILE];
-        int64_t r = 0;
-        /* tiles of 8 and 4 rows share each unpacked weight group; every row gets the same float ops */
-        for (; r + 8 <= j->M; r += 8) {
-            dot_tile8(p->type, w, &j->act, r, res);
-            store_rows(j, o, bias, r, 8, res);
-        }
-        for (; r + 4 <= j->M; r += 4) {
-            dot_tile4(p->type, w, &j->act, r, res);
-            store_rows(j, o, bias, r, 4, res);
-        }
-        for (; r < j->M; r++) {
-            dot_tile1(p->type, w, &j->act, r, res);
-            store_rows(j, o, bias, r, 1, res);
+    const int pair = BQ_PAIR && j->M >= 8 && (p->type == T_Q6_K || (p->type == T_Q4_K && j->M * j->act.K >= 32768));
+    /* Rows in tiles of 9, 8, 4, 2, 1 (each unpacked weight group serves the tile's rows; every row gets the same
+       float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
+       so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
+    int64_t nb = (256 << 10) / p->row_bytes;
+    nb = nb < 2 ? 2 : nb & ~(int64_t)1;
+    for (int64_t b0 = n0; b0 < n1; b0 += nb) {
+        int64_t b1 = b0 + nb < n1 ? b0 + nb : n1;
+        for (int64_t r = 0; r < j->M;) {
+            int64_t left = j->M - r;
+            /* 9 where 8s would leave a single row (a verify pass of 1 + 8k tokens): a 1-row tile costs ~3 rows */
+            int R = left >= 9 && left % 8 == 1 ? 9 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            int64_t n = b0;
+            if (pair)
+                for (; n + 2 <= b1; n += 2) run_tile(j, p, n, 1, r, R);
+            for (; n < b1; n++) run_tile(j, p, n, 0, r, R);
+            r += R;
         }
     }
 }
