@@ -199,7 +199,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         torch_dtype = pick_dtype(dev, dtype)
         fmt = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[torch_dtype]
     else:
-        fmt = resolve(weights, dev, dtype, model=None if draft else name_or_path)
+        fmt = resolve(weights, dev, dtype, model=name_or_path, draft=draft)
         torch_dtype = LOAD_DTYPES[fmt]
     model = _load_converted(path, config, torch_dtype) if converted else None
     if model is None:

@@ -413,12 +413,14 @@ def test_auto_is_gguf_for_a_model_named_by_its_gguf_else_the_int8_rules(monkeypa
         assert resolve("auto", "cpu", model=name) == "gguf" and resolve(None, "cpu", model=name) == "gguf"
     assert resolve("int8", "cpu", model=smol.name) == "int8"
     assert resolve("auto", "cpu", model="/models/some-folder") == resolve("auto", "cpu") != "gguf"
+    assert resolve("auto", "cpu", model="qwen2.5-coder-0.5b-instruct", draft=True) == "gguf"  # a draft's too
     monkeypatch.setattr(P, "gguf_works", lambda: False)  # where no compiler builds the block kernel
     assert smol.int8_agreement is not None and smol.int8_agreement < INT8_MIN_AGREEMENT
     assert resolve("auto", "cpu", model=smol.name) == "float32"
+    assert resolve("auto", "cpu", model=smol.name, draft=True) == resolve("auto", "cpu")  # no agreement weighed
     assert resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct") == resolve("auto", "cpu")
     assert all(m.int8_agreement is None or 0 < m.int8_agreement <= 1 for m in KNOWN_MODELS.values())
-    # a draft follows its target's format: its tokens are proposals, so no agreement is weighed for it (and, named
-    # by no model, it quantizes to int8 where that pays)
+    # a draft follows its target's format (auto at a quantized one: gguf where it is named by its GGUF, else int8
+    # where that pays)
     assert draft_weights("int8") == draft_weights("gguf") == "auto" and draft_weights("float32") == "float32"
     assert resolve(draft_weights("gguf"), "cpu", model=None) == resolve("auto", "cpu")

@@ -45,15 +45,16 @@ _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 INT8_MIN_AGREEMENT = 0.99
 
 
-def resolve(weights: str | None, device: str, dtype: str | None = None, model: str | None = None) -> str:
+def resolve(weights: str | None, device: str, dtype: str | None = None, model: str | None = None,
+            draft: bool = False) -> str:
     """The concrete format (``float32``, ``bfloat16``, ``float16``, ``int8`` or ``gguf``) of the option ``weights``
     on ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
 
     ``auto`` (or None): on a CPU, ``gguf`` for a model named by its GGUF file (a known name or a ``.gguf`` path)
     where the block kernel builds (:func:`gguf_works`): the file's own blocks, the fewest bytes per step; else the
     fastest exact int8 kernel measured here (:func:`int8_verdict`), unless ``model`` is a named model whose int8 is
-    measured to agree with float32 below :data:`INT8_MIN_AGREEMENT`; on a GPU bfloat16 where supported, else
-    float16. Examples: ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"gguf"`` (with a C
+    measured to agree with float32 below :data:`INT8_MIN_AGREEMENT` (not weighed for a ``draft``, whose tokens are
+    only proposals); on a GPU bfloat16 where supported, else float16. Examples: ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"gguf"`` (with a C
     compiler); ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
     ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
     name = _ALIASES.get(weights or "auto", weights or "auto")
@@ -80,7 +81,7 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
 
         if gguf_named(model) and gguf_works():
             return "gguf"
-        known = KNOWN_MODELS.get(model or "")
+        known = None if draft else KNOWN_MODELS.get(model or "")
         if known is not None and known.int8_agreement is not None and known.int8_agreement < INT8_MIN_AGREEMENT:
             log.info("weights auto -> float32 (%s's int8 agrees with float32 on %.1f%% of greedy tokens; "
                      "--weights int8 to use it)", known.name, 100 * known.int8_agreement)
