@@ -18,7 +18,7 @@ from test_weights import _row_dependence
 
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.core import blockq
-from suffixspec.core.gguf_weights import read_matrices, source_file
+from suffixspec.core.gguf_weights import FileRows, read_matrices, source_file
 from suffixspec.core.lean import lean_forward
 from suffixspec.loading import load_model
 from suffixspec.runtimes.engine import Engine
@@ -79,6 +79,8 @@ def test_the_files_blocks_are_the_converted_models_weights(models, case):
         assert torch.equal(_dequantized(b), want.detach()), name
         if b.ggml_type in blockq.TYPES:
             assert torch.equal(blockq.BlockWeight(b.ggml_type, b.raw, b.shape).dequantize(), want.detach()), name
+    ids = torch.tensor([[0, 7], [3, 7]])
+    assert torch.equal(FileRows(blocks["embed"]).rows(ids), model.model.embed_tokens.weight.detach()[ids])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -88,6 +90,7 @@ def test_a_rows_logits_do_not_depend_on_the_pass(models, case):
     _, gg = models[case]
     lean = lean_forward(gg.model, "gguf")
     assert lean is not None and lean.exact and lean.native is not None
+    assert isinstance(lean.embed, FileRows)  # an untied table is read from the file at lookups
     assert _row_dependence(lean, threads=(1, 2)) == [], case
 
 

@@ -40,6 +40,32 @@ class Blocks:
     ggml_type: str
     raw: np.ndarray
     shape: tuple[int, int]
+    path: Path | None = None  # the file and where its bytes begin (rows in the file's order only: FileRows)
+    offset: int = 0
+
+
+class FileRows:
+    """An embedding table read where the file keeps it (a memory mapping of its bytes alone): a lookup
+    dequantizes the rows it reads (exactly, as gguf-py does), and only the pages of rows looked up become
+    resident, where a copy would hold the whole table (Qwen2.5-Coder-1.5B's Q4_K table: 131 MB). For a model
+    whose LM head is another matrix (a tied table is the head's, multiplied at every step: kept in memory).
+    Example: ``FileRows(read_matrices(path, ...)["embed"]).rows(torch.tensor([5, 9]))`` -> [2, hidden]."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        if blocks.path is None:
+            raise ValueError("FileRows needs a table read from a file (Blocks.path)")
+        n, row_bytes = blocks.raw.shape
+        self.ggml_type, self.shape = blocks.ggml_type, blocks.shape
+        self._raw = np.memmap(blocks.path, dtype=np.uint8, mode="r", offset=blocks.offset, shape=(n, row_bytes))
+
+    def rows(self, ids: Any) -> Any:
+        """The dequantized rows ``ids`` (an integer tensor [T]) -> float32 [T, hidden]."""
+        import torch
+        from gguf import GGMLQuantizationType, quants
+
+        idx = ids.reshape(-1).cpu().numpy()
+        out = quants.dequantize(np.asarray(self._raw[idx]), GGMLQuantizationType[self.ggml_type])
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(*ids.shape, self.shape[1])
 
 
 def source_file(folder: str | Path) -> Path:
@@ -100,7 +126,7 @@ def read_matrices(path: str | Path, n_layers: int, n_heads: int, n_kv: int) -> d
             raw = raw.view(np.uint8).reshape(n, -1)
         if arch in PERMUTED_ARCHS and ours.endswith((".q", ".k")):
             raw = raw[_unpermute(n, n_heads if ours.endswith(".q") else n_kv)]
-        out[ours] = Blocks(t.tensor_type.name, raw, (n, k))
+        out[ours] = Blocks(t.tensor_type.name, raw, (n, k), Path(path), int(t.data_offset))
     return out
 
 

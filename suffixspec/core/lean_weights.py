@@ -326,7 +326,7 @@ def build_gguf(model: Any, shape: Shape) -> LeanWeights:
     (float32, exactly the file's). A matrix of a type the kernel lacks (or q/k/v of mixed types with one
     such) is multiplied as exact int8 rows of its dequantized values (``RowInt8Weight``), logged."""
     from suffixspec.core import blockq
-    from suffixspec.core.gguf_weights import read_matrices, source_file
+    from suffixspec.core.gguf_weights import FileRows, read_matrices, source_file
 
     folder = getattr(model, "_suffixspec_folder", None)
     if folder is None:
@@ -369,11 +369,14 @@ def build_gguf(model: Any, shape: Shape) -> LeanWeights:
             norm_mlp=norm(layer.pre_feedforward_layernorm.weight if gemma else layer.post_attention_layernorm.weight),
             norm_post_mlp=norm(layer.post_feedforward_layernorm.weight) if gemma else None,
             w_gu=matrix(f"{i}.gate", f"{i}.up"), wd=matrix(f"{i}.down"), window=window, rope=rope if gemma else "all"))
-    embed = matrix("embed")
     tied = model.get_output_embeddings().weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
-    head = matrix("head") if "head" in blocks and not tied else embed  # (a tied model's converted head is the table)
-    if not hasattr(embed, "rows"):
-        embed = embed.as_rows()
+    if "head" in blocks and not tied:  # the table is read only at lookups: from the file, where it is
+        head = matrix("head")
+        embed = FileRows(blocks["embed"])
+    else:  # (a tied model's converted head is the table)
+        head = embed = matrix("embed")
+        if not hasattr(embed, "rows"):
+            embed = embed.as_rows()
     return LeanWeights(layers=layers, norm=norm(inner.norm.weight), head=head, embed=embed, smoothed=False,
                        paged_out=0, stored="")
 
