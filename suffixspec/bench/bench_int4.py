@@ -8,7 +8,7 @@ bit-identical alone and among the others (the exactness a speculative format nee
 
     python -m suffixspec.bench.bench_int4 --model qwen2.5-coder-1.5b-instruct
 
-Figures and what they decided: docs/formats.md ("No 4-bit format").
+Figures and what they decided: docs/formats.md ("Why the gguf format has a kernel of its own").
 """
 
 from __future__ import annotations

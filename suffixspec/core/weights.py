@@ -14,6 +14,9 @@ A CPU decode step is bound by reading the weights, so bytes per weight decide pl
   alone: with the lean forward's per-query attention (``lean.LeanForward``, exact formats) a token's
   logits are the same whatever else shares the pass, and speculation on and off give the same tokens.
   The output is the int8 model's own, not float32's.
+- ``gguf``: the blocks of the GGUF file a converted model came from (Q4_K, Q6_K, Q5_0, Q4_1, Q8_0), read by
+  ``gguf_weights`` and multiplied by ``blockq``'s native kernel (activations quantized per row and per block of
+  32, integer sums, a fixed float order): exact as ``int8`` is, the file's own values, 4.5-8.5 bits a weight.
 
 Worked example (one product, 1 token row, a 2 x 3 weight)::
 
@@ -22,9 +25,10 @@ Worked example (one product, 1 token row, a 2 x 3 weight)::
     x_q @ w_q.T = [[2048 - 8128 - 4064, 4064 + 16129]] = [[-10144, 20193]]  (exact int32)
     y = [[-10144 * 4/127 * 1/127, 20193 * 4/127 * 2/127]] = [[-2.516, 10.017]]   (float: -2.5, 10.0)
 
-The ``auto`` default on a CPU is the fastest exact format measured on the machine (``formats.int8_verdict``:
-does ``torch._int_mm`` run here, is its result the exact integer product, and is it faster than float32
-on a decode-sized product; remembered per machine and torch version); on a GPU, today's floating default.
+The ``auto`` default on a CPU is ``gguf`` for a model named by its GGUF where the kernel builds, else the fastest
+exact format measured on the machine (``formats.int8_verdict``: does ``torch._int_mm`` run here, is its result the
+exact integer product, and is it faster than float32 on a decode-sized product; remembered per machine and torch
+version); on a GPU, today's floating default (``formats.resolve``).
 """
 
 from __future__ import annotations
