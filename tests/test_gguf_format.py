@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 from test_models import write_tiny_gguf
-from test_weights import _row_dependence
+from test_weights import _row_dependence, assert_speculation_on_equals_off
 
-from suffixspec.config import SamplingParams, SpeculationConfig
+from suffixspec.config import SamplingParams
 from suffixspec.core import blockq
 from suffixspec.core.gguf_weights import FileRows, read_matrices, source_file
 from suffixspec.core.lean import lean_forward
@@ -121,24 +121,12 @@ def test_gguf_logits_are_float32s_within_the_activations_rounding(models, case):
 def test_gguf_generation_is_identical_with_speculation_on_and_off(models, case):
     """Greedy and seeded, with the suffix drafter and a random tree, gates on and off: each request's tokens
     equal plain decoding's."""
-    from doubles import RandomTreeProposer
-
-    from suffixspec.drafting.proposers import make_proposer
-
     _, gg = models[case]
     engine = Engine(gg)
     assert engine.numerics == {"weights": "gguf", "kernel": "blockq", "attention": "native"}
     cases = [SamplingParams(max_tokens=24, ignore_eos=True),
              SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=3)]
-    for prompt in ("def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"):
-        for sp in cases:
-            engine.proposers = []
-            plain = engine.generate(prompt, sp, speculation=False).token_ids
-            for proposers in ([make_proposer("suffix", db=None, tokenizer=engine.tokenizer)],
-                              [RandomTreeProposer(list(range(3, 60)), seed=7)]):
-                engine.proposers = proposers
-                for spec in (SpeculationConfig(), SpeculationConfig(adaptive=False)):
-                    assert engine.generate(prompt, sp, speculation=spec).token_ids == plain, (prompt, sp, spec)
+    assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"], cases)
 
 
 def test_gguf_weights_need_a_model_converted_from_a_gguf(tiny_model_dirs):

@@ -344,10 +344,6 @@ def int8_engines(tiny_model_dirs) -> dict[str, Engine]:
 def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, arch):
     """Greedy and seeded, with the suffix drafter and a random tree, gates on (adaptive) and off: each
     request's tokens equal plain decoding's, bit for bit by construction (no tolerance)."""
-    from doubles import RandomTreeProposer
-
-    from suffixspec.drafting.proposers import make_proposer
-
     engine = int8_engines[arch]
     assert engine.target.weights == "int8" and engine.batchable
     assert engine.numerics == {"weights": "int8", "kernel": P.int8_kernel(), "attention": "native"}
@@ -355,6 +351,16 @@ def test_int8_generation_is_identical_with_speculation_on_and_off(int8_engines, 
              SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=3),
              SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, top_p=0.9, seed=5)]
     prompts = ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox", "for i in range(10):\n\t"]
+    assert_speculation_on_equals_off(engine, prompts, cases)
+
+
+def assert_speculation_on_equals_off(engine: Engine, prompts: list[str], cases: list[SamplingParams]) -> None:
+    """Each prompt and sampling case: the tokens with the suffix drafter and with a random tree, gates on
+    (adaptive) and off, equal plain decoding's."""
+    from doubles import RandomTreeProposer
+
+    from suffixspec.drafting.proposers import make_proposer
+
     for prompt in prompts:
         for sp in cases:
             engine.proposers = []

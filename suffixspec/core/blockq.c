@@ -325,6 +325,16 @@ static inline int32_t hsum_i32(__m256i v) {
 
 #define LD(p) _mm256_loadu_si256((const __m256i *)(p))
 
+/* 128 bytes of packed nibbles -> W[0..7]: 32 bytes' low nibbles, then their high nibbles, per 32 bytes */
+static inline __attribute__((always_inline)) void nibbles(const uint8_t *p, __m256i W[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int v = 0; v < 4; v++) {
+        __m256i L = LD(p + 32 * v);
+        W[2 * v] = _mm256_and_si256(L, m4);
+        W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+    }
+}
+
 /* The K % 256 tail blocks (32-value types, GGUF layout, values in order) of one stored row: acct[r] for rows
    r0..r0+R, one scalar accumulator per row. */
 static inline __attribute__((always_inline)) void tail_rows(int type, const uint8_t *w, const act_t *a, int64_t r0,
@@ -385,7 +395,6 @@ static inline __attribute__((always_inline)) void tail_rows(int type, const uint
 static inline __attribute__((always_inline)) void dot_group(int type, const uint8_t *wp, const act_t *a, int64_t r0,
                                                              int R, int64_t g, __m256 *acc) {
     const int64_t K = a->K, ldd = a->ldd;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
         __m256i W[8];
         __m256i Q[8]; /* Q8_0 without VNNI: the signed integers, for the sign trick */
         __m256 sA, sB = _mm256_setzero_ps(), off = _mm256_setzero_ps();
@@ -395,22 +404,14 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
                                _mm256_set1_ps(h2f(rd16(wp))));
             off = _mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(wp + 2))),
                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 12)))));
-            for (int v = 0; v < 4; v++) {
-                __m256i L = LD(wp + 20 + 32 * v);
-                W[2 * v] = _mm256_and_si256(L, m4);
-                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-            }
+            nibbles(wp + 20, W);
         } else if (type == T_Q6_K) {
             __m256 d = _mm256_set1_ps(h2f(rd16(wp)));
             sA = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 2)))));
             sB = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 10)))));
             const __m256i m2 = _mm256_set1_epi8(0x30);
             __m256i H0 = LD(wp + 146), H1 = LD(wp + 178);
-            for (int v = 0; v < 4; v++) {
-                __m256i L = LD(wp + 18 + 32 * v);
-                W[2 * v] = _mm256_and_si256(L, m4);
-                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-            }
+            nibbles(wp + 18, W);
             W[0] = _mm256_or_si256(W[0], _mm256_and_si256(_mm256_slli_epi16(H0, 4), m2));
             W[1] = _mm256_or_si256(W[1], _mm256_and_si256(_mm256_slli_epi16(H0, 2), m2));
             W[2] = _mm256_or_si256(W[2], _mm256_and_si256(H0, m2));
@@ -432,20 +433,12 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
         } else if (type == T_Q4_1) {
             sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
             off = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
-            for (int v = 0; v < 4; v++) {
-                __m256i L = LD(wp + 32 + 32 * v);
-                W[2 * v] = _mm256_and_si256(L, m4);
-                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-            }
+            nibbles(wp + 32, W);
         } else {
             sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
             const __m256i b4 = _mm256_set1_epi8(0x10);
             __m256i H = LD(wp + 144);
-            for (int v = 0; v < 4; v++) {
-                __m256i L = LD(wp + 16 + 32 * v);
-                W[2 * v] = _mm256_and_si256(L, m4);
-                W[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-            }
+            nibbles(wp + 16, W);
             W[0] = _mm256_or_si256(W[0], _mm256_and_si256(_mm256_slli_epi16(H, 4), b4));
             W[1] = _mm256_or_si256(W[1], _mm256_and_si256(_mm256_slli_epi16(H, 3), b4));
             W[2] = _mm256_or_si256(W[2], _mm256_and_si256(_mm256_slli_epi16(H, 2), b4));
