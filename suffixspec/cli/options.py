@@ -49,7 +49,8 @@ _model_options = [
     click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8", "gguf"]), default="auto",
                  show_default=True,
                  help="Weight format of the target and draft model. auto: on a CPU gguf for a model named by its GGUF "
-                      "file, else the fastest exact int8 kernel measured there; on a GPU bfloat16/float16. gguf: the "
+                      "file (unless measured to lose quality: SmolLM2 stays float32), else the fastest exact int8 "
+                      "kernel measured there; on a GPU bfloat16/float16. gguf: the "
                       "GGUF file's own blocks (Q4_K, Q6_K, ...) and 8-bit activations, int8: int8 rows; each gives "
                       "its own output, identical with speculation on and off; float32: exactly transformers' "
                       "output; bfloat16/float16: not exact (docs/formats.md)."),
