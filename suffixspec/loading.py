@@ -86,7 +86,9 @@ class LoadedModel:
     @property
     def lean_kind(self) -> str:
         """The lean forward's weight kind for this format (``lean.KINDS``): ``int8``, ``gguf`` or ``float``."""
-        return self.weights if self.weights in ("int8", "gguf") else "float"
+        from suffixspec.core.formats import QUANTIZED
+
+        return self.weights if self.weights in QUANTIZED else "float"  # (the quantized formats name their kinds)
 
 
 def max_context(config: Any) -> int:

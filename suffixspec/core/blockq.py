@@ -198,6 +198,7 @@ class BlockWeight:
     Example: ``BlockWeight("Q8_0", raw, shape=(2, 32)).mm(torch.ones(1, 32))`` -> a [1, 2] tensor."""
 
     is_mkldnn = False  # (read where weights are told apart)
+    kernel = "blockq"  # the integer product (``Engine.numerics``), as ``RowInt8Weight.kernel`` names its own
 
     def __init__(self, ggml_type: str, raw: np.ndarray, shape: tuple[int, int]) -> None:
         if ggml_type not in _TYPES:
@@ -263,6 +264,7 @@ class BlockConcat:
     side. ``splits``: each part's N (for ``torch.split``)."""
 
     is_mkldnn = False
+    kernel = BlockWeight.kernel
 
     def __init__(self, parts: Sequence[BlockWeight]) -> None:
         parts = list(parts)

@@ -53,11 +53,13 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
 
     ``auto`` (or None): on a CPU, ``gguf`` for a model named by its GGUF file (a known name or a ``.gguf`` path)
     where the block kernel builds (:func:`gguf_works`) and the model's gguf is not measured to agree with float32
-    below :data:`INT8_MIN_AGREEMENT`: the file's own blocks, the fewest bytes per step; else the
-    fastest exact int8 kernel measured here (:func:`int8_verdict`), unless ``model`` is a named model whose int8 is
-    measured to agree with float32 below :data:`INT8_MIN_AGREEMENT` (not weighed for a ``draft``, whose tokens are
-    only proposals); on a GPU bfloat16 where supported, else float16. Examples: ``resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct")`` -> ``"gguf"`` (with a C
-    compiler); ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"float32"`` (gguf 98.4%, int8 94.6%); ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
+    below :data:`INT8_MIN_AGREEMENT`: the file's own blocks, the fewest bytes per step; else the fastest exact
+    int8 kernel measured here (:func:`int8_verdict`), unless ``model`` is a named model whose int8 is measured to
+    agree with float32 below :data:`INT8_MIN_AGREEMENT` (neither is weighed for a ``draft``, whose tokens are only
+    proposals); on a GPU bfloat16 where supported, else float16. Examples:
+    ``resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct")`` -> ``"gguf"`` (with a C compiler);
+    ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"float32"`` (gguf 98.4%, int8 94.6%);
+    ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
     ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
     name = _ALIASES.get(weights or "auto", weights or "auto")
     if name not in FORMATS:
@@ -83,7 +85,7 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
 
         known = None if draft else KNOWN_MODELS.get(model or "")
         low = known is not None and known.gguf_agreement is not None and known.gguf_agreement < INT8_MIN_AGREEMENT
-        if gguf_named(model) and gguf_works() and not low:
+        if not low and gguf_named(model) and gguf_works():  # (gguf_works compiles the kernel: only when it counts)
             return "gguf"
         if known is not None and known.int8_agreement is not None and known.int8_agreement < INT8_MIN_AGREEMENT:
             log.info("weights auto -> float32 (%s's int8 agrees with float32 on %.1f%% of greedy tokens; "

@@ -71,8 +71,8 @@ class FileRows:
 def source_file(folder: str | Path) -> Path:
     """The GGUF file the converted ``folder`` was made from. A package's file is read where it is (its size
     checked against the conversion's record); one assembled from part packages is kept in ``folder`` by the
-    conversion (an older conversion deleted it: then it is assembled there again, once, its sha256 checked). ValueError, saying what to do,
-    where the folder is not a conversion or the file is gone or changed."""
+    conversion (an older conversion deleted it: then it is assembled there again, once, its sha256 checked).
+    ValueError, saying what to do, where the folder is not a conversion or the file is gone or changed."""
     from suffixspec.gguf_cache import assemble_gguf, file_lock, read_record
     from suffixspec.models import KNOWN_MODELS, known_source
 

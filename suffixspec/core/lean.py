@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from suffixspec.core import exact_attention
+from suffixspec.core.formats import QUANTIZED
 from suffixspec.core.kv import SlotCache, key_span, layer_types, tree_block
 from suffixspec.core.lean_weights import FAMILIES, Shape, build, rotary_table, unsupported
 from suffixspec.core.weights import (
@@ -213,9 +214,11 @@ class LeanForward:
                 inv, scaling = rotary_table(inner, kind if gemma else None)
                 self.rope[key] = (inv.float().to(self.device), float(scaling))
         self.weights = weights  # the weight kind (KINDS)
-        self.int8 = weights != "float"  # matrices quantized to int8 (RowInt8Weight, or fbgemm's Int8Weight for a draft)
-        # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention)
-        self.exact = weights in ("int8", "gguf")
+        # matrices quantized (RowInt8Weight, blockq's blocks, or fbgemm's Int8Weight for a draft)
+        self.int8 = weights != "float"
+        # exact: a row's logits do not depend on the pass's other rows (integer products, per-query attention):
+        # the kinds of the quantized formats (formats.QUANTIZED), not a draft's fbgemm
+        self.exact = weights in QUANTIZED
         # the compiled kernel for an exact format's draft nodes (exact_attention), where it builds; float32 only
         self.native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
                         and self.dtype == torch.float32 and self.n_heads // self.n_kv <= exact_attention.MAX_REP

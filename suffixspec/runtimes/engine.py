@@ -224,8 +224,8 @@ class Engine:
         exact = lean is not None and lean.exact
         attention = ("own forward" if lean is None else "sdpa" if not exact
                      else "native" if lean.native is not None else "sdpa per query")
-        kernel = None if not exact else "blockq" if lean.weights == "gguf" else getattr(lean.head, "kernel", None)
-        return {"weights": self.target.weights, "kernel": kernel, "attention": attention}
+        return {"weights": self.target.weights, "kernel": getattr(lean.head, "kernel", None) if exact else None,
+                "attention": attention}
 
     @property
     def batchable(self) -> bool:
