@@ -304,6 +304,9 @@ def test_context_overflow_names_the_numbers(server):
     (b"[1, 2]", {"Content-Type": "application/json"}, 400, "invalid_json"),
     (b"", {}, 400, "invalid_json"),
     (b"\xff\xfe", {"Content-Type": "application/json"}, 400, "invalid_json"),
+    # a lone surrogate, escaped or as its own 3 bytes (json.loads decodes bytes with surrogatepass)
+    (b'{"prompt": "a\\ud800"}', {"Content-Type": "application/json"}, 400, "invalid_json"),
+    (b'{"prompt": "a\xed\xa0\x80"}', {"Content-Type": "application/json"}, 400, "invalid_json"),
     (b'{"prompt": "x"}', {}, 415, "unsupported_media_type"),
     (b'{"prompt": "x"}', {"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
     (b'{"prompt": "x"}', {"Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"),

@@ -17,7 +17,8 @@ from suffixspec.server.validation import GenRequest, parse_chat, parse_completio
 from suffixspec.server.worker import DONE, Job, JobFailed, QueueFull
 
 bp = Blueprint("openai", __name__)
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape somewhere in the body
+# a \uD800-\uDFFF escape, or such a code point's own 3 bytes (json.loads decodes bytes with surrogatepass)
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 def state() -> Any:
@@ -67,11 +68,11 @@ def read_json() -> dict:
     if json_depth(body, limit) > limit:
         raise APIError(f"the JSON body is nested too deeply; at most {limit} levels of arrays and objects "
                        "are accepted", 400, code="invalid_json")
-    if _SURROGATE_ESCAPE.search(raw):  # "\ud800" alone decodes to a str no tokenizer or database can take
+    if _SURROGATE.search(raw):  # "\ud800" alone decodes to a str no tokenizer or database can take
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise APIError("the JSON body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
+            raise APIError("the JSON body holds a lone UTF-16 surrogate (\\ud800-\\udfff without its "
                            "pair); send valid Unicode text", 400, code="invalid_json") from None
     return body
 
