@@ -49,6 +49,16 @@ class Message:
     content: str
 
 
+def _check_unicode(text: Any, param: str) -> None:
+    """A RequestError for a string no tokenizer takes: one holding a lone UTF-16 surrogate ("\\ud800")."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RequestError(f"'{param}' holds a lone UTF-16 surrogate ({text[e.start]!r} at character {e.start}); "
+                               "give valid Unicode text", param) from None
+
+
 class SuffixSpec:
     """Models, drafters, the document index and the engine, built once.
 
@@ -311,6 +321,10 @@ class SuffixSpec:
                        prediction: str | None, kw: dict) -> dict:
         if (prompt is None) == (messages is None):
             raise RequestError("give exactly one of prompt= or messages=", "prompt")
+        texts = [("prompt", prompt), ("prediction", prediction)] + [("references", r) for r in references or ()]
+        texts += [("messages", m.get("content") if isinstance(m, dict) else m.content) for m in messages or ()]
+        for param, text in texts:
+            _check_unicode(text, param)
         ids = self.encode_chat(messages) if messages is not None else (
             self.encode(prompt) if isinstance(prompt, str) else list(prompt))
         return dict(prompt=ids, sampling=self.sampling_params(sampling, **kw),

@@ -147,8 +147,9 @@ class UnknownModelError(FileNotFoundError):
 
 
 def embedded_path(name: str) -> Path | None:
-    """The folder of an embedded model (``suffixspec/demo-target``), or None for other names."""
-    if not name.startswith("suffixspec/"):
+    """The folder of an embedded model (``suffixspec/demo-target``), or None for other names. A folder of
+    that relative path that exists wins, as a local folder wins over a hub id in ``transformers``."""
+    if not name.startswith("suffixspec/") or Path(name).is_dir():
         return None
     local = EMBEDDED_DIR / name.split("/", 1)[1]
     if not (local / "config.json").exists():

@@ -56,7 +56,12 @@ def test_bad_arguments_raise_the_request_error(spec):
              (dict(), "prompt", "give exactly one of prompt= or messages="),
              (dict(prompt="x", messages=[{"role": "user", "content": "x"}]), "prompt", "give exactly one"),
              (dict(prompt=[5] * 5000), "prompt", "shorten the prompt"),
-             (dict(prompt="x", speculation={"drafters": ["nope"]}), "drafters", "unknown drafter(s) ['nope']")]
+             (dict(prompt="x", speculation={"drafters": ["nope"]}), "drafters", "unknown drafter(s) ['nope']"),
+             # a lone surrogate reaches no tokenizer (it raised the tokenizer's TypeError)
+             (dict(prompt="a\ud800"), "prompt", "lone UTF-16 surrogate ('\\ud800' at character 1)"),
+             (dict(messages=[{"role": "user", "content": "\udfff"}]), "messages", "lone UTF-16 surrogate"),
+             (dict(prompt="x", references=["ok", "\udc00"]), "references", "lone UTF-16 surrogate"),
+             (dict(prompt="x", prediction="p\ud800q"), "prediction", "give valid Unicode text")]
     for kwargs, param, says in cases:
         with pytest.raises(RequestError, match=re.escape(says)) as err:
             spec.generate(**kwargs)

@@ -102,3 +102,16 @@ def test_size_and_model_cards():
         assert "held-out loss" in card and "tokens/s" in card
     assert total <= 60 * 2**20  # the two together ship in the package: at most 60 MB
     assert (ROOT / "tools" / "training" / "heldout.txt").exists()  # the held-out files the cards name
+
+
+def test_a_local_folder_named_like_an_embedded_model_wins(tmp_path, monkeypatch):
+    """``suffixspec/x`` names an embedded model, unless a folder of that relative path exists (as a local
+    folder wins over a hub id in transformers); an unknown embedded name says what to pass instead."""
+    from suffixspec.models import embedded_path
+
+    assert resolve_model_path(DEFAULT_TARGET) != DEFAULT_TARGET
+    (tmp_path / "suffixspec" / "my-model").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path("suffixspec/my-model") == "suffixspec/my-model"
+    with pytest.raises(FileNotFoundError, match="pass a model name, a folder or a .gguf"):
+        embedded_path("suffixspec/no-such-model")
