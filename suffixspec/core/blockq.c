@@ -13,7 +13,7 @@
      scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
      the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
    - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles of
-     9/8/4/2/1 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs in 512-bit registers (dot2_rows),
+     9/8/4/3/2/1 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs in 512-bit registers (dot2_rows),
      one dpbusd chain or two; each (row, output) lane still gets the float operations above, in that order.
    - Threads split the outputs: one output is computed wholly by one thread.
    Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
@@ -496,7 +496,7 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
 
 static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *w, const act_t *a,
                                                             int64_t r0, int R, float *res) {
-    const int64_t ng = a->K / 256;
+    const int64_t ng = a->K / 256, row_bytes = bq_row_bytes(type, a->K);
     const int GB = GROUP_BYTES[type];
     __m256 acc0[MAX_ROWS_TILE], acc1[MAX_ROWS_TILE];
     float acct[MAX_ROWS_TILE];
@@ -504,6 +504,10 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
     /* unrolled by two so that each parity's accumulators can stay in registers */
     int64_t g = 0;
     for (; g + 2 <= ng; g += 2) {
+        /* several rows: the next output's bytes, fetched in order as this one's are read (Qwen2.5-1.5B's 196
+           layer matrices streamed from DRAM, two threads: 9 rows 83 -> 78 ms, 17 rows 143 -> 136) */
+        if (R >= 2)
+            for (int c = 0; c < 2 * GB; c += 64) _mm_prefetch((const char *)(w + row_bytes + g * GB + c), _MM_HINT_T0);
         dot_group(type, w + g * GB, a, r0, R, g, acc0);
         dot_group(type, w + (g + 1) * GB, a, r0, R, g + 1, acc1);
     }
@@ -717,6 +721,14 @@ static __attribute__((noinline)) void dot_tile4(int type, const uint8_t *w, cons
     dot_any(type, w, a, r0, 4, res);
 }
 
+static __attribute__((noinline)) void dot_tile3(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
+    dot_any(type, w, a, r0, 3, res);
+}
+
+static __attribute__((noinline)) void dot_tile2(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
+    dot_any(type, w, a, r0, 2, res);
+}
+
 static __attribute__((noinline)) void dot_tile1(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
     dot_any(type, w, a, r0, 1, res);
 }
@@ -741,6 +753,7 @@ static inline __attribute__((always_inline)) void dot2_any(int type, const uint8
 DOT2_TILE(9)
 DOT2_TILE(8)
 DOT2_TILE(4)
+DOT2_TILE(3)
 DOT2_TILE(2)
 DOT2_TILE(1)
 #endif
@@ -756,6 +769,7 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
         if (R == 9) dot2_tile9(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
         else if (R == 8) dot2_tile8(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
         else if (R == 4) dot2_tile4(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        else if (R == 3) dot2_tile3(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
         else if (R == 2) dot2_tile2(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
         else dot2_tile1(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
         store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
@@ -767,7 +781,9 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
     if (R == 9) dot_tile9(p->type, w, &j->act, r, res0);
     else if (R == 8) dot_tile8(p->type, w, &j->act, r, res0);
     else if (R == 4) dot_tile4(p->type, w, &j->act, r, res0);
-    else for (int t = 0; t < R; t++) dot_tile1(p->type, w, &j->act, r + t, res0 + t);
+    else if (R == 3) dot_tile3(p->type, w, &j->act, r, res0);
+    else if (R == 2) dot_tile2(p->type, w, &j->act, r, res0);
+    else dot_tile1(p->type, w, &j->act, r, res0);
     store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
 }
 
@@ -778,8 +794,8 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
        outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20% faster paired, as each output reads them once per pair;
        8-16 rows 0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do
        both the dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
-    const int pair = BQ_PAIR && j->M >= 8 && (p->type == T_Q6_K || (p->type == T_Q4_K && j->M * j->act.K >= 32768));
-    /* Rows in tiles of 9, 8, 4, 2, 1 (each unpacked weight group serves the tile's rows; every row gets the same
+    const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096))) || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
+    /* Rows in tiles of 9, 8, 4, 3, 2, 1 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
        so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
     int64_t nb = (256 << 10) / p->row_bytes;
@@ -789,7 +805,7 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
         for (int64_t r = 0; r < j->M;) {
             int64_t left = j->M - r;
             /* 9 where 8s would leave a single row (a verify pass of 1 + 8k tokens): a 1-row tile costs ~3 rows */
-            int R = left >= 9 && left % 8 == 1 ? 9 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            int R = left >= 9 && left % 8 == 1 ? 9 : left >= 8 ? 8 : left >= 4 ? 4 : (int)left; /* 3, 2, 1 */
             int64_t n = b0;
             if (pair)
                 for (; n + 2 <= b1; n += 2) run_tile(j, p, n, 1, r, R);
