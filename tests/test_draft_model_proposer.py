@@ -481,8 +481,30 @@ def test_a_costed_draft_goes_as_far_as_its_reach_pays_and_branches_where_close(m
     assert d.follow(cheap._chain) == (d.tokens.index(cheap._chain[-1]), 6) and d.score > 0
     costly = _costed(DraftModelProposer(models["target"], max_length=6), ids, step_s=0.6, slope=0.3)
     costly.judge.first = 1.0  # its first token pays (1 s >= 0.6 + 0.3 s), no second one can (reach < 0.9)
+    costly.runner.logits_after(ids[:-1])  # its cache lacks only the last token: one forward's worth
     d = costly.propose(ids, 16)
     assert len(d) == 1
+
+
+def test_a_draft_counts_the_tokens_its_cache_lacks(models):
+    """The draft's first forward feeds what its cache lacks: the prompt at a request's first draft (the
+    tokens accepted while it sat out later), costing t(n) / t(1) one-token forwards on the pass curve. The
+    draft of the test above, its cache empty: 1 s < 0.6 x t(7) / t(1) + 0.3 s = 1.98 s, no draft and no
+    prefill; and its forwards are timed by what they fed (a catch-up of n tokens is not one slow forward)."""
+    ids = models["target"].tokenizer.encode("def add(a, b):\n")
+    p = _costed(DraftModelProposer(models["target"], max_length=6), ids, step_s=0.6, slope=0.3)
+    p.judge.first = 1.0
+    assert p.forwards(1) == 1.0 and p.forwards(len(ids)) == pytest.approx(1 + 0.3 * (len(ids) - 1))
+    assert len(p.propose(ids, 16)) == 0 and p.runner.ids == []
+    p.runner.logits_after(ids[:-1])
+    assert len(p.propose(ids, 16)) == 1
+    # timing: a forward feeding the whole prompt counts as forwards(len(ids)) one-token forwards
+    p.runner.reset()
+    p._fwd_cpu, p._fwd_n = 0.0, 0
+    p.logits(ids)
+    assert p._fwd_n == 1 and p.forwards(len(ids)) > 1
+    p.logits(ids)  # kept logits: no forward, nothing timed
+    assert p._fwd_n == 1
 
 
 def test_a_costed_draft_sits_out_steps_it_cannot_pay_for(models):
@@ -635,8 +657,8 @@ def test_the_drafts_before_a_draft_model_lower_what_its_tokens_are_worth(models,
     seen: list[tuple[float, bool]] = []  # (the promise the judge was told, its verdict) per step
     worth = ModelDraftJudge.worth
 
-    def recording(self, step):
-        out = worth(self, step)
+    def recording(self, step, forwards=1.0):
+        out = worth(self, step, forwards)
         seen.append((self.promised_before, out))
         return out
 

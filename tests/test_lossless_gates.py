@@ -295,8 +295,8 @@ def test_a_draft_models_own_judgement_keeps_the_target_law(toys, kind, monkeypat
     seen = {"declined": 0, "drafting": 0, "cut": 0, "went on": 0}
     worth, further = ModelDraftJudge.worth, ModelDraftJudge.further
 
-    def counting_worth(self, step):
-        out = worth(self, step)
+    def counting_worth(self, step, forwards=1.0):
+        out = worth(self, step, forwards)
         seen["drafting" if out else "declined"] += 1
         return out
 

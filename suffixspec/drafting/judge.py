@@ -16,8 +16,10 @@ class ModelDraftJudge:
     row step ``F`` it spares (:class:`StepCost`). So:
 
     - **draft at all** (:meth:`worth`) when the draft's first token is accepted often enough to pay for its
-      forward and its verification: ``first x F >= c + extra(1)``, ``first`` being the moving average of
-      the first token's acceptance in this request (from the drafter's prior over earlier requests). A
+      forward and its verification: ``first x F >= c x f + extra(1)``, ``first`` being the moving average of
+      the first token's acceptance in this request (from the drafter's prior over earlier requests), ``f``
+      the first forward in one-token forwards (``t(n) / t(1)`` where it first feeds ``n`` tokens the draft's
+      cache lacks: the prompt at the request's first draft, the tokens accepted while it sat out). A
       drafter that does not pay now explores again once the plain steps it sat out cost ``interval`` times
       a one-token draft (``Policy.proposer_explore``, doubling after each fruitless exploration up to
       ``max_proposer_explore``), so a request whose answer turns from prose into code gets its draft model
@@ -65,17 +67,20 @@ class ModelDraftJudge:
             plain /= 1.0 + max(0.0, self.promised_before)
         return plain, extra
 
-    def worth(self, step: StepCost) -> bool:
-        """Whether to draft this step (True while the costs are not measured yet)."""
+    def worth(self, step: StepCost, forwards: float = 1.0) -> bool:
+        """Whether to draft this step (True while the costs are not measured yet). ``forwards``: what the
+        draft's first forward costs in one-token forwards (more than 1 where it first feeds the tokens its
+        cache lacks: the prompt, at a request's first draft, or the tokens accepted while it sat out)."""
         costs = self._costs(step)
         if costs is None:
             return True
         plain, extra = costs
-        if self.first * plain >= self.step_s + extra:
+        cost = self.step_s * forwards + extra
+        if self.first * plain >= cost:
             self.idle, self.explored = 0.0, False
             return True
         self.idle += step.plain() or 0.0  # the plain steps sat out (their full cost, whatever a token is worth)
-        if self.idle >= self.interval * (self.step_s + extra):
+        if self.idle >= self.interval * cost:
             self.idle, self.explored = 0.0, True
             return True
         return False

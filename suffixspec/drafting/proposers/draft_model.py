@@ -71,7 +71,7 @@ class DraftModelProposer(ModelDrafter):
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.setup_s = 0.0
         cap = min(budget, self.context_window // 2)
-        if not self.enabled or cap <= 0 or not context or not self.worth_drafting():
+        if not self.enabled or cap <= 0 or not context or not self.worth_drafting(context):
             return Draft()
         if not self._prefilled:
             t = time.perf_counter()
