@@ -215,7 +215,8 @@ class SuffixSpec:
             from suffixspec.loading import load_model
 
             # the draft follows the target's format (an int8 draft runs the kernel measured fastest for it)
-            draft = load_model(draft_model, device=target.device, weights=draft_weights(target.weights), draft=True)
+            draft = load_model(draft_model, device=target.device, weights=draft_weights(target.weights), draft=True,
+                               share_tokenizer=target)  # one tokenizer where they tokenize alike (Qwen's pair)
         return build_available({"tokenizer": target.tokenizer, "target": target, "draft": draft,
                                 "store": self.store, "history": self.history})
 

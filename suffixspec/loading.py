@@ -82,6 +82,9 @@ class LoadedModel:
     # the weight format (suffixspec.core.formats.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
     # one is built by the lean forward when the engine or draft runner first runs the model
     weights: str = "float32"
+    # a digest of the tokenizer's files (tokenizer_files), None where it did not come from a local folder: a draft
+    # whose files are the same bytes shares this tokenizer (load_model's share_tokenizer)
+    tokenizer_files: str | None = None
 
     @property
     def lean_kind(self) -> str:
@@ -100,6 +103,29 @@ def max_context(config: Any) -> int:
 def load_tokenizer(name_or_path: str) -> Any:
     """The tokenizer of a model name, folder, hub id or ``.gguf`` file (see ``resolve_model_path``)."""
     return _tokenizer_from(resolve_model_path(name_or_path))
+
+
+# what AutoTokenizer reads from a folder, but the chat template (a draft's prompts are token ids)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def tokenizer_files(path: str) -> str | None:
+    """A digest of the tokenizer files in folder ``path`` (``TOKENIZER_FILES``), None for a path that is not a local
+    folder or holds none of them. Two models whose digests agree tokenize alike (Qwen2.5-Coder's 0.5B and 1.5B)."""
+    import hashlib
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    found = False
+    for name in TOKENIZER_FILES:
+        f = folder / name
+        if f.is_file():
+            found = True
+            h.update(name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest() if found else None
 
 
 def _tokenizer_from(path: str) -> Any:
@@ -177,7 +203,8 @@ def _load_converted(path: str, config: Any, torch_dtype: Any) -> Any | None:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
-               weights: str | None = None, draft: bool = False) -> LoadedModel:
+               weights: str | None = None, draft: bool = False, share_tokenizer: LoadedModel | None = None
+               ) -> LoadedModel:
     """Load a causal LM and its tokenizer from a model name, a ``.gguf`` file, a local folder, a hub
     id or an embedded name (``resolve_model_path``).
 
@@ -186,7 +213,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     ``formats.resolve``); None (this function's default) = the floating format of ``dtype`` or the device,
     as before formats existed. An int8 model loads in float32 and is quantized by its lean forward when first
     run (``Runner``, ``DraftRunner``), which then releases the float weights. ``draft``: a draft model, whose
-    tokens are only proposals: ``auto`` does not weigh how well its int8 agrees with its float32."""
+    tokens are only proposals: ``auto`` does not weigh how well its int8 agrees with its float32.
+    ``share_tokenizer``: a loaded model (the target) whose tokenizer this one takes instead of loading its own
+    where their tokenizer files are the same bytes (``tokenizer_files``): a Qwen tokenizer holds ~140 MB."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -221,7 +250,11 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         raise ValueError(f"{name_or_path} cannot run with gguf weights: they are the blocks of the GGUF file a model "
                          f"is converted from; name the model by its GGUF (a known name or a .gguf path), or use "
                          f"weights='int8'")
-    tokenizer = _tokenizer_from(path)
+    files = tokenizer_files(path)
+    if share_tokenizer is not None and files is not None and files == share_tokenizer.tokenizer_files:
+        tokenizer = share_tokenizer.tokenizer
+    else:
+        tokenizer = _tokenizer_from(path)
     if fmt in QUANTIZED:  # the calibration text's ids, for the int8 build's smoothing (weights.smoothing)
         from suffixspec.core.weights import CALIBRATION_TEXT
 
@@ -229,4 +262,4 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         if converted:  # where the lean forward keeps the quantized matrices for the next start (lean_weights)
             model._suffixspec_folder = path
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
-                       cache_folder=path if converted else None, weights=fmt)
+                       cache_folder=path if converted else None, weights=fmt, tokenizer_files=files)

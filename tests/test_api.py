@@ -133,6 +133,25 @@ def test_without_a_store(tiny_model_dirs):
     s.close()  # idempotent
 
 
+def test_a_draft_that_tokenizes_alike_shares_the_targets_tokenizer(tiny_model_dirs, tiny_draft_dir):
+    """A draft whose tokenizer files are the target's bytes takes the target's tokenizer (one ~140 MB table
+    for Qwen's pair, not two); another tokenizer's draft loads its own; outputs stay plain decoding's."""
+    from suffixspec.loading import load_model, tokenizer_files
+
+    a = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    assert a.tokenizer_files == tokenizer_files(str(tiny_model_dirs["qwen2"])) is not None
+    assert load_model(str(tiny_model_dirs["qwen2"]), device="cpu", share_tokenizer=a).tokenizer is a.tokenizer
+    assert load_model(str(tiny_model_dirs["qwen2"]), device="cpu").tokenizer is not a.tokenizer
+    other = load_model(str(tiny_draft_dir), device="cpu", share_tokenizer=a)
+    assert other.tokenizer_files != a.tokenizer_files and other.tokenizer is not a.tokenizer
+    with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=str(tiny_model_dirs["qwen2"]), db=False) as s:
+        drafter = next(p for p in s.proposers if getattr(p, "name", "") == "draft_model")
+        assert drafter.draft.tokenizer is s.tokenizer
+        plain = s.generate("def add(a, b):", max_tokens=12, speculation=False)
+        fast = s.generate("def add(a, b):", max_tokens=12, speculation={"drafters": ["draft_model"]})
+        assert fast.token_ids == plain.token_ids
+
+
 def test_draft_model_with_another_tokenizer_is_lossless(tiny_model_dirs, tiny_draft_dir):
     """The draft model's proposer is built for a different vocabulary (bridged) and keeps outputs equal."""
     with SuffixSpec(model=str(tiny_model_dirs["llama"]), draft_model=str(tiny_draft_dir), db=False) as s:

@@ -104,7 +104,7 @@ class TokenBridge:
         self.target_tokenizer = target_tokenizer
         self.draft_tokenizer = draft_tokenizer
         self.target = vocab_table(target_tokenizer)
-        self.draft = vocab_table(draft_tokenizer)
+        self.draft = self.target if draft_tokenizer is target_tokenizer else vocab_table(draft_tokenizer)
         self.window = window
         self.target_size = max(target_size or 0, self.target.size)
         self.draft_size = max(draft_size or 0, self.draft.size)
