@@ -27,8 +27,9 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(blockq.kernel() is None, reason="no C compiler: the block kernel cannot be built")]
 
 # name -> (architecture, block type of the matrices, hidden size)
+# (Q5_1: a type the block kernel lacks, multiplied as exact int8 rows of its values)
 CASES = {"llama-Q4_1": ("llama", "Q4_1", 64), "llama-Q8_0": ("llama", "Q8_0", 64),
-         "qwen2-Q4_K": ("qwen2", "Q4_K", 256), "qwen2-Q6_K": ("qwen2", "Q6_K", 256)}
+         "qwen2-Q4_K": ("qwen2", "Q4_K", 256), "qwen2-Q6_K": ("qwen2", "Q6_K", 256), "llama-Q5_1": ("llama", "Q5_1", 64)}
 HF_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
@@ -127,6 +128,26 @@ def test_gguf_generation_is_identical_with_speculation_on_and_off(models, case):
     cases = [SamplingParams(max_tokens=24, ignore_eos=True),
              SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=3)]
     assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"], cases)
+
+
+def test_a_type_the_kernel_lacks_runs_as_int8_rows_and_stays_exact(models):
+    """A matrix whose blocks the kernel lacks (Q5_1 here) is quantized from its dequantized values to int8 per
+    output row (``RowInt8Weight``, the int8 format's product: a row's result depends on that row alone); the
+    format stays exact: a row's logits do not depend on its pass, and generation is identical with speculation
+    on and off."""
+    from suffixspec.core.weights import RowInt8Weight
+
+    f32, gg = models["llama-Q5_1"]
+    lean = lean_forward(gg.model, "gguf")
+    assert lean is not None and lean.exact
+    layer = lean.layers[0]
+    assert all(isinstance(w, RowInt8Weight) for w in (layer.w_qkv, layer.wo, layer.w_gu, layer.wd, lean.head))
+    assert _row_dependence(lean, threads=(1, 2)) == []
+    engine = Engine(gg)
+    assert engine.numerics["weights"] == "gguf"
+    assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add("],
+                                     [SamplingParams(max_tokens=16, ignore_eos=True),
+                                      SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.0, seed=5)])
 
 
 def test_gguf_weights_need_a_model_converted_from_a_gguf(tiny_model_dirs):

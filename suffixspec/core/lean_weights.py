@@ -324,7 +324,8 @@ def build_gguf(model: Any, shape: Shape) -> LeanWeights:
     """The ``gguf`` kind: the matrices are the blocks of the GGUF file the model was converted from
     (``gguf_weights``), multiplied by the block kernel (``blockq``); norms and biases are the model's own
     (float32, exactly the file's). A matrix of a type the kernel lacks (or q/k/v of mixed types with one
-    such) is multiplied as exact int8 rows of its dequantized values (``RowInt8Weight``), logged."""
+    such) is quantized from its dequantized values to int8 per output row (``RowInt8Weight``: exact per row, as
+    at ``int8``), logged."""
     from suffixspec.core import blockq
     from suffixspec.core.gguf_weights import FileRows, read_matrices, source_file
 
@@ -348,7 +349,7 @@ def build_gguf(model: Any, shape: Shape) -> LeanWeights:
         from suffixspec.core.formats import int8_kernel
 
         kernel = kernel or int8_kernel()
-        log.info("%s: %s blocks multiplied as exact int8 rows (the block kernel has %s)", "+".join(names),
+        log.info("%s: %s blocks requantized to int8 rows (the block kernel has %s)", "+".join(names),
                  "/".join(p.ggml_type for p in parts), ", ".join(blockq.TYPES))
         w = torch.cat([torch.from_numpy(quants.dequantize(p.raw, GGMLQuantizationType[p.ggml_type])) for p in parts])
         return RowInt8Weight(w, kernel)
