@@ -12,8 +12,8 @@
      acc[g & 1][l] = fma(off[l], dx[l] * sum[l], acc[g & 1][l]); tail blocks (K % 256, 32-value types) in a
      scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
      the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
-   - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles of
-     9/8/4/3/2/1 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs in 512-bit registers (dot2_rows),
+   - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles
+     of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs in 512-bit registers (dot2_rows),
      one dpbusd chain or two; each (row, output) lane still gets the float operations above, in that order.
    - Threads split the outputs: one output is computed wholly by one thread.
    Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
@@ -709,29 +709,15 @@ static inline __attribute__((always_inline)) void dot_any(int type, const uint8_
     }
 }
 
-static __attribute__((noinline)) void dot_tile9(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
-    dot_any(type, w, a, r0, 9, res);
-}
-
-static __attribute__((noinline)) void dot_tile8(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
-    dot_any(type, w, a, r0, 8, res);
-}
-
-static __attribute__((noinline)) void dot_tile4(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
-    dot_any(type, w, a, r0, 4, res);
-}
-
-static __attribute__((noinline)) void dot_tile3(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
-    dot_any(type, w, a, r0, 3, res);
-}
-
-static __attribute__((noinline)) void dot_tile2(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
-    dot_any(type, w, a, r0, 2, res);
-}
-
-static __attribute__((noinline)) void dot_tile1(int type, const uint8_t *w, const act_t *a, int64_t r0, float *res) {
-    dot_any(type, w, a, r0, 1, res);
-}
+#define DOT_TILE(NR)                                                                                             \
+    static __attribute__((noinline)) void dot_tile##NR(int type, const uint8_t *w, const act_t *a, int64_t r0,   \
+                                                       float *res) {                                            \
+        dot_any(type, w, a, r0, NR, res);                                                                        \
+    }
+DOT_TILE(1) DOT_TILE(2) DOT_TILE(3) DOT_TILE(4) DOT_TILE(5) DOT_TILE(6) DOT_TILE(7) DOT_TILE(8) DOT_TILE(9)
+typedef void (*dot_tile_fn)(int, const uint8_t *, const act_t *, int64_t, float *);
+static const dot_tile_fn DOT_TILES[MAX_ROWS_TILE + 1] = {NULL, dot_tile1, dot_tile2, dot_tile3, dot_tile4,
+                                                         dot_tile5, dot_tile6, dot_tile7, dot_tile8, dot_tile9};
 
 static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, const float *res) {
     for (int t = 0; t < R; t++) o[(r + t) * j->ldo] = res[t] + bias;
@@ -750,12 +736,10 @@ static inline __attribute__((always_inline)) void dot2_any(int type, const uint8
                                                         const act_t *a, int64_t r0, float *res0, float *res1) { \
         dot2_any(type, w0, w1, a, r0, NR, res0, res1);                                                           \
     }
-DOT2_TILE(9)
-DOT2_TILE(8)
-DOT2_TILE(4)
-DOT2_TILE(3)
-DOT2_TILE(2)
-DOT2_TILE(1)
+DOT2_TILE(1) DOT2_TILE(2) DOT2_TILE(3) DOT2_TILE(4) DOT2_TILE(5) DOT2_TILE(6) DOT2_TILE(7) DOT2_TILE(8) DOT2_TILE(9)
+typedef void (*dot2_tile_fn)(int, const uint8_t *, const uint8_t *, const act_t *, int64_t, float *, float *);
+static const dot2_tile_fn DOT2_TILES[MAX_ROWS_TILE + 1] = {NULL, dot2_tile1, dot2_tile2, dot2_tile3, dot2_tile4,
+                                                           dot2_tile5, dot2_tile6, dot2_tile7, dot2_tile8, dot2_tile9};
 #endif
 
 /* rows r..r+R of outputs n (and n + 1 where paired) */
@@ -766,24 +750,14 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
 #if BQ_PAIR
     if (pair) {
         float res1[MAX_ROWS_TILE];
-        if (R == 9) dot2_tile9(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
-        else if (R == 8) dot2_tile8(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
-        else if (R == 4) dot2_tile4(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
-        else if (R == 3) dot2_tile3(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
-        else if (R == 2) dot2_tile2(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
-        else dot2_tile1(p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        DOT2_TILES[R](p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
         store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
         store_rows(j, o + 1, p->bias ? p->bias[n + 1] : 0.0f, r, R, res1);
         return;
     }
 #endif
     (void)pair;
-    if (R == 9) dot_tile9(p->type, w, &j->act, r, res0);
-    else if (R == 8) dot_tile8(p->type, w, &j->act, r, res0);
-    else if (R == 4) dot_tile4(p->type, w, &j->act, r, res0);
-    else if (R == 3) dot_tile3(p->type, w, &j->act, r, res0);
-    else if (R == 2) dot_tile2(p->type, w, &j->act, r, res0);
-    else dot_tile1(p->type, w, &j->act, r, res0);
+    DOT_TILES[R](p->type, w, &j->act, r, res0);
     store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
 }
 
@@ -795,7 +769,7 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
        8-16 rows 0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do
        both the dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
     const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096))) || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
-    /* Rows in tiles of 9, 8, 4, 3, 2, 1 (each unpacked weight group serves the tile's rows; every row gets the same
+    /* Rows in tiles of 1 to 9 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
        so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
     int64_t nb = (256 << 10) / p->row_bytes;
@@ -804,8 +778,9 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
         int64_t b1 = b0 + nb < n1 ? b0 + nb : n1;
         for (int64_t r = 0; r < j->M;) {
             int64_t left = j->M - r;
-            /* 9 where 8s would leave a single row (a verify pass of 1 + 8k tokens): a 1-row tile costs ~3 rows */
-            int R = left >= 9 && left % 8 == 1 ? 9 : left >= 8 ? 8 : left >= 4 ? 4 : (int)left; /* 3, 2, 1 */
+            /* 9 where 8s would leave a single row (a verify pass of 1 + 8k tokens): a 1-row tile costs ~3 rows;
+               5 rows in one tile, not 4 + 1 (Qwen2.5-1.5B's layer matrices, 2 threads: see the commit) */
+            int R = left <= 9 ? (int)left : left % 8 == 1 ? 9 : 8; /* one tile for the last 9 rows or fewer */
             int64_t n = b0;
             if (pair)
                 for (; n + 2 <= b1; n += 2) run_tile(j, p, n, 1, r, R);
