@@ -163,8 +163,21 @@ def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:
     return x.reshape(-1, K).contiguous()
 
 
+def _parts(parts: Sequence[tuple[BlockWeight, int]], b: torch.Tensor | None) -> ctypes.Array:
+    """The kernel's part records for ``parts`` and bias ``b``."""
+    arr = (_Part * len(parts))()
+    for i, (w, col0) in enumerate(parts):
+        arr[i].type, arr[i].N, arr[i].row_bytes = w._code, w.shape[0], w._row_bytes
+        arr[i].w = w._data.ctypes.data
+        arr[i].bias = None if b is None else b.data_ptr() + 4 * col0
+        arr[i].col0 = col0
+    return arr
+
+
 def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: int, x: torch.Tensor,
-         b: torch.Tensor | None) -> torch.Tensor:
+         b: torch.Tensor | None, owner: BlockWeight | BlockConcat | None = None) -> torch.Tensor:
+    """``owner``: the weight whose last part records (``_last``, by bias address) are reused: a decode step
+    makes 115 calls, and building the records took a quarter of a small call's Python."""
     lead = x.shape[:-1]
     x2 = _check_x(x, K)
     if b is not None:
@@ -173,12 +186,14 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
                              f"{getattr(b, 'dtype', type(b).__name__)} {list(getattr(b, 'shape', []))}")
         b = b.contiguous()
     out = torch.empty(x2.shape[0], N, dtype=torch.float32)
-    arr = (_Part * len(parts))()
-    for i, (w, col0) in enumerate(parts):
-        arr[i].type, arr[i].N, arr[i].row_bytes = w._code, w.shape[0], w._row_bytes
-        arr[i].w = w._data.ctypes.data
-        arr[i].bias = None if b is None else b.data_ptr() + 4 * col0
-        arr[i].col0 = col0
+    key = 0 if b is None else b.data_ptr()
+    last = owner._last if owner is not None else None
+    if last is not None and last[0] == key:
+        arr = last[1]
+    else:
+        arr = _parts(parts, b)
+        if owner is not None:
+            owner._last = (key, arr)
     rc = lib.bq_mm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N,
                    max(1, torch.get_num_threads()))
     if rc != 0:
@@ -217,6 +232,7 @@ class BlockWeight:
         self.ggml_type, self.shape, self._code = ggml_type, (N, K), code
         self._data = np.ascontiguousarray(_repack(ggml_type, raw))
         self._row_bytes = row_bytes + (K // 256 * 4 if ggml_type == "Q4_K" else 0)
+        self._last: tuple[int, ctypes.Array] | None = None  # (bias address, part records) of the last product
         assert self._data.shape == (N, self._row_bytes), (self._data.shape, self._row_bytes)
 
     @property
@@ -231,7 +247,7 @@ class BlockWeight:
         return self._mm(x, b)
 
     def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        return _run(_need_kernel(lib), [(self, 0)], self.shape[0], self.shape[1], x, b)
+        return _run(_need_kernel(lib), [(self, 0)], self.shape[0], self.shape[1], x, b, self)
 
     def rows(self, ids: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
         """Rows ``ids`` (integer tensor [T]) of W, dequantized exactly: [T, K] float32."""
@@ -278,6 +294,7 @@ class BlockConcat:
         self.shape = (sum(self.splits), K)
         self.ggml_type = "+".join(p.ggml_type for p in parts)
         self._cols = list(np.cumsum((0, *self.splits[:-1])).tolist())
+        self._last: tuple[int, ctypes.Array] | None = None  # as BlockWeight's
 
     @property
     def nbytes(self) -> int:
@@ -288,7 +305,8 @@ class BlockConcat:
         return self._mm(x, b)
 
     def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        return _run(_need_kernel(lib), list(zip(self.parts, self._cols, strict=True)), self.shape[0], self.shape[1], x, b)
+        return _run(_need_kernel(lib), list(zip(self.parts, self._cols, strict=True)), self.shape[0], self.shape[1], x, b,
+                    self)
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])
