@@ -82,6 +82,28 @@ def test_bad_inputs_say_what_to_give(monkeypatch):
         E.mode()
 
 
+def test_a_build_removes_the_kernels_stale_libraries(tmp_path, monkeypatch):
+    """A build removes the same kernel's other libraries untouched for native.STALE_DAYS (an upgrade's leftovers),
+    and keeps recent ones and other kernels' files."""
+    import os
+    import time
+
+    from suffixspec.core import native
+
+    monkeypatch.setenv("SUFFIXSPEC_CACHE", str(tmp_path))
+    folder = tmp_path / "native"
+    folder.mkdir()
+    stem = E.SOURCE.stem
+    old, recent, other = folder / f"{stem}-0000000000000000.so", folder / f"{stem}-1111111111111111.so", folder / "x-2.so"
+    for f in (old, recent, other):
+        f.write_bytes(b"not a library")
+    month = time.time() - (native.STALE_DAYS + 1) * 86400
+    os.utime(old, (month, month))
+    os.utime(other, (month, month))
+    built = E.build()
+    assert built.exists() and not old.exists() and recent.exists() and other.exists()
+
+
 def test_it_is_built_once_and_without_a_compiler_the_forward_falls_back(tmp_path, monkeypatch, caplog):
     """The library is cached under $SUFFIXSPEC_CACHE/native (a second build compiles nothing); with no compiler,
     kernel() is None and says why, and LeanForward keeps per-query SDPA (exact too: test_weights)."""

@@ -3,8 +3,9 @@
 A C source beside this file is compiled once per machine with ``cc`` (or ``$CC``) and the given flags into
 ``$SUFFIXSPEC_CACHE/native/<stem>-<hash>.so``: the hash covers the source, the compiler, the flags, the machine
 and its CPU's instruction set flags (``-march=native`` code for one CPU must not load on another). The file is
-written to a temporary name and renamed into place, so concurrent starts never load half a file. No build step
-at install and no torch headers: the libraries are loaded with ctypes.
+written to a temporary name and renamed into place, so concurrent starts never load half a file. A build also
+removes the same kernel's libraries untouched for ``STALE_DAYS`` (older sources, flags or CPUs: an upgrade leaves
+one behind). No build step at install and no torch headers: the libraries are loaded with ctypes.
 
 Example: ``load(Path(__file__).with_name("blockq.c"), ("-O3", "-march=native", "-fPIC", "-shared"))`` -> a
 ``ctypes.CDLL``; RuntimeError (with the compiler's message) where it does not build."""
@@ -28,6 +29,28 @@ def cpuinfo_line(field: str) -> str:
         return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(field)), "")
     except OSError:
         return ""
+
+
+STALE_DAYS = 30  # a kernel's other libraries not modified for this long are removed at its next build
+
+
+def prune(target: Path, days: float = STALE_DAYS) -> list[Path]:
+    """Remove the libraries of ``target``'s kernel (``<stem>-*.so`` beside it) other than ``target`` that were not
+    modified for ``days``; returns them. A library in use stays usable (an unlinked file lives on while mapped);
+    one still wanted is rebuilt at its next load. Errors (another process removing it first) are ignored."""
+    import time
+
+    stem = target.name.rsplit("-", 1)[0]
+    cutoff = time.time() - days * 86400
+    removed = []
+    for old in target.parent.glob(f"{stem}-*.so"):
+        try:
+            if old != target and old.stat().st_mtime < cutoff:
+                old.unlink()
+                removed.append(old)
+        except OSError:
+            pass
+    return removed
 
 
 def library_path(source: Path, flags: Sequence[str], compiler: str) -> Path:
@@ -56,6 +79,7 @@ def build(source: Path, flags: Sequence[str], compiler: str | None = None) -> Pa
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed on {source.name}: {done.stderr.strip()[-800:]}")
         os.replace(tmp, target)
+        prune(target)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise RuntimeError(f"could not compile {source.name} with {compiler!r}: {e}") from e
     finally:
