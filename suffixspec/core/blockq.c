@@ -763,12 +763,15 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
 
 static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
     /* Two outputs at a time (each output's bits as if alone: dot2_rows) only where it measured faster: Q6_K
-       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at M < 8 a matrix streamed
-       from DRAM (the head) ran slower paired, even with the prefetches. Q4_K only once the rows' int8 activations
-       outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20% faster paired, as each output reads them once per pair;
-       8-16 rows 0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do
-       both the dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
-    const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096))) || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
+       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at M < 8 only for long rows
+       (K >= 4096: Qwen2.5-1.5B's down projections at 3 / 4 / 5 rows, 2 threads, 714 / 832 / 988 -> 632 / 768 /
+       901 us), as a matrix of short rows streamed from DRAM (the head) ran slower paired, even with the
+       prefetches. Q4_K only once the rows' int8 activations outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20%
+       faster paired, as each output reads them once per pair; 8-16 rows 0-8% slower). Q8_0 ran 5-10% slower
+       paired. (The kernel is bound by the vector pipes that do both the dpbusd and the float FMAs: pairing does
+       not reduce their work, and its inserts add some.) */
+    const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096)))
+                                 || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
     /* Rows in tiles of 1 to 9 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
        so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
