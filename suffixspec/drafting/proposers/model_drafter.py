@@ -95,6 +95,7 @@ class DraftRunner:
         self.cache: Any = None
         self.ids: list[int] = []  # what the cache (plus ``_last``) holds
         self._last: torch.Tensor | None = None  # [vocab] logits after ``ids``
+        self.fed = 0  # tokens the last call fed through the model (0: its logits were kept)
 
     @torch.inference_mode()
     def logits_after(self, ids: Sequence[int]) -> torch.Tensor:
@@ -103,6 +104,7 @@ class DraftRunner:
             raise ValueError("the draft model needs at least one context token")
         n = common_prefix(self.ids, ids)
         if n == len(ids) == len(self.ids) and self._last is not None:
+            self.fed = 0
             return self._last
         self._feed(ids, min(n, len(ids) - 1), every=False)  # at least one token fed, to get logits
         return self._last
@@ -145,6 +147,7 @@ class DraftRunner:
             rows = out.logits[0].float() if every else out.logits[0, -1:].float()
         self.ids = list(ids)
         self._last = rows[-1]
+        self.fed = len(ids) - n
         return rows, n
 
     def room(self) -> int:
@@ -325,13 +328,10 @@ class ModelDrafter(Proposer):
         tokens it fed: a forward that first catches up on the tokens accepted while the draft sat out (30 of
         them cost 65-100 ms against 22 for one, Qwen2.5-Coder-0.5B at gguf) read as one forward made the
         draft look three times as slow, and the judge then kept it off where it paid."""
-        fed = len(ids) - min(common_prefix(self.runner.ids, ids), len(ids) - 1)
-        if self.runner.ids == list(ids) and self.runner._last is not None:
-            fed = 0  # its logits are kept: no forward
         t = cpu_clock()
         out = self.runner.logits_after(ids)
-        if fed:
-            self._fwd_cpu += (cpu_clock() - t) / self.forwards(fed)
+        if self.runner.fed:  # (0: its logits were kept, no forward)
+            self._fwd_cpu += (cpu_clock() - t) / self.forwards(self.runner.fed)
             self._fwd_n += 1
         return out
 
