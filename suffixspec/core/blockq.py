@@ -293,7 +293,8 @@ class BlockConcat:
         self.splits = tuple(p.shape[0] for p in parts)
         self.shape = (sum(self.splits), K)
         self.ggml_type = "+".join(p.ggml_type for p in parts)
-        self._cols = list(np.cumsum((0, *self.splits[:-1])).tolist())
+        # each part with its first output column, as the kernel's records take them
+        self._placed = list(zip(parts, np.cumsum((0, *self.splits[:-1])).tolist(), strict=True))
         self._last: tuple[int, ctypes.Array] | None = None  # as BlockWeight's
 
     @property
@@ -305,8 +306,7 @@ class BlockConcat:
         return self._mm(x, b)
 
     def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        return _run(_need_kernel(lib), list(zip(self.parts, self._cols, strict=True)), self.shape[0], self.shape[1], x, b,
-                    self)
+        return _run(_need_kernel(lib), self._placed, self.shape[0], self.shape[1], x, b, self)
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])
