@@ -130,6 +130,40 @@ def test_gguf_generation_is_identical_with_speculation_on_and_off(models, case):
     assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"], cases)
 
 
+def test_a_pass_runs_its_products_on_blockqs_threads_and_torchs_ops_on_one(models, monkeypatch):
+    """At two torch threads a pass whose products are all blockq's runs them on two of blockq's own threads with
+    torch's ops on one (its idle OpenMP worker would otherwise spin on the core blockq's worker needs), and puts
+    torch's count back afterwards, also when the pass fails; a forward with a product of another kind (Q5_1's int8
+    rows, on torch's threads) is left on torch's count. The logits are the same bits either way (the test above)."""
+    _, gg = models["qwen2-Q4_K"]
+    lean = lean_forward(gg.model, "gguf")
+    assert lean.blocks
+    assert not lean_forward(models["llama-Q5_1"][1].model, "gguf").blocks
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import PassRow
+
+    seen = []
+    run = blockq._run
+
+    def spy(*args, **kwargs):
+        seen.append((getattr(blockq._local, "threads", None), torch.get_num_threads()))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(blockq, "_run", spy)
+    torch.set_num_threads(2)
+    cache = SlotCache(1, capacity=64)
+    lean([PassRow(cache.add_row(), [5, 6, 7], None, 0, "last")], cache)
+    assert seen and set(seen) == {(2, 1)}
+    assert torch.get_num_threads() == 2 and getattr(blockq._local, "threads", None) is None
+    with pytest.raises(IndexError):  # a token id outside the vocabulary fails inside the pass
+        lean([PassRow(cache.add_row(), [10 ** 9], None, 0, "last")], cache)
+    assert torch.get_num_threads() == 2 and getattr(blockq._local, "threads", None) is None
+    seen.clear()
+    torch.set_num_threads(1)
+    lean([PassRow(cache.add_row(), [5, 6], None, 0, "last")], cache)
+    assert set(seen) == {(None, 1)}
+
+
 def test_a_type_the_kernel_lacks_runs_as_int8_rows_and_stays_exact(models):
     """A matrix whose blocks the kernel lacks (Q5_1 here) is quantized from its dequantized values to int8 per
     output row (``RowInt8Weight``, the int8 format's product: a row's result depends on that row alone); the
