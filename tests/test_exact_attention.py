@@ -68,6 +68,34 @@ def test_a_query_alone_and_among_others_is_the_same_bit_for_bit():
     assert torch.equal(alone[16], together[16])
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_queries_shared_among_blockqs_threads_are_the_same_bits(threads):
+    """Through blockq's pool (``blockq.pool`` inside ``pass_threads``): the (query, key head) pairs spread over
+    2 or 3 threads give the bits of one thread, for 17 tree queries over two cache rows, with and without a
+    window."""
+    from suffixspec.core import blockq
+
+    fn = E.kernel()
+    if blockq.kernel() is None:
+        pytest.skip("no block kernel (no C compiler)")
+    assert blockq.pool() is None  # outside a pass: no pool
+    g = torch.Generator().manual_seed(threads)
+    h_q, h_kv, d = 12, 2, 128
+    q = torch.randn(17, h_q, d, generator=g)
+    k_new, v_new = torch.randn(17, h_kv, d, generator=g), torch.randn(17, h_kv, d, generator=g)
+    kbuf, vbuf = torch.randn(2, h_kv, 300, d, generator=g), torch.randn(2, h_kv, 300, d, generator=g)
+    queries = [(i, i % 2, 200 + i, 200 + 2 * i + 1, list(range(i + 1))) for i in range(17)]
+    meta, path = E.plan(queries)
+    for window in (None, 7):
+        alone, shared = torch.zeros(17, h_q * d), torch.full((17, h_q * d), float("nan"))
+        E.attend(fn, meta, path, q, kbuf, vbuf, k_new, v_new, alone, d ** -0.5, window)
+        with blockq.pass_threads(threads):
+            pool = blockq.pool()
+            assert pool is not None and pool[1] == threads
+            E.attend(fn, meta, path, q, kbuf, vbuf, k_new, v_new, shared, d ** -0.5, window, pool)
+        assert torch.equal(alone, shared), window
+
+
 def test_bad_inputs_say_what_to_give(monkeypatch):
     with pytest.raises(ValueError, match="2 new positions but a path of 1"):
         E.plan([(0, 0, 5, 7, [0])])

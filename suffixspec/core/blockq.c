@@ -696,6 +696,8 @@ typedef struct {
     int nthreads;
     atomic_int_fast64_t next;
     atomic_int done;    /* workers that joined and finished */
+    void (*task)(void *, int64_t); /* a job of bq_parallel: task(ctx, c) for each chunk c (no parts) */
+    void *ctx;
 } job_t;
 
 static inline __attribute__((always_inline)) void dot_any(int type, const uint8_t *w, const act_t *a, int64_t r0,
@@ -797,6 +799,10 @@ static void run_job(job_t *j) {
     for (;;) {
         int64_t c = atomic_fetch_add(&j->next, 1);
         if (c >= j->nchunks) break;
+        if (j->task) {
+            j->task(j->ctx, c);
+            continue;
+        }
         /* chunks are numbered over the parts in order, each part cut into pieces of j->chunk outputs */
         int64_t base = 0;
         for (int p = 0; p < j->nparts; p++) {
@@ -964,6 +970,25 @@ int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M
     }
     free(mem);
     return 0;
+}
+
+/* task(ctx, c) for c = 0 .. n - 1 on up to nthreads threads of the pool (the caller's among them), each c on one
+   thread, the order among them unspecified; returns when all are done. For another native kernel, given this
+   function's address, so that one pool (and one spinning worker) serves a pass (exact_attention.c). */
+void bq_parallel(void (*task)(void *, int64_t), void *ctx, int64_t n, int nthreads) {
+    if (n <= 0) return;
+    job_t j;
+    memset(&j, 0, sizeof j);
+    j.task = task;
+    j.ctx = ctx;
+    j.nchunks = n;
+    atomic_store(&j.next, 0);
+    if (nthreads <= 1 || n == 1) {
+        j.nthreads = 1;
+        run_job(&j);
+    } else {
+        run_threads(&j, nthreads < n ? nthreads : (int)n);
+    }
 }
 
 /* which path this copy was compiled with: 2 VNNI, 1 AVX2, 0 scalar */

@@ -65,6 +65,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bq_dequantize_rows.restype = i32
     lib.bq_path.argtypes = []
     lib.bq_path.restype = i32
+    lib.bq_parallel.argtypes = [ptr, ptr, i64, i32]
+    lib.bq_parallel.restype = None
     lib.bq_set_spin_us.argtypes = [ctypes.c_long]
     lib.bq_set_spin_us.restype = None
     return lib
@@ -106,6 +108,14 @@ def pass_threads(n: int):
         _local.threads = prev
         if spin:
             lib.bq_set_spin_us(0)
+
+
+def pool() -> tuple[int, int] | None:
+    """Inside :func:`pass_threads` of two threads or more: (the address of the kernel's ``bq_parallel``, the
+    thread count), for another native kernel to share this pool (``exact_attention``); else None."""
+    n = getattr(_local, "threads", None)
+    lib = kernel() if n is not None and n > 1 else None
+    return None if lib is None else (ctypes.cast(lib.bq_parallel, ctypes.c_void_p).value, n)
 
 
 def _need_kernel(lib: ctypes.CDLL | None) -> ctypes.CDLL:

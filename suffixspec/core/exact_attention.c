@@ -10,6 +10,7 @@
    lanes summed in a fixed tree), loaded with memcpy so that a key's address (its alignment) never changes the
    arithmetic. Compiled on the machine that runs it (-march=native), once; float32 only. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,63 +108,96 @@ static void weigh(const float *w, const float **values, int64_t n, int d, float 
     }
 }
 
+/* What a call's tasks share: one task is one (query, key head), so each output is computed by one thread. */
+typedef struct {
+    const int64_t *meta, *path;
+    const float *q, *kbuf, *vbuf, *k_new, *v_new;
+    float *out;
+    int64_t q_tok, q_head, c_row, c_head, c_pos, k_tok, k_head, v_tok, v_head, o_tok, h_kv, rep, d, window;
+    float scale;
+} att_call;
+
+/* A thread's scratch (scores, then key and value pointers), grown as needed and kept for its next call. */
+static __thread float *scratch;
+static __thread size_t scratch_len;
+
+static float *scratch_for(size_t floats) {
+    if (floats > scratch_len) {
+        free(scratch);
+        scratch = malloc(sizeof(float) * floats);
+        scratch_len = scratch ? floats : 0;
+    }
+    return scratch;
+}
+
+/* Query i's attention for key head g (t = i * h_kv + g): returns 0, or -1 where its scratch ran out. */
+static int attend_one(const att_call *a, int64_t t) {
+    int64_t i = t / a->h_kv, g = t % a->h_kv, rep = a->rep, d = a->d;
+    const int64_t *m = a->meta + 5 * i;
+    int64_t tok = m[0], row = m[1], past = m[2], end = m[3], path_at = m[4];
+    int64_t start = (a->window > 0 && end > a->window) ? end - a->window : 0;
+    int64_t n = end - start, n8 = (n + 7) & ~(int64_t)7;  /* score rows padded to whole vectors (exp: 0) */
+    /* scores [rep, n8], then 2 * n8 pointers (a pointer takes at most two floats' room) */
+    float *scores = scratch_for((size_t)(rep * n8 + 4 * n8));
+    if (!scores) return -1;
+    const float **keys = (const float **)(scores + rep * n8), **values = keys + n8;
+    const float *kc = a->kbuf + row * a->c_row + g * a->c_head, *vc = a->vbuf + row * a->c_row + g * a->c_head;
+    const float *qg = a->q + tok * a->q_tok + g * rep * a->q_head;
+    for (int64_t p = start; p < end; p++) {
+        int64_t j = p - start, at = p < past ? -1 : a->path[path_at + p - past];
+        keys[j] = at < 0 ? kc + p * a->c_pos : a->k_new + at * a->k_tok + g * a->k_head;
+        values[j] = at < 0 ? vc + p * a->c_pos : a->v_new + at * a->v_tok + g * a->v_head;
+    }
+    for (int64_t j = n; j < n8; j++) keys[j] = keys[0];  /* padding: scores overwritten below */
+    for (int64_t r = 0; r < rep; r++) {
+        float *s = scores + r * n8;
+        scores_of(qg + r * a->q_head, keys, n8, (int)d, a->scale, s);
+        float top = s[0];
+        for (int64_t j = 1; j < n; j++) top = s[j] > top ? s[j] : top;
+        for (int64_t j = n; j < n8; j++) s[j] = -1e30f;
+        v8 tv = {top, top, top, top, top, top, top, top}, sum = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t j = 0; j < n8; j += 8) {
+            v8 e = exp8(load8(s + j) - tv);
+            store8(s + j, e);
+            sum += e;
+        }
+        weigh(s, values, n, (int)d, 1.0f / hsum(sum), a->out + tok * a->o_tok + (g * rep + r) * d);
+    }
+    return 0;
+}
+
+typedef struct {
+    const att_call *call;
+    atomic_int failed; /* set by any task whose scratch ran out */
+} att_run;
+
+static void attend_task(void *ctx, int64_t t) {
+    att_run *run = ctx;
+    if (attend_one(run->call, t)) atomic_store(&run->failed, 1);
+}
+
 /* meta: per query, 5 int64: packed token (its q row and output row), cache row, past (cached positions
    0 .. past - 1 are read from the cache), end (keys at positions 0 .. end - 1; positions past .. end - 1 are the
    packed tokens path[path_at + p - past]), path_at. window > 0: only the last `window` positions.
    q [T, h_q, d], k_new / v_new [T, h_kv, d] and out [T, h_q * d] by token and head strides (d contiguous);
-   kbuf / vbuf [rows, h_kv, capacity, d] by their three strides. Returns 0; -1: out of memory; -2: more than 64
-   query heads share a key head. */
+   kbuf / vbuf [rows, h_kv, capacity, d] by their three strides. parallel: NULL, or a pool's bq_parallel (blockq.c)
+   that runs the (query, key head) tasks on up to nthreads threads; each task is one thread's, by the same
+   instructions, so the thread count changes no bit. Returns 0, or -1: out of memory. */
 int exact_attention(int64_t nq, const int64_t *meta, const int64_t *path, const float *q, int64_t q_tok,
                     int64_t q_head, const float *kbuf, const float *vbuf, int64_t c_row, int64_t c_head,
                     int64_t c_pos, const float *k_new, int64_t k_tok, int64_t k_head, const float *v_new,
                     int64_t v_tok, int64_t v_head, float *out, int64_t o_tok, int64_t h_q, int64_t h_kv,
-                    int64_t d, float scale, int64_t window) {
+                    int64_t d, float scale, int64_t window,
+                    void (*parallel)(void (*)(void *, int64_t), void *, int64_t, int), int nthreads) {
     int64_t rep = h_q / h_kv;
-    int64_t longest = 0;
-    for (int64_t i = 0; i < nq; i++)
-        if (meta[5 * i + 3] > longest) longest = meta[5 * i + 3];
-    if (rep > 64) return -2;
-    float *scores = malloc(sizeof(float) * (size_t)(rep * (longest + 8)));
-    const float **keys = malloc(sizeof(float *) * (size_t)(2 * (longest + 8)));
-    if (!scores || !keys) {
-        free(scores);
-        free(keys);
-        return -1;
-    }
-    const float **values = keys + longest + 8;
-    for (int64_t i = 0; i < nq; i++) {
-        const int64_t *m = meta + 5 * i;
-        int64_t tok = m[0], row = m[1], past = m[2], end = m[3], path_at = m[4];
-        int64_t start = (window > 0 && end > window) ? end - window : 0;
-        int64_t n = end - start, n8 = (n + 7) & ~(int64_t)7;  /* score rows padded to whole vectors (exp: 0) */
-        for (int64_t g = 0; g < h_kv; g++) {
-            const float *kc = kbuf + row * c_row + g * c_head, *vc = vbuf + row * c_row + g * c_head;
-            const float *qg = q + tok * q_tok + g * rep * q_head;
-            for (int64_t p = start; p < end; p++) {
-                int64_t j = p - start, at = p < past ? -1 : path[path_at + p - past];
-                keys[j] = at < 0 ? kc + p * c_pos : k_new + at * k_tok + g * k_head;
-                values[j] = at < 0 ? vc + p * c_pos : v_new + at * v_tok + g * v_head;
-            }
-            for (int64_t j = n; j < n8; j++) keys[j] = keys[0];  /* padding: scores overwritten below */
-            float sums[64];
-            for (int64_t r = 0; r < rep; r++) {
-                float *s = scores + r * n8;
-                scores_of(qg + r * q_head, keys, n8, (int)d, scale, s);
-                float top = s[0];
-                for (int64_t j = 1; j < n; j++) top = s[j] > top ? s[j] : top;
-                for (int64_t j = n; j < n8; j++) s[j] = -1e30f;
-                v8 t = {top, top, top, top, top, top, top, top}, sum = {0, 0, 0, 0, 0, 0, 0, 0};
-                for (int64_t j = 0; j < n8; j += 8) {
-                    v8 e = exp8(load8(s + j) - t);
-                    store8(s + j, e);
-                    sum += e;
-                }
-                sums[r] = hsum(sum);
-                weigh(s, values, n, (int)d, 1.0f / sums[r], out + tok * o_tok + (g * rep + r) * d);
-            }
-        }
-    }
-    free(scores);
-    free(keys);
-    return 0;
+    att_call call = {meta, path, q, kbuf, vbuf, k_new, v_new, out, q_tok, q_head, c_row, c_head, c_pos, k_tok,
+                     k_head, v_tok, v_head, o_tok, h_kv, rep, d, window, scale};
+    att_run run = {&call};
+    atomic_init(&run.failed, 0);
+    int64_t tasks = nq * h_kv;
+    if (parallel && nthreads > 1 && tasks > 1)
+        parallel(attend_task, &run, tasks, nthreads);
+    else
+        for (int64_t t = 0; t < tasks; t++) attend_task(&run, t);
+    return atomic_load(&run.failed) ? -1 : 0;
 }

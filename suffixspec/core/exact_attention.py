@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("exact_attention.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
 MODES = ("native", "sdpa")
-MAX_REP = 64  # query heads per key head the kernel takes (its stack buffer of softmax sums)
 
 
 def mode() -> str:
@@ -64,7 +63,7 @@ def kernel() -> ctypes._CFuncPtr | None:
     fn = lib.exact_attention
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i64,
-                   i64, i64, i64, ctypes.c_float, i64]
+                   i64, i64, i64, ctypes.c_float, i64, ptr, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
 
@@ -84,10 +83,12 @@ def plan(queries: list[tuple[int, int, int, int, list[int]]]) -> tuple[np.ndarra
 
 def attend(fn: ctypes._CFuncPtr, meta: np.ndarray, path: np.ndarray, q: torch.Tensor, kbuf: torch.Tensor,
            vbuf: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor, scale: float,
-           window: int | None) -> None:
+           window: int | None, pool: tuple[int, int] | None = None) -> None:
     """Every query of ``meta`` into ``out`` [T, h_q * d]: ``q`` [T, h_q, d], ``k_new``/``v_new`` [T, h_kv, d]
     (the pass's packed keys/values), ``kbuf``/``vbuf`` [rows, h_kv, capacity, d] (the cache), float32 on the
-    CPU, each with its last dimension contiguous."""
+    CPU, each with its last dimension contiguous. ``pool``: (address of blockq's ``bq_parallel``, threads), the
+    (query, key head) pairs shared among that many of its threads (``blockq.pool``); None: this thread alone.
+    The same bits either way: each pair is computed by one thread, by the same instructions."""
     for name, t in (("q", q), ("kbuf", kbuf), ("vbuf", vbuf), ("k_new", k_new), ("v_new", v_new), ("out", out)):
         if t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(-1) != 1:
             raise ValueError(f"exact attention: {name} must be float32 on the CPU with a contiguous last dim")
@@ -98,8 +99,6 @@ def attend(fn: ctypes._CFuncPtr, meta: np.ndarray, path: np.ndarray, q: torch.Te
     rc = fn(len(meta), meta.ctypes.data, path.ctypes.data, q.data_ptr(), q.stride(0), q.stride(1),
             kbuf.data_ptr(), vbuf.data_ptr(), kbuf.stride(0), kbuf.stride(1), kbuf.stride(2),
             k_new.data_ptr(), k_new.stride(0), k_new.stride(1), v_new.data_ptr(), v_new.stride(0), v_new.stride(1),
-            out.data_ptr(), out.stride(0), h_q, h_kv, d, scale, window or 0)
-    if rc == -2:
-        raise ValueError(f"exact attention: {h_q // h_kv} query heads per key head; the kernel takes at most {MAX_REP}")
+            out.data_ptr(), out.stride(0), h_q, h_kv, d, scale, window or 0, *(pool or (None, 1)))
     if rc != 0:
         raise MemoryError("exact attention: out of memory for its score buffer")

@@ -221,8 +221,7 @@ class LeanForward:
         self.exact = weights in QUANTIZED
         # the compiled kernel for an exact format's draft nodes (exact_attention), where it builds; float32 only
         self.native = (exact_attention.kernel() if self.exact and self.device.type == "cpu"
-                        and self.dtype == torch.float32 and self.n_heads // self.n_kv <= exact_attention.MAX_REP
-                        else None)
+                       and self.dtype == torch.float32 else None)
         built = build(model, weights, Shape(self.n_heads, self.n_kv, self.head_dim, gemma, types))
         self.layers, self.norm, self.head, self.embed = built.layers, built.norm, built.head, built.embed
         # every product on blockq's kernel: a pass runs them on its own pool, torch's ops on one thread (__call__)
@@ -567,7 +566,7 @@ class LeanForward:
         if native is not None:
             fn, meta, path = native
             exact_attention.attend(fn, meta, path, q_all.transpose(0, 1), kbuf, vbuf, k_new, v_new, attn,
-                                   self.scale, window)
+                                   self.scale, window, blockq.pool())
             if not any(e.chunks for e in plan):
                 return
         sdpa = torch.nn.functional.scaled_dot_product_attention
