@@ -127,6 +127,36 @@ def test_concat_equals_the_parts_side_by_side(scalar_lib):
     assert torch.equal(cat.dequantize(), torch.cat([w.dequantize() for w in ws]))
 
 
+@pytest.mark.parametrize("scalar", [False, True])
+def test_rope_store_is_torchs_rotary_and_cache_writes_bit_for_bit(scalar, scalar_lib):
+    """The lean forward's rotary embedding and cache writes in one call: the same bits as its torch ops (mul, neg,
+    cat, mul, add; -ffp-contract=off) for qk a view of the pass's qkv product (12 query and 2 key heads, d 128;
+    Gemma's head size 256 with its own layout), values spread over 3 values of magnitude so that rounding
+    differs wherever an op is fused; and each token's keys and values land at its own cache row and slot, nothing
+    else written."""
+    lib = scalar_lib if scalar else B.kernel()
+    g = torch.Generator().manual_seed(7)
+    for h_q, h_kv, d in ((12, 2, 128), (4, 1, 256)):
+        T = 5
+        qkv = torch.randn(T, h_q + 2 * h_kv, d, generator=g) * torch.logspace(-2, 2, d)
+        qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]
+        angles = torch.randn(T, d // 2, generator=g) * 50
+        emb = torch.cat((angles, angles), -1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        half = d // 2
+        want = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+        kbuf, vbuf = torch.zeros(3, h_kv, 16, d), torch.zeros(3, h_kv, 16, d)
+        rows, slots = torch.tensor([2, 0, 2, 1, 0]), torch.tensor([4, 9, 5, 0, 15])
+        got = B.rope_store(lib, qk, cos, sin, v, kbuf, vbuf, rows, slots, h_q)
+        assert torch.equal(got, want)
+        kw, vw = torch.zeros_like(kbuf), torch.zeros_like(vbuf)
+        kw.transpose(1, 2)[rows, slots] = want[:, h_q:]
+        vw.transpose(1, 2)[rows, slots] = v
+        assert torch.equal(kbuf, kw) and torch.equal(vbuf, vw)
+    with pytest.raises(ValueError, match="rope_store"):
+        B.rope_store(lib, qk.double(), cos, sin, v, kbuf, vbuf, rows, slots, h_q)
+
+
 def test_bad_inputs_say_what_to_give():
     """(e) wrong type, K, bytes, dtype, shape: ValueErrors that name the problem."""
     raw = random_raw("Q8_0", 4, 64)

@@ -835,7 +835,9 @@ static atomic_int_fast64_t pool_state;
 /* How long an idle worker spins (beyond its first 256 pauses, a few microseconds) before it sleeps on the condvar.
    Measured on the 2-core EPYC with other work on the machine, Qwen2.5-1.5B's 196 layer matrices at M = 1, two
    threads: 0 us -> 79-84 ms, 30 us -> 93 ms, 100 us -> 112 ms, 1000 us -> 360 ms: a spinning worker takes the core
-   the rest of the step needs, so by default it only spins those few microseconds (bq_set_spin_us to change). */
+   the rest of the step needs, so by default it only spins those few microseconds (bq_set_spin_us to change).
+   blockq.pass_threads sets a longer spin for the length of a pass whose torch ops run on one thread (the other
+   core is then the worker's alone, and it stays awake between the pass's products). */
 static atomic_long spin_ns = 0;
 
 void bq_set_spin_us(long us) { atomic_store(&spin_ns, us * 1000); }
@@ -988,6 +990,34 @@ void bq_parallel(void (*task)(void *, int64_t), void *ctx, int64_t n, int nthrea
         run_job(&j);
     } else {
         run_threads(&j, nthreads < n ? nthreads : (int)n);
+    }
+}
+
+/* A gguf pass's rotary embedding and cache writes in one call (LeanForward._pass): for the h_q + h_kv heads of each
+   token t, out[t, h] = x * cos[t] + rot(x) * sin[t] with x = qk[t, h] and rot(x) = (-x[d/2:], x[:d/2]); each
+   product and the sum rounded once, as torch's mul, mul and add round them (this file is compiled with
+   -ffp-contract=off, and -a * s is -(a * s) exactly), so the bits are torch's. Then key head g of token t
+   (out[t, h_q + g]) and its value v[t, g] are copied into the cache at [rows[t], g, slots[t]]. out is
+   [T, h_q + h_kv, d], contiguous; qk and v by token and head strides, d contiguous; cos and sin [T, d] by a token
+   stride; kbuf and vbuf by their row, head and position strides. */
+void bq_rope_store(int64_t T, const float *qk, int64_t qk_tok, int64_t qk_head, int64_t h_q, int64_t h_kv, int64_t d,
+                   const float *cos, const float *sin, int64_t cs_tok, float *out, const float *v, int64_t v_tok,
+                   int64_t v_head, float *kbuf, float *vbuf, int64_t c_row, int64_t c_head, int64_t c_pos,
+                   const int64_t *rows, const int64_t *slots) {
+    int64_t half = d / 2, nh = h_q + h_kv;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos + t * cs_tok, *s = sin + t * cs_tok;
+        for (int64_t h = 0; h < nh; h++) {
+            const float *x = qk + t * qk_tok + h * qk_head;
+            float *o = out + (t * nh + h) * d;
+            for (int64_t i = 0; i < half; i++) o[i] = x[i] * c[i] - x[i + half] * s[i];
+            for (int64_t i = half; i < d; i++) o[i] = x[i] * c[i] + x[i - half] * s[i];
+        }
+        for (int64_t g = 0; g < h_kv; g++) {
+            int64_t at = rows[t] * c_row + g * c_head + slots[t] * c_pos;
+            memcpy(kbuf + at, out + (t * nh + h_q + g) * d, sizeof(float) * (size_t)d);
+            memcpy(vbuf + at, v + t * v_tok + g * v_head, sizeof(float) * (size_t)d);
+        }
     }
 }
 

@@ -65,6 +65,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bq_dequantize_rows.restype = i32
     lib.bq_path.argtypes = []
     lib.bq_path.restype = i32
+    lib.bq_rope_store.argtypes = [i64, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, ptr, ptr, i64,
+                                  i64, i64, ptr, ptr]
+    lib.bq_rope_store.restype = None
     lib.bq_parallel.argtypes = [ptr, ptr, i64, i32]
     lib.bq_parallel.restype = None
     lib.bq_set_spin_us.argtypes = [ctypes.c_long]
@@ -237,6 +240,28 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
     if rc != 0:
         raise (MemoryError if rc == -1 else ValueError)(f"bq_mm failed ({rc})")
     return out.reshape(*lead, N)
+
+
+def rope_store(lib: ctypes.CDLL, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: torch.Tensor,
+               kbuf: torch.Tensor, vbuf: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+               h_q: int) -> torch.Tensor:
+    """``qk * cos + rotate_half(qk) * sin`` for ``qk`` [T, h_q + h_kv, d] (``cos``/``sin`` [T, 1, d]), the same bits
+    as torch's ops, with the keys (its last h_kv heads) and ``v`` [T, h_kv, d] written into the cache
+    ``kbuf``/``vbuf`` [rows, h_kv, capacity, d] at (``rows[t]``, ``slots[t]``): the lean forward's rotary and cache
+    writes in one native call (seven torch ops a layer). float32 on the CPU, last dimensions contiguous."""
+    T, nh, d = qk.shape
+    h_kv = nh - h_q
+    # the layouts the lean forward makes (a cheap check: this runs once per layer of every pass)
+    if (qk.dtype != torch.float32 or v.dtype != torch.float32 or cos.dtype != torch.float32 or qk.stride(-1) != 1
+            or v.shape != (T, h_kv, d) or cos.shape != (T, 1, d) or kbuf.shape[1] != h_kv):
+        raise ValueError(f"rope_store: qk [T, heads, d], v [T, {h_kv}, d] and cos/sin [T, 1, d], float32; got "
+                         f"{list(qk.shape)} {list(v.shape)} {list(cos.shape)}")
+    out = torch.empty((T, nh, d), dtype=torch.float32)
+    lib.bq_rope_store(T, qk.data_ptr(), qk.stride(0), qk.stride(1), h_q, h_kv, d, cos.data_ptr(), sin.data_ptr(),
+                      cos.stride(0), out.data_ptr(), v.data_ptr(), v.stride(0), v.stride(1), kbuf.data_ptr(),
+                      vbuf.data_ptr(), kbuf.stride(0), kbuf.stride(1), kbuf.stride(2), rows.data_ptr(),
+                      slots.data_ptr())
+    return out
 
 
 class BlockWeight:

@@ -333,6 +333,8 @@ class LeanForward:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rotary = self._rotary(pos_t)
+        # blockq's rotary and cache writes (a gguf pass, float32 on the CPU; the same bits as the torch ops below)
+        rope = blockq.kernel() if self.blocks and dtype == torch.float32 and device.type == "cpu" else None
         attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
         for i, L in enumerate(self.layers):
             h = self._rms(x, L.norm_in)
@@ -343,10 +345,13 @@ class LeanForward:
             if L.q_norm is not None:
                 qk = torch.cat((self._rms(qk[:, :h_q], L.q_norm), self._rms(qk[:, h_q:], L.k_norm)), dim=1)
             cos, sin = rotary[L.rope]
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
             kbuf, vbuf = cache.keys[i], cache.values[i]
-            kbuf.transpose(1, 2)[row_t, slot_t] = qk[:, h_q:]  # [rows, positions, heads, d] view of the buffer
-            vbuf.transpose(1, 2)[row_t, slot_t] = v
+            if rope is not None:  # the same ops in one native call
+                qk = blockq.rope_store(rope, qk, cos, sin, v, kbuf, vbuf, row_t, slot_t, h_q)
+            else:
+                qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
+                kbuf.transpose(1, 2)[row_t, slot_t] = qk[:, h_q:]  # [rows, positions, heads, d] view of the buffer
+                vbuf.transpose(1, 2)[row_t, slot_t] = v
             q_all = qk[:, :h_q].transpose(0, 1)  # [heads, T, d]
             for g in groups:
                 self.attend(g, L.window, q_all, kbuf, vbuf, attn)
