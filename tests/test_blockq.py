@@ -127,6 +127,34 @@ def test_concat_equals_the_parts_side_by_side(scalar_lib):
     assert torch.equal(cat.dequantize(), torch.cat([w.dequantize() for w in ws]))
 
 
+def _torch_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The lean forward's RMSNorm (LeanForward._rms, Llama's formula), spelled out."""
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h
+
+
+@pytest.mark.parametrize("ggml_type,K", [("Q4_K", 1536), ("Q6_K", 512), ("Q8_0", 576), ("Q5_0", 96)])
+def test_a_product_of_normed_rows_is_the_product_of_torchs_norm(ggml_type, K, scalar_lib):
+    """``mm(x, norm=(w, eps))`` = ``mm(w * (x * rsqrt(mean(x^2) + eps)))`` bit for bit (one op of the norm rounded
+    differently would change some rows' int8 activations, so some outputs), for rows whose scales span 10 orders of
+    magnitude and a weight with negative and tiny entries, over 1-17 rows (one tile or several) and both builds;
+    concatenated parts with a bias too. A bad norm weight is refused."""
+    g = torch.Generator().manual_seed(K)
+    w = B.BlockWeight(ggml_type, random_raw(ggml_type, 40, K, seed=5), (40, K))
+    weight = torch.randn(K, generator=g) * torch.logspace(-3, 1, K)
+    for M in (1, 4, 17):
+        x = torch.randn(M, K, generator=g) * torch.logspace(-5, 5, M)[:, None]
+        for eps in (1e-6, 1e-5):
+            want = w.mm(_torch_rms(x, weight, eps))
+            assert torch.equal(w.mm(x, norm=(weight, eps)), want), (M, eps)
+            assert torch.equal(w._mm(x, None, scalar_lib, norm=(weight, eps)), w._mm(_torch_rms(x, weight, eps), None, scalar_lib))
+    cat = B.BlockWeight.concat([w, B.BlockWeight(ggml_type, random_raw(ggml_type, 8, K, seed=6), (8, K))])
+    b = torch.randn(48, generator=g)
+    assert torch.equal(cat.mm(x, b, norm=(weight, 1e-6)), cat.mm(_torch_rms(x, weight, 1e-6), b))
+    with pytest.raises(ValueError, match="norm's weight"):
+        w.mm(x, norm=(weight[:-1], 1e-6))
+
+
 @pytest.mark.parametrize("scalar", [False, True])
 def test_rope_store_is_torchs_rotary_and_cache_writes_bit_for_bit(scalar, scalar_lib):
     """The lean forward's rotary embedding and cache writes in one call: the same bits as its torch ops (mul, neg,

@@ -925,9 +925,13 @@ static void run_threads(job_t *j, int nthreads) {
 }
 
 /* out[r, parts[p].col0 + n] = x[r] . W_p[n] + bias_p[n], for the M rows of x [M, K] (row stride ldx) and every
-   part; out has row stride ldo. Returns 0, or -1 where memory ran out, -2 for a bad K or type. */
-int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
-          int64_t ldo, int nthreads) {
+   part; out has row stride ldo. Returns 0, or -1 where memory ran out, -2 for a bad K or type.
+   norm_w not NULL: the product of the RMS-normed rows norm_w * (x * r), r = 1 / sqrt(sumsq[row] / K + eps), sumsq
+   the row's sum of squares as torch's sum gives it (a lean forward's norm before its products): each op rounded
+   as torch's mean (sum / K), add, rsqrt (1 / sqrt) and two muls round it (-ffp-contract=off), so the same bits
+   as norming in torch first, without its five calls and the normed copy. */
+static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
+              int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps) {
     if (K <= 0 || K % 32) return -2;
     for (int p = 0; p < nparts; p++) {
         int t = parts[p].type;
@@ -951,7 +955,22 @@ int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M
     a->n128 = a->n16 + M * ldd;
     a->nA = a->n128 + M * ldd;
     a->nB = a->nA + M * ldd;
-    for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, a, r);
+    if (norm_w) {
+        float *h = malloc(sizeof(float) * (size_t)K);
+        if (!h) {
+            free(mem);
+            return -1;
+        }
+        for (int64_t r = 0; r < M; r++) {
+            const float *xr = x + r * ldx;
+            float rs = 1.0f / sqrtf(sumsq[r] / (float)K + eps);
+            for (int64_t i = 0; i < K; i++) h[i] = norm_w[i] * (xr[i] * rs);
+            quantize_row(h, a, r);
+        }
+        free(h);
+    } else {
+        for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, a, r);
+    }
     j.parts = parts;
     j.nparts = nparts;
     j.M = M;
@@ -972,6 +991,16 @@ int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M
     }
     free(mem);
     return 0;
+}
+
+int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
+          int64_t ldo, int nthreads) {
+    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, NULL, NULL, 0.0f);
+}
+
+int bq_mm_norm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
+               int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps) {
+    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, norm_w, sumsq, eps);
 }
 
 /* task(ctx, c) for c = 0 .. n - 1 on up to nthreads threads of the pool (the caller's among them), each c on one

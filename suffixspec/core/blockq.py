@@ -61,6 +61,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.bq_mm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32]
     lib.bq_mm.restype = i32
+    lib.bq_mm_norm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, ptr, ptr, ctypes.c_float]
+    lib.bq_mm_norm.restype = i32
     lib.bq_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.bq_dequantize_rows.restype = i32
     lib.bq_path.argtypes = []
@@ -216,9 +218,12 @@ def _parts(parts: Sequence[tuple[BlockWeight, int]], b: torch.Tensor | None) -> 
 
 
 def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: int, x: torch.Tensor,
-         b: torch.Tensor | None, owner: BlockWeight | BlockConcat | None = None) -> torch.Tensor:
+         b: torch.Tensor | None, owner: BlockWeight | BlockConcat | None = None,
+         norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """``owner``: the weight whose last part records (``_last``, by bias address) are reused: a decode step
-    makes 115 calls, and building the records took a quarter of a small call's Python."""
+    makes 115 calls, and building the records took a quarter of a small call's Python. ``norm``: (weight [K], eps):
+    multiply the RMS-normed rows ``weight * (x * rsqrt(mean(x ** 2) + eps))`` instead, the same bits as those
+    torch ops (``bq_mm_norm``)."""
     lead = x.shape[:-1]
     x2 = _check_x(x, K)
     if b is not None:
@@ -235,8 +240,16 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
         arr = _parts(parts, b)
         if owner is not None:
             owner._last = (key, arr)
-    rc = lib.bq_mm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N,
-                   max(1, getattr(_local, "threads", None) or torch.get_num_threads()))
+    threads = max(1, getattr(_local, "threads", None) or torch.get_num_threads())
+    if norm is None:
+        rc = lib.bq_mm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N, threads)
+    else:
+        w, eps = norm
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.shape != (K,) or not w.is_contiguous():
+            raise ValueError(f"the norm's weight must be a contiguous float32 tensor of shape [{K}]")
+        sumsq = x2.pow(2).sum(-1)  # torch's reduction, as its mean sums
+        rc = lib.bq_mm_norm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N, threads,
+                            w.data_ptr(), sumsq.data_ptr(), eps)
     if rc != 0:
         raise (MemoryError if rc == -1 else ValueError)(f"bq_mm failed ({rc})")
     return out.reshape(*lead, N)
@@ -305,12 +318,15 @@ class BlockWeight:
     def __repr__(self) -> str:
         return f"BlockWeight({self.ggml_type}, {self.shape[0]}x{self.shape[1]})"
 
-    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ W.T + b``: x float32 [M, K] -> [M, N] float32 (row r depends on x[r] alone, bit for bit)."""
-        return self._mm(x, b)
+    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None,
+           norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """``x @ W.T + b``: x float32 [M, K] -> [M, N] float32 (row r depends on x[r] alone, bit for bit).
+        ``norm`` (weight, eps): of x's RMS-normed rows, as ``_run`` says."""
+        return self._mm(x, b, norm=norm)
 
-    def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        return _run(_need_kernel(lib), [(self, 0)], self.shape[0], self.shape[1], x, b, self)
+    def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None,
+            norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        return _run(_need_kernel(lib), [(self, 0)], self.shape[0], self.shape[1], x, b, self, norm)
 
     def rows(self, ids: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
         """Rows ``ids`` (integer tensor [T]) of W, dequantized exactly: [T, K] float32."""
@@ -364,12 +380,14 @@ class BlockConcat:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ W.T + b`` with W the parts stacked along N: [M, sum N]."""
-        return self._mm(x, b)
+    def mm(self, x: torch.Tensor, b: torch.Tensor | None = None,
+           norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """``x @ W.T + b`` with W the parts stacked along N: [M, sum N]; ``norm`` as ``BlockWeight.mm``'s."""
+        return self._mm(x, b, norm=norm)
 
-    def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        return _run(_need_kernel(lib), self._placed, self.shape[0], self.shape[1], x, b, self)
+    def _mm(self, x: torch.Tensor, b: torch.Tensor | None = None, lib: ctypes.CDLL | None = None,
+            norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        return _run(_need_kernel(lib), self._placed, self.shape[0], self.shape[1], x, b, self, norm)
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])

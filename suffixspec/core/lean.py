@@ -333,21 +333,26 @@ class LeanForward:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rotary = self._rotary(pos_t)
-        # blockq's rotary and cache writes (a gguf pass, float32 on the CPU; the same bits as the torch ops below)
-        rope = blockq.kernel() if self.blocks and dtype == torch.float32 and device.type == "cpu" else None
+        # blockq's own glue for a gguf pass (float32 on the CPU): the norm before a product (Llama's formula) and
+        # the rotary embedding with the cache writes, the same bits as the torch ops below
+        glue = blockq.kernel() if self.blocks and dtype == torch.float32 and device.type == "cpu" else None
+        norm_in_kernel = glue is not None and not self.gemma
         attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
         for i, L in enumerate(self.layers):
-            h = self._rms(x, L.norm_in)
             plain = L.plain if total == 1 else None  # one token: the model's own matrices (see Layer.plain)
-            qkv = (lin(h, L.w_qkv, L.b_qkv) if plain is None else _stacked(h, plain[0], L.b_qkv)
-                   ).reshape(total, h_q + 2 * h_kv, d)
+            if norm_in_kernel:  # blockq norms the rows itself
+                qkv = L.w_qkv.mm(x, L.b_qkv, norm=(L.norm_in, self.eps))
+            else:
+                h = self._rms(x, L.norm_in)
+                qkv = lin(h, L.w_qkv, L.b_qkv) if plain is None else _stacked(h, plain[0], L.b_qkv)
+            qkv = qkv.reshape(total, h_q + 2 * h_kv, d)
             qk, v = qkv[:, : h_q + h_kv], qkv[:, h_q + h_kv:]
             if L.q_norm is not None:
                 qk = torch.cat((self._rms(qk[:, :h_q], L.q_norm), self._rms(qk[:, h_q:], L.k_norm)), dim=1)
             cos, sin = rotary[L.rope]
             kbuf, vbuf = cache.keys[i], cache.values[i]
-            if rope is not None:  # the same ops in one native call
-                qk = blockq.rope_store(rope, qk, cos, sin, v, kbuf, vbuf, row_t, slot_t, h_q)
+            if glue is not None:  # the same ops in one native call
+                qk = blockq.rope_store(glue, qk, cos, sin, v, kbuf, vbuf, row_t, slot_t, h_q)
             else:
                 qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary embedding
                 kbuf.transpose(1, 2)[row_t, slot_t] = qk[:, h_q:]  # [rows, positions, heads, d] view of the buffer
@@ -359,8 +364,11 @@ class LeanForward:
                 self._attend_exact(plan, native, L.window, q_all, qk[:, h_q:], v, kbuf, vbuf, attn)
             o = lin(attn, L.wo if plain is None else plain[1], L.bo)
             x = x + (self._rms(o, L.norm_post_attn) if L.norm_post_attn is not None else o)
-            h = self._rms(x, L.norm_mlp)
-            gate, up = lin(h, L.w_gu).chunk(2, dim=-1) if plain is None else (lin(h, w) for w in plain[2])
+            if norm_in_kernel:
+                gate, up = L.w_gu.mm(x, norm=(L.norm_mlp, self.eps)).chunk(2, dim=-1)
+            else:
+                h = self._rms(x, L.norm_mlp)
+                gate, up = lin(h, L.w_gu).chunk(2, dim=-1) if plain is None else (lin(h, w) for w in plain[2])
             m = lin(self._act(gate) * up, L.wd if plain is None else plain[3])
             x = x + (self._rms(m, L.norm_post_mlp) if L.norm_post_mlp is not None else m)
         return self._logits(rows, pick, x)
