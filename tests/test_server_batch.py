@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 from test_server_worker import WAIT, GateProposer, in_thread, metric, open_long_stream, post, submitted_signal
@@ -97,14 +98,17 @@ def test_queue_limit_counts_waiting_requests_beyond_the_batch(gated_batch):
     queued = submitted_signal(srv)
     body = {"prompt": "def add(a, b):", "max_tokens": 5, "temperature": 0}
     running = []
-    for _ in range(2):
+    for n in (1, 2):
         queued.clear()
         running.append(in_thread(post, srv, "/v1/completions", body))
         assert queued.wait(WAIT)
+        # taken by a runner thread before the next is sent: the queue holds one waiting request, so a second
+        # sent while the first still waits there is refused (on a busy machine the runner can be that late)
+        deadline = time.monotonic() + WAIT
+        while worker.running() < n:  # (the runners wait on a step, not on sleep)
+            assert running[0][0].is_alive() and time.monotonic() < deadline
+            threading.Event().wait(0.01)
     assert gate.entered.wait(WAIT)
-    while worker.running() < 2:  # both taken by the runner threads (they wait on a step, not on sleep)
-        assert running[0][0].is_alive()
-        threading.Event().wait(0.01)
     queued.clear()
     waiting = in_thread(post, srv, "/v1/completions", body)
     assert queued.wait(WAIT) and worker.queue_length() == 1
