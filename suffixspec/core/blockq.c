@@ -765,15 +765,21 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
 
 static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
     /* Two outputs at a time (each output's bits as if alone: dot2_rows) only where it measured faster: Q6_K
-       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at M < 8 only for long rows
-       (K >= 4096: Qwen2.5-1.5B's down projections at 3 / 4 / 5 rows, 2 threads, 714 / 832 / 988 -> 632 / 768 /
-       901 us), as a matrix of short rows streamed from DRAM (the head) ran slower paired, even with the
+       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at 3-7 rows only for long
+       rows (K >= 4096: Qwen2.5-1.5B's down projections at 3 / 4 / 5 rows, 2 threads, 714 / 832 / 988 -> 632 / 768 /
+       901 us; at 2 rows they run narrow, above), as a matrix of short rows streamed from DRAM (the head) ran slower paired, even with the
        prefetches. Q4_K only once the rows' int8 activations outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20%
        faster paired, as each output reads them once per pair; 8-16 rows 0-8% slower). Q8_0 ran 5-10% slower
        paired. (The kernel is bound by the vector pipes that do both the dpbusd and the float FMAs: pairing does
        not reduce their work, and its inserts add some.) */
-    const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096)))
-                                 || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
+    /* Long rows (K >= 4096: the down projections) at 2 rows, or 3 of Q4_K: one row at a time over the block of
+       outputs, unpaired. Two rows' int8 activations and block sums (~25 KB at K = 8960) did not stay in L1 with
+       the weights streaming through; a one-row tile sweeps the block's weights from DRAM, and the second row
+       reads them from L2 (Qwen2.5-1.5B's 14 Q6_K and 14 Q4_K down projections, 2 threads: 635 -> 514 and
+       416 -> 335 us at 2 rows, Q4_K 515 -> 450 at 3; Q6_K at 3 and either at 4 no faster). */
+    const int narrow = j->act.K >= 4096 && (j->M == 2 || (j->M == 3 && p->type == T_Q4_K));
+    const int pair = !narrow && BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096)))
+                                            || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
     /* Rows in tiles of 1 to 9 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
        so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
@@ -785,7 +791,7 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
             int64_t left = j->M - r;
             /* 9 where 8s would leave a single row (a verify pass of 1 + 8k tokens): a 1-row tile costs ~3 rows;
                5 rows in one tile, not 4 + 1 (Qwen2.5-1.5B's layer matrices, 2 threads: see the commit) */
-            int R = left <= 9 ? (int)left : left % 8 == 1 ? 9 : 8; /* one tile for the last 9 rows or fewer */
+            int R = narrow ? 1 : left <= 9 ? (int)left : left % 8 == 1 ? 9 : 8; /* one tile for the last 9 or fewer */
             int64_t n = b0;
             if (pair)
                 for (; n + 2 <= b1; n += 2) run_tile(j, p, n, 1, r, R);
