@@ -764,22 +764,22 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
 }
 
 static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
-    /* Two outputs at a time (each output's bits as if alone: dot2_rows) only where it measured faster: Q6_K
-       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at 3-7 rows only for long
-       rows (K >= 4096: Qwen2.5-1.5B's down projections at 3 / 4 / 5 rows, 2 threads, 714 / 832 / 988 -> 632 / 768 /
-       901 us; at 2 rows they run narrow, above), as a matrix of short rows streamed from DRAM (the head) ran slower paired, even with the
-       prefetches. Q4_K only once the rows' int8 activations outgrow L1 (M * K >= 32K: 32 rows of 1536 ran 20%
-       faster paired, as each output reads them once per pair; 8-16 rows 0-8% slower). Q8_0 ran 5-10% slower
-       paired. (The kernel is bound by the vector pipes that do both the dpbusd and the float FMAs: pairing does
-       not reduce their work, and its inserts add some.) */
     /* Long rows (K >= 4096: the down projections) at 2 rows, or 3 of Q4_K: one row at a time over the block of
        outputs, unpaired. Two rows' int8 activations and block sums (~25 KB at K = 8960) did not stay in L1 with
        the weights streaming through; a one-row tile sweeps the block's weights from DRAM, and the second row
        reads them from L2 (Qwen2.5-1.5B's 14 Q6_K and 14 Q4_K down projections, 2 threads: 635 -> 514 and
        416 -> 335 us at 2 rows, Q4_K 515 -> 450 at 3; Q6_K at 3 and either at 4 no faster). */
     const int narrow = j->act.K >= 4096 && (j->M == 2 || (j->M == 3 && p->type == T_Q4_K));
-    const int pair = !narrow && BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 2 && j->act.K >= 4096)))
-                                            || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
+    /* Two outputs at a time (each output's bits as if alone: dot2_rows) only where it measured faster: Q6_K
+       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at 3-7 rows only for long
+       rows (K >= 4096: Qwen2.5-1.5B's down projections at 3 / 4 / 5 rows, 2 threads, 714 / 832 / 988 -> 632 /
+       768 / 901 us; at 2 rows they run narrow, above), as a matrix of short rows streamed from DRAM (the head)
+       ran slower paired, even with the prefetches. Q4_K only once the rows' int8 activations outgrow L1
+       (M * K >= 32K: 32 rows of 1536 ran 20% faster paired, as each output reads them once per pair; 8-16 rows
+       0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do both the
+       dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
+    const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 3 && j->act.K >= 4096)))
+                                 || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
     /* Rows in tiles of 1 to 9 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
        so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
@@ -947,7 +947,8 @@ static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64
     if (M == 0) return 0;
     int64_t nb = K / 32, ldd = (nb + 7) / 8 * 8;
     size_t xbytes = ((size_t)M * K + 63) / 64 * 64;
-    uint8_t *mem = aligned_alloc(64, xbytes + (size_t)M * ldd * 24 + 64);
+    size_t hbytes = norm_w ? sizeof(float) * (size_t)K : 0; /* a normed row, before it is quantized */
+    uint8_t *mem = aligned_alloc(64, xbytes + (size_t)M * ldd * 24 + hbytes + 64);
     if (!mem) return -1;
     job_t j;
     memset(&j, 0, sizeof j);
@@ -962,18 +963,13 @@ static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64
     a->nA = a->n128 + M * ldd;
     a->nB = a->nA + M * ldd;
     if (norm_w) {
-        float *h = malloc(sizeof(float) * (size_t)K);
-        if (!h) {
-            free(mem);
-            return -1;
-        }
+        float *h = (float *)(a->nB + M * ldd);
         for (int64_t r = 0; r < M; r++) {
             const float *xr = x + r * ldx;
             float rs = 1.0f / sqrtf(sumsq[r] / (float)K + eps);
             for (int64_t i = 0; i < K; i++) h[i] = norm_w[i] * (xr[i] * rs);
             quantize_row(h, a, r);
         }
-        free(h);
     } else {
         for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, a, r);
     }

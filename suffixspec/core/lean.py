@@ -333,9 +333,9 @@ class LeanForward:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rotary = self._rotary(pos_t)
-        # blockq's own glue for a gguf pass (float32 on the CPU): the norm before a product (Llama's formula) and
-        # the rotary embedding with the cache writes, the same bits as the torch ops below
-        glue = blockq.kernel() if self.blocks and dtype == torch.float32 and device.type == "cpu" else None
+        # blockq's own glue for a gguf pass: the norm before a product (Llama's formula) and the rotary embedding
+        # with the cache writes, the same bits as the torch ops below
+        glue = blockq.kernel() if self.blocks else None
         norm_in_kernel = glue is not None and not self.gemma
         attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
         for i, L in enumerate(self.layers):
