@@ -10,6 +10,7 @@ dtype is bf16 (or fp16) on GPU and float32 on CPU unless overridden.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,15 @@ class LoadedModel:
     # the weight format (suffixspec.core.formats.FORMATS, resolved: float32, bfloat16, float16 or int8); a quantized
     # one is built by the lean forward when the engine or draft runner first runs the model
     weights: str = "float32"
-    # a digest of the tokenizer's files (tokenizer_files), None where it did not come from a local folder: a draft
-    # whose files are the same bytes shares this tokenizer (load_model's share_tokenizer)
-    tokenizer_files: str | None = None
+    # the folder the tokenizer was read from (a hub id where it was not a local folder)
+    tokenizer_folder: str | None = None
+
+    @functools.cached_property
+    def tokenizer_files(self) -> str | None:
+        """A digest of the tokenizer's files (:func:`tokenizer_files`), None where it did not come from a local
+        folder: a draft whose files are the same bytes shares this tokenizer (load_model's share_tokenizer).
+        Read when first asked, not at every load."""
+        return None if self.tokenizer_folder is None else tokenizer_files(self.tokenizer_folder)
 
     @property
     def lean_kind(self) -> str:
@@ -250,8 +257,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         raise ValueError(f"{name_or_path} cannot run with gguf weights: they are the blocks of the GGUF file a model "
                          f"is converted from; name the model by its GGUF (a known name or a .gguf path), or use "
                          f"weights='int8'")
-    files = tokenizer_files(path)
-    if share_tokenizer is not None and files is not None and files == share_tokenizer.tokenizer_files:
+    shared = share_tokenizer.tokenizer_files if share_tokenizer is not None else None
+    if shared is not None and tokenizer_files(path) == shared:
         tokenizer = share_tokenizer.tokenizer
     else:
         tokenizer = _tokenizer_from(path)
@@ -262,4 +269,4 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
         if converted:  # where the lean forward keeps the quantized matrices for the next start (lean_weights)
             model._suffixspec_folder = path
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=dev, dtype=torch_dtype,
-                       cache_folder=path if converted else None, weights=fmt, tokenizer_files=files)
+                       cache_folder=path if converted else None, weights=fmt, tokenizer_folder=path)
