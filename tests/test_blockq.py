@@ -19,7 +19,8 @@ from suffixspec.core import blockq as B
 pytestmark = pytest.mark.skipif(B.kernel() is None, reason="no C compiler here")
 
 # (type, K) pairs: the K-quants need K % 256 == 0; the 32-value types get tails (576 = 2 groups + 2 blocks)
-# (K >= 4096: long rows, which run one row at a time at 2 rows, 3 for Q4_K, and paired from 3 rows for Q6_K)
+# (K >= 4096: long rows, which run one row at a time at 2 rows, 3 for Q4_K; Q4_K pairs outputs from 3 rows,
+# Q6_K from 4 (long rows) or 5)
 SHAPES = [("Q4_K", 256), ("Q4_K", 1536), ("Q4_K", 4096), ("Q6_K", 512), ("Q6_K", 4608), ("Q8_0", 576),
           ("Q8_0", 896), ("Q4_1", 576), ("Q4_1", 1536), ("Q5_0", 896), ("Q5_0", 96)]
 

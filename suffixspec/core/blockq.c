@@ -13,8 +13,9 @@
      scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
      the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
    - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles
-     of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs in 512-bit registers (dot2_rows),
-     one dpbusd chain or two; each (row, output) lane still gets the float operations above, in that order.
+     of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs sharing each activation load
+     (dotp_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
+     that order.
    - Threads split the outputs: one output is computed wholly by one thread.
    Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
 
@@ -335,6 +336,34 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *p, __m2
     }
 }
 
+/* A Q4_K or Q6_K group's weight integers (W[j]: step j, unsigned) and float scales: sA (sB) of each block's values
+   0-15 (16-31; Q6_K only), off the offset coefficient (Q4_K: -dmin * m) */
+static inline __attribute__((always_inline)) void unpack_k(int type, const uint8_t *wp, __m256i W[8], __m256 *sA,
+                                                            __m256 *sB, __m256 *off) {
+    if (type == T_Q4_K) {
+        *sA = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 4)))),
+                            _mm256_set1_ps(h2f(rd16(wp))));
+        *off = _mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(wp + 2))),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 12)))));
+        nibbles(wp + 20, W);
+        return;
+    }
+    __m256 d = _mm256_set1_ps(h2f(rd16(wp)));
+    *sA = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 2)))));
+    *sB = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 10)))));
+    const __m256i m2 = _mm256_set1_epi8(0x30);
+    __m256i H0 = LD(wp + 146), H1 = LD(wp + 178);
+    nibbles(wp + 18, W);
+    W[0] = _mm256_or_si256(W[0], _mm256_and_si256(_mm256_slli_epi16(H0, 4), m2));
+    W[1] = _mm256_or_si256(W[1], _mm256_and_si256(_mm256_slli_epi16(H0, 2), m2));
+    W[2] = _mm256_or_si256(W[2], _mm256_and_si256(H0, m2));
+    W[3] = _mm256_or_si256(W[3], _mm256_and_si256(_mm256_srli_epi16(H0, 2), m2));
+    W[4] = _mm256_or_si256(W[4], _mm256_and_si256(_mm256_slli_epi16(H1, 4), m2));
+    W[5] = _mm256_or_si256(W[5], _mm256_and_si256(_mm256_slli_epi16(H1, 2), m2));
+    W[6] = _mm256_or_si256(W[6], _mm256_and_si256(H1, m2));
+    W[7] = _mm256_or_si256(W[7], _mm256_and_si256(_mm256_srli_epi16(H1, 2), m2));
+}
+
 /* The K % 256 tail blocks (32-value types, GGUF layout, values in order) of one stored row: acct[r] for rows
    r0..r0+R, one scalar accumulator per row. */
 static inline __attribute__((always_inline)) void tail_rows(int type, const uint8_t *w, const act_t *a, int64_t r0,
@@ -399,27 +428,8 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
         __m256i Q[8]; /* Q8_0 without VNNI: the signed integers, for the sign trick */
         __m256 sA, sB = _mm256_setzero_ps(), off = _mm256_setzero_ps();
         (void)Q;
-        if (type == T_Q4_K) {
-            sA = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 4)))),
-                               _mm256_set1_ps(h2f(rd16(wp))));
-            off = _mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(wp + 2))),
-                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 12)))));
-            nibbles(wp + 20, W);
-        } else if (type == T_Q6_K) {
-            __m256 d = _mm256_set1_ps(h2f(rd16(wp)));
-            sA = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 2)))));
-            sB = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 10)))));
-            const __m256i m2 = _mm256_set1_epi8(0x30);
-            __m256i H0 = LD(wp + 146), H1 = LD(wp + 178);
-            nibbles(wp + 18, W);
-            W[0] = _mm256_or_si256(W[0], _mm256_and_si256(_mm256_slli_epi16(H0, 4), m2));
-            W[1] = _mm256_or_si256(W[1], _mm256_and_si256(_mm256_slli_epi16(H0, 2), m2));
-            W[2] = _mm256_or_si256(W[2], _mm256_and_si256(H0, m2));
-            W[3] = _mm256_or_si256(W[3], _mm256_and_si256(_mm256_srli_epi16(H0, 2), m2));
-            W[4] = _mm256_or_si256(W[4], _mm256_and_si256(_mm256_slli_epi16(H1, 4), m2));
-            W[5] = _mm256_or_si256(W[5], _mm256_and_si256(_mm256_slli_epi16(H1, 2), m2));
-            W[6] = _mm256_or_si256(W[6], _mm256_and_si256(H1, m2));
-            W[7] = _mm256_or_si256(W[7], _mm256_and_si256(_mm256_srli_epi16(H1, 2), m2));
+        if (type == T_Q4_K || type == T_Q6_K) {
+            unpack_k(type, wp, W, &sA, &sB, &off);
         } else if (type == T_Q8_0) {
             sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
             for (int j = 0; j < 8; j++) {
@@ -516,111 +526,82 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
     for (int r = 0; r < R; r++) res[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + acct[r];
 }
 
-#if BQ_VNNI && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
-/* Two stored rows (outputs) at once in 512-bit registers (Q4_K and Q6_K: run_outputs says when): the low 256 bits hold output 0's lanes, the high ones
-   output 1's, each activation vector broadcast to both halves, so one load and one dpbusd serve both outputs.
-   Every lane goes through exactly the float operations of dot_rows (lane-wise mul/fma/cvt, then the same hsum8
-   and tail), so each output's bits do not depend on whether it was paired. */
+/* Two outputs (stored rows) at a time, Q4_K and Q6_K, in 256-bit registers: both outputs' weights unpacked, each
+   activation vector loaded once and used for both (one load per dpbusd had bound the multi-row kernel: on the
+   2-core EPYC, rows of 1536 at 17-99 rows ran 25-27 -> 30-33 multiply-adds a cycle). A tile's accumulators live in
+   a small array (L1) rather than registers: 2 outputs x 2 parities x 9 rows would not fit. Each (row, output) lane
+   gets exactly dot_rows' float operations in the same order, so an output's bits do not depend on its pairing. */
 #define BQ_PAIR 1
-#define LD2(p0, p1) _mm512_inserti64x4(_mm512_castsi256_si512(LD(p0)), LD(p1), 1)
-#define BC(p) _mm512_broadcast_i64x4(LD(p))
-#define BCF(p) _mm512_broadcast_f32x8(_mm256_loadu_ps(p))
-static inline __m512 cat2(__m256 a, __m256 b) { return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1); }
-
-/* group g of outputs w0, w1 (p0, p1: its bytes) for rows r0..r0+R, into acc[r] (the group's parity slot) */
-static inline __attribute__((always_inline)) void dot2_group(int type, const uint8_t *p0, const uint8_t *p1,
+static inline __attribute__((always_inline)) void dotp_group(int type, const uint8_t *p0, const uint8_t *p1,
                                                               const act_t *a, int64_t r0, int R, int64_t g,
-                                                              __m512 *acc) {
+                                                              __m256 (*acc)[2][2]) {
     const int64_t K = a->K, ldd = a->ldd;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-        __m512i W[8];
-        __m512 sA, sB = _mm512_setzero_ps(), off = _mm512_setzero_ps();
-        if (type == T_Q4_K) {
-            sA = cat2(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 4)))),
-                                    _mm256_set1_ps(h2f(rd16(p0)))),
-                      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 4)))),
-                                    _mm256_set1_ps(h2f(rd16(p1)))));
-            off = cat2(_mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(p0 + 2))),
-                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 12))))),
-                       _mm256_mul_ps(_mm256_set1_ps(-h2f(rd16(p1 + 2))),
-                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 12))))));
-            for (int v = 0; v < 4; v++) {
-                __m512i L = LD2(p0 + 20 + 32 * v, p1 + 20 + 32 * v);
-                W[2 * v] = _mm512_and_si512(L, m4);
-                W[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
-            }
-        } else { /* Q6_K */
-            __m256 d0 = _mm256_set1_ps(h2f(rd16(p0))), d1 = _mm256_set1_ps(h2f(rd16(p1)));
-            sA = cat2(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 2))))),
-                      _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 2))))));
-            sB = cat2(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 10))))),
-                      _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 10))))));
-            const __m512i m2 = _mm512_set1_epi8(0x30);
-            __m512i H0 = LD2(p0 + 146, p1 + 146), H1 = LD2(p0 + 178, p1 + 178);
-            for (int v = 0; v < 4; v++) {
-                __m512i L = LD2(p0 + 18 + 32 * v, p1 + 18 + 32 * v);
-                W[2 * v] = _mm512_and_si512(L, m4);
-                W[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
-            }
-            W[0] = _mm512_or_si512(W[0], _mm512_and_si512(_mm512_slli_epi16(H0, 4), m2));
-            W[1] = _mm512_or_si512(W[1], _mm512_and_si512(_mm512_slli_epi16(H0, 2), m2));
-            W[2] = _mm512_or_si512(W[2], _mm512_and_si512(H0, m2));
-            W[3] = _mm512_or_si512(W[3], _mm512_and_si512(_mm512_srli_epi16(H0, 2), m2));
-            W[4] = _mm512_or_si512(W[4], _mm512_and_si512(_mm512_slli_epi16(H1, 4), m2));
-            W[5] = _mm512_or_si512(W[5], _mm512_and_si512(_mm512_slli_epi16(H1, 2), m2));
-            W[6] = _mm512_or_si512(W[6], _mm512_and_si512(H1, m2));
-            W[7] = _mm512_or_si512(W[7], _mm512_and_si512(_mm512_srli_epi16(H1, 2), m2));
-        }
-        for (int r = 0; r < R; r++) {
-            const int8_t *x = a->xq + (r0 + r) * K + g * 256;
-            const int64_t o = (r0 + r) * ldd + g * 8;
-            const __m512 dx = BCF(a->dx + o);
-            __m512 *ac = &acc[r];
-            if (type == T_Q6_K) {
-                __m512i iA = BC(a->nA + o), iB = BC(a->nB + o); /* one chain each: R rows hide the latency */
-                for (int k = 0; k < 4; k++) iA = _mm512_dpbusd_epi32(iA, W[k], BC(x + 32 * k));
-                for (int k = 4; k < 8; k++) iB = _mm512_dpbusd_epi32(iB, W[k], BC(x + 32 * k));
-                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iA), _mm512_mul_ps(sA, dx), *ac);
-                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iB), _mm512_mul_ps(sB, dx), *ac);
-            } else {
-                __m512i i0 = _mm512_setzero_si512(); /* Q4_K */
-                for (int k = 0; k < 8; k++) i0 = _mm512_dpbusd_epi32(i0, W[k], BC(x + 32 * k));
-                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sA, dx), *ac);
-                *ac = _mm512_fmadd_ps(off, BCF(a->dxsx + o), *ac);
-            }
-        }
-    }
-
-static inline __attribute__((always_inline)) void dot2_rows(int type, const uint8_t *w0, const uint8_t *w1,
-                                                             const act_t *a, int64_t r0, int R, float *res0,
-                                                             float *res1) {
-    const int64_t ng = a->K / 256;
-    const int GB = GROUP_BYTES[type];
-    __m512 acc0[MAX_ROWS_TILE], acc1[MAX_ROWS_TILE];
-    float acct0[MAX_ROWS_TILE], acct1[MAX_ROWS_TILE];
-    for (int r = 0; r < R; r++) { acc0[r] = acc1[r] = _mm512_setzero_ps(); acct0[r] = acct1[r] = 0.0f; }
-    /* unrolled by two so that each parity's accumulators stay in registers */
-    int64_t g = 0;
-    /* the pair reads two rows side by side, which the hardware prefetchers follow poorly (a matrix streamed from
-       DRAM ran at half speed): prefetch the next pair's bytes in order, as a single sequential stream would */
-    const uint8_t *pf = w1 + (w1 - w0);
-    for (; g + 2 <= ng; g += 2) {
-        for (int c = 0; c < 4 * GB; c += 64) _mm_prefetch((const char *)(pf + 2 * g * GB + c), _MM_HINT_T0);
-        dot2_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc0);
-        dot2_group(type, w0 + (g + 1) * GB, w1 + (g + 1) * GB, a, r0, R, g + 1, acc1);
-    }
-    if (g < ng) dot2_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc0);
-    tail_rows(type, w0, a, r0, R, acct0);
-    tail_rows(type, w1, a, r0, R, acct1);
+    const int q = (int)(g & 1);
+    __m256i W0[8], W1[8];
+    __m256 sA0, sB0 = _mm256_setzero_ps(), off0 = _mm256_setzero_ps();
+    __m256 sA1, sB1 = _mm256_setzero_ps(), off1 = _mm256_setzero_ps();
+    unpack_k(type, p0, W0, &sA0, &sB0, &off0);
+    unpack_k(type, p1, W1, &sA1, &sB1, &off1);
     for (int r = 0; r < R; r++) {
-        __m512 s = _mm512_add_ps(acc0[r], acc1[r]);
-        res0[r] = hsum8(_mm512_castps512_ps256(s)) + acct0[r];
-        res1[r] = hsum8(_mm512_extractf32x8_ps(s, 1)) + acct1[r];
+        const int8_t *x = a->xq + (r0 + r) * K + g * 256;
+        const int64_t o = (r0 + r) * ldd + g * 8;
+        const __m256 dx = _mm256_loadu_ps(a->dx + o);
+        /* the empty asm keeps each activation vector in a register: the compiler would otherwise fold it into
+           both dpbusd as a memory operand, two loads where one does */
+        if (type == T_Q6_K) {
+            __m256i a0 = LD(a->nA + o), b0 = LD(a->nB + o), a1 = a0, b1 = b0;
+            for (int k = 0; k < 4; k++) {
+                __m256i xa = LD(x + 32 * k), xb = LD(x + 128 + 32 * k);
+                __asm__("" : "+v"(xa), "+v"(xb));
+                a0 = dp(a0, W0[k], xa);
+                a1 = dp(a1, W1[k], xa);
+                b0 = dp(b0, W0[k + 4], xb);
+                b1 = dp(b1, W1[k + 4], xb);
+            }
+            acc[r][0][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(sA0, dx), acc[r][0][q]);
+            acc[r][0][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b0), _mm256_mul_ps(sB0, dx), acc[r][0][q]);
+            acc[r][1][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1), _mm256_mul_ps(sA1, dx), acc[r][1][q]);
+            acc[r][1][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b1), _mm256_mul_ps(sB1, dx), acc[r][1][q]);
+        } else { /* Q4_K: two chains per output (integer sums: any order) */
+            __m256i i0 = _mm256_setzero_si256(), i1 = i0, j0 = i0, j1 = i0;
+            for (int k = 0; k < 8; k += 2) {
+                __m256i xv = LD(x + 32 * k), xw = LD(x + 32 * k + 32);
+                __asm__("" : "+v"(xv), "+v"(xw));
+                i0 = dp(i0, W0[k], xv);
+                i1 = dp(i1, W1[k], xv);
+                j0 = dp(j0, W0[k + 1], xw);
+                j1 = dp(j1, W1[k + 1], xw);
+            }
+            const __m256 dxs = _mm256_loadu_ps(a->dxsx + o);
+            acc[r][0][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, j0)), _mm256_mul_ps(sA0, dx),
+                                           acc[r][0][q]);
+            acc[r][0][q] = _mm256_fmadd_ps(off0, dxs, acc[r][0][q]);
+            acc[r][1][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i1, j1)), _mm256_mul_ps(sA1, dx),
+                                           acc[r][1][q]);
+            acc[r][1][q] = _mm256_fmadd_ps(off1, dxs, acc[r][1][q]);
+        }
     }
 }
-#else
-#define BQ_PAIR 0
-#endif
+
+/* outputs w0 and w1 = w0 + row_bytes for rows r0..r0+R */
+static inline __attribute__((always_inline)) void dotp_rows(int type, const uint8_t *w0, const act_t *a, int64_t r0,
+                                                             int R, float *res0, float *res1) {
+    const int64_t ng = a->K / 256, row_bytes = bq_row_bytes(type, a->K);
+    const int GB = GROUP_BYTES[type];
+    const uint8_t *w1 = w0 + row_bytes, *next = w1 + row_bytes;
+    __m256 acc[MAX_ROWS_TILE][2][2];
+    for (int r = 0; r < R; r++) acc[r][0][0] = acc[r][0][1] = acc[r][1][0] = acc[r][1][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        /* two rows read side by side, which the hardware prefetchers follow poorly: the next pair's bytes (two
+           adjacent rows), fetched in order as a single sequential stream would be */
+        for (int c = 0; c < 2 * GB; c += 64) _mm_prefetch((const char *)(next + 2 * g * GB + c), _MM_HINT_T0);
+        dotp_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc);
+    }
+    for (int r = 0; r < R; r++) {
+        res0[r] = hsum8(_mm256_add_ps(acc[r][0][0], acc[r][0][1]));
+        res1[r] = hsum8(_mm256_add_ps(acc[r][1][0], acc[r][1][1]));
+    }
+}
 #else
 #define BQ_PAIR 0
 static void dot_rows(int type, const uint8_t *w, const act_t *a, int64_t r0, int R, float *res) {
@@ -726,20 +707,15 @@ static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, c
 }
 
 #if BQ_PAIR
-static inline __attribute__((always_inline)) void dot2_any(int type, const uint8_t *w0, const uint8_t *w1,
-                                                            const act_t *a, int64_t r0, int R, float *res0,
-                                                            float *res1) {
-    if (type == T_Q4_K) dot2_rows(T_Q4_K, w0, w1, a, r0, R, res0, res1);
-    else dot2_rows(T_Q6_K, w0, w1, a, r0, R, res0, res1);
-}
 
 #define DOT2_TILE(NR)                                                                                            \
-    static __attribute__((noinline)) void dot2_tile##NR(int type, const uint8_t *w0, const uint8_t *w1,         \
-                                                        const act_t *a, int64_t r0, float *res0, float *res1) { \
-        dot2_any(type, w0, w1, a, r0, NR, res0, res1);                                                           \
+    static __attribute__((noinline)) void dot2_tile##NR(int type, const uint8_t *w0, const act_t *a, int64_t r0, \
+                                                        float *res0, float *res1) {                              \
+        if (type == T_Q4_K) dotp_rows(T_Q4_K, w0, a, r0, NR, res0, res1);                                        \
+        else dotp_rows(T_Q6_K, w0, a, r0, NR, res0, res1);                                                       \
     }
 DOT2_TILE(1) DOT2_TILE(2) DOT2_TILE(3) DOT2_TILE(4) DOT2_TILE(5) DOT2_TILE(6) DOT2_TILE(7) DOT2_TILE(8) DOT2_TILE(9)
-typedef void (*dot2_tile_fn)(int, const uint8_t *, const uint8_t *, const act_t *, int64_t, float *, float *);
+typedef void (*dot2_tile_fn)(int, const uint8_t *, const act_t *, int64_t, float *, float *);
 static const dot2_tile_fn DOT2_TILES[MAX_ROWS_TILE + 1] = {NULL, dot2_tile1, dot2_tile2, dot2_tile3, dot2_tile4,
                                                            dot2_tile5, dot2_tile6, dot2_tile7, dot2_tile8, dot2_tile9};
 #endif
@@ -752,7 +728,7 @@ static void run_tile(job_t *j, const bq_part *p, int64_t n, int pair, int64_t r,
 #if BQ_PAIR
     if (pair) {
         float res1[MAX_ROWS_TILE];
-        DOT2_TILES[R](p->type, w, w + p->row_bytes, &j->act, r, res0, res1);
+        DOT2_TILES[R](p->type, w, &j->act, r, res0, res1);
         store_rows(j, o, p->bias ? p->bias[n] : 0.0f, r, R, res0);
         store_rows(j, o + 1, p->bias ? p->bias[n + 1] : 0.0f, r, R, res1);
         return;
@@ -770,16 +746,13 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
        reads them from L2 (Qwen2.5-1.5B's 14 Q6_K and 14 Q4_K down projections, 2 threads: 635 -> 514 and
        416 -> 335 us at 2 rows, Q4_K 515 -> 450 at 3; Q6_K at 3 and either at 4 no faster). */
     const int narrow = j->act.K >= 4096 && (j->M == 2 || (j->M == 3 && p->type == T_Q4_K));
-    /* Two outputs at a time (each output's bits as if alone: dot2_rows) only where it measured faster: Q6_K
-       (the down projections and the LM head) at M >= 8: ~20-30% faster at M = 16-32; at 3-7 rows only for long
-       rows (K >= 4096: Qwen2.5-1.5B's down projections at 3 / 4 / 5 rows, 2 threads, 714 / 832 / 988 -> 632 /
-       768 / 901 us; at 2 rows they run narrow, above), as a matrix of short rows streamed from DRAM (the head)
-       ran slower paired, even with the prefetches. Q4_K only once the rows' int8 activations outgrow L1
-       (M * K >= 32K: 32 rows of 1536 ran 20% faster paired, as each output reads them once per pair; 8-16 rows
-       0-8% slower). Q8_0 ran 5-10% slower paired. (The kernel is bound by the vector pipes that do both the
-       dpbusd and the float FMAs: pairing does not reduce their work, and its inserts add some.) */
-    const int pair = BQ_PAIR && ((p->type == T_Q6_K && (j->M >= 8 || (j->M >= 3 && j->act.K >= 4096)))
-                                 || (p->type == T_Q4_K && j->M >= 8 && j->M * j->act.K >= 32768));
+    /* Q4_K and Q6_K: two outputs at a time (dotp_rows: each output's bits as if alone) from a few rows up, where it
+       measured faster: one activation load serves two outputs, but two rows of weights stream side by side.
+       Qwen2.5-1.5B's matrices, 2 threads, unpaired -> paired (ms): gate/up (Q4_K) 16.7 -> 14.7 at 3 rows (14.3 ->
+       15.3 at 2), the Q6_K down projections 10.6 -> 9.8 at 4 (9.0 -> 9.3 at 3), the Q6_K head (short rows
+       streamed from DRAM) 7.2 -> 8.0 at 4 and 7.9 -> 6.8 at 5; at 9 rows all 10-30% faster. */
+    const int pair = BQ_PAIR && !narrow && ((p->type == T_Q4_K && j->M >= 3)
+                                            || (p->type == T_Q6_K && j->M >= (j->act.K >= 4096 ? 4 : 5)));
     /* Rows in tiles of 1 to 9 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
        so a tile's activations stay in L1 across the block rather than every output reading all M rows. */
