@@ -64,11 +64,23 @@ def scalar_lib():
     return B.library(B.SCALAR_FLAGS)
 
 
+@pytest.fixture(scope="module")
+def avx2_lib():
+    """The AVX2 path (vpmaddubsw + vpmaddwd, no VNNI, 256-bit only: Zen 2-3, Haswell-Skylake) built on a machine
+    that has more, or None where the machine lacks AVX2 (its build would not run here)."""
+    try:
+        lib = B.library((*B.FLAGS, "-mno-avx512f", "-mno-avx512vnni", "-mno-avxvnni"))
+    except (RuntimeError, OSError):  # not an x86 compiler
+        return None
+    return lib if lib.bq_path() == 1 else None
+
+
 @pytest.mark.parametrize("ggml_type,K", SHAPES)
-def test_values_products_and_row_independence(ggml_type, K, scalar_lib):
+def test_values_products_and_row_independence(ggml_type, K, scalar_lib, avx2_lib):
     """(a) dequantize() is gguf's dequantize bit for bit; (b) mm is x @ W.T within the 8-bit activations'
     rounding; (c) a row's result is the same bits alone, among 2..32 rows anywhere, at 1-3 threads; (f) the
-    portable C path gives the same bits as the SIMD one."""
+    portable C path and the AVX2 one give the same bits as the machine's own (its tiles and output pairs
+    included)."""
     N = 45
     raw = random_raw(ggml_type, N, K, seed=K)
     w = B.BlockWeight(ggml_type, raw, (N, K))
@@ -100,6 +112,9 @@ def test_values_products_and_row_independence(ggml_type, K, scalar_lib):
         assert torch.equal(w._mm(x[:17], None, scalar_lib), alone[:17])
         assert torch.equal(w._mm(x[:3], b, scalar_lib), w.mm(x[:3], b))
         assert torch.equal(w.rows(ids, scalar_lib), w.rows(ids))
+        if avx2_lib is not None:
+            assert torch.equal(w._mm(x[:17], None, avx2_lib), alone[:17])
+            assert torch.equal(w._mm(x[:5], b, avx2_lib), w.mm(x[:5], b))
     finally:
         torch.set_num_threads(threads)
 
