@@ -126,6 +126,36 @@ def test_end_token_inside_accepted_draft(engines):
     assert spec.stats.accepted_tokens >= first  # the end token arrived inside an accepted draft
 
 
+def test_no_node_below_a_stop_token_is_verified(engines, monkeypatch):
+    """A draft that runs past a stop token (a copy of the prompt across the chat template's end of turn) is
+    verified only up to it: what follows could never be output. With ``ignore_eos`` nothing is cut."""
+    import suffixspec.core.scheduler as scheduler
+
+    engine = engines["llama"]
+    sp = SamplingParams(max_tokens=60, ignore_eos=True)
+    full = _generate(engine, [], PROMPTS[2], sp, speculation=False)
+    end = full.token_ids[12]
+    verified: list[tuple[list[int], list[int]]] = []
+    real = scheduler.verify_tree
+
+    def spy(draft, *args, **kwargs):
+        verified.append((list(draft.tokens), list(draft.parents)))
+        return real(draft, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "verify_tree", spy)
+    stop_sp = SamplingParams(max_tokens=60, stop_token_ids=[end])
+    plain = _generate(engine, [], PROMPTS[2], stop_sp, speculation=False)
+    spec = _generate(engine, [OracleProposer(full.token_ids, engine.vocab_size)], PROMPTS[2], stop_sp, EVERY_DRAFT)
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "stop"
+    holding = [(t, p) for t, p in verified if end in t]
+    assert holding  # the oracle drafted the stop token (and, before the cut, what follows it)
+    for tokens, parents in verified:
+        assert all(p < 0 or tokens[p] != end for p in parents), (tokens, parents)
+    verified.clear()
+    _generate(engine, [OracleProposer(full.token_ids, engine.vocab_size)], PROMPTS[2], sp, EVERY_DRAFT)
+    assert any(p >= 0 and tokens[p] == end for tokens, parents in verified for p in parents)
+
+
 def test_stop_string_spanning_tokens(engines):
     engine = engines["gpt2"]
     sp = SamplingParams(max_tokens=60, ignore_eos=True)

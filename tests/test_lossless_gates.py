@@ -165,9 +165,11 @@ def counting(monkeypatch, counts: dict, extra: Callable[..., None] | None = None
     monkeypatch.setattr(scheduler_module, "choose_drafts", counted)
 
 
-def _run_seeds(toys, proposers, cost: PassCost, seeds: int = SEEDS, tokens: int = TOKENS, policy: Policy | None = None
-               ) -> tuple[list[float], dict]:
-    """p-values (the first token over the vocabulary, then the rank-bin test per position), and counts (drafted, accepted, gate passes/skips)."""
+def _run_seeds(toys, proposers, cost: PassCost, seeds: int = SEEDS, tokens: int = TOKENS, policy: Policy | None = None,
+               stop: int | None = None) -> tuple[list[float], dict]:
+    """p-values (the first token over the vocabulary, then the rank-bin test per position), and counts (drafted, accepted, gate passes/skips).
+    ``stop``: a stop token id (outputs end on it; each position's law given the token before is still its
+    Markov row, over the outputs that reach it)."""
     engine = Engine(toys["target"], policy=policy)
     engine.scheduler.cost = cost
     engine.proposers = proposers
@@ -181,8 +183,9 @@ def _run_seeds(toys, proposers, cost: PassCost, seeds: int = SEEDS, tokens: int 
     with pytest.MonkeyPatch.context() as mp:
         counting(mp, counts)
         for seed in range(seeds):
-            res = engine.generate(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=tokens,
-                                                         ignore_eos=True), SpeculationConfig(adaptive=True))
+            sp = (SamplingParams(temperature=1.0, seed=seed, max_tokens=tokens, ignore_eos=True) if stop is None else
+                  SamplingParams(temperature=1.0, seed=seed, max_tokens=tokens, stop_token_ids=[stop]))
+            res = engine.generate(prompt, sp, SpeculationConfig(adaptive=True))
             prev = prompt[-1]
             first[res.token_ids[0]] += 1
             for j, tok in enumerate(res.token_ids):
@@ -535,3 +538,25 @@ def test_a_sampled_chain_merged_with_a_deterministic_draft_keeps_the_law(attenti
     assert both["merged"] > seeds and accepted > seeds / 2, (both, accepted)
     pvalues = (_first_token_pvalue(first, attentive["first"].numpy()), _pvalue(second_bins, second_expected))
     assert min(pvalues) > 1e-3, (budget, adaptive, pvalues)
+
+
+def test_sampled_drafts_cut_below_a_stop_token_keep_the_target_law(toys, monkeypatch):
+    """A sampled draft is cut below a stop token it sampled (``Draft.ending_at``): a cut that reads the samples,
+    but only of nodes that can never be output (the request ends on an accepted stop token; a rejected one ends
+    the walk), while its score and planned size, which the gates read, stay. With the gates on, the outputs
+    keep the target's law, and cuts did happen."""
+    ranks = toys["T"].sum(0).argsort(descending=True)
+    stop = int(ranks[12])  # a token the target samples now and then: most outputs run long past it
+    cuts = {"q": 0}
+    real = Draft.ending_at
+
+    def counting_cuts(draft, stop_ids):
+        out = real(draft, stop_ids)
+        if draft.q is not None and len(out) < len(draft):
+            cuts["q"] += 1
+        return out
+
+    monkeypatch.setattr(Draft, "ending_at", counting_cuts)
+    pvalues, counts = _run_seeds(toys, _same_vocab(toys), COSTS["same-vocabulary"](), policy=MOMENTUM, stop=stop)
+    assert cuts["q"] > 0 and counts["accepted"] > 0.1 * SEEDS, (cuts, counts)
+    assert min(pvalues) > 1e-3, (pvalues, counts)

@@ -189,3 +189,24 @@ def test_a_sampled_draft_is_charged_its_planned_size_not_what_it_sampled():
     assert merged.tokens == [5, 7] and merged.parents == [-1, -1] and merged.gate_size() == 3
     same = merge_drafts([stopped, Draft.chain([5, 8], "prompt", score=1)], 3)
     assert same.tokens == [5] and not same.has_q(0)  # 5 shared (one-hot); 8 did not fit in the share left
+
+
+def test_nodes_below_a_stop_token_are_dropped():
+    """A request that accepts a stop token ends there: ``ending_at`` drops what hangs below one (the stop node
+    stays), re-indexes the parents, and takes the dropped nodes' probabilities out of the score."""
+    EOS = 2
+    # 5 -> EOS -> 7 and 5 -> 8 -> EOS -> 9 -> 4
+    d = Draft([5, EOS, 7, 8, EOS, 9, 4], [-1, 0, 1, 0, 3, 4, 5], ["prompt"] * 7, score=3.9,
+              probs=[0.9, 0.8, 0.7, 0.5, 0.4, 0.35, 0.25])
+    cut = d.ending_at({EOS})
+    assert cut.tokens == [5, EOS, 8, EOS] and cut.parents == [-1, 0, 0, 2]
+    assert cut.probs == [0.9, 0.8, 0.5, 0.4] and cut.score == pytest.approx(3.9 - 0.7 - 0.35 - 0.25)
+    assert d.ending_at(set()) is d and d.ending_at({99}) is d  # no stop token (ignore_eos), or none drafted
+    assert Draft.chain([5, EOS], "prompt").ending_at({EOS}).tokens == [5, EOS]  # nothing below it
+    no_probs = Draft.chain([EOS, 6, 7, 8], "prompt", score=2.0).ending_at({EOS})
+    assert no_probs.tokens == [EOS] and no_probs.score == pytest.approx(0.5)  # its share, without probs
+    # a sampled draft: its q rows follow their nodes; score and planned were fixed before sampling and stay
+    q = torch.arange(4 * 10, dtype=torch.float32).reshape(4, 10)
+    sampled = Draft.chain([5, EOS, 6, 7], "draft_model", q=q, score=2.5, planned=6).ending_at({EOS})
+    assert sampled.tokens == [5, EOS] and torch.equal(sampled.q, q[:2])
+    assert sampled.score == 2.5 and sampled.gate_size() == 6

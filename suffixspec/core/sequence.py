@@ -181,6 +181,7 @@ class RequestState:
         unsure = sampled and self.gate.top_mass is None
         hopeless = sampled and not unsure and self.gate.hopeless(budget, step)
         draft, calls = self._propose(budget, step, hopeless, unsure)
+        draft = draft.ending_at(self.stops.stop_ids)
         exploring = self.proposer_gate is not None and self.proposer_gate.exploring
         shape = self.gate.shape_of(draft) if len(draft) else None
         size = draft.gate_size() if len(draft) else 0

@@ -206,6 +206,41 @@ class Draft:
         return Draft(self.tokens[:budget], self.parents[:budget], self.sources[:budget], q, known, self.score,
                      planned, probs)
 
+    def ending_at(self, stop_ids: set[int] | frozenset[int]) -> Draft:
+        """The draft without the nodes below a stop token: a request that accepts a stop token ends there,
+        so nothing drafted after it can be output, and the pass would compute it for nothing (a suffix copy
+        of the prompt crossed the chat template's end of turn into the answer so far, 16-24 tokens a
+        HumanEval answer, in one pass of the largest size). The stop node itself stays. Deterministic drafts
+        lose their dropped nodes' probabilities from ``score`` (or its share of them, without ``probs``); a
+        draft carrying ``q`` keeps ``score`` and ``planned``, fixed before sampling, so no decision reads what
+        it sampled, and the walk over the kept nodes is the walk over all of them up to the end of the
+        request: the same outcome. Example: chain ``[5, EOS, 7]`` -> ``[5, EOS]``."""
+        if not stop_ids or not any(t in stop_ids for t in self.tokens):
+            return self
+        keep: list[int] = []
+        new_index: dict[int, int] = {}
+        cut: set[int] = set()  # nodes below a stop token
+        for i, par in enumerate(self.parents):
+            if par >= 0 and (par in cut or self.tokens[par] in stop_ids):
+                cut.add(i)
+                continue
+            new_index[i] = len(keep)
+            keep.append(i)
+        if len(keep) == len(self.tokens):
+            return self
+        parents = [-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in keep]
+        q = self.q[keep] if self.q is not None else None
+        known = [self.q_known[i] for i in keep] if self.q_known is not None else None
+        probs = [self.probs[i] for i in keep] if self.probs is not None else None
+        if self.q is not None:
+            score = self.score
+        elif probs is not None:
+            score = max(0.0, self.score - sum(self.probs[i] for i in sorted(cut)))  # type: ignore[index]
+        else:
+            score = self.score * len(keep) / len(self.tokens)
+        return Draft([self.tokens[i] for i in keep], parents, [self.sources[i] for i in keep], q, known, score,
+                     self.planned, probs)
+
     @staticmethod
     def chain(tokens: list[int], source: str, q: torch.Tensor | None = None, score: float = 0.0,
               planned: int | None = None, probs: list[float] | None = None) -> Draft:
