@@ -156,6 +156,19 @@ def test_no_node_below_a_stop_token_is_verified(engines, monkeypatch):
     assert any(p >= 0 and tokens[p] == end for tokens, parents in verified for p in parents)
 
 
+def test_ignore_eos_still_stops_on_stop_token_ids(engines):
+    """``ignore_eos`` passes the end-of-text tokens only (as vLLM's does): a token of ``stop_token_ids`` still
+    ends the output, with speculation as without."""
+    engine = engines["llama"]
+    full = _generate(engine, [], PROMPTS[2], SamplingParams(max_tokens=60, ignore_eos=True), speculation=False)
+    end = full.token_ids[12]
+    sp = SamplingParams(max_tokens=60, ignore_eos=True, stop_token_ids=[end])
+    plain = _generate(engine, [], PROMPTS[2], sp, speculation=False)
+    spec = _generate(engine, [OracleProposer(full.token_ids, engine.vocab_size)], PROMPTS[2], sp, EVERY_DRAFT)
+    assert plain.token_ids == full.token_ids[: full.token_ids.index(end) + 1] and plain.finish_reason == "stop"
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "stop"
+
+
 def test_stop_string_spanning_tokens(engines):
     engine = engines["gpt2"]
     sp = SamplingParams(max_tokens=60, ignore_eos=True)

@@ -366,7 +366,8 @@ class StopRules:
 
     def __init__(self, tokenizer: Any, sampling: SamplingParams, eos_ids: set[int]) -> None:
         self.tracker = TextTracker(tokenizer, sampling.stop)
-        self.stop_ids = set() if sampling.ignore_eos else eos_ids | set(sampling.stop_token_ids)
+        # ignore_eos passes the end-of-text tokens only: stop_token_ids still stop (as vLLM's do)
+        self.stop_ids = (set() if sampling.ignore_eos else set(eos_ids)) | set(sampling.stop_token_ids)
         self.max_tokens = sampling.max_tokens
 
     def check(self, token: int, source: str, produced: int) -> str | None:
