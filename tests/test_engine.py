@@ -7,6 +7,7 @@ import pytest
 import torch
 from doubles import OracleProposer, RandomTreeProposer, WrongProposer
 
+import suffixspec.core.scheduler as scheduler
 from suffixspec.config import SamplingParams, SpeculationConfig
 from suffixspec.core.kv import tree_mask
 from suffixspec.core.lean import PassRow
@@ -129,8 +130,6 @@ def test_end_token_inside_accepted_draft(engines):
 def test_no_node_below_a_stop_token_is_verified(engines, monkeypatch):
     """A draft that runs past a stop token (a copy of the prompt across the chat template's end of turn) is
     verified only up to it: what follows could never be output. With ``ignore_eos`` nothing is cut."""
-    import suffixspec.core.scheduler as scheduler
-
     engine = engines["llama"]
     sp = SamplingParams(max_tokens=60, ignore_eos=True)
     full = _generate(engine, [], PROMPTS[2], sp, speculation=False)

@@ -14,7 +14,7 @@
      the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
    - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles
      of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs sharing each activation load
-     (dotp_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
+     (dot2_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
      that order.
    - Threads split the outputs: one output is computed wholly by one thread.
    Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
@@ -532,7 +532,7 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
    a small array (L1) rather than registers: 2 outputs x 2 parities x 9 rows would not fit. Each (row, output) lane
    gets exactly dot_rows' float operations in the same order, so an output's bits do not depend on its pairing. */
 #define BQ_PAIR 1
-static inline __attribute__((always_inline)) void dotp_group(int type, const uint8_t *p0, const uint8_t *p1,
+static inline __attribute__((always_inline)) void dot2_group(int type, const uint8_t *p0, const uint8_t *p1,
                                                               const act_t *a, int64_t r0, int R, int64_t g,
                                                               __m256 (*acc)[2][2]) {
     const int64_t K = a->K, ldd = a->ldd;
@@ -584,7 +584,7 @@ static inline __attribute__((always_inline)) void dotp_group(int type, const uin
 }
 
 /* outputs w0 and w1 = w0 + row_bytes for rows r0..r0+R */
-static inline __attribute__((always_inline)) void dotp_rows(int type, const uint8_t *w0, const act_t *a, int64_t r0,
+static inline __attribute__((always_inline)) void dot2_rows(int type, const uint8_t *w0, const act_t *a, int64_t r0,
                                                              int R, float *res0, float *res1) {
     const int64_t ng = a->K / 256, row_bytes = bq_row_bytes(type, a->K);
     const int GB = GROUP_BYTES[type];
@@ -595,7 +595,7 @@ static inline __attribute__((always_inline)) void dotp_rows(int type, const uint
         /* two rows read side by side, which the hardware prefetchers follow poorly: the next pair's bytes (two
            adjacent rows), fetched in order as a single sequential stream would be */
         for (int c = 0; c < 2 * GB; c += 64) _mm_prefetch((const char *)(next + 2 * g * GB + c), _MM_HINT_T0);
-        dotp_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc);
+        dot2_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc);
     }
     for (int r = 0; r < R; r++) {
         res0[r] = hsum8(_mm256_add_ps(acc[r][0][0], acc[r][0][1]));
@@ -711,8 +711,8 @@ static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, c
 #define DOT2_TILE(NR)                                                                                            \
     static __attribute__((noinline)) void dot2_tile##NR(int type, const uint8_t *w0, const act_t *a, int64_t r0, \
                                                         float *res0, float *res1) {                              \
-        if (type == T_Q4_K) dotp_rows(T_Q4_K, w0, a, r0, NR, res0, res1);                                        \
-        else dotp_rows(T_Q6_K, w0, a, r0, NR, res0, res1);                                                       \
+        if (type == T_Q4_K) dot2_rows(T_Q4_K, w0, a, r0, NR, res0, res1);                                        \
+        else dot2_rows(T_Q6_K, w0, a, r0, NR, res0, res1);                                                       \
     }
 DOT2_TILE(1) DOT2_TILE(2) DOT2_TILE(3) DOT2_TILE(4) DOT2_TILE(5) DOT2_TILE(6) DOT2_TILE(7) DOT2_TILE(8) DOT2_TILE(9)
 typedef void (*dot2_tile_fn)(int, const uint8_t *, const act_t *, int64_t, float *, float *);
@@ -746,7 +746,7 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
        reads them from L2 (Qwen2.5-1.5B's 14 Q6_K and 14 Q4_K down projections, 2 threads: 635 -> 514 and
        416 -> 335 us at 2 rows, Q4_K 515 -> 450 at 3; Q6_K at 3 and either at 4 no faster). */
     const int narrow = j->act.K >= 4096 && (j->M == 2 || (j->M == 3 && p->type == T_Q4_K));
-    /* Q4_K and Q6_K: two outputs at a time (dotp_rows: each output's bits as if alone) from a few rows up, where it
+    /* Q4_K and Q6_K: two outputs at a time (dot2_rows: each output's bits as if alone) from a few rows up, where it
        measured faster: one activation load serves two outputs, but two rows of weights stream side by side.
        Qwen2.5-1.5B's matrices, 2 threads, unpaired -> paired (ms): gate/up (Q4_K) 16.7 -> 14.7 at 3 rows (14.3 ->
        15.3 at 2), the Q6_K down projections 10.6 -> 9.8 at 4 (9.0 -> 9.3 at 3), the Q6_K head (short rows
