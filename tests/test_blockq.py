@@ -119,6 +119,49 @@ def test_values_products_and_row_independence(ggml_type, K, scalar_lib, avx2_lib
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("ggml_type,K", SHAPES)
+def test_15_bit_activations_are_250_times_closer_and_still_exact_per_row(ggml_type, K, scalar_lib, avx2_lib):
+    """planes=2 (the gguf16 format): (a) x @ W.T within half a step of the ~15-bit activations (max |x| / 65024
+    per block) plus float rounding, and well over 100 times closer than the 8-bit product; (b) a row's result
+    the same bits alone, among 2..32 rows anywhere, at 1-3 threads, with a bias; (c) the portable and AVX2 builds
+    give the same bits; (d) an all-zero row gives zeros (the bias alone)."""
+    N = 45
+    raw = random_raw(ggml_type, N, K, seed=K + 1)
+    w8, w = B.BlockWeight(ggml_type, raw, (N, K)), B.BlockWeight(ggml_type, raw, (N, K), planes=2)
+    assert w.planes == 2 and w8.planes == 1 and w.nbytes == w8.nbytes
+    ref = torch.from_numpy(reference(ggml_type, raw, N, K)).double()
+    gen = torch.Generator().manual_seed(K)
+    x = torch.randn(32, K, generator=gen) * torch.rand(32, 1, generator=gen) * 3
+    x[5] = 0.0
+    b = torch.randn(N, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([w.mm(x[i:i + 1]) for i in range(32)])
+        alone_b = torch.cat([w.mm(x[i:i + 1], b) for i in range(32)])
+        exact = x.double() @ ref.T
+        half_step = x.double().abs().reshape(32, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(x.shape) / 65024
+        err = (alone.double() - exact).abs()
+        assert (err <= half_step @ ref.abs().T * 1.001 + 1e-6 * (x.double().abs() @ ref.abs().T) + 1e-30).all()
+        assert err.max() * 100 < (w8.mm(x).double() - exact).abs().max()
+        assert torch.equal(alone[5], torch.zeros(N)) and torch.equal(alone_b[5], b)
+        assert torch.allclose(alone_b, alone + b, rtol=1e-6, atol=1e-4)
+        for nt in (1, 2, 3):
+            torch.set_num_threads(nt)
+            for M in (2, 3, 4, 5, 9, 13, 17, 32):  # 2M stored rows: every tile remainder, planes split by tiles
+                rows = torch.randperm(32, generator=gen)[:M]
+                assert torch.equal(w.mm(x[rows]), alone[rows]), (nt, M)
+                assert torch.equal(w.mm(x[rows], b), alone_b[rows]), (nt, M)
+        torch.set_num_threads(2)
+        assert torch.equal(w._mm(x[:9], None, scalar_lib), alone[:9])
+        assert torch.equal(w._mm(x[:3], b, scalar_lib), alone_b[:3])
+        if avx2_lib is not None:
+            assert torch.equal(w._mm(x[:9], None, avx2_lib), alone[:9])
+            assert torch.equal(w._mm(x[:3], b, avx2_lib), alone_b[:3])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_non_contiguous_input_and_leading_dims():
     raw = random_raw("Q4_K", 20, 512, seed=3)
     w = B.BlockWeight("Q4_K", raw, (20, 512))
@@ -150,14 +193,15 @@ def _torch_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return weight * h
 
 
+@pytest.mark.parametrize("planes", [1, 2])
 @pytest.mark.parametrize("ggml_type,K", [("Q4_K", 1536), ("Q6_K", 512), ("Q8_0", 576), ("Q5_0", 96)])
-def test_a_product_of_normed_rows_is_the_product_of_torchs_norm(ggml_type, K, scalar_lib):
+def test_a_product_of_normed_rows_is_the_product_of_torchs_norm(ggml_type, K, planes, scalar_lib):
     """``mm(x, norm=(w, eps))`` = ``mm(w * (x * rsqrt(mean(x^2) + eps)))`` bit for bit (one op of the norm rounded
     differently would change some rows' int8 activations, so some outputs), for rows whose scales span 10 orders of
     magnitude and a weight with negative and tiny entries, over 1-17 rows (one tile or several) and both builds;
     concatenated parts with a bias too. A bad norm weight is refused."""
     g = torch.Generator().manual_seed(K)
-    w = B.BlockWeight(ggml_type, random_raw(ggml_type, 40, K, seed=5), (40, K))
+    w = B.BlockWeight(ggml_type, random_raw(ggml_type, 40, K, seed=5), (40, K), planes)
     weight = torch.randn(K, generator=g) * torch.logspace(-3, 1, K)
     for M in (1, 4, 17):
         x = torch.randn(M, K, generator=g) * torch.logspace(-5, 5, M)[:, None]
@@ -165,7 +209,8 @@ def test_a_product_of_normed_rows_is_the_product_of_torchs_norm(ggml_type, K, sc
             want = w.mm(_torch_rms(x, weight, eps))
             assert torch.equal(w.mm(x, norm=(weight, eps)), want), (M, eps)
             assert torch.equal(w._mm(x, None, scalar_lib, norm=(weight, eps)), w._mm(_torch_rms(x, weight, eps), None, scalar_lib))
-    cat = B.BlockWeight.concat([w, B.BlockWeight(ggml_type, random_raw(ggml_type, 8, K, seed=6), (8, K))])
+    cat = B.BlockWeight.concat([w, B.BlockWeight(ggml_type, random_raw(ggml_type, 8, K, seed=6), (8, K), planes)])
+    assert cat.planes == planes
     b = torch.randn(48, generator=g)
     assert torch.equal(cat.mm(x, b, norm=(weight, 1e-6)), cat.mm(_torch_rms(x, weight, 1e-6), b))
     with pytest.raises(ValueError, match="norm's weight"):
@@ -228,6 +273,10 @@ def test_bad_inputs_say_what_to_give():
         w.rows(torch.tensor([1.0]))
     with pytest.raises(ValueError, match="one K"):
         B.BlockWeight.concat([w, B.BlockWeight("Q8_0", random_raw("Q8_0", 2, 32), (2, 32))])
+    with pytest.raises(ValueError, match="planes must be 1"):
+        B.BlockWeight("Q8_0", raw, (4, 64), planes=3)
+    with pytest.raises(ValueError, match="one activation precision"):
+        B.BlockWeight.concat([w, B.BlockWeight("Q8_0", raw, (4, 64), planes=2)])
     assert w.mm(torch.zeros(0, 64)).shape == (0, 4)
 
 

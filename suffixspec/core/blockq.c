@@ -17,6 +17,9 @@
      (dot2_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
      that order.
    - Threads split the outputs: one output is computed wholly by one thread.
+   - At planes = 2 (about 15-bit activations, bq_mm's last argument) a row is quantized to n = rint(x / s) in
+     [-32512, 32512] per block (s = max|x| / 32512) and stored as two int8 rows, n = 255 h + l: the same products
+     run on both, and the row's result is high + low, added once the job is done: still the row's alone.
    Compiled with -ffp-contract=off: only the explicit fma()s fuse. */
 
 #include <math.h>
@@ -205,9 +208,37 @@ typedef struct {
     int32_t *n16, *n128, *nA, *nB; /* [M, ldd]: -16 sum(q), -128 sum(q), -32 sum(q[0:16]), -32 sum(q[16:32]) */
 } act_t;
 
+/* Block b of stored row r: its 32 int8 values (full groups interleaved like the weights), scale and sums. */
+static void put_block(act_t *a, int64_t r, int64_t b, const int8_t q[32], float d, int sA, int sB) {
+    int64_t K = a->K, nfull = K / 256 * 8;
+    int8_t *xr8 = a->xq + r * K;
+    if (b < nfull) {
+        int64_t g = b / 8, l = b % 8;
+        for (int j = 0; j < 8; j++) memcpy(xr8 + g * 256 + 32 * j + 4 * l, q + 4 * j, 4);
+    } else {
+        memcpy(xr8 + b * 32, q, 32);
+    }
+    int sx = sA + sB;
+    int64_t o = r * a->ldd + b;
+    a->dx[o] = d;
+    a->dxsx[o] = d * (float)sx;
+    a->n16[o] = -16 * sx;
+    a->n128[o] = -128 * sx;
+    a->nA[o] = -32 * sA;
+    a->nB[o] = -32 * sB;
+}
+
+static void pad_row(act_t *a, int64_t r) {
+    for (int64_t b = a->K / 32; b < a->ldd; b++) {
+        int64_t o = r * a->ldd + b;
+        a->dx[o] = a->dxsx[o] = 0.0f;
+        a->n16[o] = a->n128[o] = a->nA[o] = a->nB[o] = 0;
+    }
+}
+
 /* Row r alone: the same ops on every path and whatever M. */
 static void quantize_row(const float *xr, act_t *a, int64_t r) {
-    int64_t K = a->K, nb = K / 32, nfull = K / 256 * 8;
+    int64_t nb = a->K / 32;
     for (int64_t b = 0; b < nb; b++) {
         const float *v = xr + b * 32;
         int8_t q[32];
@@ -261,27 +292,40 @@ static void quantize_row(const float *xr, act_t *a, int64_t r) {
             else sB += q[l];
         }
 #endif
-        int8_t *xr8 = a->xq + r * K;
-        if (b < nfull) {
-            int64_t g = b / 8, l = b % 8;
-            for (int j = 0; j < 8; j++) memcpy(xr8 + g * 256 + 32 * j + 4 * l, q + 4 * j, 4);
-        } else {
-            memcpy(xr8 + b * 32, q, 32);
+        put_block(a, r, b, q, d, sA, sB);
+    }
+    pad_row(a, r);
+}
+
+/* Row r at about 15 bits (bq_mm's planes = 2): per block of 32, s = max|x| / 32512 and n = rint(x / s) clamped
+   to [-32512, 32512], written as n = 255 h + l with h, l in [-127, 127] (h = floor((n + 127) / 255)): stored
+   row 2r holds h at scale 255 s, row 2r + 1 holds l at scale s, two ordinary rows of the int8 product whose
+   results the caller adds. The same plain C ops on every path (no SIMD: one code, the same bits). */
+static void quantize_row_planes(const float *xr, act_t *a, int64_t r) {
+    int64_t nb = a->K / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *v = xr + b * 32;
+        float amax = 0.0f;
+        for (int l = 0; l < 32; l++) {
+            float f = fabsf(v[l]);
+            amax = f > amax ? f : amax;
         }
-        int sx = sA + sB;
-        int64_t o = r * a->ldd + b;
-        a->dx[o] = d;
-        a->dxsx[o] = d * (float)sx;
-        a->n16[o] = -16 * sx;
-        a->n128[o] = -128 * sx;
-        a->nA[o] = -32 * sA;
-        a->nB[o] = -32 * sB;
+        float s = amax / 32512.0f, id = amax > 0.0f ? 32512.0f / amax : 0.0f;
+        int8_t qh[32], ql[32];
+        int hA = 0, hB = 0, lA = 0, lB = 0;
+        for (int l = 0; l < 32; l++) {
+            float t = nearbyintf(v[l] * id);
+            t = t < -32512.0f ? -32512.0f : (t > 32512.0f ? 32512.0f : t);
+            int n = (int)t, h = (n + 127 + 255 * 128) / 255 - 128, lo = n - 255 * h;
+            qh[l] = (int8_t)h;
+            ql[l] = (int8_t)lo;
+            if (l < 16) { hA += h; lA += lo; } else { hB += h; lB += lo; }
+        }
+        put_block(a, 2 * r, b, qh, 255.0f * s, hA, hB);
+        put_block(a, 2 * r + 1, b, ql, s, lA, lB);
     }
-    for (int64_t b = nb; b < a->ldd; b++) {
-        int64_t o = r * a->ldd + b;
-        a->dx[o] = a->dxsx[o] = 0.0f;
-        a->n16[o] = a->n128[o] = a->nA[o] = a->nB[o] = 0;
-    }
+    pad_row(a, 2 * r);
+    pad_row(a, 2 * r + 1);
 }
 
 /* ---------------------------------------------------------------- dot products: one stored row, R rows */
@@ -672,6 +716,7 @@ typedef struct {
     const bq_part *parts;
     int nparts;
     int64_t M, ldo, chunk, nchunks;
+    int planes;         /* 2: stored rows come in pairs (high, low plane) of one row: the bias goes to the high */
     act_t act;
     float *out;
     int nthreads;
@@ -703,7 +748,7 @@ static const dot_tile_fn DOT_TILES[MAX_ROWS_TILE + 1] = {NULL, dot_tile1, dot_ti
                                                          dot_tile5, dot_tile6, dot_tile7, dot_tile8, dot_tile9};
 
 static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, const float *res) {
-    for (int t = 0; t < R; t++) o[(r + t) * j->ldo] = res[t] + bias;
+    for (int t = 0; t < R; t++) o[(r + t) * j->ldo] = j->planes == 2 && (r + t) % 2 ? res[t] : res[t] + bias;
 }
 
 #if BQ_PAIR
@@ -910,18 +955,21 @@ static void run_threads(job_t *j, int nthreads) {
    as torch's mean (sum / K), add, rsqrt (1 / sqrt) and two muls round it (-ffp-contract=off), so the same bits
    as norming in torch first, without its five calls and the normed copy. */
 static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
-              int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps) {
-    if (K <= 0 || K % 32) return -2;
+              int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps, int planes) {
+    if (K <= 0 || K % 32 || (planes != 1 && planes != 2)) return -2;
     for (int p = 0; p < nparts; p++) {
         int t = parts[p].type;
         if (t < 0 || t > T_Q5_0 || ((t == T_Q4_K || t == T_Q6_K) && K % 256)) return -2;
         if (parts[p].row_bytes != bq_row_bytes(t, K)) return -2;
     }
     if (M == 0) return 0;
+    const int64_t M1 = M; /* the caller's rows; M: the stored rows (two per row at planes = 2) */
+    M *= planes;
     int64_t nb = K / 32, ldd = (nb + 7) / 8 * 8;
     size_t xbytes = ((size_t)M * K + 63) / 64 * 64;
     size_t hbytes = norm_w ? sizeof(float) * (size_t)K : 0; /* a normed row, before it is quantized */
-    uint8_t *mem = aligned_alloc(64, xbytes + (size_t)M * ldd * 24 + hbytes + 64);
+    size_t obytes = planes == 2 ? sizeof(float) * (size_t)M * ldo : 0; /* both planes' results, then added */
+    uint8_t *mem = aligned_alloc(64, xbytes + (size_t)M * ldd * 24 + hbytes + obytes + 64);
     if (!mem) return -1;
     job_t j;
     memset(&j, 0, sizeof j);
@@ -937,20 +985,26 @@ static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64
     a->nB = a->nA + M * ldd;
     if (norm_w) {
         float *h = (float *)(a->nB + M * ldd);
-        for (int64_t r = 0; r < M; r++) {
+        for (int64_t r = 0; r < M1; r++) {
             const float *xr = x + r * ldx;
             float rs = 1.0f / sqrtf(sumsq[r] / (float)K + eps);
             for (int64_t i = 0; i < K; i++) h[i] = norm_w[i] * (xr[i] * rs);
-            quantize_row(h, a, r);
+            if (planes == 2) quantize_row_planes(h, a, r);
+            else quantize_row(h, a, r);
         }
     } else {
-        for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, a, r);
+        for (int64_t r = 0; r < M1; r++) {
+            if (planes == 2) quantize_row_planes(x + r * ldx, a, r);
+            else quantize_row(x + r * ldx, a, r);
+        }
     }
+    float *res = planes == 2 ? (float *)(mem + xbytes + (size_t)M * ldd * 24 + hbytes) : out;
     j.parts = parts;
     j.nparts = nparts;
     j.M = M;
     j.ldo = ldo;
-    j.out = out;
+    j.out = res;
+    j.planes = planes;
     int64_t total = 0;
     for (int p = 0; p < nparts; p++) total += parts[p].N;
     if (nthreads < 1) nthreads = 1;
@@ -964,18 +1018,25 @@ static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64
     } else {
         run_threads(&j, nthreads);
     }
+    if (planes == 2) /* row r = its high plane (bias included) + its low plane, over the parts' columns */
+        for (int64_t r = 0; r < M1; r++)
+            for (int p = 0; p < nparts; p++) {
+                const float *hi = res + 2 * r * ldo + parts[p].col0, *lo = hi + ldo;
+                float *o = out + r * ldo + parts[p].col0;
+                for (int64_t n = 0; n < parts[p].N; n++) o[n] = hi[n] + lo[n];
+            }
     free(mem);
     return 0;
 }
 
 int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
-          int64_t ldo, int nthreads) {
-    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, NULL, NULL, 0.0f);
+          int64_t ldo, int nthreads, int planes) {
+    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, NULL, NULL, 0.0f, planes);
 }
 
 int bq_mm_norm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
-               int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps) {
-    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, norm_w, sumsq, eps);
+               int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps, int planes) {
+    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, norm_w, sumsq, eps, planes);
 }
 
 /* task(ctx, c) for c = 0 .. n - 1 on up to nthreads threads of the pool (the caller's among them), each c on one

@@ -14,6 +14,11 @@ activations by the stored blocks without ever expanding the matrix:
 So row r of ``mm``'s result is bit-identical whatever else the call holds: the lossless promise of the
 project's exact formats. The values multiplied are exactly those ``gguf.quants.dequantize`` gives.
 
+``planes=2`` (the ``gguf16`` format): each activation row is quantized to about 15 bits per block of 32 instead
+(n = rint(x / s), |n| <= 32512, s = the block's max |x| / 32512), stored as two int8 rows n = 255 h + l whose
+products the kernel adds: twice the integer arithmetic, the same weight bytes, an activation error 256 times
+smaller, still exact per row.
+
 Worked example (one Q8_0 block, K = 32, one output): weights d = 0.5, q_w = [2, -1, 0, ...]; activation row
 x = [1.0, 2.0, 0, ...] -> x scale 2/127, q_x = [64, 127, 0, ...]; int sum 2*64 - 127 = 1; result
 1 * (0.5 * 2/127) = 0.00787 (exact: 0.0, the 8-bit activations' rounding).
@@ -59,9 +64,9 @@ class _Part(ctypes.Structure):
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.bq_mm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32]
+    lib.bq_mm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, i32]
     lib.bq_mm.restype = i32
-    lib.bq_mm_norm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, ptr, ptr, ctypes.c_float]
+    lib.bq_mm_norm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, ptr, ptr, ctypes.c_float, i32]
     lib.bq_mm_norm.restype = i32
     lib.bq_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.bq_dequantize_rows.restype = i32
@@ -241,15 +246,16 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
         if owner is not None:
             owner._last = (key, arr)
     threads = max(1, getattr(_local, "threads", None) or torch.get_num_threads())
+    planes = owner.planes if owner is not None else 1
     if norm is None:
-        rc = lib.bq_mm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N, threads)
+        rc = lib.bq_mm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N, threads, planes)
     else:
         w, eps = norm
         if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.shape != (K,) or not w.is_contiguous():
             raise ValueError(f"the norm's weight must be a contiguous float32 tensor of shape [{K}]")
         sumsq = x2.pow(2).sum(-1)  # torch's reduction, as its mean sums
         rc = lib.bq_mm_norm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N, threads,
-                            w.data_ptr(), sumsq.data_ptr(), eps)
+                            w.data_ptr(), sumsq.data_ptr(), eps, planes)
     if rc != 0:
         raise (MemoryError if rc == -1 else ValueError)(f"bq_mm failed ({rc})")
     return out.reshape(*lead, N)
@@ -291,7 +297,9 @@ class BlockWeight:
     is_mkldnn = False  # (read where weights are told apart)
     kernel = "blockq"  # the integer product (``Engine.numerics``), as ``RowInt8Weight.kernel`` names its own
 
-    def __init__(self, ggml_type: str, raw: np.ndarray, shape: tuple[int, int]) -> None:
+    def __init__(self, ggml_type: str, raw: np.ndarray, shape: tuple[int, int], planes: int = 1) -> None:
+        if planes not in (1, 2):
+            raise ValueError(f"planes must be 1 (8-bit activations) or 2 (about 15 bits), got {planes!r}")
         if ggml_type not in _TYPES:
             raise ValueError(f"unsupported ggml type {ggml_type!r}; supported: {', '.join(TYPES)}")
         N, K = (int(v) for v in shape)
@@ -305,7 +313,7 @@ class BlockWeight:
         if raw.size != N * row_bytes:
             raise ValueError(f"raw holds {raw.size} bytes; {ggml_type} {N}x{K} needs {N} rows of {row_bytes}")
         raw = raw.reshape(N, row_bytes)
-        self.ggml_type, self.shape, self._code = ggml_type, (N, K), code
+        self.ggml_type, self.shape, self._code, self.planes = ggml_type, (N, K), code, planes
         self._data = np.ascontiguousarray(_repack(ggml_type, raw))
         self._row_bytes = row_bytes + (K // 256 * 4 if ggml_type == "Q4_K" else 0)
         self._last: tuple[int, ctypes.Array] | None = None  # (bias address, part records) of the last product
@@ -368,6 +376,9 @@ class BlockConcat:
         K = parts[0].shape[1]
         if any(p.shape[1] != K for p in parts):
             raise ValueError(f"concat needs one K, got {[p.shape for p in parts]}")
+        if len({p.planes for p in parts}) != 1:
+            raise ValueError(f"concat needs one activation precision, got planes {[p.planes for p in parts]}")
+        self.planes = parts[0].planes
         self.parts = parts
         self.splits = tuple(p.shape[0] for p in parts)
         self.shape = (sum(self.splits), K)
