@@ -77,10 +77,11 @@ class SuffixSpec:
             documents and without a persisted output history.
         device / dtype: as for ``suffixspec.loading.load_model`` (default: cuda if present, else cpu).
         weights: the weight format of the target and the draft model: ``"auto"`` (default: on a CPU ``gguf`` for
-            a model named by its GGUF file, else the fastest exact int8 kernel measured there; on a GPU
-            bfloat16/float16), ``"float32"`` (exactly ``transformers``' output), ``"bfloat16"``,
-            ``"float16"`` (not exact: a token may change with the batch), ``"gguf"`` (the GGUF file's own blocks
-            with 8-bit activations) and ``"int8"`` (int8 rows): each its own output, identical with speculation
+            a model named by its GGUF file (``gguf16`` where gguf is measured to lose quality: SmolLM2), else the
+            fastest exact int8 kernel measured there; on a GPU bfloat16/float16), ``"float32"`` (exactly
+            ``transformers``' output), ``"bfloat16"``, ``"float16"`` (not exact: a token may change with the
+            batch), ``"gguf"`` (the GGUF file's own blocks with 8-bit activations), ``"gguf16"`` (the same blocks
+            with ~15-bit activations) and ``"int8"`` (int8 rows): each its own output, identical with speculation
             on and off, batched or alone. docs/formats.md.
             ``spec.weights`` says the format chosen.
         history: ``True`` (default) drafts from earlier outputs and saves every output in the store's

@@ -95,7 +95,7 @@ class LoadedModel:
 
     @property
     def lean_kind(self) -> str:
-        """The lean forward's weight kind for this format (``lean.KINDS``): ``int8``, ``gguf`` or ``float``."""
+        """The lean forward's weight kind for this format (``lean.KINDS``): ``int8``, ``gguf``, ``gguf16`` or ``float``."""
         from suffixspec.core.formats import QUANTIZED
 
         return self.weights if self.weights in QUANTIZED else "float"  # (the quantized formats name their kinds)
@@ -253,8 +253,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
                 raise ValueError(f"{name_or_path} cannot run with {fmt} weights: they need suffixspec's lean forward "
                                  f"({problem}); use weights='float32'")
             fmt = "float32"  # auto: the fastest exact format this model can run
-    if fmt == "gguf" and not converted:
-        raise ValueError(f"{name_or_path} cannot run with gguf weights: they are the blocks of the GGUF file a model "
+    if fmt in ("gguf", "gguf16") and not converted:
+        raise ValueError(f"{name_or_path} cannot run with {fmt} weights: they are the blocks of the GGUF file a model "
                          f"is converted from; name the model by its GGUF (a known name or a .gguf path), or use "
                          f"weights='int8'")
     shared = share_tokenizer.tokenizer_files if share_tokenizer is not None else None

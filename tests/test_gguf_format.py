@@ -130,6 +130,50 @@ def test_gguf_generation_is_identical_with_speculation_on_and_off(models, case):
     assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"], cases)
 
 
+# gguf16: the same blocks, ~15-bit activations (blockq's planes = 2)
+CASES16 = ("llama-Q4_1", "qwen2-Q4_K", "qwen2-Q6_K")
+
+
+@pytest.fixture(scope="module")
+def models16(files):
+    return {name: load_model(str(files[name]), weights="gguf16") for name in CASES16}
+
+
+def _logits(lean, ids: list[int]) -> torch.Tensor:
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import PassRow
+
+    cache = SlotCache(1, capacity=64)
+    return lean([PassRow(cache.add_row(), ids, None, 0, "all")], cache)[0]
+
+
+@pytest.mark.parametrize("case", CASES16)
+def test_gguf16_rows_are_exact_and_far_closer_to_float32_than_ggufs(models, models16, case):
+    """gguf16's matrices are the file's blocks at planes 2; a row's logits are bitwise independent of its pass (1
+    and 2 threads); its logits are float32's to a small fraction of gguf's (8-bit activations) error."""
+    f32, gg = models[case]
+    g16 = models16[case]
+    lean16 = lean_forward(g16.model, "gguf16")
+    assert lean16 is not None and lean16.exact and lean16.blocks
+    assert {w.planes for L in lean16.layers for w in (L.w_qkv, L.wo, L.w_gu, L.wd)} == {2}
+    assert _row_dependence(lean16, threads=(1, 2)) == [], case
+    ids = list(range(5, 45))
+    with torch.inference_mode():
+        want = f32.model(input_ids=torch.tensor([ids])).logits[0].float()
+    err8 = float((_logits(lean_forward(gg.model, "gguf"), ids) - want).abs().mean())
+    err16 = float((_logits(lean16, ids) - want).abs().mean())
+    print(case, err8, err16)
+    assert err16 < err8 / 30, (case, err8, err16)
+
+
+def test_gguf16_generation_is_identical_with_speculation_on_and_off(models16):
+    engine = Engine(models16["llama-Q4_1"])
+    assert engine.numerics == {"weights": "gguf16", "kernel": "blockq", "attention": "native"}
+    cases = [SamplingParams(max_tokens=24, ignore_eos=True),
+             SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=3)]
+    assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"], cases)
+
+
 def test_a_pass_runs_its_products_on_blockqs_threads_and_torchs_ops_on_one(models, monkeypatch):
     """At two torch threads a pass whose products are all blockq's runs them on two of blockq's own threads with
     torch's ops on one (its idle OpenMP worker would otherwise spin on the core blockq's worker needs), and puts
@@ -185,8 +229,9 @@ def test_a_type_the_kernel_lacks_runs_as_int8_rows_and_stays_exact(models):
 
 
 def test_gguf_weights_need_a_model_converted_from_a_gguf(tiny_model_dirs):
-    with pytest.raises(ValueError, match="GGUF"):
-        load_model(str(tiny_model_dirs["llama"]), weights="gguf")
+    for fmt in ("gguf", "gguf16"):
+        with pytest.raises(ValueError, match=f"{fmt} weights: they are the blocks of the GGUF"):
+            load_model(str(tiny_model_dirs["llama"]), weights=fmt)
 
 
 def test_the_smollm2_files_blocks_are_its_converted_weights():

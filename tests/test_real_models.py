@@ -73,7 +73,7 @@ def require(name: str) -> None:
         pytest.skip(msg)
 
 
-@pytest.fixture(scope="module", params=[(SMOLLM2, "float32"), (SMOLLM2, "int8"), (SMOLLM2, "gguf"),
+@pytest.fixture(scope="module", params=[(SMOLLM2, "float32"), (SMOLLM2, "int8"), (SMOLLM2, "gguf"), (SMOLLM2, "gguf16"),
                                         pytest.param((GEMMA, "float32"), marks=pytest.mark.gemma),
                                         pytest.param((GEMMA, "gguf"), marks=pytest.mark.gemma)], ids=str)
 def model(request):
@@ -101,7 +101,7 @@ def cases_of(spec):
 
 
 def test_greedy_output_equals_transformers_generate(model):
-    """float32: transformers' own generate, token for token; int8, gguf: that format's own plain decoding."""
+    """float32: transformers' own generate, token for token; int8, gguf, gguf16: that format's own plain decoding."""
     import torch
 
     spec, ref = model

@@ -10,6 +10,7 @@ forward, which is not batch-invariant (its grouped SDPA rounds differently), so 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -407,9 +408,10 @@ def test_smoothing_brings_an_outlier_channel_model_closer_to_float32():
 
 def test_auto_is_gguf_for_a_model_named_by_its_gguf_else_the_int8_rules(monkeypatch):
     """``auto`` on a CPU: a model named by its GGUF (a known name, a ``.gguf`` path) runs the file's own blocks
-    where the block kernel builds and its gguf is not measured below INT8_MIN_AGREEMENT; otherwise the fastest exact int8 kernel, unless the named model's int8 is
-    measured to agree with float32 below INT8_MIN_AGREEMENT (SmolLM2: 94.6%): then float32. An explicit format
-    is honoured; a folder follows the machine's probe."""
+    where the block kernel builds and its gguf is not measured below INT8_MIN_AGREEMENT, else gguf16 where that is
+    measured at or above it (SmolLM2: gguf 98.4%, gguf16 100%); otherwise the fastest exact int8 kernel, unless
+    the named model's int8 is measured to agree with float32 below INT8_MIN_AGREEMENT (SmolLM2: 94.6%): then
+    float32. An explicit format is honoured; a folder follows the machine's probe."""
     from suffixspec.core.formats import INT8_MIN_AGREEMENT, draft_weights, gguf_works, resolve
     from suffixspec.models import KNOWN_MODELS
 
@@ -417,10 +419,16 @@ def test_auto_is_gguf_for_a_model_named_by_its_gguf_else_the_int8_rules(monkeypa
     assert gguf_works()  # this machine has a C compiler
     for name in ("qwen2.5-coder-1.5b-instruct", "gemma-3-270m", "/models/Some-Model.Q4_K_M.GGUF"):
         assert resolve("auto", "cpu", model=name) == "gguf" and resolve(None, "cpu", model=name) == "gguf"
-    # SmolLM2's gguf is measured below the agreement asked (98.4%), its int8 too: float32
-    assert smol.gguf_agreement is not None and smol.gguf_agreement < INT8_MIN_AGREEMENT
-    assert resolve("auto", "cpu", model=smol.name) == "float32"
+    # SmolLM2's gguf is measured below the agreement asked (98.4%), its gguf16 not (100%): gguf16
+    assert smol.gguf_agreement is not None and smol.gguf_agreement < INT8_MIN_AGREEMENT <= smol.gguf16_agreement
+    assert resolve("auto", "cpu", model=smol.name) == "gguf16"
     assert resolve("gguf", "cpu", model=smol.name) == "gguf" and resolve("int8", "cpu", model=smol.name) == "int8"
+    assert resolve("gguf16", "cpu", model="qwen2.5-coder-1.5b-instruct") == "gguf16"
+    # a gguf16 measured below the bar (or not measured) is not chosen: then the int8 rules (SmolLM2: float32)
+    for low in (0.97, None):
+        monkeypatch.setitem(KNOWN_MODELS, smol.name, dataclasses.replace(smol, gguf16_agreement=low))
+        assert resolve("auto", "cpu", model=smol.name) == "float32"
+    monkeypatch.setitem(KNOWN_MODELS, smol.name, smol)
     assert resolve("auto", "cpu", model="/models/some-folder") == resolve("auto", "cpu") != "gguf"
     assert resolve("auto", "cpu", model="qwen2.5-coder-0.5b-instruct", draft=True) == "gguf"  # a draft's too
     monkeypatch.setattr(P, "gguf_works", lambda: False)  # where no compiler builds the block kernel
@@ -430,7 +438,9 @@ def test_auto_is_gguf_for_a_model_named_by_its_gguf_else_the_int8_rules(monkeypa
     assert resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct") == resolve("auto", "cpu")
     assert all(m.int8_agreement is None or 0 < m.int8_agreement <= 1 for m in KNOWN_MODELS.values())
     assert all(m.gguf_agreement is None or 0 < m.gguf_agreement <= 1 for m in KNOWN_MODELS.values())
+    assert all(m.gguf16_agreement is None or 0 < m.gguf16_agreement <= 1 for m in KNOWN_MODELS.values())
     # a draft follows its target's format (auto at a quantized one: gguf where it is named by its GGUF, else int8
     # where that pays)
-    assert draft_weights("int8") == draft_weights("gguf") == "auto" and draft_weights("float32") == "float32"
+    assert draft_weights("int8") == draft_weights("gguf") == draft_weights("gguf16") == "auto"
+    assert draft_weights("float32") == "float32"
     assert resolve(draft_weights("gguf"), "cpu", model=None) == resolve("auto", "cpu")

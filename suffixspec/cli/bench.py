@@ -50,7 +50,7 @@ def default_out() -> Path:
               help="torch threads for every system (llama.cpp's for the llama systems): N (0: torch's default), or "
                    "'auto': the count suffixspec's own default measures at start (one thread or every core), then "
                    "held for every system (not with separate processes).")
-@click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8", "gguf"]), default="float32",
+@click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8", "gguf", "gguf16"]), default="float32",
               show_default=True,
               help="Weight format of our systems (auto: the fastest exact format here, as `generate` and `serve` "
                    "default to). transformers' systems always run float32 (a copy of their own where ours is "

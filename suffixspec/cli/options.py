@@ -46,12 +46,13 @@ _model_options = [
                  help="SQLite document store (as for `suffixspec index add --db`); default: $SUFFIXSPEC_DB, "
                       "else ~/.local/share/suffixspec/index.db."),
     click.option("--device", default=None, help="torch device (default: cuda if present, else cpu)."),
-    click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8", "gguf"]), default="auto",
+    click.option("--weights", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8", "gguf", "gguf16"]), default="auto",
                  show_default=True,
                  help="Weight format of the target and draft model. auto: on a CPU gguf for a model named by its GGUF "
-                      "file (unless measured to lose quality: SmolLM2 stays float32), else the fastest exact int8 "
+                      "file (unless measured to lose quality: SmolLM2 runs gguf16), else the fastest exact int8 "
                       "kernel measured there; on a GPU bfloat16/float16. gguf: the "
-                      "GGUF file's own blocks (Q4_K, Q6_K, ...) and 8-bit activations, int8: int8 rows; each gives "
+                      "GGUF file's own blocks (Q4_K, Q6_K, ...) and 8-bit activations, gguf16: the same blocks and "
+                      "~15-bit activations (float32's tokens more often, twice the arithmetic), int8: int8 rows; each gives "
                       "its own output, identical with speculation on and off; float32: exactly transformers' "
                       "output; bfloat16/float16: not exact (docs/formats.md)."),
     click.option("--dtype", default=None, help="Older name for a floating --weights: float32, bfloat16, float16."),

@@ -28,13 +28,14 @@ from suffixspec.core.weights import KERNELS, Int8Weight, RowInt8Weight, int8_wor
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "float32", "bfloat16", "float16", "int8", "gguf")  # the ``weights`` option's values
-EXACT = ("float32", "int8", "gguf")  # formats whose tokens do not depend on the pass's other rows (float32: up to rounding)
-QUANTIZED = ("int8", "gguf")  # formats whose matrices are integers (the model's float weights are released)
+FORMATS = ("auto", "float32", "bfloat16", "float16", "int8", "gguf", "gguf16")  # the ``weights`` option's values
+EXACT = ("float32", "int8", "gguf", "gguf16")  # formats whose tokens do not depend on the pass's other rows (float32: up to rounding)
+QUANTIZED = ("int8", "gguf", "gguf16")  # formats whose matrices are integers (the model's float weights are released)
 # what each format loads the model's weights as (int8 quantizes from float32; gguf reads the file's blocks and
 # keeps the model's float32 norms and biases)
 LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32,
-               "gguf": torch.float32}
+               "gguf": torch.float32, "gguf16": torch.float32}
+GGUF = ("gguf", "gguf16")  # the formats that multiply a GGUF file's own blocks (8-bit, ~15-bit activations)
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -48,17 +49,18 @@ INT8_MIN_AGREEMENT = 0.99
 
 def resolve(weights: str | None, device: str, dtype: str | None = None, model: str | None = None,
             draft: bool = False) -> str:
-    """The concrete format (``float32``, ``bfloat16``, ``float16``, ``int8`` or ``gguf``) of the option ``weights``
+    """The concrete format (``float32``, ``bfloat16``, ``float16``, ``int8``, ``gguf`` or ``gguf16``) of ``weights``
     on ``device``; ``dtype`` (the older option) names a floating format and counts when ``weights`` is ``auto``.
 
     ``auto`` (or None): on a CPU, ``gguf`` for a model named by its GGUF file (a known name or a ``.gguf`` path)
     where the block kernel builds (:func:`gguf_works`) and the model's gguf is not measured to agree with float32
-    below :data:`INT8_MIN_AGREEMENT`: the file's own blocks, the fewest bytes per step; else the fastest exact
+    below :data:`INT8_MIN_AGREEMENT`: the file's own blocks, the fewest bytes per step; where it is, ``gguf16`` (the
+    same blocks, ~15-bit activations) if that is measured to agree at least that often; else the fastest exact
     int8 kernel measured here (:func:`int8_verdict`), unless ``model`` is a named model whose int8 is measured to
     agree with float32 below :data:`INT8_MIN_AGREEMENT` (neither is weighed for a ``draft``, whose tokens are only
     proposals); on a GPU bfloat16 where supported, else float16. Examples:
     ``resolve("auto", "cpu", model="qwen2.5-coder-1.5b-instruct")`` -> ``"gguf"`` (with a C compiler);
-    ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"float32"`` (gguf 98.4%, int8 94.6%);
+    ``resolve("auto", "cpu", model="smollm2-135m-instruct")`` -> ``"gguf16"`` (gguf 98.4%, gguf16 100%);
     ``resolve("auto", "cpu")`` -> ``"int8"`` where an exact int8 kernel is faster here;
     ``resolve(None, "cpu", dtype="bfloat16")`` -> ``"bfloat16"``."""
     name = _ALIASES.get(weights or "auto", weights or "auto")
@@ -85,8 +87,13 @@ def resolve(weights: str | None, device: str, dtype: str | None = None, model: s
 
         known = None if draft else KNOWN_MODELS.get(model or "")
         low = known is not None and known.gguf_agreement is not None and known.gguf_agreement < INT8_MIN_AGREEMENT
-        if not low and gguf_named(model) and gguf_works():  # (gguf_works compiles the kernel: only when it counts)
-            return "gguf"
+        if gguf_named(model) and gguf_works():  # (gguf_works compiles the kernel: only when it counts)
+            if not low:
+                return "gguf"
+            if known.gguf16_agreement is not None and known.gguf16_agreement >= INT8_MIN_AGREEMENT:
+                log.info("weights auto -> gguf16 (%s's gguf agrees with float32 on %.1f%% of greedy tokens, its "
+                         "gguf16 on %.2f%%)", known.name, 100 * known.gguf_agreement, 100 * known.gguf16_agreement)
+                return "gguf16"
         if known is not None and known.int8_agreement is not None and known.int8_agreement < INT8_MIN_AGREEMENT:
             log.info("weights auto -> float32 (%s's int8 agrees with float32 on %.1f%% of greedy tokens; "
                      "--weights int8 to use it)", known.name, 100 * known.int8_agreement)

@@ -88,8 +88,8 @@ class PassRow:
 # the lean forward's weight kinds: "float" (the model's own dtype; float32 packed for oneDNN), "int8" (exact:
 # weights.RowInt8Weight, torch._int_mm, per-query attention), "fbgemm" (Int8Weight: fast for one row, a
 # row's result depends on the others': draft models only), "gguf" (exact: the GGUF file's own blocks,
-# blockq's kernel, per-query attention)
-KINDS = ("float", "int8", "fbgemm", "gguf")
+# blockq's kernel, per-query attention), "gguf16" (the same with ~15-bit activations: blockq's planes = 2)
+KINDS = ("float", "int8", "fbgemm", "gguf", "gguf16")
 _LEAN: dict[str, weakref.WeakKeyDictionary] = {k: weakref.WeakKeyDictionary() for k in KINDS}  # kind -> model -> forward
 # kind -> model -> why its lean forward of that kind failed to build (a failing int8 build leaves float alone)
 _BROKEN: dict[str, weakref.WeakKeyDictionary] = {k: weakref.WeakKeyDictionary() for k in KINDS}

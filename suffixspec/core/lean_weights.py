@@ -229,8 +229,8 @@ def build(model: Any, kind: str, shape: Shape) -> LeanWeights:
     """The lean forward's weights of ``model`` for the weight kind ``kind`` (see the module docstring): read
     from the store where a converted model has one for this kind, else made from the float weights (and
     stored for the next start where the model is a converted one)."""
-    if kind == "gguf":
-        return build_gguf(model, shape)
+    if kind in ("gguf", "gguf16"):
+        return build_gguf(model, shape, planes=2 if kind == "gguf16" else 1)
     inner = model.model
     gemma = shape.gemma
     norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)  # Gemma's norms scale by 1 + w
@@ -320,9 +320,10 @@ def build(model: Any, kind: str, shape: Shape) -> LeanWeights:
     return built
 
 
-def build_gguf(model: Any, shape: Shape) -> LeanWeights:
-    """The ``gguf`` kind: the matrices are the blocks of the GGUF file the model was converted from
-    (``gguf_weights``), multiplied by the block kernel (``blockq``); norms and biases are the model's own
+def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
+    """The ``gguf`` kind (``planes=2``: ``gguf16``, ~15-bit activations): the matrices are the blocks of the
+    GGUF file the model was converted from (``gguf_weights``), multiplied by the block kernel (``blockq``); norms
+    and biases are the model's own
     (float32, exactly the file's). A matrix of a type the kernel lacks (or q/k/v of mixed types with one
     such) is quantized from its dequantized values to int8 per output row (``RowInt8Weight``: exact per row, as
     at ``int8``), logged."""
@@ -342,7 +343,7 @@ def build_gguf(model: Any, shape: Shape) -> LeanWeights:
         nonlocal kernel
         parts = [blocks[n] for n in names]
         if all(p.ggml_type in blockq.TYPES for p in parts):
-            made = [blockq.BlockWeight(p.ggml_type, p.raw, p.shape) for p in parts]
+            made = [blockq.BlockWeight(p.ggml_type, p.raw, p.shape, planes) for p in parts]
             return made[0] if len(made) == 1 else blockq.BlockWeight.concat(made)
         from gguf import GGMLQuantizationType, quants
 

@@ -64,8 +64,8 @@ class ServerConfig:
             raise ValueError(f"threads must be a positive integer (None = measured), got {self.threads!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError("max_prompt_tokens must be >= 1 (or None for the model's context length)")
-        if self.weights not in ("auto", "float32", "bfloat16", "float16", "int8", "gguf"):  # formats.FORMATS (no torch here)
-            raise ValueError(f"weights must be one of auto, float32, bfloat16, float16, int8, gguf, got {self.weights!r}")
+        if self.weights not in ("auto", "float32", "bfloat16", "float16", "int8", "gguf", "gguf16"):  # formats.FORMATS (no torch here)
+            raise ValueError(f"weights must be one of auto, float32, bfloat16, float16, int8, gguf, gguf16, got {self.weights!r}")
         if self.api_key == "":
             self.api_key = None
         for name in ("allowed_hosts", "allowed_origins"):

@@ -84,7 +84,7 @@ class DraftRunner:
         self._keep_one = "logits_to_keep" in params
         # a draft loaded at gguf runs its file's blocks; int8: the lean forward on int8 matrices, where this torch
         # has them; else float
-        kind = ("gguf" if loaded.weights == "gguf" and lean else
+        kind = (loaded.weights if loaded.weights in ("gguf", "gguf16") and lean else
                 draft_int8_kind() if int8 and lean and self.device.type == "cpu" else "float")
         self.lean = (lean_forward(self.model, kind) if kind != "float" else None) or (
             lean_forward(self.model) if lean else None)
