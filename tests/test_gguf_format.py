@@ -18,7 +18,7 @@ from test_weights import _row_dependence, assert_speculation_on_equals_off
 
 from suffixspec.config import SamplingParams
 from suffixspec.core import blockq
-from suffixspec.core.gguf_weights import FileRows, read_matrices, source_file
+from suffixspec.core.gguf_weights import FileRows, directory, read_matrices, source_file
 from suffixspec.core.lean import lean_forward
 from suffixspec.loading import load_model
 from suffixspec.runtimes.engine import Engine
@@ -226,6 +226,38 @@ def test_a_type_the_kernel_lacks_runs_as_int8_rows_and_stays_exact(models):
     assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add("],
                                      [SamplingParams(max_tokens=16, ignore_eos=True),
                                       SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.0, seed=5)])
+
+
+def test_the_header_reader_finds_what_gguf_py_finds(files, tmp_path):
+    """directory() (the tensors' types, dims, offsets and sizes, the architecture, read without decoding the
+    metadata) agrees with gguf-py's GGUFReader on every case's file and the real SmolLM2 file where installed;
+    a file that is not a GGUF, or is cut short, is refused saying so."""
+    import gguf
+
+    from suffixspec.models import KNOWN_MODELS, known_source
+
+    paths = list(files.values())
+    smol = known_source(KNOWN_MODELS["smollm2-135m-instruct"])
+    if smol.path is not None and smol.path.is_file():
+        paths.append(smol.path)
+    for path in paths:
+        arch, tensors, data = directory(path)
+        reader = gguf.GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        assert arch == bytes(field.parts[field.data[0]]).decode()
+        assert sorted(tensors) == sorted(t.name for t in reader.tensors)
+        for t in reader.tensors:
+            info = tensors[t.name]
+            assert (info.ggml_type, info.dims, data + info.offset, info.nbytes) == (
+                t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes)), t.name
+    bad = tmp_path / "not.gguf"
+    bad.write_bytes(b"PK\x03\x04" + bytes(64))
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        directory(bad)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(paths[0].read_bytes()[:200])
+    with pytest.raises(ValueError, match="ends early"):
+        directory(cut)
 
 
 def test_gguf_weights_need_a_model_converted_from_a_gguf(tiny_model_dirs):

@@ -106,11 +106,8 @@ def source_file(folder: str | Path) -> Path:
 def read_matrices(path: str | Path, n_layers: int, n_heads: int, n_kv: int) -> dict[str, Blocks]:
     """Every layer's matrices (``"<i>.q"`` ... ``"<i>.down"``, :data:`LAYER_TENSORS`), ``"embed"`` and, where the
     file has its own output matrix, ``"head"``; views of the file's memory mapping (pages read as used)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    arch = _field(reader, "general.architecture")
-    tensors = {t.name: t for t in reader.tensors}
+    arch, tensors, data = directory(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
     out: dict[str, Blocks] = {}
     wanted = {f"{i}.{ours}": f"blk.{i}.{theirs}.weight" for i in range(n_layers) for ours, theirs in LAYER_TENSORS.items()}
     wanted.update(embed="token_embd.weight", head="output.weight")
@@ -120,14 +117,117 @@ def read_matrices(path: str | Path, n_layers: int, n_heads: int, n_kv: int) -> d
             if ours == "head":
                 continue
             raise ValueError(f"{path}: no tensor {theirs} (is it a {n_layers}-layer model of this architecture?)")
-        k, n = (int(x) for x in t.shape[:2]) if len(t.shape) >= 2 else (int(t.shape[0]), 1)
-        raw = np.asarray(t.data).reshape(n, -1)
-        if raw.dtype != np.uint8:  # an unquantized tensor (F32, F16): its bytes, typed by ggml_type
-            raw = raw.view(np.uint8).reshape(n, -1)
+        k, n = (t.dims[0], t.dims[1]) if len(t.dims) >= 2 else (t.dims[0], 1)
+        start = data + t.offset
+        raw = mapped[start:start + t.nbytes].reshape(n, -1)
         if arch in PERMUTED_ARCHS and ours.endswith((".q", ".k")):
             raw = raw[_unpermute(n, n_heads if ours.endswith(".q") else n_kv)]
-        out[ours] = Blocks(t.tensor_type.name, raw, (n, k), Path(path), int(t.data_offset))
+        out[ours] = Blocks(t.ggml_type, raw, (n, k), Path(path), start)
     return out
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file's directory: its type's name, dims (GGUF order: the row length first), its
+    offset in the data section and its size in bytes."""
+
+    ggml_type: str
+    dims: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+# GGUF metadata value types with a fixed size (bytes): uint8 .. float32, bool, uint64, int64, float64
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def directory(path: str | Path) -> tuple[str | None, dict[str, TensorInfo], int]:
+    """(architecture, tensors by name, where the data section starts) of a GGUF file, read from its header alone:
+    the metadata values are skipped, not decoded (``gguf.GGUFReader`` builds an array per token of the
+    vocabulary: 3.7 of SmolLM2's start-up seconds). ValueError for a file that is not a GGUF of version 2-3."""
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with open(path, "rb") as f:
+        buf = f.read(1 << 20)
+        pos = 0
+
+        def need(n: int) -> None:
+            nonlocal buf
+            while pos + n > len(buf):
+                more = f.read(max(n, 1 << 20))
+                if not more:
+                    raise ValueError(f"{path}: the GGUF header ends early (a truncated file?)")
+                buf += more
+
+        def u32() -> int:
+            nonlocal pos
+            need(4)
+            pos += 4
+            return struct.unpack_from("<I", buf, pos - 4)[0]
+
+        def u64() -> int:
+            nonlocal pos
+            need(8)
+            pos += 8
+            return struct.unpack_from("<Q", buf, pos - 8)[0]
+
+        def string() -> bytes:
+            nonlocal pos
+            n = u64()
+            need(n)
+            pos += n
+            return bytes(buf[pos - n:pos])
+
+        def skip(vtype: int) -> None:
+            nonlocal pos
+            if vtype in _FIXED:
+                need(_FIXED[vtype])
+                pos += _FIXED[vtype]
+            elif vtype == _STRING:
+                n = u64()
+                need(n)
+                pos += n
+            elif vtype == _ARRAY:
+                item, count = u32(), u64()
+                if item in _FIXED:
+                    need(count * _FIXED[item])
+                    pos += count * _FIXED[item]
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                raise ValueError(f"{path}: unknown GGUF metadata type {vtype}")
+
+        need(4)
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (it starts {bytes(buf[:4])!r})")
+        pos = 4
+        version = u32()
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version}; this reader knows versions 2 and 3")
+        n_tensors, n_kv = u64(), u64()
+        arch, alignment = None, 32
+        for _ in range(n_kv):
+            key, vtype = string(), u32()
+            if key == b"general.architecture" and vtype == _STRING:
+                arch = string().decode()
+            elif key == b"general.alignment" and vtype == 4:
+                alignment = u32()
+            else:
+                skip(vtype)
+        tensors: dict[str, TensorInfo] = {}
+        for _ in range(n_tensors):
+            name = string().decode()
+            dims = tuple(u64() for _ in range(u32()))
+            kind, offset = GGMLQuantizationType(u32()), u64()
+            block, size = GGML_QUANT_SIZES[kind]
+            count = int(np.prod(dims, dtype=np.int64))
+            tensors[name] = TensorInfo(kind.name, dims, offset, count // block * size)
+        data = (pos + alignment - 1) // alignment * alignment
+    return arch, tensors, data
 
 
 def _unpermute(rows: int, heads: int) -> np.ndarray:
@@ -135,10 +235,3 @@ def _unpermute(rows: int, heads: int) -> np.ndarray:
     the rotary halves interleaved (row 2j is the first half's j-th, 2j + 1 the second half's)."""
     half = rows // heads // 2
     return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(rows)
-
-
-def _field(reader: Any, name: str) -> str | None:
-    field = reader.fields.get(name)
-    if field is None:
-        return None
-    return bytes(field.parts[field.data[0]]).decode()
