@@ -144,6 +144,41 @@ def test_batched_outputs_equal_alone(engines, arch, drafter):
         assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+@pytest.mark.parametrize("arch", ["llama", "llama-int8"])
+def test_batched_drafts_cut_at_a_stop_token_equal_alone(engines, arch, monkeypatch):
+    """Drafts that run past a request's stop token (an oracle of the outputs without the stop, so every draft
+    crosses it) are cut there in a batch as alone (``Draft.ending_at``): each request, greedy or seeded, with a
+    stop token or without, equals its plain run alone and ends on its stop; cuts happened."""
+    engine = engines[arch]
+    free = [_alone(engine, p, SamplingParams(max_tokens=40, ignore_eos=True, **kw))
+            for p, kw in zip(PROMPTS[:3], [{}, {"temperature": 1.0, "seed": 7}, {}], strict=True)]
+    reqs = [(PROMPTS[0], SamplingParams(max_tokens=40, stop_token_ids=[free[0].token_ids[9]])),
+            (PROMPTS[1], SamplingParams(max_tokens=40, temperature=1.0, seed=7, stop_token_ids=[free[1].token_ids[11]])),
+            (PROMPTS[2], SamplingParams(max_tokens=40, ignore_eos=True))]
+    alone = [_alone(engine, p, sp) for p, sp in reqs]
+    assert [a.finish_reason for a in alone] == ["stop", "stop", "length"]
+    outputs = {tuple(engine.encode(p)): f.token_ids for p, f in zip(PROMPTS[:3], free, strict=True)}
+    cuts = []
+    real = Draft.ending_at
+
+    def counting(draft, stop_ids):
+        out = real(draft, stop_ids)
+        cuts.append(len(out.tokens) < len(draft.tokens))
+        return out
+
+    monkeypatch.setattr(Draft, "ending_at", counting)
+    engine.proposers = [PromptOracle(outputs, engine.vocab_size, branch=True)]
+    try:
+        sched = _scheduler(engine, 3)
+        handles = [_submit(engine, sched, p, sp, EVERY_DRAFT) for p, sp in reqs]
+        assert max(_drain(sched)) == 3
+    finally:
+        engine.proposers = []
+    for (prompt, sp), ref, res in zip(reqs, alone, [_result(h) for h in handles], strict=True):
+        assert res.token_ids == ref.token_ids and res.finish_reason == ref.finish_reason, (prompt, sp)
+    assert any(cuts)
+
+
 def test_cancel_and_leave_mid_generation(engines):
     """A cancelled request leaves at once (a prefix of its output alone); the others are unchanged."""
     engine = engines["llama"]
