@@ -13,7 +13,7 @@
      scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
      the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
    - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles
-     of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K outputs in pairs sharing each activation load
+     of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K/Q4_1 outputs in pairs sharing each activation load
      (dot2_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
      that order.
    - Threads split the outputs: one output is computed wholly by one thread.
@@ -584,8 +584,17 @@ static inline __attribute__((always_inline)) void dot2_group(int type, const uin
     __m256i W0[8], W1[8];
     __m256 sA0, sB0 = _mm256_setzero_ps(), off0 = _mm256_setzero_ps();
     __m256 sA1, sB1 = _mm256_setzero_ps(), off1 = _mm256_setzero_ps();
-    unpack_k(type, p0, W0, &sA0, &sB0, &off0);
-    unpack_k(type, p1, W1, &sA1, &sB1, &off1);
+    if (type == T_Q4_1) { /* as dot_group unpacks it */
+        sA0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p0));
+        off0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p0 + 16)));
+        nibbles(p0 + 32, W0);
+        sA1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p1));
+        off1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p1 + 16)));
+        nibbles(p1 + 32, W1);
+    } else {
+        unpack_k(type, p0, W0, &sA0, &sB0, &off0);
+        unpack_k(type, p1, W1, &sA1, &sB1, &off1);
+    }
     for (int r = 0; r < R; r++) {
         const int8_t *x = a->xq + (r0 + r) * K + g * 256;
         const int64_t o = (r0 + r) * ldd + g * 8;
@@ -606,7 +615,7 @@ static inline __attribute__((always_inline)) void dot2_group(int type, const uin
             acc[r][0][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b0), _mm256_mul_ps(sB0, dx), acc[r][0][q]);
             acc[r][1][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1), _mm256_mul_ps(sA1, dx), acc[r][1][q]);
             acc[r][1][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b1), _mm256_mul_ps(sB1, dx), acc[r][1][q]);
-        } else { /* Q4_K: two chains per output (integer sums: any order) */
+        } else { /* Q4_K, Q4_1: two chains per output (integer sums: any order) */
             __m256i i0 = _mm256_setzero_si256(), i1 = i0, j0 = i0, j1 = i0;
             for (int k = 0; k < 8; k += 2) {
                 __m256i xv = LD(x + 32 * k), xw = LD(x + 32 * k + 32);
@@ -634,16 +643,24 @@ static inline __attribute__((always_inline)) void dot2_rows(int type, const uint
     const int GB = GROUP_BYTES[type];
     const uint8_t *w1 = w0 + row_bytes, *next = w1 + row_bytes;
     __m256 acc[MAX_ROWS_TILE][2][2];
-    for (int r = 0; r < R; r++) acc[r][0][0] = acc[r][0][1] = acc[r][1][0] = acc[r][1][1] = _mm256_setzero_ps();
+    float acct0[MAX_ROWS_TILE], acct1[MAX_ROWS_TILE];
+    for (int r = 0; r < R; r++) {
+        acc[r][0][0] = acc[r][0][1] = acc[r][1][0] = acc[r][1][1] = _mm256_setzero_ps();
+        acct0[r] = acct1[r] = 0.0f;
+    }
     for (int64_t g = 0; g < ng; g++) {
         /* two rows read side by side, which the hardware prefetchers follow poorly: the next pair's bytes (two
            adjacent rows), fetched in order as a single sequential stream would be */
         for (int c = 0; c < 2 * GB; c += 64) _mm_prefetch((const char *)(next + 2 * g * GB + c), _MM_HINT_T0);
         dot2_group(type, w0 + g * GB, w1 + g * GB, a, r0, R, g, acc);
     }
+    if (type == T_Q4_1) { /* tail blocks (K % 256): each output's as dot_rows does them */
+        tail_rows(type, w0, a, r0, R, acct0);
+        tail_rows(type, w1, a, r0, R, acct1);
+    }
     for (int r = 0; r < R; r++) {
-        res0[r] = hsum8(_mm256_add_ps(acc[r][0][0], acc[r][0][1]));
-        res1[r] = hsum8(_mm256_add_ps(acc[r][1][0], acc[r][1][1]));
+        res0[r] = hsum8(_mm256_add_ps(acc[r][0][0], acc[r][0][1])) + acct0[r];
+        res1[r] = hsum8(_mm256_add_ps(acc[r][1][0], acc[r][1][1])) + acct1[r];
     }
 }
 #else
@@ -757,6 +774,7 @@ static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, c
     static __attribute__((noinline)) void dot2_tile##NR(int type, const uint8_t *w0, const act_t *a, int64_t r0, \
                                                         float *res0, float *res1) {                              \
         if (type == T_Q4_K) dot2_rows(T_Q4_K, w0, a, r0, NR, res0, res1);                                        \
+        else if (type == T_Q4_1) dot2_rows(T_Q4_1, w0, a, r0, NR, res0, res1);                                   \
         else dot2_rows(T_Q6_K, w0, a, r0, NR, res0, res1);                                                       \
     }
 DOT2_TILE(1) DOT2_TILE(2) DOT2_TILE(3) DOT2_TILE(4) DOT2_TILE(5) DOT2_TILE(6) DOT2_TILE(7) DOT2_TILE(8) DOT2_TILE(9)
@@ -795,8 +813,9 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
        measured faster: one activation load serves two outputs, but two rows of weights stream side by side.
        Qwen2.5-1.5B's matrices, 2 threads, unpaired -> paired (ms): gate/up (Q4_K) 16.7 -> 14.7 at 3 rows (14.3 ->
        15.3 at 2), the Q6_K down projections 10.6 -> 9.8 at 4 (9.0 -> 9.3 at 3), the Q6_K head (short rows
-       streamed from DRAM) 7.2 -> 8.0 at 4 and 7.9 -> 6.8 at 5; at 9 rows all 10-30% faster. */
-    const int pair = BQ_PAIR && !narrow && ((p->type == T_Q4_K && j->M >= 3)
+       streamed from DRAM) 7.2 -> 8.0 at 4 and 7.9 -> 6.8 at 5; at 9 rows all 10-30% faster. Q4_1 (SmolLM2's four
+       layer matrices, 576 and 1536 wide, in L2; 2 threads): 3-5 rows 8-11% faster, 8 rows and more 0-4% slower. */
+    const int pair = BQ_PAIR && !narrow && ((p->type == T_Q4_K && j->M >= 3) || (p->type == T_Q4_1 && j->M >= 3 && j->M <= 7)
                                             || (p->type == T_Q6_K && j->M >= (j->act.K >= 4096 ? 4 : 5)));
     /* Rows in tiles of 1 to 9 (each unpacked weight group serves the tile's rows; every row gets the same
        float ops whatever its tile), the tile loop outside a block of outputs whose weights stay in L2 (~256 KB),
