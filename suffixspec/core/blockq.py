@@ -229,8 +229,12 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
     makes 115 calls, and building the records took a quarter of a small call's Python. ``norm``: (weight [K], eps):
     multiply the RMS-normed rows ``weight * (x * rsqrt(mean(x ** 2) + eps))`` instead, the same bits as those
     torch ops (``bq_mm_norm``)."""
-    lead = x.shape[:-1]
-    x2 = _check_x(x, K)
+    if (type(x) is torch.Tensor and x.dtype is torch.float32 and x.dim() == 2 and x.shape[1] == K
+            and x.is_contiguous() and x.device.type == "cpu"):  # a lean pass's rows, as they come: no copy, no views
+        lead, x2 = None, x
+    else:
+        lead = x.shape[:-1]
+        x2 = _check_x(x, K)
     if b is not None:
         if not isinstance(b, torch.Tensor) or b.dtype != torch.float32 or tuple(b.shape) != (N,):
             raise ValueError(f"b must be a float32 tensor of shape [{N}], got "
@@ -258,7 +262,7 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
                             w.data_ptr(), sumsq.data_ptr(), eps, planes)
     if rc != 0:
         raise (MemoryError if rc == -1 else ValueError)(f"bq_mm failed ({rc})")
-    return out.reshape(*lead, N)
+    return out if lead is None else out.reshape(*lead, N)
 
 
 def rope_store(lib: ctypes.CDLL, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: torch.Tensor,
