@@ -226,7 +226,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from suffixspec.core.formats import LOAD_DTYPES, QUANTIZED, resolve
+    from suffixspec.core.formats import GGUF, LOAD_DTYPES, QUANTIZED, resolve
     from suffixspec.core.kv import attention_windows
 
     path, converted = _resolve(name_or_path)
@@ -253,7 +253,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dty
                 raise ValueError(f"{name_or_path} cannot run with {fmt} weights: they need suffixspec's lean forward "
                                  f"({problem}); use weights='float32'")
             fmt = "float32"  # auto: the fastest exact format this model can run
-    if fmt in ("gguf", "gguf16") and not converted:
+    if fmt in GGUF and not converted:
         raise ValueError(f"{name_or_path} cannot run with {fmt} weights: they are the blocks of the GGUF file a model "
                          f"is converted from; name the model by its GGUF (a known name or a .gguf path), or use "
                          f"weights='int8'")

@@ -380,10 +380,16 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *p, __m2
     }
 }
 
-/* A Q4_K or Q6_K group's weight integers (W[j]: step j, unsigned) and float scales: sA (sB) of each block's values
-   0-15 (16-31; Q6_K only), off the offset coefficient (Q4_K: -dmin * m) */
-static inline __attribute__((always_inline)) void unpack_k(int type, const uint8_t *wp, __m256i W[8], __m256 *sA,
-                                                            __m256 *sB, __m256 *off) {
+/* A Q4_K, Q6_K or Q4_1 group's weight integers (W[j]: step j, unsigned) and float scales: sA (sB) of each block's
+   values 0-15 (16-31; Q6_K only), off the offset coefficient (Q4_K: -dmin * m, Q4_1: m) */
+static inline __attribute__((always_inline)) void unpack_group(int type, const uint8_t *wp, __m256i W[8], __m256 *sA,
+                                                                __m256 *sB, __m256 *off) {
+    if (type == T_Q4_1) {
+        *sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        *off = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
+        nibbles(wp + 32, W);
+        return;
+    }
     if (type == T_Q4_K) {
         *sA = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 4)))),
                             _mm256_set1_ps(h2f(rd16(wp))));
@@ -472,8 +478,8 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
         __m256i Q[8]; /* Q8_0 without VNNI: the signed integers, for the sign trick */
         __m256 sA, sB = _mm256_setzero_ps(), off = _mm256_setzero_ps();
         (void)Q;
-        if (type == T_Q4_K || type == T_Q6_K) {
-            unpack_k(type, wp, W, &sA, &sB, &off);
+        if (type == T_Q4_K || type == T_Q6_K || type == T_Q4_1) {
+            unpack_group(type, wp, W, &sA, &sB, &off);
         } else if (type == T_Q8_0) {
             sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
             for (int j = 0; j < 8; j++) {
@@ -484,10 +490,6 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
                 W[j] = _mm256_abs_epi8(Q[j]);
 #endif
             }
-        } else if (type == T_Q4_1) {
-            sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
-            off = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
-            nibbles(wp + 32, W);
         } else {
             sA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
             const __m256i b4 = _mm256_set1_epi8(0x10);
@@ -584,17 +586,8 @@ static inline __attribute__((always_inline)) void dot2_group(int type, const uin
     __m256i W0[8], W1[8];
     __m256 sA0, sB0 = _mm256_setzero_ps(), off0 = _mm256_setzero_ps();
     __m256 sA1, sB1 = _mm256_setzero_ps(), off1 = _mm256_setzero_ps();
-    if (type == T_Q4_1) { /* as dot_group unpacks it */
-        sA0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p0));
-        off0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p0 + 16)));
-        nibbles(p0 + 32, W0);
-        sA1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p1));
-        off1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p1 + 16)));
-        nibbles(p1 + 32, W1);
-    } else {
-        unpack_k(type, p0, W0, &sA0, &sB0, &off0);
-        unpack_k(type, p1, W1, &sA1, &sB1, &off1);
-    }
+    unpack_group(type, p0, W0, &sA0, &sB0, &off0);
+    unpack_group(type, p1, W1, &sA1, &sB1, &off1);
     for (int r = 0; r < R; r++) {
         const int8_t *x = a->xq + (r0 + r) * K + g * 256;
         const int64_t o = (r0 + r) * ldd + g * 8;

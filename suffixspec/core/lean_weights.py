@@ -229,7 +229,9 @@ def build(model: Any, kind: str, shape: Shape) -> LeanWeights:
     """The lean forward's weights of ``model`` for the weight kind ``kind`` (see the module docstring): read
     from the store where a converted model has one for this kind, else made from the float weights (and
     stored for the next start where the model is a converted one)."""
-    if kind in ("gguf", "gguf16"):
+    from suffixspec.core.formats import GGUF
+
+    if kind in GGUF:
         return build_gguf(model, shape, planes=2 if kind == "gguf16" else 1)
     inner = model.model
     gemma = shape.gemma

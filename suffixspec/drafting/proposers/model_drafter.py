@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from suffixspec.config import SamplingParams
-from suffixspec.core.formats import draft_int8_kind
+from suffixspec.core.formats import GGUF, draft_int8_kind
 from suffixspec.core.kv import SlotCache, new_cache
 from suffixspec.core.lean import PassRow, lean_forward
 from suffixspec.core.prefix import common_prefix
@@ -84,7 +84,7 @@ class DraftRunner:
         self._keep_one = "logits_to_keep" in params
         # a draft loaded at gguf runs its file's blocks; int8: the lean forward on int8 matrices, where this torch
         # has them; else float
-        kind = (loaded.weights if loaded.weights in ("gguf", "gguf16") and lean else
+        kind = (loaded.weights if loaded.weights in GGUF and lean else
                 draft_int8_kind() if int8 and lean and self.device.type == "cpu" else "float")
         self.lean = (lean_forward(self.model, kind) if kind != "float" else None) or (
             lean_forward(self.model) if lean else None)
