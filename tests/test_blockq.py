@@ -217,6 +217,40 @@ def test_a_product_of_normed_rows_is_the_product_of_torchs_norm(ggml_type, K, pl
         w.mm(x, norm=(weight[:-1], 1e-6))
 
 
+# torch's CPU kernels for these capabilities sum a float row on 8-lane vectors and take SLEEF's exp: where it runs
+# others (a DEFAULT build), the kernel's glue is still one definition on every build, only not torch's bits
+TORCH_ORDER = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@pytest.mark.skipif(not TORCH_ORDER, reason="torch's CPU kernels here are not the AVX2/AVX512 ones")
+@pytest.mark.parametrize("scalar", [False, True])
+def test_the_norms_sum_and_silu_are_torchs_bit_for_bit(scalar, scalar_lib):
+    """The glue a whole-layer call does in C, as torch rounds it: a row's sum of squares (``x.pow(2).sum(-1)``'s
+    cascade order) for lengths below one vector up to past one cascade level (16 x 4 x 8 values), over 16 orders
+    of magnitude; ``silu(gate) * up`` of a fused gate/up product over the whole float range that matters (exp's
+    overflow and underflow edges, infinities, signed zeros), NaN where torch gives NaN. One rounding off anywhere
+    fails: an order of the sum's adds or an exp step done another way changes some of these values."""
+    lib = scalar_lib if scalar else B.kernel()
+    g = torch.Generator().manual_seed(3)
+    for K in (5, 8, 17, 100, 576, 896, 1536, 2048 + 24, 8960, 20480 + 40):
+        x = torch.randn(6, K, generator=g) * torch.logspace(-8, 8, 6)[:, None]
+        out = torch.empty(6)
+        lib.bq_sumsq(x.data_ptr(), 6, K, K, out.data_ptr())
+        assert torch.equal(out, x.pow(2).sum(-1)), K
+    edges = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 89.0, -89.0, 100.0, -100.0, 103.9, -103.9, 104.1,
+                          -104.1, 1e10, -1e10, float("inf"), -float("inf")])
+    gate = torch.cat([edges, torch.linspace(-120, 120, 200_000 - len(edges)), torch.randn(8960 * 3, generator=g) * 8])
+    up = torch.randn(len(gate), generator=g) * 3
+    for inter in (len(gate), 8960):
+        n = len(gate) // inter * inter
+        gu = torch.cat([gate[:n].reshape(-1, inter), up[:n].reshape(-1, inter)], dim=1)
+        want = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        got = B.silu_mul(lib, gu.contiguous())
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), inter
+    with pytest.raises(ValueError, match="silu_mul"):
+        B.silu_mul(lib, gu[:, 1:])
+
+
 @pytest.mark.parametrize("scalar", [False, True])
 def test_rope_store_is_torchs_rotary_and_cache_writes_bit_for_bit(scalar, scalar_lib):
     """The lean forward's rotary embedding and cache writes in one call: the same bits as its torch ops (mul, neg,

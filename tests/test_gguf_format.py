@@ -174,6 +174,70 @@ def test_gguf16_generation_is_identical_with_speculation_on_and_off(models16):
     assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add(", "The quick brown fox"], cases)
 
 
+@pytest.mark.parametrize("case,weights", [("llama-Q4_1", "gguf"), ("qwen2-Q4_K", "gguf"), ("qwen2-Q6_K", "gguf16")])
+def test_a_pass_through_the_layer_stack_is_the_op_by_op_pass_bit_for_bit(models, models16, case, weights,
+                                                                         monkeypatch):
+    """A decode or verify pass runs every layer in one native call (blockq.LayerStack); a pass with a prompt chunk
+    runs op by op, and the two must be one numerics (a request's tokens would otherwise depend on whether a prompt
+    shared its pass). The same passes (trees, chains, lone roots, 1-32 tokens, other rows; q/k/v biases for Qwen2;
+    8- and 15-bit activations) both ways, at one and two threads: logits and every layer's cache bit-identical. The
+    stack built on the portable (scalar) kernel gives the same hidden states."""
+    from test_weights import _compositions
+
+    from suffixspec.core.kv import SlotCache
+    from suffixspec.core.lean import PassRow
+
+    model = models[case][1].model if weights == "gguf" else models16[case].model
+    lean = lean_forward(model, weights)
+    stack = lean.stack
+    assert stack is not None and stack.planes == (1 if weights == "gguf" else 2)
+    calls = []
+    stack_call = blockq.LayerStack.__call__
+    monkeypatch.setattr(blockq.LayerStack, "__call__", lambda self, *a: calls.append(self) or stack_call(self, *a))
+    rng = np.random.RandomState(2)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rows in _compositions(rng):
+                seen = {}
+                for mode in ("stack", "ops"):
+                    lean.stack = stack if mode == "stack" else None
+                    cache = SlotCache(len(rows), capacity=64)
+                    slots = [cache.add_row() for _ in rows]
+                    for r, (prompt, _, _) in zip(slots, rows, strict=True):
+                        lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
+                    n = len(calls)
+                    got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
+                                for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
+                    assert len(calls) == n + (mode == "stack")  # prompts op by op; the pass as its mode says
+                    seen[mode] = (got, [k.clone() for k in cache.keys], [v.clone() for v in cache.values])
+                (a, ka, va), (b, kb, vb) = seen["stack"], seen["ops"]
+                assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), (threads, len(rows))
+                assert all(torch.equal(x, y) for x, y in zip(ka + va, kb + vb, strict=True))
+    finally:
+        lean.stack = stack
+        torch.set_num_threads(before)
+    scalar = blockq.LayerStack(blockq.library(blockq.SCALAR_FLAGS), [
+        (L.norm_in, L.w_qkv, L.b_qkv, L.wo, L.bo, L.norm_mlp, L.w_gu, L.wd, L.window) for L in lean.layers],
+        (stack.hidden, stack.h_q, stack.h_kv, stack.d), stack.eps, stack.scale, lean.native)
+    T = 6
+    x = torch.randn(T, stack.hidden)
+    angles = torch.randn(T, stack.d // 2)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    from suffixspec.core import exact_attention
+
+    meta, path = exact_attention.plan([(t, 0, 0, t + 1, list(range(t + 1))) for t in range(T)])
+    outs = []
+    for st in (stack, scalar):
+        cache = SlotCache(1, capacity=16)
+        cache.add_row()
+        lean.allocate(cache, T)
+        outs.append(st(x.clone(), cos, sin, torch.zeros(T, dtype=torch.int64), torch.arange(T), meta, path,
+                       cache.keys, cache.values))
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_a_pass_runs_its_products_on_blockqs_threads_and_torchs_ops_on_one(models, monkeypatch):
     """At two torch threads a pass whose products are all blockq's runs them on two of blockq's own threads with
     torch's ops on one (its idle OpenMP worker would otherwise spin on the core blockq's worker needs), and puts

@@ -960,14 +960,123 @@ static void run_threads(job_t *j, int nthreads) {
     pthread_mutex_unlock(&call_mu);
 }
 
+/* ---------------------------------------------------------------- a lean forward's glue, as torch rounds it */
+
+/* The sum of squares of x[0 .. K), in the order of torch's float sum of a contiguous row (x.pow(2).sum(-1):
+   ATen's cascade sum on 8-lane vectors, as its reduction kernels run on AVX2 and AVX512 builds): vectors of 8
+   squares go to 4 accumulators in turn (vector i to accumulator i % 4), each accumulator a cascade of 4 levels of
+   16 steps; then the vectors left over (fewer than 4) into the first, the other three added to it, and the
+   result is 0 + the squares past the last whole vector, in order, + the 8 lanes, in order. A row shorter than a
+   vector is summed as torch's scalar path does: 4 accumulators (value i to i % 4), the rest into the first, then
+   the other three added to it. Plain C, one code: the same bits on every build, and torch's (tested) where
+   torch's sum takes this order. */
+static float sumsq_row(const float *x, int64_t K) {
+    enum { V = 8, ILP = 4, LEVELS = 4 };
+    if (K < V) {
+        float a[ILP] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int64_t t = 0;
+        for (; t + ILP <= K; t += ILP)
+            for (int k = 0; k < ILP; k++) a[k] += x[t + k] * x[t + k];
+        for (; t < K; t++) a[0] += x[t] * x[t];
+        for (int k = 1; k < ILP; k++) a[0] += a[k];
+        return a[0];
+    }
+    int64_t nvec = K / V, size = nvec / ILP;
+    int lp = (size <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(size - 1))) / LEVELS;
+    if (lp < 4) lp = 4;
+    int64_t step = (int64_t)1 << lp, mask = step - 1, i = 0;
+    float acc[LEVELS][ILP][V];
+    memset(acc, 0, sizeof acc);
+    for (; i + step <= size;) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < V; l++) {
+                    float v = x[(i * ILP + k) * V + l];
+                    acc[0][k][l] += v * v;
+                }
+        for (int j = 1; j < LEVELS; j++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < V; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * lp))) != 0) break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < V; l++) {
+                float v = x[(i * ILP + k) * V + l];
+                acc[0][k][l] += v * v;
+            }
+    for (int j = 1; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < V; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t v = size * ILP; v < nvec; v++)
+        for (int l = 0; l < V; l++) {
+            float w = x[v * V + l];
+            acc[0][0][l] += w * w;
+        }
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < V; l++) acc[0][0][l] += acc[0][k][l];
+    float f = 0.0f;
+    for (int64_t t = nvec * V; t < K; t++) f += x[t] * x[t];
+    for (int l = 0; l < V; l++) f += acc[0][0][l];
+    return f;
+}
+
+/* sumsq_row of each of the M rows of x (row stride ldx) into out[M]. */
+void bq_sumsq(const float *x, int64_t M, int64_t K, int64_t ldx, float *out) {
+    for (int64_t r = 0; r < M; r++) out[r] = sumsq_row(x + r * ldx, K);
+}
+
+static inline float pow2i(int32_t q) {
+    int32_t b = (q + 0x7f) << 23;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* exp(d) in SLEEF's expf_u10 steps (torch's vectorized exp): q = rint(d / ln2); s = d - q ln2 in two fmas;
+   a degree-5 polynomial by fma; 1 + fma(s * s, u, s); times 2^(q >> 1) then 2^(q - (q >> 1)); 0 below -104,
+   infinity above 100. Every op rounds once (fmaf fuses, nothing else does), so one code gives the same bits on
+   every build. */
+static inline float exp_u10(float d) {
+    float qf = rintf(d * 1.442695040888963407359924681001892137426645954152985934135449406931f);
+    int32_t q = (int32_t)qf;
+    float s = fmaf(qf, -0.693145751953125f, d);
+    s = fmaf(qf, -1.428606765330187045e-06f, s);
+    float u = 0.000198527617612853646278381f;
+    u = fmaf(u, s, 0.00139304355252534151077271f);
+    u = fmaf(u, s, 0.00833336077630519866943359f);
+    u = fmaf(u, s, 0.0416664853692054748535156f);
+    u = fmaf(u, s, 0.166666671633720397949219f);
+    u = fmaf(u, s, 0.5f);
+    u = 1.0f + fmaf(s * s, u, s);
+    u = (u * pow2i(q >> 1)) * pow2i(q - (q >> 1));
+    u = d < -104.0f ? 0.0f : u;
+    return 100.0f < d ? INFINITY : u;
+}
+
+/* out[t, i] = silu(g) * u for g = gu[t, i], u = gu[t, I + i] (a gated MLP's gate and up side by side, rows of
+   2 I): silu(g) = g / (1 + exp(-g)) rounded as torch's silu rounds it, then the product rounded: torch's
+   silu(gate) * up, bit for bit (tested), the same on every build. */
+void bq_silu_mul(const float *gu, int64_t T, int64_t I, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + exp_u10(-g[i])) * u[i];
+    }
+}
+
 /* out[r, parts[p].col0 + n] = x[r] . W_p[n] + bias_p[n], for the M rows of x [M, K] (row stride ldx) and every
    part; out has row stride ldo. Returns 0, or -1 where memory ran out, -2 for a bad K or type.
-   norm_w not NULL: the product of the RMS-normed rows norm_w * (x * r), r = 1 / sqrt(sumsq[row] / K + eps), sumsq
-   the row's sum of squares as torch's sum gives it (a lean forward's norm before its products): each op rounded
+   norm_w not NULL: the product of the RMS-normed rows norm_w * (x * r), r = 1 / sqrt(sumsq / K + eps), sumsq
+   the row's sum of squares (sumsq_row: torch's sum) (a lean forward's norm before its products): each op rounded
    as torch's mean (sum / K), add, rsqrt (1 / sqrt) and two muls round it (-ffp-contract=off), so the same bits
    as norming in torch first, without its five calls and the normed copy. */
 static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
-              int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps, int planes) {
+              int64_t ldo, int nthreads, const float *norm_w, float eps, int planes) {
     if (K <= 0 || K % 32 || (planes != 1 && planes != 2)) return -2;
     for (int p = 0; p < nparts; p++) {
         int t = parts[p].type;
@@ -999,7 +1108,7 @@ static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64
         float *h = (float *)(a->nB + M * ldd);
         for (int64_t r = 0; r < M1; r++) {
             const float *xr = x + r * ldx;
-            float rs = 1.0f / sqrtf(sumsq[r] / (float)K + eps);
+            float rs = 1.0f / sqrtf(sumsq_row(xr, K) / (float)K + eps);
             for (int64_t i = 0; i < K; i++) h[i] = norm_w[i] * (xr[i] * rs);
             if (planes == 2) quantize_row_planes(h, a, r);
             else quantize_row(h, a, r);
@@ -1043,12 +1152,12 @@ static int mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64
 
 int bq_mm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
           int64_t ldo, int nthreads, int planes) {
-    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, NULL, NULL, 0.0f, planes);
+    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, NULL, 0.0f, planes);
 }
 
 int bq_mm_norm(const bq_part *parts, int nparts, int64_t K, const float *x, int64_t M, int64_t ldx, float *out,
-               int64_t ldo, int nthreads, const float *norm_w, const float *sumsq, float eps, int planes) {
-    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, norm_w, sumsq, eps, planes);
+               int64_t ldo, int nthreads, const float *norm_w, float eps, int planes) {
+    return mm(parts, nparts, K, x, M, ldx, out, ldo, nthreads, norm_w, eps, planes);
 }
 
 /* task(ctx, c) for c = 0 .. n - 1 on up to nthreads threads of the pool (the caller's among them), each c on one
@@ -1096,6 +1205,80 @@ void bq_rope_store(int64_t T, const float *qk, int64_t qk_tok, int64_t qk_head, 
             memcpy(vbuf + at, v + t * v_tok + g * v_head, sizeof(float) * (size_t)d);
         }
     }
+}
+
+/* ---------------------------------------------------------------- every layer of a pass in one call */
+
+/* exact_attention.c's entry point (its library passes its address: the two files compile apart) */
+typedef int (*attend_fn)(int64_t nq, const int64_t *meta, const int64_t *path, const float *q, int64_t q_tok,
+                         int64_t q_head, const float *kbuf, const float *vbuf, int64_t c_row, int64_t c_head,
+                         int64_t c_pos, const float *k_new, int64_t k_tok, int64_t k_head, const float *v_new,
+                         int64_t v_tok, int64_t v_head, float *out, int64_t o_tok, int64_t h_q, int64_t h_kv,
+                         int64_t d, float scale, int64_t window,
+                         void (*parallel)(void (*)(void *, int64_t), void *, int64_t, int), int nthreads);
+
+/* One decoder layer of a Llama-family model (RMSNorm, q/k/v with optional biases, rotary, SiLU-gated MLP) whose
+   products are all block products: part records and norm weights as bq_mm takes them, its cache, its window. */
+typedef struct {
+    const bq_part *qkv, *o, *gu, *down;
+    int32_t n_qkv, n_o, n_gu, n_down;
+    const float *norm_in, *norm_mlp;
+    float *kbuf, *vbuf;  /* [rows, h_kv, capacity, d] by the pass's cache strides */
+    int64_t window;      /* 0: full attention */
+} bq_layer;
+
+/* What every layer of a pass shares: T packed tokens; the model's shape; the rotary cos/sin [T, d]; each token's
+   cache row and slot; the exact-attention plan (exact_attention.plan's meta and path) and its kernel. */
+typedef struct {
+    int64_t T, hidden, h_q, h_kv, d, inter;
+    int64_t c_row, c_head, c_pos;
+    const float *cos, *sin;
+    const int64_t *rows, *slots;
+    int64_t nq;
+    const int64_t *meta, *path;
+    attend_fn attend;
+    float eps, scale;
+    int32_t planes, nthreads;
+} bq_pass;
+
+/* x [T, hidden] (the embedded tokens; contiguous) through the n layers, in place: per layer exactly the calls the
+   lean forward makes one by one (LeanForward._pass with blockq's glue), so the same bits:
+   qkv = bq_mm_norm(x, norm_in); rotary and cache writes (bq_rope_store); exact attention over every query;
+   x = x + o-product (torch's add: one rounding); gu = bq_mm_norm(x, norm_mlp); a = bq_silu_mul(gu);
+   x = x + down-product. One call instead of a dozen Python calls and torch ops a layer (a small model's decode
+   step spent a third of its time there). Returns 0, -1 (out of memory) or the failing product's code. */
+int bq_layers(const bq_pass *p, const bq_layer *layers, int n, float *x) {
+    int64_t T = p->T, H = p->hidden, d = p->d, hq = p->h_q, hkv = p->h_kv, I = p->inter;
+    int64_t nqkv = (hq + 2 * hkv) * d, nqk = (hq + hkv) * d, na = hq * d;
+    size_t floats = (size_t)T * (nqkv + nqk + na + H + 2 * I + I);
+    float *mem = malloc(sizeof(float) * (floats ? floats : 1));
+    if (!mem) return -1;
+    float *qkv = mem, *qk = qkv + T * nqkv, *att = qk + T * nqk, *tmp = att + T * na, *gu = tmp + T * H,
+          *act = gu + T * 2 * I;
+    void (*par)(void (*)(void *, int64_t), void *, int64_t, int) = p->nthreads > 1 ? bq_parallel : NULL;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const bq_layer *L = layers + i;
+        rc = mm(L->qkv, L->n_qkv, H, x, T, H, qkv, nqkv, p->nthreads, L->norm_in, p->eps, p->planes);
+        if (rc) break;
+        bq_rope_store(T, qkv, nqkv, d, hq, hkv, d, p->cos, p->sin, d, qk, qkv + nqk, nqkv, d, L->kbuf, L->vbuf,
+                      p->c_row, p->c_head, p->c_pos, p->rows, p->slots);
+        rc = p->attend(p->nq, p->meta, p->path, qk, nqk, d, L->kbuf, L->vbuf, p->c_row, p->c_head, p->c_pos,
+                       qk + hq * d, nqk, d, qkv + nqk, nqkv, d, att, na, hq, hkv, d, p->scale, L->window, par,
+                       p->nthreads);
+        if (rc) break;
+        rc = mm(L->o, L->n_o, na, att, T, na, tmp, H, p->nthreads, NULL, 0.0f, p->planes);
+        if (rc) break;
+        for (int64_t k = 0; k < T * H; k++) x[k] = x[k] + tmp[k];
+        rc = mm(L->gu, L->n_gu, H, x, T, H, gu, 2 * I, p->nthreads, L->norm_mlp, p->eps, p->planes);
+        if (rc) break;
+        bq_silu_mul(gu, T, I, act);
+        rc = mm(L->down, L->n_down, I, act, T, I, tmp, H, p->nthreads, NULL, 0.0f, p->planes);
+        if (rc) break;
+        for (int64_t k = 0; k < T * H; k++) x[k] = x[k] + tmp[k];
+    }
+    free(mem);
+    return rc;
 }
 
 /* which path this copy was compiled with: 2 VNNI, 1 AVX2, 0 scalar */

@@ -66,8 +66,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.bq_mm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, i32]
     lib.bq_mm.restype = i32
-    lib.bq_mm_norm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, ptr, ptr, ctypes.c_float, i32]
+    lib.bq_mm_norm.argtypes = [ptr, i32, i64, ptr, i64, i64, ptr, i64, i32, ptr, ctypes.c_float, i32]
     lib.bq_mm_norm.restype = i32
+    lib.bq_sumsq.argtypes = [ptr, i64, i64, i64, ptr]
+    lib.bq_sumsq.restype = None
+    lib.bq_silu_mul.argtypes = [ptr, i64, i64, ptr]
+    lib.bq_silu_mul.restype = None
+    lib.bq_layers.argtypes = [ptr, ptr, i32, ptr]
+    lib.bq_layers.restype = i32
     lib.bq_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.bq_dequantize_rows.restype = i32
     lib.bq_path.argtypes = []
@@ -257,9 +263,8 @@ def _run(lib: ctypes.CDLL, parts: Sequence[tuple[BlockWeight, int]], N: int, K: 
         w, eps = norm
         if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.shape != (K,) or not w.is_contiguous():
             raise ValueError(f"the norm's weight must be a contiguous float32 tensor of shape [{K}]")
-        sumsq = x2.pow(2).sum(-1)  # torch's reduction, as its mean sums
         rc = lib.bq_mm_norm(arr, len(parts), K, x2.data_ptr(), x2.shape[0], K, out.data_ptr(), N, threads,
-                            w.data_ptr(), sumsq.data_ptr(), eps, planes)
+                            w.data_ptr(), eps, planes)
     if rc != 0:
         raise (MemoryError if rc == -1 else ValueError)(f"bq_mm failed ({rc})")
     return out if lead is None else out.reshape(*lead, N)
@@ -286,6 +291,118 @@ def rope_store(lib: ctypes.CDLL, qk: torch.Tensor, cos: torch.Tensor, sin: torch
                       slots.data_ptr())
     return out
 
+
+def silu_mul(lib: ctypes.CDLL, gu: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gu`` [T, 2 I] (gate then up, as a fused gate/up product gives them): [T, I], the
+    bits of torch's ``silu(gate) * up`` (``bq_silu_mul``: SLEEF's exp, as torch's vectorized silu), computed the
+    same way on every machine, so that a pass through :class:`LayerStack` and one op by op agree."""
+    if gu.dtype != torch.float32 or gu.dim() != 2 or gu.shape[1] % 2 or not gu.is_contiguous():
+        raise ValueError(f"silu_mul: gu must be a contiguous float32 [T, 2 I], got {gu.dtype} {list(gu.shape)}")
+    out = torch.empty(gu.shape[0], gu.shape[1] // 2, dtype=torch.float32)
+    lib.bq_silu_mul(gu.data_ptr(), gu.shape[0], gu.shape[1] // 2, out.data_ptr())
+    return out
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gu", ctypes.c_void_p), ("down", ctypes.c_void_p),
+                ("n_qkv", ctypes.c_int32), ("n_o", ctypes.c_int32), ("n_gu", ctypes.c_int32),
+                ("n_down", ctypes.c_int32), ("norm_in", ctypes.c_void_p), ("norm_mlp", ctypes.c_void_p),
+                ("kbuf", ctypes.c_void_p), ("vbuf", ctypes.c_void_p), ("window", ctypes.c_int64)]
+
+
+class _Pass(ctypes.Structure):
+    _fields_ = [*((name, ctypes.c_int64) for name in ("T", "hidden", "h_q", "h_kv", "d", "inter", "c_row", "c_head",
+                                                       "c_pos")),
+                *((name, ctypes.c_void_p) for name in ("cos", "sin", "rows", "slots")),
+                ("nq", ctypes.c_int64), ("meta", ctypes.c_void_p), ("path", ctypes.c_void_p),
+                ("attend", ctypes.c_void_p), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("planes", ctypes.c_int32), ("nthreads", ctypes.c_int32)]
+
+
+class LayerStack:
+    """Every layer of a Llama-family lean forward whose products are all blockq's, run in one native call a pass
+    (``bq_layers``): per layer the same kernel calls, in the same order, as the forward's op-by-op path with
+    blockq's glue (the normed q/k/v product, rotary and cache writes, exact attention, the residual adds, the
+    normed gate/up product, :func:`silu_mul`, the down product), so the same bits, without a dozen Python calls
+    and torch ops a layer (a third of SmolLM2's 10 ms step at gguf16).
+
+    ``layers``: per layer (norm_in, w_qkv, b_qkv, wo, bo, norm_mlp, w_gu, wd, window); ``attend``: the compiled
+    exact attention (``exact_attention.kernel()``). Raises ValueError for weights it cannot run (not blockq's,
+    a gate/up of unequal halves, mixed activation precisions)."""
+
+    def __init__(self, lib: ctypes.CDLL, layers: Sequence[tuple], shape: tuple[int, int, int, int], eps: float,
+                 scale: float, attend: ctypes._CFuncPtr) -> None:
+        self.lib = lib
+        self.hidden, self.h_q, self.h_kv, self.d = shape
+        self._keep = []  # the records' arrays and the tensors they point into
+        self.records = (_Layer * len(layers))()
+        planes = set()
+        self.inter = None
+        for rec, (norm_in, w_qkv, b_qkv, wo, bo, norm_mlp, w_gu, wd, window) in zip(self.records, layers, strict=True):
+            for w in (w_qkv, wo, w_gu, wd):
+                if not isinstance(w, (BlockWeight, BlockConcat)):
+                    raise ValueError(f"LayerStack runs blockq's weights only, got {type(w).__name__}")
+                planes.add(w.planes)
+            inter = w_gu.shape[0] // 2
+            if (w_gu.shape[0] % 2 or wd.shape[1] != inter or (self.inter or inter) != inter
+                    or w_qkv.shape != ((self.h_q + 2 * self.h_kv) * self.d, self.hidden)
+                    or wo.shape != (self.hidden, self.h_q * self.d) or w_gu.shape[1] != self.hidden):
+                raise ValueError(f"LayerStack: shapes do not fit a Llama layer: {w_qkv.shape} {wo.shape} "
+                                 f"{w_gu.shape} {wd.shape}")
+            self.inter = inter
+            for field, (w, b) in zip(("qkv", "o", "gu", "down"), ((w_qkv, b_qkv), (wo, bo), (w_gu, None), (wd, None)),
+                                     strict=True):
+                placed = w._placed if isinstance(w, BlockConcat) else [(w, 0)]
+                if b is not None:  # (copies: a model's own parameters may be given other storage later)
+                    b = b.detach().clone()
+                    if b.dtype != torch.float32 or tuple(b.shape) != (w.shape[0],):
+                        raise ValueError(f"LayerStack: a bias must be float32 [{w.shape[0]}]")
+                arr = _parts(placed, b)
+                self._keep += [arr, b]
+                setattr(rec, field, ctypes.addressof(arr))
+                setattr(rec, "n_" + field, len(placed))
+            for field, t in (("norm_in", norm_in), ("norm_mlp", norm_mlp)):
+                t = t.detach().clone()
+                if t.dtype != torch.float32 or tuple(t.shape) != (self.hidden,):
+                    raise ValueError(f"LayerStack: norm weights must be float32 [{self.hidden}]")
+                self._keep.append(t)
+                setattr(rec, field, t.data_ptr())
+            rec.window = window or 0
+        if len(planes) != 1:
+            raise ValueError(f"LayerStack needs one activation precision, got planes {sorted(planes)}")
+        self.planes = planes.pop()
+        self.eps, self.scale = float(eps), float(scale)
+        self.attend = ctypes.cast(attend, ctypes.c_void_p).value
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor,
+                 slots: torch.Tensor, meta: np.ndarray, path: np.ndarray, keys: Sequence[torch.Tensor],
+                 values: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``x`` [T, hidden] (float32, contiguous; changed in place and returned) through every layer: ``cos``/``sin``
+        [T, d] contiguous, ``rows``/``slots`` [T] int64 (where each token's keys/values go), ``meta``/``path``
+        (exact_attention.plan of every query), ``keys``/``values`` the cache's per-layer buffers
+        [rows, h_kv, capacity, d], all of one layout."""
+        T = x.shape[0]
+        for name, t in (("cos", cos), ("sin", sin)):
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != T * self.d:
+                raise ValueError(f"LayerStack: {name} must be contiguous float32 [T, {self.d}]")
+        if (x.dtype != torch.float32 or not x.is_contiguous() or tuple(x.shape) != (T, self.hidden)
+                or rows.dtype != torch.int64 or slots.dtype != torch.int64 or not rows.is_contiguous()
+                or not slots.is_contiguous() or len(keys) != len(self.records) or len(values) != len(keys)):
+            raise ValueError("LayerStack: x must be a contiguous float32 [T, hidden]; rows/slots int64 [T]; "
+                             "one key and value buffer a layer")
+        stride = keys[0].stride()
+        for rec, k, v in zip(self.records, keys, values, strict=True):
+            if k.stride() != stride or v.stride() != stride or k.dtype != torch.float32 or v.dtype != torch.float32:
+                raise ValueError("LayerStack: the cache's buffers must share one float32 layout")
+            rec.kbuf, rec.vbuf = k.data_ptr(), v.data_ptr()
+        threads = max(1, getattr(_local, "threads", None) or torch.get_num_threads())
+        p = _Pass(T, self.hidden, self.h_q, self.h_kv, self.d, self.inter, stride[0], stride[1], stride[2],
+                  cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), slots.data_ptr(), len(meta), meta.ctypes.data,
+                  path.ctypes.data, self.attend, self.eps, self.scale, self.planes, threads)
+        rc = self.lib.bq_layers(ctypes.byref(p), self.records, len(self.records), x.data_ptr())
+        if rc != 0:
+            raise (MemoryError if rc == -1 else ValueError)(f"bq_layers failed ({rc})")
+        return x
 
 class BlockWeight:
     """A matrix [N, K] kept in a GGUF block format (``TYPES``): ``raw`` is its GGUF rows as uint8 [N, row_bytes]

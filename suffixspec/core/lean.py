@@ -237,6 +237,15 @@ class LeanForward:
         # Gemma's MLP activation: "gelu_pytorch_tanh" is GELU's tanh approximation; None: SiLU (Llama)
         self.gelu = ("tanh" if cfg.hidden_activation == "gelu_pytorch_tanh" else "none") if gemma else None
         self.released = 0  # bytes of the model's float weights released (a quantized kind, built whole)
+        # a Llama-family model on blockq's products with the compiled exact attention: its layers in one native call
+        # a decode or verify pass (blockq.LayerStack, the same bits as the op-by-op pass); None: op by op
+        self.stack = None
+        glue = blockq.kernel() if self.blocks else None
+        if (glue is not None and not gemma and self.native is not None and len(self.rope) == 1
+                and all(L.q_norm is None and L.norm_post_attn is None and L.norm_post_mlp is None for L in self.layers)):
+            self.stack = blockq.LayerStack(
+                glue, [(L.norm_in, L.w_qkv, L.b_qkv, L.wo, L.bo, L.norm_mlp, L.w_gu, L.wd, L.window) for L in self.layers],
+                (int(cfg.hidden_size), self.n_heads, self.n_kv, self.head_dim), self.eps, self.scale, self.native)
         if int8 and not any(model in _LEAN[k] for k in KINDS if k != weights):  # (no other forward reads them)
             own = [*(p for layer in inner.layers for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
                      if p.dim() == 2), inner.embed_tokens.weight, model.get_output_embeddings().weight]
@@ -333,6 +342,12 @@ class LeanForward:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rotary = self._rotary(pos_t)
+        if self.stack is not None and native is not None and not any(e.chunks for e in plan):
+            # every row a tree or a lone token: all layers in one native call (the prompt chunks' SDPA is torch's)
+            cos, sin = rotary["all"]
+            x = self.stack(x.contiguous(), cos.reshape(total, -1).contiguous(), sin.reshape(total, -1).contiguous(),
+                           row_t, slot_t, native[1], native[2], cache.keys, cache.values)
+            return self._logits(rows, pick, x)
         # blockq's own glue for a gguf pass: the norm before a product (Llama's formula) and the rotary embedding
         # with the cache writes, the same bits as the torch ops below
         glue = blockq.kernel() if self.blocks else None
@@ -364,12 +379,12 @@ class LeanForward:
                 self._attend_exact(plan, native, L.window, q_all, qk[:, h_q:], v, kbuf, vbuf, attn)
             o = lin(attn, L.wo if plain is None else plain[1], L.bo)
             x = x + (self._rms(o, L.norm_post_attn) if L.norm_post_attn is not None else o)
-            if norm_in_kernel:
-                gate, up = L.w_gu.mm(x, norm=(L.norm_mlp, self.eps)).chunk(2, dim=-1)
+            if norm_in_kernel:  # (silu(gate) * up in the kernel too: LayerStack's bits on every machine)
+                m = lin(blockq.silu_mul(glue, L.w_gu.mm(x, norm=(L.norm_mlp, self.eps))), L.wd)
             else:
                 h = self._rms(x, L.norm_mlp)
                 gate, up = lin(h, L.w_gu).chunk(2, dim=-1) if plain is None else (lin(h, w) for w in plain[2])
-            m = lin(self._act(gate) * up, L.wd if plain is None else plain[3])
+                m = lin(self._act(gate) * up, L.wd if plain is None else plain[3])
             x = x + (self._rms(m, L.norm_post_mlp) if L.norm_post_mlp is not None else m)
         return self._logits(rows, pick, x)
 
