@@ -213,6 +213,21 @@ def test_text_mode_siblings(models):
         assert tv.token_bytes[d.tokens[i]].startswith(tv.token_bytes[last])
 
 
+def test_a_draft_is_estimated_at_its_share_of_the_targets_bytes(models):
+    """``make_draft_proposer`` tells the drafter what a step of it reads against a step of its target (its
+    judge's estimate until a draft forward is measured): the weight bytes of each, as the forwards run them."""
+    from suffixspec.core.lean import lean_forward
+    from suffixspec.core.weights import weight_bytes
+
+    target = models["target"]
+    theirs = weight_bytes(target.model, lean_forward(target.model, target.lean_kind))
+    for name in ("same", "hetero"):
+        p = make_draft_proposer(models[name], target)
+        assert p.step_ratio == weight_bytes(models[name].model, p.runner.lean) / theirs
+        assert 0 < p.step_ratio and p.judge.step_ratio == p.step_ratio
+    assert DraftModelProposer(models["same"]).step_ratio is None  # built alone: nothing to compare with
+
+
 def test_bad_mode(models):
     with pytest.raises(ValueError):
         make_draft_proposer(models["hetero"], models["target"], mode="nope")

@@ -412,6 +412,23 @@ def test_model_draft_judge_without_costs_drafts_and_never_branches():
     assert _judge().worth(unmeasured) and not _judge().branch(1.0, 1, unmeasured)
 
 
+def test_model_draft_judge_estimates_an_unmeasured_draft_by_its_bytes():
+    """Before its first forward a draft is judged at ``step_ratio`` (its weight bytes over the target's) of the
+    plain step; until the target's plain step is measured it waits (no prompt prefill on a guess). A draft at
+    0.6 of F with its first token accepted 70% of the time: worth a one-token forward (0.7 F >= 0.6 F + extra),
+    not one that first feeds a prompt of 20 forwards; at 0.1 of F it is worth the forward; once measured, the
+    measure rules."""
+    judge = ModelDraftJudge(first=0.7, step_ratio=0.6)
+    assert not judge.worth(StepCost(PassCost()))  # the target's step not measured yet: wait
+    assert judge.worth(QWEN) and not judge.worth(QWEN, forwards=20.0)
+    assert judge.further(0.95, 1, QWEN) and not judge.further(0.5, 1, QWEN)  # 0.5 x 230 < 138 ms + extra
+    cheap = ModelDraftJudge(first=0.7, step_ratio=0.1)
+    assert cheap.further(0.5, 1, QWEN)
+    cheap.step_s = 0.2  # measured: 200 ms, more than 0.7 x 230 ms
+    assert not cheap.worth(QWEN)
+    assert ModelDraftJudge(first=0.7).worth(StepCost(PassCost()))  # no estimate, nothing measured: draft
+
+
 def test_model_draft_judge_declines_then_explores_with_backoff():
     """A draft whose first token is rarely accepted does not pay for its forward: it sits out steps until
     they cost ``interval`` one-token drafts, and the interval doubles after a fruitless exploration and

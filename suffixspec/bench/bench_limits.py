@@ -58,20 +58,6 @@ def memory_bandwidth(mib: int = 512, rounds: int = 5) -> float:
     return 2 * src.nbytes / best
 
 
-def weight_bytes(model: Any, lean: Any = None) -> int:
-    """Bytes a plain step reads: of a quantized lean forward (``lean.int8``), its integer matrices and LM head
-    (and their scales); else every parameter once (``parameters()`` yields a tied one once), less an
-    input embedding that is not also the LM head (a step reads one row of it: Qwen2.5-Coder-1.5B's 0.93 GB
-    embedding is untied, so 6.2 of its 7.1 GB are read)."""
-    if lean is not None and lean.int8:
-        mats = [w for L in lean.layers for w in (L.w_qkv, L.wo, L.w_gu, L.wd)] + [lean.head]
-        # a block matrix's own bytes (gguf: blockq.BlockWeight.nbytes); int8 entries and a float scale per row
-        return sum(getattr(w, "nbytes", None) or int(w.shape[0]) * (int(w.shape[1]) + 4) for w in mats)
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
-
-
 def verify_pass(engine: Any, context_len: int = 400, cpu: bool = False) -> Callable[[int], float]:
     """A timer of the engine's verify pass at ``context_len`` tokens of context: ``once(k)`` runs one
     target pass over a root and a chain draft of ``k`` nodes (k = 0: a plain step), as the scheduler
@@ -213,6 +199,7 @@ def oracle(curve: dict[int, float]) -> tuple[int, float]:
 
 def limits(model: str, context_len: int = 400, max_k: int = 64, rounds: int = 5, threads: int = 1,
            stat: str = "median", cpu: bool = False, weights: str | None = None) -> dict[str, Any]:
+    from suffixspec.core.weights import weight_bytes
     from suffixspec.loading import load_model
     from suffixspec.runtimes.engine import Engine
 

@@ -235,6 +235,20 @@ def smoothing(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = 
 
 
 # -- products: the float packed for oneDNN, fbgemm's dynamic int8 (drafts) ------------------------------
+def weight_bytes(model: Any, lean: Any = None) -> int:
+    """Bytes a plain step reads: of a quantized lean forward (``lean.int8``), its integer matrices and LM head
+    (and their scales); else every parameter once (``parameters()`` yields a tied one once), less an
+    input embedding that is not also the LM head (a step reads one row of it: Qwen2.5-Coder-1.5B's 0.93 GB
+    embedding is untied, so 6.2 of its 7.1 GB are read)."""
+    if lean is not None and lean.int8:
+        mats = [w for L in lean.layers for w in (L.w_qkv, L.wo, L.w_gu, L.wd)] + [lean.head]
+        # a block matrix's own bytes (gguf: blockq.BlockWeight.nbytes); int8 entries and a float scale per row
+        return sum(getattr(w, "nbytes", None) or int(w.shape[0]) * (int(w.shape[1]) + 4) for w in mats)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
+
+
 def linear(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; a
     :class:`~suffixspec.core.weights.RowInt8Weight` or a ``blockq.BlockWeight`` through its own ``mm`` (exact,

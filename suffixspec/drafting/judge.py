@@ -46,10 +46,13 @@ class ModelDraftJudge:
     Lossless (docs/lossless.md, "Gates and cuts"): every decision reads costs, past outcomes, and the
     probabilities of tokens already drawn (a node's own token never decides whether that node exists)."""
 
-    def __init__(self, policy: Policy = DEFAULT, first: float = 0.7) -> None:
+    def __init__(self, policy: Policy = DEFAULT, first: float = 0.7, step_ratio: float | None = None) -> None:
         self.policy = policy
         self.first = first  # moving average of "the draft's first token was accepted" in this request
         self.step_s: float | None = None  # CPU seconds of one draft forward (the drafter's measure)
+        # until step_s is measured: a draft forward as this share of the target's plain step (the bytes each reads
+        # a step: ModelDrafter.estimate_cost), so that a draft model is not run before anything says it pays
+        self.step_ratio = step_ratio
         self.interval = policy.proposer_explore  # exploration interval, in one-token drafts' costs
         self.idle = 0.0  # row-seconds of plain steps sat out since the last draft
         self.explored = False  # the last draft was made only to re-measure
@@ -58,24 +61,29 @@ class ModelDraftJudge:
         self.calibration = 1.0
         self.promised_before = 0.0  # accepted tokens the drafts before this one promise this step (observe_promise)
 
-    def _costs(self, step: StepCost) -> tuple[float, float] | None:
-        """(what an accepted token is worth, a one-node pass's extra cost), or None while not measured."""
+    def _costs(self, step: StepCost) -> tuple[float, float, float] | None:
+        """(what an accepted token is worth, a one-node pass's extra cost, a draft forward's seconds), or None
+        while not measured (a draft forward: ``step_s``, else ``step_ratio`` times the plain step)."""
         plain, extra = step.plain(), step.extra(1)
-        if plain is None or extra is None or self.step_s is None:
+        draft = self.step_s if self.step_s is not None or self.step_ratio is None or plain is None else (
+            self.step_ratio * plain)
+        if plain is None or extra is None or draft is None:
             return None
         if self.policy.model_value_shared:
             plain /= 1.0 + max(0.0, self.promised_before)
-        return plain, extra
+        return plain, extra, draft
 
     def worth(self, step: StepCost, forwards: float = 1.0) -> bool:
-        """Whether to draft this step (True while the costs are not measured yet). ``forwards``: what the
-        draft's first forward costs in one-token forwards (more than 1 where it first feeds the tokens its
-        cache lacks: the prompt, at a request's first draft, or the tokens accepted while it sat out)."""
+        """Whether to draft this step (True while the costs are not measured yet; with a ``step_ratio``, False
+        until the target's plain step is: one step's wait, where a first draft would feed the whole prompt).
+        ``forwards``: what the draft's first forward costs in one-token forwards (more than 1 where it first
+        feeds the tokens its cache lacks: the prompt, at a request's first draft, or the tokens accepted while it
+        sat out)."""
         costs = self._costs(step)
         if costs is None:
-            return True
-        plain, extra = costs
-        cost = self.step_s * forwards + extra
+            return self.step_ratio is None or step.plain() is not None
+        plain, extra, draft = costs
+        cost = draft * forwards + extra
         if self.first * plain >= cost:
             self.idle, self.explored = 0.0, False
             return True
@@ -92,7 +100,7 @@ class ModelDraftJudge:
         if costs is None:
             return True
         lo, hi = step.extra(nodes), step.extra(nodes + 1)
-        return self.calibration * reach * costs[0] >= self.step_s + max(0.0, (hi or 0.0) - (lo or 0.0))
+        return self.calibration * reach * costs[0] >= costs[2] + max(0.0, (hi or 0.0) - (lo or 0.0))
 
     def branch(self, reach: float, nodes: int, step: StepCost) -> bool:
         """Whether a runner-up reached with chance ``reach`` is worth one more node of a draft of ``nodes``

@@ -160,8 +160,11 @@ def make_draft_proposer(draft: LoadedModel, target: LoadedModel, mode: str = "au
         same = TokenBridge.cached(target.tokenizer, draft.tokenizer).same_vocabulary
         mode = "same" if same else "text"
     if mode == "same":
-        return DraftModelProposer(draft, target_vocab_size=width, **kwargs)
-    return BridgedDraftProposer(draft, target.tokenizer, target_vocab_size=width, mode=mode, **kwargs)
+        proposer = DraftModelProposer(draft, target_vocab_size=width, **kwargs)
+    else:
+        proposer = BridgedDraftProposer(draft, target.tokenizer, target_vocab_size=width, mode=mode, **kwargs)
+    proposer.estimate_cost(target)
+    return proposer
 
 
 # This drafter (suffixspec.drafting.registry): built where a draft model is named

@@ -247,6 +247,7 @@ class ModelDrafter(Proposer):
         self.step_s: float | None = None
         self.first_prior = self.policy.acceptance_prior
         self.token_prior = self.policy.acceptance_prior
+        self.step_ratio: float | None = None  # a draft forward over the target's plain step, by bytes (estimate_cost)
         self.judge = ModelDraftJudge(self.policy, self.first_prior)
         self._hits, self._tries = self.token_prior, 1.0  # this request's per-token acceptance (moving)
         self._step: StepCost | None = None  # the pass cost told this step (None: judge nothing)
@@ -262,13 +263,27 @@ class ModelDrafter(Proposer):
         seed = request.sampling.seed if request.sampling.seed is not None else random.randrange(2**62)
         # the draft's own randomness: reproducible for seeded requests, independent of the target's
         self._gen.manual_seed((seed * 7919 + 12345 + self._seed_offset) % 2**63)
-        self.judge = ModelDraftJudge(self.policy, self.first_prior)
+        self.judge = ModelDraftJudge(self.policy, self.first_prior, self.step_ratio)
         self.judge.step_s = self.step_s
         self._hits, self._tries = self.token_prior, 1.0
         self._step = None
 
     def active(self) -> bool:
         return self.enabled
+
+    def estimate_cost(self, target: LoadedModel) -> None:
+        """Until a draft forward is measured, judge the draft as costing its share of the target's plain step by
+        the weight bytes each reads a step (``weights.weight_bytes``; a CPU decode step is bound by reading them):
+        without it the first request ran the draft (its prompt's prefill, 0.65 s for 156 tokens on
+        Qwen2.5-Coder-0.5B at gguf) before anything said it paid. Example: the 0.5B at gguf reads 0.40 of what
+        its 1.5B target reads (measured steps: 16 and 32 ms)."""
+        from suffixspec.core.lean import lean_forward
+        from suffixspec.core.weights import weight_bytes
+
+        ours = weight_bytes(self.draft.model, self.runner.lean)
+        theirs = weight_bytes(target.model, lean_forward(target.model, target.lean_kind))
+        self.step_ratio = ours / theirs if theirs > 0 else None
+        self.judge.step_ratio = self.step_ratio
 
     def observe_costs(self, step: StepCost | None) -> None:
         # with its own judgement off (judges_own_cost False: the engine's gates judge its drafts) it plans
