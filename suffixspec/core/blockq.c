@@ -1223,7 +1223,6 @@ typedef struct {
     const bq_part *qkv, *o, *gu, *down;
     int32_t n_qkv, n_o, n_gu, n_down;
     const float *norm_in, *norm_mlp;
-    float *kbuf, *vbuf;  /* [rows, h_kv, capacity, d] by the pass's cache strides */
     int64_t window;      /* 0: full attention */
 } bq_layer;
 
@@ -1246,8 +1245,9 @@ typedef struct {
    qkv = bq_mm_norm(x, norm_in); rotary and cache writes (bq_rope_store); exact attention over every query;
    x = x + o-product (torch's add: one rounding); gu = bq_mm_norm(x, norm_mlp); a = bq_silu_mul(gu);
    x = x + down-product. One call instead of a dozen Python calls and torch ops a layer (a small model's decode
-   step spent a third of its time there). Returns 0, -1 (out of memory) or the failing product's code. */
-int bq_layers(const bq_pass *p, const bq_layer *layers, int n, float *x) {
+   step spent a third of its time there). kbufs[i] / vbufs[i]: layer i's cache [rows, h_kv, capacity, d] by the
+   pass's cache strides. Returns 0, -1 (out of memory) or the failing product's code. */
+int bq_layers(const bq_pass *p, const bq_layer *layers, int n, float *x, float *const *kbufs, float *const *vbufs) {
     int64_t T = p->T, H = p->hidden, d = p->d, hq = p->h_q, hkv = p->h_kv, I = p->inter;
     int64_t nqkv = (hq + 2 * hkv) * d, nqk = (hq + hkv) * d, na = hq * d;
     size_t floats = (size_t)T * (nqkv + nqk + na + H + 2 * I + I);
@@ -1261,9 +1261,9 @@ int bq_layers(const bq_pass *p, const bq_layer *layers, int n, float *x) {
         const bq_layer *L = layers + i;
         rc = mm(L->qkv, L->n_qkv, H, x, T, H, qkv, nqkv, p->nthreads, L->norm_in, p->eps, p->planes);
         if (rc) break;
-        bq_rope_store(T, qkv, nqkv, d, hq, hkv, d, p->cos, p->sin, d, qk, qkv + nqk, nqkv, d, L->kbuf, L->vbuf,
+        bq_rope_store(T, qkv, nqkv, d, hq, hkv, d, p->cos, p->sin, d, qk, qkv + nqk, nqkv, d, kbufs[i], vbufs[i],
                       p->c_row, p->c_head, p->c_pos, p->rows, p->slots);
-        rc = p->attend(p->nq, p->meta, p->path, qk, nqk, d, L->kbuf, L->vbuf, p->c_row, p->c_head, p->c_pos,
+        rc = p->attend(p->nq, p->meta, p->path, qk, nqk, d, kbufs[i], vbufs[i], p->c_row, p->c_head, p->c_pos,
                        qk + hq * d, nqk, d, qkv + nqk, nqkv, d, att, na, hq, hkv, d, p->scale, L->window, par,
                        p->nthreads);
         if (rc) break;

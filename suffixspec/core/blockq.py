@@ -72,7 +72,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bq_sumsq.restype = None
     lib.bq_silu_mul.argtypes = [ptr, i64, i64, ptr]
     lib.bq_silu_mul.restype = None
-    lib.bq_layers.argtypes = [ptr, ptr, i32, ptr]
+    lib.bq_layers.argtypes = [ptr, ptr, i32, ptr, ptr, ptr]
     lib.bq_layers.restype = i32
     lib.bq_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.bq_dequantize_rows.restype = i32
@@ -307,7 +307,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gu", ctypes.c_void_p), ("down", ctypes.c_void_p),
                 ("n_qkv", ctypes.c_int32), ("n_o", ctypes.c_int32), ("n_gu", ctypes.c_int32),
                 ("n_down", ctypes.c_int32), ("norm_in", ctypes.c_void_p), ("norm_mlp", ctypes.c_void_p),
-                ("kbuf", ctypes.c_void_p), ("vbuf", ctypes.c_void_p), ("window", ctypes.c_int64)]
+                ("window", ctypes.c_int64)]
 
 
 class _Pass(ctypes.Structure):
@@ -391,15 +391,17 @@ class LayerStack:
             raise ValueError("LayerStack: x must be a contiguous float32 [T, hidden]; rows/slots int64 [T]; "
                              "one key and value buffer a layer")
         stride = keys[0].stride()
-        for rec, k, v in zip(self.records, keys, values, strict=True):
+        for k, v in zip(keys, values, strict=True):
             if k.stride() != stride or v.stride() != stride or k.dtype != torch.float32 or v.dtype != torch.float32:
                 raise ValueError("LayerStack: the cache's buffers must share one float32 layout")
-            rec.kbuf, rec.vbuf = k.data_ptr(), v.data_ptr()
+        # the caches' addresses per call (the records stay as built: a forward's passes may use other caches)
+        kbufs = (ctypes.c_void_p * len(keys))(*(k.data_ptr() for k in keys))
+        vbufs = (ctypes.c_void_p * len(values))(*(v.data_ptr() for v in values))
         threads = max(1, getattr(_local, "threads", None) or torch.get_num_threads())
         p = _Pass(T, self.hidden, self.h_q, self.h_kv, self.d, self.inter, stride[0], stride[1], stride[2],
                   cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), slots.data_ptr(), len(meta), meta.ctypes.data,
                   path.ctypes.data, self.attend, self.eps, self.scale, self.planes, threads)
-        rc = self.lib.bq_layers(ctypes.byref(p), self.records, len(self.records), x.data_ptr())
+        rc = self.lib.bq_layers(ctypes.byref(p), self.records, len(self.records), x.data_ptr(), kbufs, vbufs)
         if rc != 0:
             raise (MemoryError if rc == -1 else ValueError)(f"bq_layers failed ({rc})")
         return x

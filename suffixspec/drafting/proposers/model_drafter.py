@@ -275,8 +275,8 @@ class ModelDrafter(Proposer):
         """Until a draft forward is measured, judge the draft as costing its share of the target's plain step by
         the weight bytes each reads a step (``weights.weight_bytes``; a CPU decode step is bound by reading them):
         without it the first request ran the draft (its prompt's prefill, 0.65 s for 156 tokens on
-        Qwen2.5-Coder-0.5B at gguf) before anything said it paid. Example: the 0.5B at gguf reads 0.40 of what
-        its 1.5B target reads (measured steps: 16 and 32 ms)."""
+        Qwen2.5-Coder-0.5B at gguf) before anything said it paid. Example: the 0.5B at gguf reads 0.39 of what
+        its 1.5B target reads (measured steps: 16-20 and 32-35 ms)."""
         from suffixspec.core.lean import lean_forward
         from suffixspec.core.weights import weight_bytes
 
