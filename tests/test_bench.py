@@ -116,8 +116,9 @@ def test_separate_processes_serve_the_same_requests_and_compare_ours_with_each_d
     assert rows["ours_all"]["vs_best_part_cpu_median"] > 0 and rows["ours_all"]["vs_best_baseline_cpu_median"] > 0
     assert set(rows["ours_all"]["phases"]) == {"hf", "ours"}
     assert all(p["startup_s"] > 0 and p["rss_gb"] > 0 for p in rows["ours_all"]["phases"].values())
-    # the draft model drafting for itself (the target as its own draft) is accepted whole
-    assert rows["ours_draft_model:tiny-llama"]["mean_accepted_length"] > rows["ours_off"]["mean_accepted_length"]
+    # the target as its own draft reads the target's bytes a step: a forward of it costs a plain step, so no draft
+    # of it can pay, and its judge (estimating it by those bytes until measured) never runs it
+    assert rows["ours_draft_model:tiny-llama"]["mean_accepted_length"] == rows["ours_off"]["mean_accepted_length"] == 1
 
 
 def test_humaneval_problems_come_from_the_wheel_or_the_installed_package(tmp_path, monkeypatch, bpe_tokenizer_dir):
