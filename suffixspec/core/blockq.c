@@ -1257,7 +1257,7 @@ int bq_layers(const bq_pass *p, const bq_layer *layers, int n, float *x, float *
           *act = gu + T * 2 * I;
     void (*par)(void (*)(void *, int64_t), void *, int64_t, int) = p->nthreads > 1 ? bq_parallel : NULL;
     int rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
+    for (int i = 0; i < n; i++) {
         const bq_layer *L = layers + i;
         rc = mm(L->qkv, L->n_qkv, H, x, T, H, qkv, nqkv, p->nthreads, L->norm_in, p->eps, p->planes);
         if (rc) break;

@@ -234,7 +234,6 @@ def smoothing(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = 
     return s.clamp(1e-2, 1e3)
 
 
-# -- products: the float packed for oneDNN, fbgemm's dynamic int8 (drafts) ------------------------------
 def weight_bytes(model: Any, lean: Any = None) -> int:
     """Bytes a plain step reads: of a quantized lean forward (``lean.int8``), its integer matrices and LM head
     (and their scales); else every parameter once (``parameters()`` yields a tied one once), less an
@@ -249,6 +248,7 @@ def weight_bytes(model: Any, lean: Any = None) -> int:
     return total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
 
 
+# -- products: the float packed for oneDNN, fbgemm's dynamic int8 (drafts) ------------------------------
 def linear(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, in] -> x @ w.T + b``. A weight :func:`packed` for oneDNN runs through oneDNN's matmul; a
     :class:`~suffixspec.core.weights.RowInt8Weight` or a ``blockq.BlockWeight`` through its own ``mm`` (exact,

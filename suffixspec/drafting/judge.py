@@ -65,8 +65,9 @@ class ModelDraftJudge:
         """(what an accepted token is worth, a one-node pass's extra cost, a draft forward's seconds), or None
         while not measured (a draft forward: ``step_s``, else ``step_ratio`` times the plain step)."""
         plain, extra = step.plain(), step.extra(1)
-        draft = self.step_s if self.step_s is not None or self.step_ratio is None or plain is None else (
-            self.step_ratio * plain)
+        draft = self.step_s
+        if draft is None and self.step_ratio is not None and plain is not None:
+            draft = self.step_ratio * plain
         if plain is None or extra is None or draft is None:
             return None
         if self.policy.model_value_shared:
