@@ -104,12 +104,7 @@ def test_gguf_logits_are_float32s_within_the_activations_rounding(models, case):
     ids = torch.tensor([list(range(5, 45))])
     with torch.inference_mode():
         want = f32.model(input_ids=ids).logits[0].float()
-    lean = lean_forward(gg.model, "gguf")
-    from suffixspec.core.kv import SlotCache
-    from suffixspec.core.lean import PassRow
-
-    cache = SlotCache(1, capacity=64)
-    got = lean([PassRow(cache.add_row(), ids[0].tolist(), None, 0, "all")], cache)[0]
+    got = _logits(lean_forward(gg.model, "gguf"), ids[0].tolist())
     spread = float(want.std())
     print(case, float((got - want).abs().mean()) / spread, float((got - want).abs().max()) / spread,
           float((got.argmax(-1) == want.argmax(-1)).float().mean()))
@@ -182,10 +177,9 @@ def test_a_pass_through_the_layer_stack_is_the_op_by_op_pass_bit_for_bit(models,
     shared its pass). The same passes (trees, chains, lone roots, 1-32 tokens, other rows; q/k/v biases for Qwen2;
     8- and 15-bit activations) both ways, at one and two threads: logits and every layer's cache bit-identical. The
     stack built on the portable (scalar) kernel gives the same hidden states."""
-    from test_weights import _compositions
+    from test_weights import _compositions, _packed_pass
 
     from suffixspec.core.kv import SlotCache
-    from suffixspec.core.lean import PassRow
 
     model = models[case][1].model if weights == "gguf" else models16[case].model
     lean = lean_forward(model, weights)
@@ -203,13 +197,8 @@ def test_a_pass_through_the_layer_stack_is_the_op_by_op_pass_bit_for_bit(models,
                 seen = {}
                 for mode in ("stack", "ops"):
                     lean.stack = stack if mode == "stack" else None
-                    cache = SlotCache(len(rows), capacity=64)
-                    slots = [cache.add_row() for _ in rows]
-                    for r, (prompt, _, _) in zip(slots, rows, strict=True):
-                        lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
                     n = len(calls)
-                    got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
-                                for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
+                    got, cache = _packed_pass(lean, rows)
                     assert len(calls) == n + (mode == "stack")  # prompts op by op; the pass as its mode says
                     seen[mode] = (got, [k.clone() for k in cache.keys], [v.clone() for v in cache.values])
                 (a, ka, va), (b, kb, vb) = seen["stack"], seen["ops"]

@@ -177,6 +177,18 @@ def _compositions(rng: np.random.RandomState) -> list[list[tuple[list[int], list
     ]
 
 
+def _packed_pass(lean: LeanForward, rows: list[tuple[list[int], list[int], list[int]]]) -> tuple[list, SlotCache]:
+    """``rows`` (prompt, draft tokens, parents) in one packed pass, after each prompt but its last token was fed
+    alone: the pass's logits per row and the cache it wrote."""
+    cache = SlotCache(len(rows), capacity=64)
+    slots = [cache.add_row() for _ in rows]
+    for r, (prompt, _, _) in zip(slots, rows, strict=True):
+        lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
+    got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
+                for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
+    return got, cache
+
+
 def _row_dependence(lean: LeanForward, threads: tuple[int, ...] = (1,), seed: int = 0) -> list[str]:
     """Where a node's logits in a packed pass differ from its path fed alone (empty: nowhere): the paths
     fed alone at ``threads[0]`` torch threads, the packed passes at each of ``threads``."""
@@ -190,12 +202,7 @@ def _row_dependence(lean: LeanForward, threads: tuple[int, ...] = (1,), seed: in
             total = sum(1 + len(t) for _, t, _ in rows)
             for n in threads:
                 torch.set_num_threads(n)
-                cache = SlotCache(len(rows), capacity=64)
-                slots = [cache.add_row() for _ in rows]
-                for r, (prompt, _, _) in zip(slots, rows, strict=True):
-                    lean([PassRow(r, prompt[:-1], None, 0, "none")], cache)
-                got = lean([PassRow(r, [prompt[-1], *tokens], parents, len(prompt) - 1)
-                            for r, (prompt, tokens, parents) in zip(slots, rows, strict=True)], cache)
+                got, _ = _packed_pass(lean, rows)
                 for b, (_, tokens, _) in enumerate(rows):
                     for k in range(-1, len(tokens)):
                         if not torch.equal(alone[b][k], got[b][k + 1]):
