@@ -36,11 +36,29 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n\t", "
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model_dirs) -> dict[str, Engine]:
-    """float32 per architecture, and the exact int8 format (``ARCH-int8``) of the lean families."""
+def engines(tiny_model_dirs, tmp_path_factory, bpe_tokenizer_dir) -> dict[str, Engine]:
+    """float32 per architecture, the exact int8 format (``ARCH-int8``) of the lean families, and where the block
+    kernel builds the gguf formats of tiny GGUF files (``llama-gguf16``: Q4_1 at ~15-bit activations,
+    ``qwen2-gguf``: Q4_K with q/k/v biases), whose decode and verify passes run every layer in one native call and
+    whose prompt passes run layer by layer."""
+    from test_models import write_tiny_gguf
+
+    from suffixspec.core import blockq, exact_attention
+
     out = {arch: Engine(load_model(str(path))) for arch, path in tiny_model_dirs.items()}
     for arch in ("llama", "qwen2"):
         out[f"{arch}-int8"] = Engine(load_model(str(tiny_model_dirs[arch]), weights="int8"))
+    if blockq.kernel() is not None and exact_attention.kernel() is not None:  # (loaded before the cache moves)
+        root = tmp_path_factory.mktemp("batch-gguf")
+        with pytest.MonkeyPatch.context() as mp:  # the conversions in a cache of the test's own
+            mp.setenv("SUFFIXSPEC_CACHE", str(root / "cache"))
+            for name, arch, quant, hidden, weights in (("llama-gguf16", "llama", "Q4_1", 64, "gguf16"),
+                                                       ("qwen2-gguf", "qwen2", "Q4_K", 256, "gguf")):
+                path = write_tiny_gguf(root / f"{name}.gguf", bpe_tokenizer_dir, hidden=hidden, arch=arch,
+                                       quant=quant)
+                engine = out[name] = Engine(load_model(str(path), weights=weights))
+                engine.warm_up()  # its lean forward built (from the file) while the cache is there
+                assert engine.scheduler.runner.lean.stack is not None
     return out
 
 
@@ -105,12 +123,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "llama-int8", "qwen2-int8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "llama-int8", "qwen2-int8", "llama-gguf16", "qwen2-gguf"])
 @pytest.mark.parametrize("drafter", ["oracle-tree", "random-tree", "suffix", "suffix+model"])
 def test_batched_outputs_equal_alone(engines, arch, drafter):
     """Greedy and seeded requests, joining at different steps, equal their plain runs alone. ``suffix+model``:
     the suffix index and a draft model drafting its argmax (no q) merge by node probability, the model
-    vetting the index's surest chain."""
+    vetting the index's surest chain. At the gguf formats a request joining mid-generation puts a prompt into
+    a pass of the others' drafts: that pass runs layer by layer, the rest in one native call, one numerics."""
+    if arch not in engines:
+        pytest.skip("no C compiler: the block kernel cannot be built")
     engine = engines[arch]
     assert engine.batchable
     reqs = [(PROMPTS[i % len(PROMPTS)], SamplingParams(**case)) for i, case in enumerate(CASES)]
