@@ -108,7 +108,8 @@ def test_values_products_and_row_independence(ggml_type, K, scalar_lib, avx2_lib
                 assert torch.equal(w.mm(x[rows]), alone[rows]), (nt, M)
         torch.set_num_threads(2)
         b = torch.randn(N, generator=gen)
-        assert torch.equal(w.mm(x[:7], b), torch.cat([w.mm(x[i:i + 1], b) for i in range(7)]))
+        for m in (7, 17):  # with a bias: tiles of up to 7 rows, and of 8-9 (tail blocks 8 outputs at a time)
+            assert torch.equal(w.mm(x[:m], b), torch.cat([w.mm(x[i:i + 1], b) for i in range(m)])), m
         assert torch.equal(w._mm(x[:17], None, scalar_lib), alone[:17])
         assert torch.equal(w._mm(x[:3], b, scalar_lib), w.mm(x[:3], b))
         assert torch.equal(w.rows(ids, scalar_lib), w.rows(ids))

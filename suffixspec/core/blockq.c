@@ -10,8 +10,8 @@
      per full group g of 8 blocks (lane l = block l), acc[g & 1][l] = fma(float(isum[l]), scale[l] * dx[l],
      acc[g & 1][l]) (Q6_K: once per half-block scale, A then B), then, for types with an offset (Q4_K, Q4_1),
      acc[g & 1][l] = fma(off[l], dx[l] * sum[l], acc[g & 1][l]); tail blocks (K % 256, 32-value types) in a
-     scalar accumulator the same way; result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus
-     the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
+     scalar accumulator the same way (from 8 rows, 8 outputs' accumulators in one vector: the same ops per lane);
+     result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
    - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles
      of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K/Q4_1 outputs in pairs sharing each activation load
      (dot2_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
@@ -414,44 +414,102 @@ static inline __attribute__((always_inline)) void unpack_group(int type, const u
     W[7] = _mm256_or_si256(W[7], _mm256_and_si256(_mm256_srli_epi16(H1, 2), m2));
 }
 
+/* One tail block (bp: its GGUF bytes): its weight integers Wt (unsigned, as dp takes them), Q8_0's signed ones Qt
+   (for the sign trick without VNNI), its scale and Q4_1's offset m (else 0) */
+static inline __attribute__((always_inline)) void unpack_tail(int type, const uint8_t *bp, __m256i *Wt, __m256i *Qt,
+                                                               float *sc, float *of) {
+    *sc = h2f(rd16(bp));
+    *of = 0.0f;
+    *Qt = _mm256_setzero_si256();
+    if (type == T_Q8_0) {
+        *Qt = LD(bp + 2);
+#if BQ_VNNI
+        *Wt = _mm256_xor_si256(*Qt, _mm256_set1_epi8((char)0x80));
+#else
+        *Wt = _mm256_abs_epi8(*Qt);
+#endif
+        return;
+    }
+    __m128i l = _mm_loadu_si128((const __m128i *)(bp + (type == T_Q4_1 ? 4 : 6)));
+    *Wt = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(l, 4), l), _mm256_set1_epi8(0x0f));
+    if (type == T_Q4_1) {
+        *of = h2f(rd16(bp + 2));
+        return;
+    }
+    uint32_t qh;
+    memcpy(&qh, bp + 2, 4);
+    /* bit k of qh -> bit 4 of byte k */
+    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                     _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                        0x0303030303030303LL));
+    hb = _mm256_and_si256(hb, _mm256_set1_epi64x((long long)0x8040201008040201ULL));
+    hb = _mm256_and_si256(_mm256_cmpeq_epi8(hb, _mm256_set1_epi64x((long long)0x8040201008040201ULL)),
+                          _mm256_set1_epi8(0x10));
+    *Wt = _mm256_or_si256(*Wt, hb);
+}
+
+/* lane i = the sum of v[i]'s 8 lanes (integer sums: exact in any order) */
+static inline __m256i hsum_i32x8(const __m256i v[8]) {
+    __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* The K % 256 tail blocks (32-value types, GGUF layout, values in order) of stored rows (outputs) w0, w0 +
+   row_bytes, ... (nout of them, 1 to 8) for rows r0..r0+R: tails[r][i] = row r's tail accumulator for output i,
+   one float per (row, output), lane i = output i. Each lane gets the scalar path's ops in its order (per block:
+   fma(float(isum), scale * dx, t), then for Q4_1 fma(m, dx * sum, t)); eight outputs share each activation load
+   and one transposing sum of their integer lanes, where one output at a time had summed each block's lanes
+   alone (SmolLM2's 576-wide rows: 2 tail blocks against 16 in groups, and a fifth of a 17-token pass's products). */
+static void tail_outputs(int type, const uint8_t *w0, int64_t row_bytes, int nout, const act_t *a, int64_t r0, int R,
+                         float tails[][8]) {
+    const int64_t K = a->K, ldd = a->ldd, ng = K / 256, nt = (K % 256) / 32;
+    const int GB = GROUP_BYTES[type];
+    __m256 acc[MAX_ROWS_TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nt; b++) {
+        __m256i Wt[8], Qt[8];
+        float scs[8], ofs[8];
+        for (int i = 0; i < 8; i++) /* lanes past nout: a copy of the last output, not stored */
+            unpack_tail(type, w0 + (i < nout ? i : nout - 1) * row_bytes + ng * GB + b * TAIL_BYTES[type], &Wt[i],
+                        &Qt[i], &scs[i], &ofs[i]);
+        const __m256 sc = _mm256_loadu_ps(scs), of = _mm256_loadu_ps(ofs);
+        const int64_t bi = ng * 8 + b;
+        for (int r = 0; r < R; r++) {
+            const __m256i xv = LD(a->xq + (r0 + r) * K + bi * 32);
+            __m256i v[8];
+            for (int i = 0; i < 8; i++) {
+#if !BQ_VNNI
+                if (type == T_Q8_0) {
+                    v[i] = dp(_mm256_setzero_si256(), Wt[i], _mm256_sign_epi8(xv, Qt[i]));
+                    continue;
+                }
+#endif
+                v[i] = dp(_mm256_setzero_si256(), Wt[i], xv);
+            }
+            __m256i isum = hsum_i32x8(v);
+            const int64_t o = (r0 + r) * ldd + bi;
+            if (type == T_Q5_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(a->n16[o]));
+#if BQ_VNNI
+            if (type == T_Q8_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(a->n128[o]));
+#endif
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(sc, _mm256_set1_ps(a->dx[o])), acc[r]);
+            if (type == T_Q4_1) acc[r] = _mm256_fmadd_ps(of, _mm256_set1_ps(a->dxsx[o]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(tails[r], acc[r]);
+}
+
 /* The K % 256 tail blocks (32-value types, GGUF layout, values in order) of one stored row: acct[r] for rows
    r0..r0+R, one scalar accumulator per row. */
 static inline __attribute__((always_inline)) void tail_rows(int type, const uint8_t *w, const act_t *a, int64_t r0,
                                                              int R, float *acct) {
     const int64_t K = a->K, ldd = a->ldd, ng = K / 256, nt = (K % 256) / 32;
     const int GB = GROUP_BYTES[type];
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nt; b++) {
-        const uint8_t *bp = w + ng * GB + b * TAIL_BYTES[type];
-        float sc = h2f(rd16(bp)), of = 0.0f;
-        __m256i Wt, Qt = _mm256_setzero_si256();
-        (void)Qt;
-        if (type == T_Q8_0) {
-            Qt = LD(bp + 2);
-#if BQ_VNNI
-            Wt = _mm256_xor_si256(Qt, _mm256_set1_epi8((char)0x80));
-#else
-            Wt = _mm256_abs_epi8(Qt);
-#endif
-        } else {
-            const uint8_t *qs = bp + (type == T_Q4_1 ? 4 : 6);
-            __m128i l = _mm_loadu_si128((const __m128i *)qs);
-            Wt = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(l, 4), l), m4);
-            if (type == T_Q4_1) {
-                of = h2f(rd16(bp + 2));
-            } else {
-                uint32_t qh;
-                memcpy(&qh, bp + 2, 4);
-                /* bit k of qh -> bit 4 of byte k */
-                __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-                                                 _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                                    0x0303030303030303LL));
-                hb = _mm256_and_si256(hb, _mm256_set1_epi64x((long long)0x8040201008040201ULL));
-                hb = _mm256_and_si256(_mm256_cmpeq_epi8(hb, _mm256_set1_epi64x((long long)0x8040201008040201ULL)),
-                                      _mm256_set1_epi8(0x10));
-                Wt = _mm256_or_si256(Wt, hb);
-            }
-        }
+        __m256i Wt, Qt;
+        float sc, of;
+        unpack_tail(type, w + ng * GB + b * TAIL_BYTES[type], &Wt, &Qt, &sc, &of);
         const int64_t bi = ng * 8 + b;
         for (int r = 0; r < R; r++) {
             __m256i xv = LD(a->xq + (r0 + r) * K + bi * 32);
@@ -550,8 +608,10 @@ static inline __attribute__((always_inline)) void dot_group(int type, const uint
         }
     }
 
+/* defer: the full groups' sum only (res[r] = the hsum below; the caller adds the tail accumulator that
+   tail_outputs computed, in the same one add); else the tail blocks too (tail_rows) */
 static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *w, const act_t *a,
-                                                            int64_t r0, int R, float *res) {
+                                                            int64_t r0, int R, int defer, float *res) {
     const int64_t ng = a->K / 256, row_bytes = bq_row_bytes(type, a->K);
     const int GB = GROUP_BYTES[type];
     __m256 acc0[MAX_ROWS_TILE], acc1[MAX_ROWS_TILE];
@@ -568,6 +628,10 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
         dot_group(type, w + (g + 1) * GB, a, r0, R, g + 1, acc1);
     }
     if (g < ng) dot_group(type, w + g * GB, a, r0, R, g, acc0);
+    if (defer) {
+        for (int r = 0; r < R; r++) res[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r]));
+        return;
+    }
     tail_rows(type, w, a, r0, R, acct);
     for (int r = 0; r < R; r++) res[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + acct[r];
 }
@@ -658,7 +722,8 @@ static inline __attribute__((always_inline)) void dot2_rows(int type, const uint
 }
 #else
 #define BQ_PAIR 0
-static void dot_rows(int type, const uint8_t *w, const act_t *a, int64_t r0, int R, float *res) {
+static void dot_rows(int type, const uint8_t *w, const act_t *a, int64_t r0, int R, int defer, float *res) {
+    (void)defer; /* never set without SIMD (no tail_outputs): the tail blocks are summed here */
     const int64_t K = a->K, ldd = a->ldd, ng = K / 256, nt = (K % 256) / 32;
     int v[8][32];
     float scA[8], scB[8], off[8];
@@ -737,25 +802,35 @@ typedef struct {
 } job_t;
 
 static inline __attribute__((always_inline)) void dot_any(int type, const uint8_t *w, const act_t *a, int64_t r0,
-                                                           int R, float *res) {
+                                                           int R, int defer, float *res) {
     switch (type) {
-    case T_Q4_K: dot_rows(T_Q4_K, w, a, r0, R, res); break;
-    case T_Q6_K: dot_rows(T_Q6_K, w, a, r0, R, res); break;
-    case T_Q8_0: dot_rows(T_Q8_0, w, a, r0, R, res); break;
-    case T_Q4_1: dot_rows(T_Q4_1, w, a, r0, R, res); break;
-    default: dot_rows(T_Q5_0, w, a, r0, R, res); break;
+    case T_Q4_K: dot_rows(T_Q4_K, w, a, r0, R, defer, res); break;
+    case T_Q6_K: dot_rows(T_Q6_K, w, a, r0, R, defer, res); break;
+    case T_Q8_0: dot_rows(T_Q8_0, w, a, r0, R, defer, res); break;
+    case T_Q4_1: dot_rows(T_Q4_1, w, a, r0, R, defer, res); break;
+    default: dot_rows(T_Q5_0, w, a, r0, R, defer, res); break;
     }
 }
 
 #define DOT_TILE(NR)                                                                                             \
     static __attribute__((noinline)) void dot_tile##NR(int type, const uint8_t *w, const act_t *a, int64_t r0,   \
                                                        float *res) {                                            \
-        dot_any(type, w, a, r0, NR, res);                                                                        \
+        dot_any(type, w, a, r0, NR, 0, res);                                                                     \
     }
 DOT_TILE(1) DOT_TILE(2) DOT_TILE(3) DOT_TILE(4) DOT_TILE(5) DOT_TILE(6) DOT_TILE(7) DOT_TILE(8) DOT_TILE(9)
 typedef void (*dot_tile_fn)(int, const uint8_t *, const act_t *, int64_t, float *);
 static const dot_tile_fn DOT_TILES[MAX_ROWS_TILE + 1] = {NULL, dot_tile1, dot_tile2, dot_tile3, dot_tile4,
                                                          dot_tile5, dot_tile6, dot_tile7, dot_tile8, dot_tile9};
+#if BQ_SIMD
+/* tiles of 8 and 9 rows without the tail blocks: their full groups' sums only (run_outputs
+   adds tail_outputs' accumulators) */
+#define DOT_TAILLESS_TILE(NR)                                                                                    \
+    static __attribute__((noinline)) void dot_tailless_tile##NR(int type, const uint8_t *w, const act_t *a,      \
+                                                                int64_t r0, float *res) {                       \
+        dot_any(type, w, a, r0, NR, 1, res);                                                                     \
+    }
+DOT_TAILLESS_TILE(8) DOT_TAILLESS_TILE(9)
+#endif
 
 static void store_rows(const job_t *j, float *o, float bias, int64_t r, int R, const float *res) {
     for (int t = 0; t < R; t++) o[(r + t) * j->ldo] = j->planes == 2 && (r + t) % 2 ? res[t] : res[t] + bias;
@@ -823,6 +898,25 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
                5 rows in one tile, not 4 + 1 (Qwen2.5-1.5B's layer matrices, 2 threads: see the commit) */
             int R = narrow ? 1 : left <= 9 ? (int)left : left % 8 == 1 ? 9 : 8; /* one tile for the last 9 or fewer */
             int64_t n = b0;
+#if BQ_SIMD
+            /* rows with tail blocks (K % 256), tiles of 8 or 9 rows: outputs 8 at a time, their full groups first,
+               then the 8 outputs' tails at once (tail_outputs: their bytes still in L1), then each sum + tail.
+               Smaller tiles keep tail_rows (one output at a time): at 2-4 rows the vector over 8 outputs was slower */
+            if (j->act.K % 256 && R >= 8)
+                while (n < b1) {
+                    const int64_t c = n, n8 = n + 8 < b1 ? n + 8 : b1;
+                    float part[MAX_ROWS_TILE][8], tl[MAX_ROWS_TILE][8], res[MAX_ROWS_TILE];
+                    for (; n < n8; n++) { /* (unpaired: pairs are for types without tails, and Q4_1 at 3-7 rows) */
+                        (R == 8 ? dot_tailless_tile8 : dot_tailless_tile9)(p->type, p->w + n * p->row_bytes, &j->act, r, res);
+                        for (int t = 0; t < R; t++) part[t][n - c] = res[t];
+                    }
+                    tail_outputs(p->type, p->w + c * p->row_bytes, p->row_bytes, (int)(n8 - c), &j->act, r, R, tl);
+                    for (int64_t i = c; i < n8; i++) {
+                        for (int t = 0; t < R; t++) res[t] = part[t][i - c] + tl[t][i - c];
+                        store_rows(j, j->out + p->col0 + i, p->bias ? p->bias[i] : 0.0f, r, R, res);
+                    }
+                }
+#endif
             if (pair)
                 for (; n + 2 <= b1; n += 2) run_tile(j, p, n, 1, r, R);
             for (; n < b1; n++) run_tile(j, p, n, 0, r, R);
