@@ -11,7 +11,8 @@
      acc[g & 1][l]) (Q6_K: once per half-block scale, A then B), then, for types with an offset (Q4_K, Q4_1),
      acc[g & 1][l] = fma(off[l], dx[l] * sum[l], acc[g & 1][l]); tail blocks (K % 256, 32-value types) in a
      scalar accumulator the same way (from 8 rows, 8 outputs' accumulators in one vector: the same ops per lane);
-     result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus the tail, plus the bias. The portable path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
+     result = the 8 lanes of acc[0] + acc[1] summed in one fixed tree, plus the tail, plus the bias. The portable
+     path (BLOCKQ_SCALAR, or no AVX2/FMA/F16C) does the same float ops.
    - Tiling changes only integer sums (exact in any order) and which registers hold a lane: rows in tiles
      of 1 to 9 sharing each unpacked weight group, Q4_K/Q6_K/Q4_1 outputs in pairs sharing each activation load
      (dot2_rows), one dpbusd chain or two; each (row, output) lane still gets the float operations above, in
@@ -907,7 +908,8 @@ static void run_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
                     const int64_t c = n, n8 = n + 8 < b1 ? n + 8 : b1;
                     float part[MAX_ROWS_TILE][8], tl[MAX_ROWS_TILE][8], res[MAX_ROWS_TILE];
                     for (; n < n8; n++) { /* (unpaired: pairs are for types without tails, and Q4_1 at 3-7 rows) */
-                        (R == 8 ? dot_tailless_tile8 : dot_tailless_tile9)(p->type, p->w + n * p->row_bytes, &j->act, r, res);
+                        const uint8_t *w = p->w + n * p->row_bytes;
+                        (R == 8 ? dot_tailless_tile8 : dot_tailless_tile9)(p->type, w, &j->act, r, res);
                         for (int t = 0; t < R; t++) part[t][n - c] = res[t];
                     }
                     tail_outputs(p->type, p->w + c * p->row_bytes, p->row_bytes, (int)(n8 - c), &j->act, r, R, tl);
