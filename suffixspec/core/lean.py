@@ -240,7 +240,9 @@ class LeanForward:
         # a Llama-family model on blockq's products with the compiled exact attention: its layers in one native call
         # a decode or verify pass (blockq.LayerStack, the same bits as the op-by-op pass); None: op by op
         self.stack = None
-        glue = blockq.kernel() if self.blocks else None
+        # blockq's own glue for a gguf pass (None: torch's ops): the norm before a product, the rotary embedding
+        # with the cache writes, silu(gate) * up, the same bits as the torch ops
+        self.glue = glue = blockq.kernel() if self.blocks else None
         if (glue is not None and not gemma and self.native is not None and len(self.rope) == 1
                 and all(L.q_norm is None and L.norm_post_attn is None and L.norm_post_mlp is None for L in self.layers)):
             self.stack = blockq.LayerStack(
@@ -348,9 +350,7 @@ class LeanForward:
             x = self.stack(x.contiguous(), cos.reshape(total, -1).contiguous(), sin.reshape(total, -1).contiguous(),
                            row_t, slot_t, native[1], native[2], cache.keys, cache.values)
             return self._logits(rows, pick, x)
-        # blockq's own glue for a gguf pass: the norm before a product (Llama's formula) and the rotary embedding
-        # with the cache writes, the same bits as the torch ops below
-        glue = blockq.kernel() if self.blocks else None
+        glue = self.glue  # (Llama's norm formula in the kernel; Gemma's norm stays torch's)
         norm_in_kernel = glue is not None and not self.gemma
         attn = torch.empty((total, h_q * d), dtype=dtype, device=device)
         for i, L in enumerate(self.layers):
