@@ -171,6 +171,38 @@ def test_non_contiguous_input_and_leading_dims():
     assert torch.equal(w.mm(x.reshape(2, 3, 512)).reshape(6, 20), w.mm(x))
 
 
+def test_amx_tiles_give_the_vector_paths_bits():
+    """Where this CPU has AMX (Intel Sapphire Rapids and later, ``bq_amx``): Q4_K and Q6_K products with the tile path
+    on from one row give the same bits as with it off, for 1-40 rows, with a bias, at 15-bit activations (rows in
+    planes), at one and two threads, with N not a multiple of the tiles' 16 outputs (the rest on the vector path)."""
+    lib = B.kernel()
+    if lib is None or not lib.bq_amx():
+        pytest.skip("this CPU has no AMX tiles (or the kernel may not use them): the tile path does not run here")
+    threads = torch.get_num_threads()
+    default = lib.bq_set_amx_min_rows(0)
+    try:
+        gen = torch.Generator().manual_seed(7)
+        for ggml_type, K in (("Q4_K", 512), ("Q6_K", 768), ("Q4_K", 1536), ("Q6_K", 2304)):
+            N = 53
+            raw = random_raw(ggml_type, N, K, seed=K + 1)
+            b = torch.randn(N, generator=gen)
+            x = torch.randn(40, K, generator=gen) * torch.rand(40, 1, generator=gen) * 3
+            x[3] = 0.0
+            for planes in (1, 2):
+                w = B.BlockWeight(ggml_type, raw, (N, K), planes=planes)
+                for nt in (1, 2):
+                    torch.set_num_threads(nt)
+                    for M in (1, 5, 16, 17, 33, 40):
+                        lib.bq_set_amx_min_rows(0)
+                        vector = w.mm(x[:M], b)
+                        lib.bq_set_amx_min_rows(1)
+                        tiles = w.mm(x[:M], b)
+                        assert torch.equal(tiles, vector), (ggml_type, K, planes, nt, M)
+    finally:
+        lib.bq_set_amx_min_rows(default)
+        torch.set_num_threads(threads)
+
+
 def test_concat_equals_the_parts_side_by_side(scalar_lib):
     """(d) one fused product of parts of different types = the separate products, bit for bit, with a bias."""
     K = 512

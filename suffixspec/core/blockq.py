@@ -85,6 +85,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bq_parallel.restype = None
     lib.bq_set_spin_us.argtypes = [ctypes.c_long]
     lib.bq_set_spin_us.restype = None
+    lib.bq_set_amx_min_rows.argtypes = [i32]
+    lib.bq_set_amx_min_rows.restype = i32
+    lib.bq_amx.argtypes = []
+    lib.bq_amx.restype = i32
     return lib
 
 
