@@ -929,6 +929,11 @@ static int amx_layout(job_t *j) {
 #define AMX_FMA(acc, isum, scale, dxv) \
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_set1_ps(scale), dxv), acc)
 
+/* tile c = the integer sums of A tile ta (16 outputs' weights at a0 + ao) by B tile tb (16 rows' values at b0 + bo);
+   the tile registers are the instructions' immediates, so the four products of a step are spelled out */
+#define AMX_DP(c, ta, tb, ao, bo) \
+    do { _tile_loadd(ta, a0 + (ao), 32); _tile_loadd(tb, b0 + (bo), 64); _tile_zero(c); _tile_dpbusd(c, ta, tb); } while (0)
+
 /* Outputs n0, n0 + 16, ... (16 at a time, up to n1) of part p for every row; returns the first output not done. */
 static int64_t amx_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
     const int type = p->type, q6 = type == T_Q6_K, GB = GROUP_BYTES[type];
@@ -987,43 +992,15 @@ static int64_t amx_outputs(job_t *j, const bq_part *p, int64_t n0, int64_t n1) {
             for (int64_t g = 0; g < ng; g++) {
                 const int par = (int)(g & 1);
                 for (int h = 0; h < (q6 ? 4 : 2); h++) {
-                    if (!q6) { /* blocks 4h .. 4h + 3 */
-                        const int64_t b = g * 8 + 4 * h;
-                        _tile_loadd(4, A + b * 512, 32);
-                        _tile_loadd(6, bt + b * 512, 64);
-                        _tile_zero(0);
-                        _tile_dpbusd(0, 4, 6);
-                        _tile_loadd(5, A + (b + 1) * 512, 32);
-                        _tile_loadd(7, bt + (b + 1) * 512, 64);
-                        _tile_zero(1);
-                        _tile_dpbusd(1, 5, 7);
-                        _tile_loadd(4, A + (b + 2) * 512, 32);
-                        _tile_loadd(6, bt + (b + 2) * 512, 64);
-                        _tile_zero(2);
-                        _tile_dpbusd(2, 4, 6);
-                        _tile_loadd(5, A + (b + 3) * 512, 32);
-                        _tile_loadd(7, bt + (b + 3) * 512, 64);
-                        _tile_zero(3);
-                        _tile_dpbusd(3, 5, 7);
-                    } else { /* blocks 2h, 2h + 1: each half block (values 0-15: steps 0-3, 16-31: steps 4-7) */
-                        const int64_t b = g * 8 + 2 * h;
-                        _tile_loadd(4, A + b * 512, 32);
-                        _tile_loadd(6, bt + b * 512, 64);
-                        _tile_zero(0);
-                        _tile_dpbusd(0, 4, 6);
-                        _tile_loadd(5, A + b * 512 + 16, 32);
-                        _tile_loadd(7, bt + b * 512 + 256, 64);
-                        _tile_zero(1);
-                        _tile_dpbusd(1, 5, 7);
-                        _tile_loadd(4, A + (b + 1) * 512, 32);
-                        _tile_loadd(6, bt + (b + 1) * 512, 64);
-                        _tile_zero(2);
-                        _tile_dpbusd(2, 4, 6);
-                        _tile_loadd(5, A + (b + 1) * 512 + 16, 32);
-                        _tile_loadd(7, bt + (b + 1) * 512 + 256, 64);
-                        _tile_zero(3);
-                        _tile_dpbusd(3, 5, 7);
-                    }
+                    /* four tile products: Q4_K's blocks 4h .. 4h + 3; Q6_K's blocks 2h and 2h + 1, each in its half
+                       blocks (values 0-15: steps 0-3, 16-31: steps 4-7) */
+                    const uint8_t *a0 = A + (g * 8 + (q6 ? 2 : 4) * h) * 512, *b0 = bt + (g * 8 + (q6 ? 2 : 4) * h) * 512;
+                    const int64_t ao1 = q6 ? 16 : 512, ao2 = q6 ? 512 : 1024, ao3 = q6 ? 528 : 1536;
+                    const int64_t bo1 = q6 ? 256 : 512, bo2 = q6 ? 512 : 1024, bo3 = q6 ? 768 : 1536;
+                    AMX_DP(0, 4, 6, 0, 0);
+                    AMX_DP(1, 5, 7, ao1, bo1);
+                    AMX_DP(2, 4, 6, ao2, bo2);
+                    AMX_DP(3, 5, 7, ao3, bo3);
                     _tile_stored(0, C[0], 64);
                     _tile_stored(1, C[1], 64);
                     _tile_stored(2, C[2], 64);
