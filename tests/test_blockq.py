@@ -171,6 +171,21 @@ def test_non_contiguous_input_and_leading_dims():
     assert torch.equal(w.mm(x.reshape(2, 3, 512)).reshape(6, 20), w.mm(x))
 
 
+@pytest.mark.parametrize("ggml_type,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 576), ("Q5_0", 96)])
+def test_weights_repacked_in_pieces_are_the_weights_repacked_whole(ggml_type, K, monkeypatch):
+    """A large matrix is repacked a few MB of rows at a time (an LM head's temporaries whole took ~1.7 GB):
+    pieces of 1, 3 and 7 rows (the last piece short) give the layout and the products of one piece."""
+    raw = random_raw(ggml_type, 23, K, seed=5)
+    whole = B.BlockWeight(ggml_type, raw, (23, K))
+    x = torch.randn(3, K)
+    row_bytes = raw.shape[1]
+    for rows in (1, 3, 7):
+        monkeypatch.setattr(B, "_REPACK_BYTES", rows * row_bytes)
+        pieces = B.BlockWeight(ggml_type, raw, (23, K))
+        assert np.array_equal(pieces._data, whole._data)
+        assert torch.equal(pieces.mm(x), whole.mm(x))
+
+
 def test_amx_tiles_give_the_vector_paths_bits():
     """Where this CPU has AMX (Intel Sapphire Rapids and later, ``bq_amx``): Q4_K and Q6_K products with the tile path
     on from one row give the same bits as with it off, for 1-40 rows, with a bias, at 15-bit activations (rows in

@@ -158,6 +158,9 @@ def _nibbles(steps: np.ndarray) -> np.ndarray:
     return (lo[..., 0::2, :] | (lo[..., 1::2, :] << 4)).reshape(*steps.shape[:-2], 128).astype(np.uint8)
 
 
+_REPACK_BYTES = 4 << 20  # the GGUF bytes repacked at a time (rows are independent)
+
+
 def _repack(ggml_type: str, raw: np.ndarray) -> np.ndarray:
     """GGUF rows [N, row_bytes] -> the kernel's layout (``blockq.c``: full groups of 8 blocks interleaved, the
     K % 256 tail blocks as they are); the same number of bytes."""
@@ -441,8 +444,12 @@ class BlockWeight:
             raise ValueError(f"raw holds {raw.size} bytes; {ggml_type} {N}x{K} needs {N} rows of {row_bytes}")
         raw = raw.reshape(N, row_bytes)
         self.ggml_type, self.shape, self._code, self.planes = ggml_type, (N, K), code, planes
-        self._data = np.ascontiguousarray(_repack(ggml_type, raw))
         self._row_bytes = row_bytes + (K // 256 * 4 if ggml_type == "Q4_K" else 0)
+        # repacked a few MB of rows at a time: whole, a 152k-row LM head's numpy temporaries took ~1.7 GB
+        self._data = np.empty((N, self._row_bytes), dtype=np.uint8)
+        step = max(1, _REPACK_BYTES // row_bytes)
+        for i in range(0, N, step):
+            self._data[i:i + step] = _repack(ggml_type, raw[i:i + step])
         self._last: tuple[int, ctypes.Array] | None = None  # (bias address, part records) of the last product
         assert self._data.shape == (N, self._row_bytes), (self._data.shape, self._row_bytes)
 
