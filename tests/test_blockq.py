@@ -171,19 +171,21 @@ def test_non_contiguous_input_and_leading_dims():
     assert torch.equal(w.mm(x.reshape(2, 3, 512)).reshape(6, 20), w.mm(x))
 
 
-@pytest.mark.parametrize("ggml_type,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 576), ("Q5_0", 96)])
-def test_weights_repacked_in_pieces_are_the_weights_repacked_whole(ggml_type, K, monkeypatch):
-    """A large matrix is repacked a few MB of rows at a time (an LM head's temporaries whole took ~1.7 GB):
-    pieces of 1, 3 and 7 rows (the last piece short) give the layout and the products of one piece."""
-    raw = random_raw(ggml_type, 23, K, seed=5)
-    whole = B.BlockWeight(ggml_type, raw, (23, K))
-    x = torch.randn(3, K)
-    row_bytes = raw.shape[1]
-    for rows in (1, 3, 7):
-        monkeypatch.setattr(B, "_REPACK_BYTES", rows * row_bytes)
-        pieces = B.BlockWeight(ggml_type, raw, (23, K))
-        assert np.array_equal(pieces._data, whole._data)
-        assert torch.equal(pieces.mm(x), whole.mm(x))
+@pytest.mark.parametrize("ggml_type,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 576), ("Q4_1", 576), ("Q5_0", 96)])
+def test_repacking_on_more_threads_gives_the_same_layout(ggml_type, K):
+    """The kernel repacks a matrix's rows 64 at a time on torch's threads: 200 rows (four pieces, the last short)
+    on one thread and on two are the same bytes, and they dequantize to gguf's values."""
+    raw = random_raw(ggml_type, 200, K, seed=5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = B.BlockWeight(ggml_type, raw, (200, K))
+        torch.set_num_threads(2)
+        two = B.BlockWeight(ggml_type, raw, (200, K))
+    finally:
+        torch.set_num_threads(threads)
+    assert np.array_equal(one._data, two._data)
+    assert np.array_equal(two.dequantize().numpy(), reference(ggml_type, raw, 200, K))
 
 
 def test_amx_tiles_give_the_vector_paths_bits():

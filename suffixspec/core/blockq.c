@@ -202,6 +202,141 @@ int bq_dequantize_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t K,
     return 0;
 }
 
+/* ---------------------------------------------------------------- repacking the GGUF's blocks */
+
+static const int GGUF_BYTES[5] = {144, 210, 34, 20, 22}; /* a GGUF block: 256 values (Q4_K, Q6_K) or 32 */
+
+/* vals[l][k] (value k of block l) as the layout's steps: step j, byte 4l + i = value 4j + i of block l */
+static void interleave(const uint8_t vals[8][32], uint8_t step[8][32]) {
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 8; l++)
+            for (int i = 0; i < 4; i++) step[j][4 * l + i] = vals[l][4 * j + i];
+}
+
+/* L: vector v holds step 2v's low 4 bits in its low nibbles, step 2v + 1's in its high ones */
+static void put_nibbles(const uint8_t step[8][32], uint8_t *L) {
+    for (int v = 0; v < 4; v++)
+        for (int p = 0; p < 32; p++) L[32 * v + p] = (uint8_t)((step[2 * v][p] & 15) | ((step[2 * v + 1][p] & 15) << 4));
+}
+
+/* One full group: the GGUF bytes of 256 values (one Q4_K/Q6_K block, eight of the others) -> its stored layout. */
+static void repack_group(int type, const uint8_t *b, uint8_t *o) {
+    uint8_t vals[8][32], step[8][32];
+    if (type == T_Q4_K) { /* scales and mins: 6 bits each, the GGUF's 12 bytes unpacked to 8 + 8 */
+        const uint8_t *s = b + 4;
+        memcpy(o, b, 4);
+        for (int l = 0; l < 4; l++) {
+            o[4 + l] = s[l] & 63;
+            o[8 + l] = (uint8_t)((s[8 + l] & 15) | ((s[l] >> 2) & 0x30));
+            o[12 + l] = s[4 + l] & 63;
+            o[16 + l] = (uint8_t)((s[8 + l] >> 4) | ((s[4 + l] >> 2) & 0x30));
+        }
+        for (int c = 0; c < 4; c++) /* 32 bytes hold block 2c in their low nibbles, 2c + 1 in their high ones */
+            for (int p = 0; p < 32; p++) {
+                vals[2 * c][p] = b[16 + 32 * c + p] & 15;
+                vals[2 * c + 1][p] = b[16 + 32 * c + p] >> 4;
+            }
+        interleave(vals, step);
+        put_nibbles(step, o + 20);
+        return;
+    }
+    if (type == T_Q6_K) { /* per half h: ql[64] nibbles (values 64s + p at shift 4s), qh[32] 2-bit pairs (32s + k) */
+        for (int l = 0; l < 8; l++) {
+            int h = l >> 2;
+            for (int k = 0; k < 32; k++) {
+                uint8_t lo = (b[64 * h + 32 * (l & 1) + k] >> (4 * ((l >> 1) & 1))) & 15;
+                uint8_t hi = (b[128 + 32 * h + k] >> (2 * (l & 3))) & 3;
+                vals[l][k] = (uint8_t)(lo | (hi << 4));
+            }
+        }
+        o[0] = b[208];
+        o[1] = b[209];
+        for (int l = 0; l < 8; l++) { /* 16 scales: block l's values 0-15 (A), then 16-31 (B) */
+            o[2 + l] = b[192 + 2 * l];
+            o[10 + l] = b[193 + 2 * l];
+        }
+        interleave(vals, step);
+        put_nibbles(step, o + 18);
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 32; p++) {
+                uint8_t x = 0;
+                for (int t = 0; t < 4; t++) x |= (uint8_t)(((step[4 * h + t][p] >> 4) & 3) << (2 * t));
+                o[146 + 32 * h + p] = x;
+            }
+        return;
+    }
+    const int nb = GGUF_BYTES[type];
+    for (int l = 0; l < 8; l++) { /* eight blocks of 32: each block's scale (and Q4_1's offset) side by side */
+        const uint8_t *bl = b + nb * l;
+        o[2 * l] = bl[0];
+        o[2 * l + 1] = bl[1];
+        if (type == T_Q8_0) {
+            memcpy(vals[l], bl + 2, 32);
+        } else if (type == T_Q4_1) {
+            o[16 + 2 * l] = bl[2];
+            o[17 + 2 * l] = bl[3];
+            for (int k = 0; k < 16; k++) {
+                vals[l][k] = bl[4 + k] & 15;
+                vals[l][16 + k] = bl[4 + k] >> 4;
+            }
+        } else { /* Q5_0: bit k of the little-endian qh is value k's 5th bit */
+            uint32_t qh;
+            memcpy(&qh, bl + 2, 4);
+            for (int k = 0; k < 16; k++) {
+                vals[l][k] = (uint8_t)((bl[6 + k] & 15) | (((qh >> k) & 1) << 4));
+                vals[l][16 + k] = (uint8_t)((bl[6 + k] >> 4) | (((qh >> (k + 16)) & 1) << 4));
+            }
+        }
+    }
+    interleave(vals, step);
+    if (type == T_Q8_0) {
+        memcpy(o + 16, step, 256);
+    } else if (type == T_Q4_1) {
+        put_nibbles(step, o + 32);
+    } else {
+        put_nibbles(step, o + 16);
+        for (int p = 0; p < 32; p++) {
+            uint8_t x = 0;
+            for (int j = 0; j < 8; j++) x |= (uint8_t)(((step[j][p] >> 4) & 1) << j);
+            o[144 + p] = x;
+        }
+    }
+}
+
+typedef struct {
+    int type;
+    int64_t K, N;
+    const uint8_t *src;
+    uint8_t *dst;
+} repack_t;
+
+enum { REPACK_ROWS = 64 };
+
+void bq_parallel(void (*task)(void *, int64_t), void *ctx, int64_t n, int nthreads);
+
+static void repack_rows(void *ctx, int64_t c) {
+    const repack_t *r = ctx;
+    const int64_t ng = r->K / 256, nt = (r->K % 256) / 32, bs = r->type <= T_Q6_K ? 256 : 32;
+    const int64_t in_bytes = r->K / bs * GGUF_BYTES[r->type], out_bytes = bq_row_bytes(r->type, r->K);
+    const int64_t in_group = 256 / bs * GGUF_BYTES[r->type];
+    const int64_t end = (c + 1) * REPACK_ROWS < r->N ? (c + 1) * REPACK_ROWS : r->N;
+    for (int64_t n = c * REPACK_ROWS; n < end; n++) {
+        const uint8_t *in = r->src + n * in_bytes;
+        uint8_t *out = r->dst + n * out_bytes;
+        for (int64_t g = 0; g < ng; g++) repack_group(r->type, in + g * in_group, out + g * GROUP_BYTES[r->type]);
+        memcpy(out + ng * GROUP_BYTES[r->type], in + ng * in_group, (size_t)(nt * GGUF_BYTES[r->type]));
+    }
+}
+
+/* N GGUF rows of K values (src: N x the file's row bytes) -> the stored layout (dst: N x bq_row_bytes), on up to
+   nthreads threads. 0, or -1 for a type or K the layout lacks (the K-quants need K % 256 == 0). */
+int bq_repack(int type, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
+    if (type < 0 || type > T_Q5_0 || K <= 0 || K % 32 || (type <= T_Q6_K && K % 256)) return -1;
+    repack_t r = {type, K, N, src, dst};
+    bq_parallel(repack_rows, &r, (N + REPACK_ROWS - 1) / REPACK_ROWS, nthreads);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- activations */
 
 typedef struct {

@@ -76,6 +76,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bq_layers.restype = i32
     lib.bq_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.bq_dequantize_rows.restype = i32
+    lib.bq_repack.argtypes = [i32, ptr, i64, i64, ptr, i32]
+    lib.bq_repack.restype = i32
     lib.bq_path.argtypes = []
     lib.bq_path.restype = i32
     lib.bq_rope_store.argtypes = [i64, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, ptr, ptr, i64,
@@ -143,75 +145,6 @@ def _need_kernel(lib: ctypes.CDLL | None) -> ctypes.CDLL:
     if lib is None:
         raise RuntimeError("the block-quantized kernel could not be compiled here (see the log)")
     return lib
-
-
-def _interleave(vals: np.ndarray) -> np.ndarray:
-    """[..., 8 blocks, 32 values] -> [..., 8 steps, 32 bytes]: step j holds values 4j..4j+3 of block l at bytes
-    4l..4l+3 (the kernel's dot leaves block l's sum in int32 lane l)."""
-    lead = vals.shape[:-2]
-    return np.ascontiguousarray(vals.reshape(*lead, 8, 8, 4).swapaxes(-3, -2)).reshape(*lead, 8, 32)
-
-
-def _nibbles(steps: np.ndarray) -> np.ndarray:
-    """[..., 8 steps, 32] of 4-bit values -> [..., 128]: step 2v in the low nibbles of vector v, 2v+1 high."""
-    lo = steps & 15
-    return (lo[..., 0::2, :] | (lo[..., 1::2, :] << 4)).reshape(*steps.shape[:-2], 128).astype(np.uint8)
-
-
-_REPACK_BYTES = 4 << 20  # the GGUF bytes repacked at a time (rows are independent)
-
-
-def _repack(ggml_type: str, raw: np.ndarray) -> np.ndarray:
-    """GGUF rows [N, row_bytes] -> the kernel's layout (``blockq.c``: full groups of 8 blocks interleaved, the
-    K % 256 tail blocks as they are); the same number of bytes."""
-    n = raw.shape[0]
-    u8 = np.uint8
-    if ggml_type == "Q4_K":
-        b = raw.reshape(n, -1, 144)
-        s = b[..., 4:16]
-        d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-        sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-        mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
-        qs = b[..., 16:].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], dtype=u8).reshape(1, 1, 1, 2, 1)
-        vals = (qs & 15).reshape(n, -1, 8, 32)
-        groups = np.concatenate([b[..., 0:4], sc, mn, _nibbles(_interleave(vals))], axis=-1)
-        return groups.reshape(n, -1)
-    if ggml_type == "Q6_K":
-        b = raw.reshape(n, -1, 210)
-        g = b.shape[1]
-        ql = b[..., :128].reshape(n, g, 2, 1, 64) >> np.array([0, 4], dtype=u8).reshape(1, 1, 1, 2, 1)
-        ql = (ql & 15).reshape(n, g, 8, 32)
-        qh = b[..., 128:192].reshape(n, g, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=u8).reshape(1, 1, 1, 4, 1)
-        qh = (qh & 3).reshape(n, g, 8, 32)
-        steps = _interleave(ql | (qh << 4))
-        hi = (steps >> 4) & 3
-        H = (hi[..., 0::4, :] | (hi[..., 1::4, :] << 2) | (hi[..., 2::4, :] << 4) | (hi[..., 3::4, :] << 6))
-        sc = b[..., 192:208]
-        groups = np.concatenate([b[..., 208:210], sc[..., 0::2], sc[..., 1::2], _nibbles(steps),
-                                 H.reshape(n, g, 64).astype(u8)], axis=-1)
-        return groups.reshape(n, -1)
-    nbytes = _TYPES[ggml_type][2]
-    b = raw.reshape(n, -1, nbytes)
-    nfull = b.shape[1] // 8 * 8
-    gr = b[:, :nfull].reshape(n, -1, 8, nbytes)
-    tail = b[:, nfull:].reshape(n, -1)
-    if ggml_type == "Q8_0":
-        parts = [gr[..., 0:2].reshape(n, -1, 16), _interleave(gr[..., 2:]).reshape(n, -1, 256)]
-    elif ggml_type == "Q4_1":
-        qs = gr[..., 4:]
-        vals = np.concatenate([qs & 15, qs >> 4], axis=-1)
-        parts = [gr[..., 0:2].reshape(n, -1, 16), gr[..., 2:4].reshape(n, -1, 16), _nibbles(_interleave(vals))]
-    else:  # Q5_0
-        qs = gr[..., 6:]
-        bits = np.unpackbits(gr[..., 2:6], axis=-1, bitorder="little")  # bit k: the 5th bit of value k
-        vals = np.concatenate([qs & 15, qs >> 4], axis=-1) | (bits << 4)
-        steps = _interleave(vals)
-        H = np.zeros(steps.shape[:-2] + (32,), dtype=u8)
-        for j in range(8):
-            H |= ((steps[..., j, :] >> 4) & 1) << j
-        parts = [gr[..., 0:2].reshape(n, -1, 16), _nibbles(steps), H]
-    groups = np.concatenate(parts, axis=-1).reshape(n, -1)
-    return np.concatenate([groups, tail], axis=-1)
 
 
 def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:
@@ -445,11 +378,11 @@ class BlockWeight:
         raw = raw.reshape(N, row_bytes)
         self.ggml_type, self.shape, self._code, self.planes = ggml_type, (N, K), code, planes
         self._row_bytes = row_bytes + (K // 256 * 4 if ggml_type == "Q4_K" else 0)
-        # repacked a few MB of rows at a time: whole, a 152k-row LM head's numpy temporaries took ~1.7 GB
-        self._data = np.empty((N, self._row_bytes), dtype=np.uint8)
-        step = max(1, _REPACK_BYTES // row_bytes)
-        for i in range(0, N, step):
-            self._data[i:i + step] = _repack(ggml_type, raw[i:i + step])
+        self._data = np.empty((N, self._row_bytes), dtype=np.uint8)  # the kernel's layout (blockq.c)
+        raw = np.ascontiguousarray(raw)
+        if _need_kernel(None).bq_repack(code, raw.ctypes.data, N, K, self._data.ctypes.data,
+                                        torch.get_num_threads()) != 0:
+            raise ValueError(f"bq_repack refused {ggml_type} {N}x{K}")
         self._last: tuple[int, ctypes.Array] | None = None  # (bias address, part records) of the last product
         assert self._data.shape == (N, self._row_bytes), (self._data.shape, self._row_bytes)
 
