@@ -308,9 +308,15 @@ def test_the_header_reader_finds_what_gguf_py_finds(files, tmp_path):
     with pytest.raises(ValueError, match="is not a GGUF file"):
         directory(bad)
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(paths[0].read_bytes()[:200])
-    with pytest.raises(ValueError, match="ends early"):
-        directory(cut)
+    for path in paths:  # cut in the metadata (200 bytes) and in the middle of the header (a vocabulary's strings)
+        for at in (200, directory(path)[2] // 2):
+            cut.write_bytes(path.read_bytes()[:at])
+            with pytest.raises(ValueError, match="ends early"):
+                directory(cut)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        directory(empty)
 
 
 def test_gguf_weights_need_a_model_converted_from_a_gguf(tiny_model_dirs):
