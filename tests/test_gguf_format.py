@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 from test_models import write_tiny_gguf
-from test_weights import _row_dependence, assert_speculation_on_equals_off
+from test_weights import _pass_logits, _row_dependence, assert_speculation_on_equals_off
 
 from suffixspec.config import SamplingParams
 from suffixspec.core import blockq
 from suffixspec.core.gguf_weights import FileRows, directory, read_matrices, source_file
-from suffixspec.core.lean import lean_forward
+from suffixspec.core.lean import LeanForward, lean_forward
 from suffixspec.loading import load_model
 from suffixspec.runtimes.engine import Engine
 
@@ -279,6 +279,52 @@ def test_a_type_the_kernel_lacks_runs_as_int8_rows_and_stays_exact(models):
     assert_speculation_on_equals_off(engine, ["def add(a, b):\n    return a + b\ndef add("],
                                      [SamplingParams(max_tokens=16, ignore_eos=True),
                                       SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.0, seed=5)])
+
+
+@pytest.mark.parametrize("case", ["qwen2-Q4_K", "llama-Q4_1"])
+def test_the_repacked_blocks_are_stored_and_mapped_back_bit_for_bit(files, case, tmp_path, monkeypatch):
+    """The first gguf build repacks the file's blocks and keeps them beside the converted model; the next maps them
+    (no repacking: the kernel's repack is made to fail) and gives the same logits bit for bit, at gguf and gguf16;
+    a store made from another kernel source, damaged, or holding other shapes is made again."""
+    from safetensors.torch import save_file
+
+    from suffixspec.core import lean_weights
+
+    monkeypatch.setenv("SUFFIXSPEC_CACHE", str(tmp_path / "cache"))  # a conversion (and store) of this test's own
+    prompt = [int(t) for t in np.random.RandomState(6).randint(3, 50, size=19)]
+
+    def build(weights="gguf"):
+        return LeanForward(load_model(str(files[case]), weights=weights).model, weights=weights)
+
+    first = build()
+    assert first.stored == "written"
+    want = _pass_logits(first, prompt)
+    path = lean_weights.store_path(load_model(str(files[case]), weights="gguf").cache_folder, "gguf", "blockq")
+    assert path.is_file()
+    with monkeypatch.context() as mp:
+        mp.setattr(blockq.kernel(), "bq_repack", None)  # a call would raise: every matrix must come from the store
+        second = build()
+        assert second.stored == "read"
+        assert torch.equal(_pass_logits(second, prompt), want)
+        sixteen = build("gguf16")
+        assert sixteen.stored == "read"
+    with monkeypatch.context() as mp:  # gguf16 repacked afresh, its store neither read nor written
+        mp.setattr(lean_weights, "read_store", lambda *args: None)
+        mp.setattr(lean_weights, "write_blocks", lambda *args: False)
+        fresh16 = build("gguf16")
+    assert fresh16.stored == ""
+    assert torch.equal(_pass_logits(sixteen, prompt), _pass_logits(fresh16, prompt))
+    with monkeypatch.context() as mp:
+        mp.setattr(blockq, "layout_version", lambda: "another kernel")
+        assert build().stored == "written"
+    assert build().stored == "written"  # (the store above was made by "another kernel")
+    path.write_bytes(b"damaged")
+    assert build().stored == "written"
+    save_file({"0.q": torch.zeros(1, 1, dtype=torch.uint8)}, str(path), metadata=lean_weights.blocks_key())
+    rebuilt = build()
+    assert rebuilt.stored == "written"
+    assert torch.equal(_pass_logits(rebuilt, prompt), want)
+    assert build().stored == "read"
 
 
 def test_the_header_reader_finds_what_gguf_py_finds(files, tmp_path):

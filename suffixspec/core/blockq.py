@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -92,6 +93,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bq_amx.argtypes = []
     lib.bq_amx.restype = i32
     return lib
+
+
+@functools.cache
+def layout_version() -> str:
+    """What a stored repacked matrix must have been made with: a hash of this kernel's source (the layout is
+    blockq.c's; any change of the file makes stored copies be made again, as it rebuilds the library)."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
 
 
 @functools.cache
@@ -360,7 +368,8 @@ class BlockWeight:
     is_mkldnn = False  # (read where weights are told apart)
     kernel = "blockq"  # the integer product (``Engine.numerics``), as ``RowInt8Weight.kernel`` names its own
 
-    def __init__(self, ggml_type: str, raw: np.ndarray, shape: tuple[int, int], planes: int = 1) -> None:
+    def __init__(self, ggml_type: str, raw: np.ndarray, shape: tuple[int, int], planes: int = 1,
+                 layout: np.ndarray | None = None) -> None:
         if planes not in (1, 2):
             raise ValueError(f"planes must be 1 (8-bit activations) or 2 (about 15 bits), got {planes!r}")
         if ggml_type not in _TYPES:
@@ -378,11 +387,19 @@ class BlockWeight:
         raw = raw.reshape(N, row_bytes)
         self.ggml_type, self.shape, self._code, self.planes = ggml_type, (N, K), code, planes
         self._row_bytes = row_bytes + (K // 256 * 4 if ggml_type == "Q4_K" else 0)
-        self._data = np.empty((N, self._row_bytes), dtype=np.uint8)  # the kernel's layout (blockq.c)
-        raw = np.ascontiguousarray(raw)
-        if _need_kernel(None).bq_repack(code, raw.ctypes.data, N, K, self._data.ctypes.data,
-                                        torch.get_num_threads()) != 0:
-            raise ValueError(f"bq_repack refused {ggml_type} {N}x{K}")
+        if layout is not None:  # raw already repacked (a stored copy: lean_weights' store), raw itself not read
+            if not isinstance(layout, np.ndarray) or layout.dtype != np.uint8 \
+                    or layout.shape != (N, self._row_bytes) or not layout.flags["C_CONTIGUOUS"]:
+                raise ValueError(f"layout must be contiguous uint8 [{N}, {self._row_bytes}] for {ggml_type} {N}x{K}, "
+                                 f"got {getattr(layout, 'dtype', type(layout).__name__)} "
+                                 f"{list(getattr(layout, 'shape', ()))}")
+            self._data = layout
+        else:
+            self._data = np.empty((N, self._row_bytes), dtype=np.uint8)  # the kernel's layout (blockq.c)
+            raw = np.ascontiguousarray(raw)
+            if _need_kernel(None).bq_repack(code, raw.ctypes.data, N, K, self._data.ctypes.data,
+                                            torch.get_num_threads()) != 0:
+                raise ValueError(f"bq_repack refused {ggml_type} {N}x{K}")
         self._last: tuple[int, ctypes.Array] | None = None  # (bias address, part records) of the last product
         assert self._data.shape == (N, self._row_bytes), (self._data.shape, self._row_bytes)
 

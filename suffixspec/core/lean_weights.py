@@ -16,11 +16,14 @@ int8 start and read at the next ones: the same integers and scales, so the same 
 the float32 file is never read. The file's metadata names what made it (:func:`store_key`: this module's
 version, torch's, the kernel, the smoothing strength and the calibration's token ids); a file made
 otherwise, damaged or unreadable is made again from the float weights. A new GGUF makes a new folder
-(``models``), so a stored file never outlives its model. Example::
+(``models``), so a stored file never outlives its model. The ``gguf`` kinds keep the GGUF's blocks in the
+kernel's layout (``lean-gguf-blockq.safetensors``, named by a hash of ``blockq.c``), which later starts map
+rather than copy: the weights stay file pages, shared by every process of the model. Example::
 
     ~/.cache/suffixspec/models/qwen2.5-coder-1.5b-instruct/
         model.safetensors                     6.2 GB float32 (read at the first int8 start only)
         lean-int8-fbgemm.safetensors          1.8 GB int8 + scales + the smoothed norms
+        lean-gguf-blockq.safetensors          1.0 GB the GGUF's blocks repacked (gguf, gguf16)
 """
 
 from __future__ import annotations
@@ -340,12 +343,31 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
     norm = (lambda w: 1.0 + w.float()) if gemma else (lambda w: w)
     blocks = read_matrices(source_file(folder), len(shape.types), shape.n_heads, shape.n_kv)
     kernel = None
+    key = blocks_key()
+    stored = read_store(folder, "gguf", "blockq", key)
+    made: dict[str, blockq.BlockWeight] = {}  # by the file's matrix names, for the store
+    repacked = 0
+
+    def block_weight(name: str) -> blockq.BlockWeight:
+        nonlocal stored, repacked
+        p = blocks[name]
+        if stored is not None:
+            try:  # the stored copy, mapped: neither repacked nor read from the GGUF
+                made[name] = blockq.BlockWeight(p.ggml_type, p.raw, p.shape, planes, layout=stored[name].numpy())
+                return made[name]
+            except (KeyError, ValueError) as e:
+                log.warning("the stored blocks in %s do not fit %s (%s); repacking the rest and storing them again",
+                            store_path(folder, "gguf", "blockq"), name, e)
+                stored = None
+        made[name] = blockq.BlockWeight(p.ggml_type, p.raw, p.shape, planes)
+        repacked += 1
+        return made[name]
 
     def matrix(*names: str) -> Any:
         nonlocal kernel
         parts = [blocks[n] for n in names]
         if all(p.ggml_type in blockq.TYPES for p in parts):
-            made = [blockq.BlockWeight(p.ggml_type, p.raw, p.shape, planes) for p in parts]
+            made = [block_weight(n) for n in names]
             return made[0] if len(made) == 1 else blockq.BlockWeight.concat(made)
         from gguf import GGMLQuantizationType, quants
 
@@ -381,8 +403,9 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
         head = embed = matrix("embed")
         if not hasattr(embed, "rows"):
             embed = embed.as_rows()
+    written = repacked > 0 and write_blocks(folder, key, made)  # (the matrices read from a store too, if any)
     return LeanWeights(layers=layers, norm=norm(inner.norm.weight), head=head, embed=embed, smoothed=False,
-                       paged_out=0, stored="")
+                       paged_out=0, stored="written" if written else "read" if stored is not None else "")
 
 
 def _kernel(kind: str) -> str:
@@ -438,6 +461,14 @@ def store_key(kind: str, kernel: str, calibration: list[int] | None) -> dict[str
             "smoothing": f"{SMOOTH_ALPHA} {ids}" if calibration else "none"}
 
 
+def blocks_key() -> dict[str, str]:
+    """What a stored copy of the ``gguf`` kinds' repacked blocks must have been made with (one copy serves
+    ``gguf`` and ``gguf16``: the weights' layout is the same)."""
+    from suffixspec.core import blockq
+
+    return {"store": str(STORE_VERSION), "kind": "gguf", "layout": blockq.layout_version()}
+
+
 def read_store(folder: str | Path, kind: str, kernel: str, key: dict[str, str]) -> dict[str, Any] | None:
     """The stored tensors when the file exists and was made with ``key``, else None
     (a damaged or foreign file is logged and made again)."""
@@ -463,10 +494,8 @@ def read_store(folder: str | Path, kind: str, kernel: str, key: dict[str, str]) 
 
 
 def write_store(folder: str | Path, kind: str, kernel: str, key: dict[str, str], built: LeanWeights) -> bool:
-    """Keep ``built``'s quantized matrices in the store (written whole, then renamed into place, so a reader
-    never sees half a file); False where the folder cannot be written (the next start quantizes again)."""
-    from safetensors.torch import save_file
-
+    """Keep ``built``'s quantized matrices in the store (``_save``); False where the folder cannot be written (the
+    next start quantizes again)."""
     tensors: dict[str, torch.Tensor] = {}
     for i, layer in enumerate(built.layers):
         for name in ("norm_in", "norm_mlp", "b_qkv"):
@@ -480,13 +509,28 @@ def write_store(folder: str | Path, kind: str, kernel: str, key: dict[str, str],
     head_q = getattr(built.head, "q", None)
     if isinstance(built.embed, Int8Rows) and (head_q is None or built.embed.q.data_ptr() != head_q.data_ptr()):
         tensors.update({f"embed.{k}": v for k, v in built.embed.state().items()})
-    path = store_path(folder, kind, kernel)
+    return _save(store_path(folder, kind, kernel), tensors, key, f"the {kind} weights")
+
+
+def write_blocks(folder: str | Path, key: dict[str, str], made: dict[str, Any]) -> bool:
+    """Keep the ``gguf`` kinds' repacked blocks (``blockq.BlockWeight``, by the file's matrix names), which the
+    next start maps instead of repacking: the Qwen pair's 1.5 GB then costs neither a repacking pass nor fresh
+    memory to fault in (file pages, shared with other processes of the same model)."""
+    tensors = {name: torch.from_numpy(w._data) for name, w in made.items()}
+    return _save(store_path(folder, "gguf", "blockq"), tensors, key, "the repacked gguf blocks")
+
+
+def _save(path: Path, tensors: dict[str, torch.Tensor], key: dict[str, str], what: str) -> bool:
+    """Written whole, then renamed into place, so a reader never sees half a file; False where the folder cannot
+    be written (the next start makes them again)."""
+    from safetensors.torch import save_file
+
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_file(tensors, str(tmp), metadata=key)
         os.replace(tmp, path)
     except OSError as e:
-        log.info("could not keep the %s weights in %s (%s); the next start quantizes again", kind, path, e)
+        log.info("could not keep %s in %s (%s); the next start makes them again", what, path, e)
         tmp.unlink(missing_ok=True)
         return False
     return True
