@@ -325,6 +325,12 @@ def test_the_repacked_blocks_are_stored_and_mapped_back_bit_for_bit(files, case,
     assert rebuilt.stored == "written"
     assert torch.equal(_pass_logits(rebuilt, prompt), want)
     assert build().stored == "read"
+    # a folder that cannot be written (here: the store's path in a folder that does not exist) keeps nothing and
+    # the start goes on
+    monkeypatch.setattr(lean_weights, "store_path", lambda *args: tmp_path / "missing" / "store.safetensors")
+    unwritten = build()
+    assert unwritten.stored == ""
+    assert torch.equal(_pass_logits(unwritten, prompt), want)
 
 
 def test_the_header_reader_finds_what_gguf_py_finds(files, tmp_path):

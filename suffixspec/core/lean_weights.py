@@ -523,13 +523,14 @@ def write_blocks(folder: str | Path, key: dict[str, str], made: dict[str, Any]) 
 def _save(path: Path, tensors: dict[str, torch.Tensor], key: dict[str, str], what: str) -> bool:
     """Written whole, then renamed into place, so a reader never sees half a file; False where the folder cannot
     be written (the next start makes them again)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_file(tensors, str(tmp), metadata=key)
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # (safetensors reports its I/O errors as SafetensorError)
         log.info("could not keep %s in %s (%s); the next start makes them again", what, path, e)
         tmp.unlink(missing_ok=True)
         return False
