@@ -389,6 +389,26 @@ def test_models_command_lists_names_install_cache_size_and_licence(cache, fake_p
     assert rows()["tiny-test"]["installed"] is False
 
 
+def test_convert_keeps_the_default_formats_matrices_for_the_first_start(cache, tmp_path, bpe_tokenizer_dir):
+    """``models --convert`` of a GGUF whose blocks the kernel reads also writes them repacked beside the converted
+    model (what its first start would write), and says so; a second call finds them kept; a float32 GGUF (its
+    default format keeps nothing here: its matrices run as int8 rows made at each start) says nothing more."""
+    from suffixspec.core import blockq
+
+    if blockq.kernel() is None:
+        pytest.skip("no C compiler: the block kernel cannot be built")
+    gguf = write_tiny_gguf(tmp_path / "blocks.gguf", bpe_tokenizer_dir, quant="Q8_0")
+    res = CliRunner().invoke(main, ["models", "--convert", str(gguf)])
+    assert res.exit_code == 0 and "gguf weights kept for its starts" in res.output, res.output
+    assert len(list(cache.glob("blocks-*/lean-gguf-blockq.safetensors"))) == 1
+    again = CliRunner().invoke(main, ["models", "--convert", str(gguf)])
+    assert again.exit_code == 0 and "gguf weights already kept for its starts" in again.output, again.output
+    plain = write_tiny_gguf(tmp_path / "plain.gguf", bpe_tokenizer_dir)
+    res = CliRunner().invoke(main, ["models", "--convert", str(plain)])
+    assert res.exit_code == 0 and "kept for its starts" not in res.output, res.output
+    assert not list(cache.glob("plain-*/lean-*"))
+
+
 def test_models_command_starts_without_torch():
     code = ("import sys\nfrom suffixspec.cli import main\n"
             "try:\n    main(['models'])\nexcept SystemExit:\n    pass\n"

@@ -14,11 +14,28 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.0f} MB" if n else "-"
 
 
+def _prepare_weights(name: str) -> str | None:
+    """Build the model at its default weight format once, so that what its first start would write beside the
+    converted model (the repacked GGUF blocks, or the int8 matrices: core/lean_weights.py) is there already;
+    what was kept, or None where the format keeps nothing (float32)."""
+    from suffixspec.core.lean import lean_forward
+    from suffixspec.loading import load_model
+
+    loaded = load_model(name, weights="auto")
+    if loaded.lean_kind == "float":
+        return None
+    lean = lean_forward(loaded.model, loaded.lean_kind)
+    if lean is None or not lean.stored:
+        return None
+    return f"{loaded.weights} weights {'kept' if lean.stored == 'written' else 'already kept'} for its starts"
+
+
 @click.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per model (one per line).")
 @click.option("--convert", multiple=True, metavar="NAME",
               help="Convert NAME (a name below or a .gguf file) into the cache now rather than on first use, "
-                   "e.g. while building an image (repeatable).")
+                   "with its default weight format's quantized matrices, e.g. while building an image "
+                   "(repeatable).")
 def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
     """List the model names --model accepts: installed or not, converted into the cache or not,
     size on disk (the package's GGUF, the converted folder), memory when served (resident memory of
@@ -45,6 +62,9 @@ def models_cmd(as_json: bool, convert: tuple[str, ...]) -> None:
         from suffixspec.loading import resolve_model_path
 
         click.echo(f"{name}: {resolve_model_path(name)}", err=True)
+        kept = _prepare_weights(name)
+        if kept:
+            click.echo(f"  {kept}", err=True)
 
     rows = [describe(m) for m in KNOWN_MODELS.values()]
     if as_json:
