@@ -369,6 +369,7 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
         if all(p.ggml_type in blockq.TYPES for p in parts):
             made = [block_weight(n) for n in names]
             return made[0] if len(made) == 1 else blockq.BlockWeight.concat(made)
+        import numpy as np
         from gguf import GGMLQuantizationType, quants
 
         from suffixspec.core.formats import int8_kernel
@@ -376,7 +377,9 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
         kernel = kernel or int8_kernel()
         log.info("%s: %s blocks requantized to int8 rows (the block kernel has %s)", "+".join(names),
                  "/".join(p.ggml_type for p in parts), ", ".join(blockq.TYPES))
-        w = torch.cat([torch.from_numpy(quants.dequantize(p.raw, GGMLQuantizationType[p.ggml_type])) for p in parts])
+        # (np.require: a float32 file's "dequantized" rows are its read-only mapping itself, which torch warns of)
+        w = torch.cat([torch.from_numpy(np.require(quants.dequantize(p.raw, GGMLQuantizationType[p.ggml_type]),
+                                                   requirements="W")) for p in parts])
         return RowInt8Weight(w, kernel)
 
     layers: list[Layer] = []
