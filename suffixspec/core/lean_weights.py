@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from suffixspec.core.kv import layer_types
@@ -346,10 +347,9 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
     key = blocks_key()
     stored = read_store(folder, "gguf", "blockq", key)
     made: dict[str, blockq.BlockWeight] = {}  # by the file's matrix names, for the store
-    repacked = 0
 
     def block_weight(name: str) -> blockq.BlockWeight:
-        nonlocal stored, repacked
+        nonlocal stored
         p = blocks[name]
         if stored is not None:
             try:  # the stored copy, mapped: neither repacked nor read from the GGUF
@@ -360,16 +360,14 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
                             store_path(folder, "gguf", "blockq"), name, e)
                 stored = None
         made[name] = blockq.BlockWeight(p.ggml_type, p.raw, p.shape, planes)
-        repacked += 1
         return made[name]
 
     def matrix(*names: str) -> Any:
         nonlocal kernel
         parts = [blocks[n] for n in names]
         if all(p.ggml_type in blockq.TYPES for p in parts):
-            made = [block_weight(n) for n in names]
-            return made[0] if len(made) == 1 else blockq.BlockWeight.concat(made)
-        import numpy as np
+            weights = [block_weight(n) for n in names]
+            return weights[0] if len(weights) == 1 else blockq.BlockWeight.concat(weights)
         from gguf import GGMLQuantizationType, quants
 
         from suffixspec.core.formats import int8_kernel
@@ -406,7 +404,8 @@ def build_gguf(model: Any, shape: Shape, planes: int = 1) -> LeanWeights:
         head = embed = matrix("embed")
         if not hasattr(embed, "rows"):
             embed = embed.as_rows()
-    written = repacked > 0 and write_blocks(folder, key, made)  # (the matrices read from a store too, if any)
+    # (stored is None: some matrix was repacked; the ones read from a store before it are written too)
+    written = stored is None and bool(made) and write_blocks(folder, key, made)
     return LeanWeights(layers=layers, norm=norm(inner.norm.weight), head=head, embed=embed, smoothed=False,
                        paged_out=0, stored="written" if written else "read" if stored is not None else "")
 
